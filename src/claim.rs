@@ -1,0 +1,118 @@
+//! What a claim hands back, and what a look at an entry shows.
+//!
+//! These are plain values: building one never touches the map, and holding one never
+//! holds a lock. The one exception is [`Claim::Acquired`], whose guard is the only way
+//! to record the outcome of the execution it licenses.
+
+use bytes::Bytes;
+
+use crate::{ClaimGuard, Fingerprint, Timestamp};
+
+/// The answer to [`Cache::claim`](crate::Cache::claim): may the caller execute this intent?
+#[derive(Debug)]
+#[must_use = "a claim says whether to execute; an ignored Acquired guard releases the key at once"]
+pub enum Claim {
+    /// The caller owns the key: execute, then record the outcome on the guard.
+    Acquired(ClaimGuard),
+    /// The intent was executed before; here is its stored result. Do not execute.
+    Completed(Replay),
+    /// Another caller is executing the intent right now (HTTP 409). Retry later, or use
+    /// [`Cache::claim_wait`](crate::Cache::claim_wait).
+    InProgress {
+        /// When the current owner claimed the key.
+        started_at: Timestamp,
+        /// When the owner's lease lapses unless extended; after it, the key can be taken
+        /// over.
+        lease_ends_at: Timestamp,
+    },
+    /// An earlier execution's outcome is unknown (it may or may not have taken effect).
+    /// Do not execute: check the authority, then [`Cache::resolve`](crate::Cache::resolve)
+    /// or [`Cache::forget`](crate::Cache::forget).
+    Unknown {
+        /// When the outcome was marked unknown.
+        marked_at: Timestamp,
+        /// When the mark expires and the key becomes claimable again.
+        expires_at: Timestamp,
+    },
+    /// The key was first used with a different request (HTTP 422). Never a replay of
+    /// someone else's response.
+    Mismatch,
+}
+
+impl Claim {
+    /// Whether this claim licenses the caller to execute.
+    pub fn is_acquired(&self) -> bool {
+        matches!(self, Claim::Acquired(_))
+    }
+}
+
+/// A stored result, handed to repeats of a completed intent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Replay {
+    /// The result the first execution recorded, or `None` if it was larger than the
+    /// cache's `max_result_size` and only the fact of completion was kept.
+    pub body: Option<Bytes>,
+    /// When the first execution completed.
+    pub completed_at: Timestamp,
+    /// When the stored result expires.
+    pub expires_at: Timestamp,
+}
+
+impl Replay {
+    /// Whether the result body was kept (it was not if it exceeded `max_result_size`).
+    pub fn body_kept(&self) -> bool {
+        self.body.is_some()
+    }
+}
+
+/// A fencing token: a number that grows with every successful claim of a key.
+///
+/// Pass it to the authority with the write ("`UPDATE ... WHERE fence < $token`") so that a
+/// stale owner, whose lease lapsed and whose key was taken over, cannot overwrite the new
+/// owner's effect there either. Tokens are unique within one cache and increase per key;
+/// they restart when the process does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(pub(crate) u64);
+
+impl FencingToken {
+    /// The token as a number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// A look at one entry, from [`Cache::peek`](crate::Cache::peek) or
+/// [`Cache::remove`](crate::Cache::remove).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EntrySnapshot {
+    /// The fingerprint of the request that claimed the key.
+    pub fingerprint: Fingerprint,
+    /// The entry's state.
+    pub state: EntryState,
+}
+
+/// The state of an entry; see the state table in the crate docs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EntryState {
+    /// An owner is executing the intent.
+    Processing {
+        /// When the owner claimed the key.
+        started_at: Timestamp,
+        /// When the owner's lease lapses unless extended.
+        lease_ends_at: Timestamp,
+        /// The owner's fencing token.
+        token: FencingToken,
+    },
+    /// The intent completed; repeats get this replay.
+    Completed(Replay),
+    /// The outcome is unknown.
+    Unknown {
+        /// When the outcome was marked unknown.
+        marked_at: Timestamp,
+        /// When the mark expires.
+        expires_at: Timestamp,
+    },
+}

@@ -1,0 +1,72 @@
+//! [`Entry`]: what the map holds for one key.
+//!
+//! Invariant: an entry is live while `now < deadline`, whatever its state; a dead entry
+//! is never shown to anyone (it reads as absent) and is reclaimed on the next touch.
+//! `deadline` means the lease's end while PROCESSING, the result's expiry while
+//! COMPLETED and the mark's expiry while UNKNOWN; `since` is when the state began.
+//!
+//! The fields are flat (no enum carrying the body) so a slot stays small and a replay hit
+//! reads the fingerprint, state and deadline from the one cache line it already touched.
+
+use bytes::Bytes;
+
+use crate::{EntrySnapshot, EntryState, FencingToken, Fingerprint, Key, Replay, Timestamp};
+
+/// The three states of the contract (DESIGN.md); "absent" is the lack of an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum State {
+    Processing,
+    Completed,
+    Unknown,
+}
+
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) key: Key,
+    /// The key's hash, kept so the table can rehash without rereading the key.
+    pub(crate) hash: u64,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) state: State,
+    /// The token of the claim that created this entry; only its guard may change it.
+    pub(crate) token: u64,
+    pub(crate) since: Timestamp,
+    pub(crate) deadline: Timestamp,
+    /// The stored result; `Some` only while COMPLETED with its body kept.
+    pub(crate) body: Option<Bytes>,
+}
+
+/// Bytes charged to every entry on top of its key and result body: the slab slot, the
+/// table's index and its control byte. See the crate docs for the whole formula.
+pub const ENTRY_OVERHEAD: usize =
+    std::mem::size_of::<Option<Entry>>() + std::mem::size_of::<u32>() + 1;
+
+impl Entry {
+    #[inline]
+    pub(crate) fn is_live(&self, now: Timestamp) -> bool {
+        now < self.deadline
+    }
+
+    /// What this entry costs against the byte bound.
+    pub(crate) fn charge(&self) -> usize {
+        self.key.as_bytes().len() + self.body.as_ref().map_or(0, Bytes::len) + ENTRY_OVERHEAD
+    }
+
+    pub(crate) fn replay(&self) -> Replay {
+        Replay { body: self.body.clone(), completed_at: self.since, expires_at: self.deadline }
+    }
+
+    pub(crate) fn snapshot(&self) -> EntrySnapshot {
+        let state = match self.state {
+            State::Processing => EntryState::Processing {
+                started_at: self.since,
+                lease_ends_at: self.deadline,
+                token: FencingToken(self.token),
+            },
+            State::Completed => EntryState::Completed(self.replay()),
+            State::Unknown => {
+                EntryState::Unknown { marked_at: self.since, expires_at: self.deadline }
+            }
+        };
+        EntrySnapshot { fingerprint: self.fingerprint, state }
+    }
+}

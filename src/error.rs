@@ -1,0 +1,130 @@
+//! The crate's typed errors. Every error leaves the cache exactly as it was.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why [`Cache::claim`](crate::Cache::claim) could not give an answer.
+///
+/// A claim error means "do not execute": the cache fails closed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimError {
+    /// The cache is full of entries it may not evict (in-flight or unknown outcomes), so
+    /// it cannot guard this key (HTTP 503).
+    CapacityExhausted,
+}
+
+impl fmt::Display for ClaimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClaimError::CapacityExhausted => f.write_str(
+                "idempotency cache is full of in-flight entries; refusing to execute unguarded",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ClaimError {}
+
+/// A guard's key is no longer its own: its lease lapsed (and the key may have been taken
+/// over by a new owner), or the entry was removed. Nothing was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseLost;
+
+impl fmt::Display for LeaseLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("lease lost: the lease lapsed or the key was removed; the outcome was not recorded")
+    }
+}
+
+impl std::error::Error for LeaseLost {}
+
+/// Why [`ClaimGuard::extend_lease`](crate::ClaimGuard::extend_lease) refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ExtendLeaseError {
+    /// The lease was already lost.
+    LeaseLost,
+    /// The requested lease is zero or longer than [`MAX_DURATION`](crate::MAX_DURATION).
+    InvalidDuration(Duration),
+}
+
+impl fmt::Display for ExtendLeaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExtendLeaseError::LeaseLost => LeaseLost.fmt(f),
+            ExtendLeaseError::InvalidDuration(d) => {
+                write!(f, "lease of {d:?} refused: it must be positive and at most {:?}", crate::MAX_DURATION)
+            }
+        }
+    }
+}
+
+impl std::error::Error for ExtendLeaseError {}
+
+impl From<LeaseLost> for ExtendLeaseError {
+    fn from(_: LeaseLost) -> Self {
+        ExtendLeaseError::LeaseLost
+    }
+}
+
+/// Why [`Cache::resolve`](crate::Cache::resolve) or [`Cache::forget`](crate::Cache::forget)
+/// refused: they only act on entries in the UNKNOWN state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResolveError {
+    /// No live entry has this key.
+    NotFound,
+    /// The entry is processing or completed, not unknown.
+    NotUnknown,
+}
+
+impl fmt::Display for ResolveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ResolveError::NotFound => f.write_str("no live entry has this key"),
+            ResolveError::NotUnknown => f.write_str("the entry's outcome is not unknown"),
+        }
+    }
+}
+
+impl std::error::Error for ResolveError {}
+
+/// A setting [`CacheBuilder::build`](crate::CacheBuilder::build) refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// The shard count is zero or above [`MAX_SHARDS`](crate::MAX_SHARDS).
+    Shards(usize),
+    /// A TTL or lease is zero or longer than [`MAX_DURATION`](crate::MAX_DURATION).
+    Duration {
+        /// Which setting: `"completed_ttl"`, `"lease"` or `"unknown_ttl"`.
+        setting: &'static str,
+        /// The refused value.
+        value: Duration,
+    },
+    /// `max_result_size` is zero or above [`MAX_RESULT_SIZE_LIMIT`](crate::MAX_RESULT_SIZE_LIMIT).
+    MaxResultSize(usize),
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::Shards(n) => {
+                write!(f, "shard count {n} refused: it must be between 1 and {}", crate::MAX_SHARDS)
+            }
+            BuildError::Duration { setting, value } => write!(
+                f,
+                "{setting} of {value:?} refused: it must be positive and at most {:?}",
+                crate::MAX_DURATION
+            ),
+            BuildError::MaxResultSize(n) => write!(
+                f,
+                "max_result_size {n} refused: it must be between 1 and {} bytes",
+                crate::MAX_RESULT_SIZE_LIMIT
+            ),
+        }
+    }
+}
+
+impl std::error::Error for BuildError {}

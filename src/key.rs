@@ -1,0 +1,295 @@
+//! [`Key`]: the name of one intent, `(scope, tenant, client_key)`.
+//!
+//! Invariant: a `Key` only exists in its validated, length-prefixed stored form, so two
+//! different part-tuples can never share one stored form (`("a:b", "c")` and `("a", "b:c")`
+//! differ in their length prefixes), and every accessor can slice the parts back out
+//! without re-checking.
+//!
+//! Stored form, all lengths big-endian:
+//!
+//! ```text
+//! scope_len:u16  scope  tenant_tag:u8 (0 = none, 1 = some)  [tenant_len:u16  tenant]
+//! client_len:u8  client_key
+//! ```
+
+use std::fmt;
+
+/// Most bytes that scope and tenant may take together.
+pub const MAX_SCOPE_AND_TENANT_LEN: usize = 1024;
+
+/// Most bytes in a client key (the `Idempotency-Key` header value).
+pub const MAX_CLIENT_KEY_LEN: usize = 255;
+
+const TENANT_NONE: u8 = 0;
+const TENANT_SOME: u8 = 1;
+
+/// The name of one business intent: `(scope, tenant, client_key)`.
+///
+/// - `scope` names the operation, e.g. `"POST /v1/orders"`; non-empty.
+/// - `tenant` names whose key space it is, e.g. `"user:42"`; non-empty when present, and
+///   absent only when you say so with [`Key::without_tenant`].
+/// - `client_key` is what the client sent, e.g. the `Idempotency-Key` header: 1 to 255
+///   bytes of visible ASCII (`!` to `~`), as HTTP idempotency keys are.
+///
+/// Scope and tenant together take at most [`MAX_SCOPE_AND_TENANT_LEN`] bytes.
+///
+/// ```
+/// use idemcache::Key;
+///
+/// let key = Key::new("POST /v1/orders", "user:42", "8e03978e-40d5-43e8-bc93-6894a57f9324")?;
+/// assert_eq!(key.tenant(), Some("user:42"));
+/// let anonymous = Key::without_tenant("POST /v1/orders", "8e03978e")?;
+/// assert_eq!(anonymous.tenant(), None);
+/// # Ok::<(), idemcache::KeyError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    stored: Box<[u8]>,
+}
+
+/// Why a key was refused. Nothing is created when a key is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The scope was empty.
+    EmptyScope,
+    /// A tenant was given but was empty; use [`Key::without_tenant`] for "no tenant".
+    EmptyTenant,
+    /// Scope and tenant together are longer than [`MAX_SCOPE_AND_TENANT_LEN`].
+    ScopeAndTenantTooLong {
+        /// Their combined length in bytes.
+        len: usize,
+    },
+    /// The client key was empty.
+    EmptyClientKey,
+    /// The client key is longer than [`MAX_CLIENT_KEY_LEN`].
+    ClientKeyTooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The client key holds a byte outside visible ASCII (`!` to `~`).
+    ClientKeyNotVisibleAscii {
+        /// Byte offset of the first offending byte.
+        at: usize,
+        /// The offending byte.
+        byte: u8,
+    },
+    /// [`Key::from_stored`] was given bytes that are not a stored key.
+    Malformed,
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyError::EmptyScope => f.write_str("key scope is empty"),
+            KeyError::EmptyTenant => f.write_str(
+                "key tenant is empty; use Key::without_tenant for a key with no tenant",
+            ),
+            KeyError::ScopeAndTenantTooLong { len } => write!(
+                f,
+                "key scope and tenant are {len} bytes together, more than the limit of {MAX_SCOPE_AND_TENANT_LEN}"
+            ),
+            KeyError::EmptyClientKey => f.write_str("client key is empty"),
+            KeyError::ClientKeyTooLong { len } => write!(
+                f,
+                "client key is {len} bytes, more than the limit of {MAX_CLIENT_KEY_LEN}"
+            ),
+            KeyError::ClientKeyNotVisibleAscii { at, byte } => write!(
+                f,
+                "client key byte {at} is 0x{byte:02x}; only visible ASCII ('!' to '~') is allowed"
+            ),
+            KeyError::Malformed => f.write_str("bytes are not a stored idemcache key"),
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+impl Key {
+    /// A key owned by `tenant`.
+    pub fn new(scope: &str, tenant: &str, client_key: &str) -> Result<Key, KeyError> {
+        if tenant.is_empty() {
+            return Err(KeyError::EmptyTenant);
+        }
+        Key::build(scope, Some(tenant), client_key)
+    }
+
+    /// A key with no tenant: one key space shared by every caller of `scope`.
+    pub fn without_tenant(scope: &str, client_key: &str) -> Result<Key, KeyError> {
+        Key::build(scope, None, client_key)
+    }
+
+    fn build(scope: &str, tenant: Option<&str>, client_key: &str) -> Result<Key, KeyError> {
+        check_parts(scope.as_bytes(), tenant.map(str::as_bytes), client_key.as_bytes())?;
+        let tenant_len = tenant.map_or(0, |t| 2 + t.len());
+        let mut stored = Vec::with_capacity(2 + scope.len() + 1 + tenant_len + 1 + client_key.len());
+        // The casts cannot truncate: check_parts bounded every length above.
+        stored.extend_from_slice(&(scope.len() as u16).to_be_bytes());
+        stored.extend_from_slice(scope.as_bytes());
+        match tenant {
+            None => stored.push(TENANT_NONE),
+            Some(t) => {
+                stored.push(TENANT_SOME);
+                stored.extend_from_slice(&(t.len() as u16).to_be_bytes());
+                stored.extend_from_slice(t.as_bytes());
+            }
+        }
+        stored.push(client_key.len() as u8);
+        stored.extend_from_slice(client_key.as_bytes());
+        Ok(Key { stored: stored.into_boxed_slice() })
+    }
+
+    /// Parses a stored form produced by [`Key::as_bytes`], checking every rule a
+    /// constructor checks.
+    pub fn from_stored(bytes: &[u8]) -> Result<Key, KeyError> {
+        let parts = split(bytes).ok_or(KeyError::Malformed)?;
+        let scope = std::str::from_utf8(parts.scope).map_err(|_| KeyError::Malformed)?;
+        let tenant = match parts.tenant {
+            None => None,
+            Some(t) => Some(std::str::from_utf8(t).map_err(|_| KeyError::Malformed)?),
+        };
+        if tenant == Some("") {
+            return Err(KeyError::EmptyTenant);
+        }
+        // Visible ASCII is valid UTF-8, so check_parts' verdict covers the client key.
+        check_parts(parts.scope, parts.tenant, parts.client_key)?;
+        let client_key = std::str::from_utf8(parts.client_key).map_err(|_| KeyError::Malformed)?;
+        Key::build(scope, tenant, client_key)
+    }
+
+    /// The stored, length-prefixed form: what the cache hashes and compares, and what a
+    /// durable store can keep and hand back to [`Key::from_stored`].
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.stored
+    }
+
+    /// The scope, e.g. `"POST /v1/orders"`.
+    pub fn scope(&self) -> &str {
+        self.str_part(self.parts().scope)
+    }
+
+    /// The tenant, or `None` for a key made by [`Key::without_tenant`].
+    pub fn tenant(&self) -> Option<&str> {
+        self.parts().tenant.map(|t| self.str_part(t))
+    }
+
+    /// The client's key, e.g. the `Idempotency-Key` header value.
+    pub fn client_key(&self) -> &str {
+        self.str_part(self.parts().client_key)
+    }
+
+    fn parts(&self) -> Parts<'_> {
+        split(&self.stored).expect("a Key always holds a valid stored form")
+    }
+
+    fn str_part<'a>(&'a self, part: &'a [u8]) -> &'a str {
+        std::str::from_utf8(part).expect("a Key's parts were built from str")
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Key")
+            .field("scope", &self.scope())
+            .field("tenant", &self.tenant())
+            .field("client_key", &self.client_key())
+            .finish()
+    }
+}
+
+fn check_parts(scope: &[u8], tenant: Option<&[u8]>, client_key: &[u8]) -> Result<(), KeyError> {
+    if scope.is_empty() {
+        return Err(KeyError::EmptyScope);
+    }
+    if tenant.is_some_and(<[u8]>::is_empty) {
+        return Err(KeyError::EmptyTenant);
+    }
+    let len = scope.len() + tenant.map_or(0, <[u8]>::len);
+    if len > MAX_SCOPE_AND_TENANT_LEN {
+        return Err(KeyError::ScopeAndTenantTooLong { len });
+    }
+    if client_key.is_empty() {
+        return Err(KeyError::EmptyClientKey);
+    }
+    if client_key.len() > MAX_CLIENT_KEY_LEN {
+        return Err(KeyError::ClientKeyTooLong { len: client_key.len() });
+    }
+    if let Some(at) = client_key.iter().position(|b| !b.is_ascii_graphic()) {
+        return Err(KeyError::ClientKeyNotVisibleAscii { at, byte: client_key[at] });
+    }
+    Ok(())
+}
+
+struct Parts<'a> {
+    scope: &'a [u8],
+    tenant: Option<&'a [u8]>,
+    client_key: &'a [u8],
+}
+
+/// Splits a stored form into its parts; `None` unless the framing is exact (no bytes
+/// missing, none left over).
+fn split(bytes: &[u8]) -> Option<Parts<'_>> {
+    fn take<'a>(rest: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if rest.len() < n {
+            return None;
+        }
+        let (head, tail) = rest.split_at(n);
+        *rest = tail;
+        Some(head)
+    }
+    fn take_u16(rest: &mut &[u8]) -> Option<usize> {
+        let b = take(rest, 2)?;
+        Some(u16::from_be_bytes([b[0], b[1]]) as usize)
+    }
+    let mut rest = bytes;
+    let scope_len = take_u16(&mut rest)?;
+    let scope = take(&mut rest, scope_len)?;
+    let tenant = match take(&mut rest, 1)?[0] {
+        TENANT_NONE => None,
+        TENANT_SOME => {
+            let len = take_u16(&mut rest)?;
+            Some(take(&mut rest, len)?)
+        }
+        _ => return None,
+    };
+    let client_len = take(&mut rest, 1)?[0] as usize;
+    let client_key = take(&mut rest, client_len)?;
+    rest.is_empty().then_some(Parts { scope, tenant, client_key })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_cannot_run_into_each_other() {
+        let a = Key::new("a:b", "c", "k").unwrap();
+        let b = Key::new("a", "b:c", "k").unwrap();
+        assert_ne!(a.as_bytes(), b.as_bytes());
+        let c = Key::without_tenant("a", "k").unwrap();
+        let d = Key::new("a", "x", "k").unwrap();
+        assert_ne!(c, d);
+    }
+
+    #[test]
+    fn stored_form_round_trips() {
+        for key in [
+            Key::new("POST /v1/orders", "user:42", "abc-123").unwrap(),
+            Key::without_tenant("é scope", "~!").unwrap(),
+        ] {
+            assert_eq!(Key::from_stored(key.as_bytes()).unwrap(), key);
+        }
+    }
+
+    #[test]
+    fn malformed_stored_forms_are_refused() {
+        let key = Key::new("s", "t", "k").unwrap();
+        let bytes = key.as_bytes();
+        for cut in 0..bytes.len() {
+            assert!(Key::from_stored(&bytes[..cut]).is_err(), "prefix {cut} accepted");
+        }
+        let mut longer = bytes.to_vec();
+        longer.push(b'x');
+        assert_eq!(Key::from_stored(&longer), Err(KeyError::Malformed));
+    }
+}

@@ -1,0 +1,68 @@
+//! Counters: what the cache has answered, and what it holds.
+//!
+//! Each shard keeps its own [`Counters`] under its own lock, so counting costs no shared
+//! cache line; [`Stats`] is their sum, read shard by shard (not one atomic snapshot of
+//! the whole cache, which would need every lock at once).
+
+/// Running totals of one shard, summed into [`Stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counters {
+    pub(crate) acquired: u64,
+    pub(crate) replayed: u64,
+    pub(crate) in_progress: u64,
+    pub(crate) mismatches: u64,
+    pub(crate) unknown: u64,
+    pub(crate) takeovers: u64,
+    pub(crate) releases: u64,
+    pub(crate) completions: u64,
+    pub(crate) oversized: u64,
+    pub(crate) leases_lost: u64,
+}
+
+/// A summary of a cache's activity since it was built, from [`Cache::stats`](crate::Cache::stats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Claims that acquired a key (including takeovers).
+    pub acquired: u64,
+    /// Claims answered with a stored result.
+    pub replayed: u64,
+    /// Claims answered "in progress".
+    pub in_progress: u64,
+    /// Claims refused because the key was used with a different request.
+    pub mismatches: u64,
+    /// Claims answered "outcome unknown".
+    pub unknown: u64,
+    /// Acquisitions that took a key over from an owner whose lease had lapsed.
+    pub takeovers: u64,
+    /// Keys released without an outcome (explicitly or by a dropped guard).
+    pub releases: u64,
+    /// Outcomes recorded as completed (by a guard or by `resolve`).
+    pub completions: u64,
+    /// Completions whose body exceeded `max_result_size` and was not kept.
+    pub oversized: u64,
+    /// Guard operations refused because the guard's lease was lost.
+    pub leases_lost: u64,
+    /// Entries currently held, including expired ones not yet reclaimed.
+    pub entries: u64,
+    /// Bytes currently charged: key, result body and
+    /// [`ENTRY_OVERHEAD`](crate::ENTRY_OVERHEAD) per entry.
+    pub bytes: u64,
+}
+
+impl Stats {
+    pub(crate) fn add(&mut self, c: &Counters, entries: usize, bytes: usize) {
+        self.acquired += c.acquired;
+        self.replayed += c.replayed;
+        self.in_progress += c.in_progress;
+        self.mismatches += c.mismatches;
+        self.unknown += c.unknown;
+        self.takeovers += c.takeovers;
+        self.releases += c.releases;
+        self.completions += c.completions;
+        self.oversized += c.oversized;
+        self.leases_lost += c.leases_lost;
+        self.entries += entries as u64;
+        self.bytes += bytes as u64;
+    }
+}
