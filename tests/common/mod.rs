@@ -1,0 +1,55 @@
+//! Helpers shared by the integration tests: a cache on a manual clock with short,
+//! distinct TTLs, so every deadline in a test is a number you can read off.
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use idemcache::{Cache, CacheBuilder, Claim, ClaimGuard, Fingerprint, Key, ManualClock, Replay};
+
+pub const LEASE: Duration = Duration::from_secs(10);
+pub const COMPLETED_TTL: Duration = Duration::from_secs(100);
+pub const UNKNOWN_TTL: Duration = Duration::from_secs(50);
+pub const MAX_RESULT: usize = 16;
+
+pub fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+pub fn builder(clock: &ManualClock) -> CacheBuilder {
+    Cache::builder()
+        .clock(clock.clone())
+        .shards(4)
+        .lease(LEASE)
+        .completed_ttl(COMPLETED_TTL)
+        .unknown_ttl(UNKNOWN_TTL)
+        .max_result_size(MAX_RESULT)
+}
+
+pub fn cache() -> (Cache, ManualClock) {
+    let clock = ManualClock::new();
+    (builder(&clock).build().unwrap(), clock)
+}
+
+pub fn key(client: &str) -> Key {
+    Key::new("POST /v1/orders", "user:42", client).unwrap()
+}
+
+pub fn fp(request: &str) -> Fingerprint {
+    Fingerprint::of(request.as_bytes())
+}
+
+#[track_caller]
+pub fn acquire(cache: &Cache, key: &Key, fp: Fingerprint) -> ClaimGuard {
+    match cache.claim(key, fp).unwrap() {
+        Claim::Acquired(guard) => guard,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+#[track_caller]
+pub fn replay(cache: &Cache, key: &Key, fp: Fingerprint) -> Replay {
+    match cache.claim(key, fp).unwrap() {
+        Claim::Completed(replay) => replay,
+        other => panic!("expected Completed, got {other:?}"),
+    }
+}

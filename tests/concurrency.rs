@@ -1,0 +1,136 @@
+//! Real threads against one cache: claim_wait hand-offs and a many-thread stress run.
+//!
+//! No test sleeps: a thread that must be waiting before the owner acts is detected by the
+//! counters (a waiter counts one "in progress" answer under the shard lock before it
+//! sleeps, and the lock is released only by the sleep itself).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use idemcache::{Cache, Claim};
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn wait_until_in_progress_answers(cache: &Cache, n: u64) {
+    while cache.stats().in_progress < n {
+        thread::yield_now();
+    }
+}
+
+#[test]
+fn claim_wait_returns_the_result_once_the_owner_completes() {
+    let (cache, _clock) = cache();
+    let k = key("a");
+    let owner = acquire(&cache, &k, fp("r"));
+    let waiter = {
+        let (cache, k) = (cache.clone(), k.clone());
+        thread::spawn(move || cache.claim_wait(&k, fp("r"), LONG).unwrap())
+    };
+    wait_until_in_progress_answers(&cache, 1);
+    owner.complete(&b"done"[..]).unwrap();
+    match waiter.join().unwrap() {
+        Claim::Completed(replay) => assert_eq!(replay.body.unwrap(), "done"),
+        other => panic!("expected the result, got {other:?}"),
+    }
+}
+
+#[test]
+fn claim_wait_acquires_when_the_owner_releases() {
+    let (cache, _clock) = cache();
+    let k = key("a");
+    let owner = acquire(&cache, &k, fp("r"));
+    let waiter = {
+        let (cache, k) = (cache.clone(), k.clone());
+        thread::spawn(move || match cache.claim_wait(&k, fp("r"), LONG).unwrap() {
+            Claim::Acquired(guard) => guard.complete(&b"second try"[..]).is_ok(),
+            other => panic!("expected to acquire, got {other:?}"),
+        })
+    };
+    wait_until_in_progress_answers(&cache, 1);
+    owner.release().unwrap();
+    assert!(waiter.join().unwrap());
+    assert_eq!(replay(&cache, &k, fp("r")).body.unwrap(), "second try");
+}
+
+#[test]
+fn claim_wait_reports_unknown_when_the_owner_marks_it() {
+    let (cache, _clock) = cache();
+    let k = key("a");
+    let owner = acquire(&cache, &k, fp("r"));
+    let waiter = {
+        let (cache, k) = (cache.clone(), k.clone());
+        thread::spawn(move || cache.claim_wait(&k, fp("r"), LONG).unwrap())
+    };
+    wait_until_in_progress_answers(&cache, 1);
+    owner.mark_unknown().unwrap();
+    assert!(matches!(waiter.join().unwrap(), Claim::Unknown { .. }));
+}
+
+#[test]
+fn claim_wait_with_zero_timeout_answers_in_progress_at_once() {
+    let (cache, _clock) = cache();
+    let k = key("a");
+    let _owner = acquire(&cache, &k, fp("r"));
+    assert!(matches!(
+        cache.claim_wait(&k, fp("r"), Duration::ZERO).unwrap(),
+        Claim::InProgress { .. }
+    ));
+    assert!(matches!(cache.claim_wait(&k, fp("x"), LONG).unwrap(), Claim::Mismatch));
+}
+
+/// Many threads hammer the same keys in different orders. Per key exactly one execution
+/// happens, and every caller ends up holding the bytes that execution stored.
+#[test]
+fn every_key_executes_exactly_once_under_contention() {
+    const THREADS: usize = 8;
+    const KEYS: usize = 200;
+    let (cache, _clock) = cache();
+    let keys: Vec<_> = (0..KEYS).map(|i| key(&format!("k{i}"))).collect();
+    let executions: Arc<Vec<AtomicU32>> = Arc::new((0..KEYS).map(|_| AtomicU32::new(0)).collect());
+    let start = Arc::new(Barrier::new(THREADS));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (cache, keys, executions, start) =
+                (cache.clone(), keys.clone(), executions.clone(), start.clone());
+            thread::spawn(move || {
+                start.wait();
+                let mut seen = HashMap::new();
+                for step in 0..KEYS {
+                    // Each thread walks the keys from a different offset and direction.
+                    let i = if t % 2 == 0 { (step + t * 25) % KEYS } else { KEYS - 1 - (step + t * 25) % KEYS };
+                    let body = match cache.claim_wait(&keys[i], fp("r"), LONG).unwrap() {
+                        Claim::Acquired(guard) => {
+                            executions[i].fetch_add(1, Ordering::SeqCst);
+                            let body = Bytes::from(format!("k{i} by t{t}"));
+                            guard.complete(body.clone()).unwrap();
+                            body
+                        }
+                        Claim::Completed(replay) => replay.body.unwrap(),
+                        other => panic!("thread {t} key {i}: unexpected {other:?}"),
+                    };
+                    seen.insert(i, body);
+                }
+                seen
+            })
+        })
+        .collect();
+    let seen: Vec<HashMap<usize, Bytes>> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(executions[i].load(Ordering::SeqCst), 1, "key {i} executed more than once");
+        let stored = replay(&cache, k, fp("r")).body.unwrap();
+        for per_thread in &seen {
+            assert_eq!(per_thread[&i], stored, "key {i}: a caller saw other bytes");
+        }
+    }
+    let stats = cache.stats();
+    assert_eq!(stats.acquired, KEYS as u64);
+    assert_eq!(stats.entries, KEYS as u64);
+    cache.debug_validate();
+}
