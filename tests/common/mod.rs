@@ -2,6 +2,8 @@
 //! distinct TTLs, so every deadline in a test is a number you can read off.
 #![allow(dead_code)]
 
+pub mod model;
+
 use std::time::Duration;
 
 use idemcache::{Cache, CacheBuilder, Claim, ClaimGuard, Fingerprint, Key, ManualClock, Replay};

@@ -1,0 +1,394 @@
+//! A plain sequential reference model of the cache, and a harness that runs one
+//! operation against both and asserts they agree. Shared by the proptest suite and the
+//! `ops` fuzz target, so both check the same contract.
+//!
+//! The model is written from DESIGN.md's state table, not from the implementation: a
+//! BTreeMap of keys to `(fingerprint, state, since, deadline, owner)`. The one
+//! implementation detail it mirrors is when dead entries are reclaimed (on the next touch
+//! by a key operation), because the `entries`/`bytes`/`takeovers` counters expose it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use idemcache::{
+    Cache, Claim, ClaimGuard, DropPolicy, EntrySnapshot, EntryState, ExtendLeaseError,
+    Fingerprint, Key, LeaseLost, ManualClock, ResolveError, Stats, ENTRY_OVERHEAD,
+};
+
+pub const KEYS: u8 = 4;
+const SEC: u64 = 1_000_000_000;
+pub const LEASE_S: u64 = 10;
+pub const COMPLETED_S: u64 = 30;
+pub const UNKNOWN_S: u64 = 20;
+pub const MAX_RESULT: usize = 8;
+
+/// One step of a test sequence. Small numbers index keys, fingerprints and live guards.
+#[derive(Debug, Clone)]
+pub enum Op {
+    Claim { key: u8, fp: u8 },
+    /// `claim_wait` with a zero timeout: must answer exactly as `claim` would.
+    ClaimWaitNow { key: u8, fp: u8 },
+    Complete { guard: u8, len: u8 },
+    Release { guard: u8 },
+    MarkUnknown { guard: u8 },
+    DropGuard { guard: u8 },
+    Extend { guard: u8, secs: u8 },
+    Resolve { key: u8, len: u8 },
+    Forget { key: u8 },
+    Remove { key: u8 },
+    Peek { key: u8 },
+    Advance { secs: u8 },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum MState {
+    Processing { owner: u64 },
+    Completed(Option<Vec<u8>>),
+    Unknown,
+}
+
+#[derive(Debug, Clone)]
+struct MEntry {
+    fp: u8,
+    state: MState,
+    since: u64,
+    deadline: u64,
+}
+
+/// The reference model: plain data, no concurrency, no cleverness.
+#[derive(Debug, Default)]
+struct Model {
+    now: u64,
+    entries: BTreeMap<u8, MEntry>,
+    next_owner: u64,
+    stats: Stats,
+}
+
+impl Model {
+    /// A live entry, reclaiming a dead one (as the cache does on a key operation).
+    fn live(&mut self, key: u8) -> Option<&mut MEntry> {
+        let now = self.now;
+        if self.entries.get(&key).is_some_and(|e| e.deadline <= now) {
+            self.entries.remove(&key);
+        }
+        self.entries.get_mut(&key)
+    }
+
+    fn claim(&mut self, key: u8, fp: u8) -> Expected {
+        let now = self.now;
+        if let Some(e) = self.entries.get(&key) {
+            if e.deadline > now {
+                if e.fp != fp {
+                    self.stats.mismatches += 1;
+                    return Expected::Mismatch;
+                }
+                return match &e.state {
+                    MState::Completed(body) => {
+                        self.stats.replayed += 1;
+                        Expected::Completed(body.clone(), e.since, e.deadline)
+                    }
+                    MState::Processing { .. } => {
+                        self.stats.in_progress += 1;
+                        Expected::InProgress(e.since, e.deadline)
+                    }
+                    MState::Unknown => {
+                        self.stats.unknown += 1;
+                        Expected::Unknown(e.since, e.deadline)
+                    }
+                };
+            }
+            if matches!(e.state, MState::Processing { .. }) {
+                self.stats.takeovers += 1;
+            }
+        }
+        self.next_owner += 1;
+        let owner = self.next_owner;
+        self.entries.insert(
+            key,
+            MEntry { fp, state: MState::Processing { owner }, since: now, deadline: now + LEASE_S * SEC },
+        );
+        self.stats.acquired += 1;
+        Expected::Acquired(owner)
+    }
+
+    /// Whether `owner` still owns `key`; counts a lost lease when not.
+    fn owns(&mut self, key: u8, owner: u64) -> bool {
+        let now = self.now;
+        let ok = self.entries.get(&key).is_some_and(|e| {
+            e.state == MState::Processing { owner } && e.deadline > now
+        });
+        if !ok {
+            self.stats.leases_lost += 1;
+        }
+        ok
+    }
+
+    fn store(&mut self, key: u8, body: Vec<u8>) {
+        let now = self.now;
+        let kept = (body.len() <= MAX_RESULT).then_some(body);
+        if kept.is_none() {
+            self.stats.oversized += 1;
+        }
+        self.stats.completions += 1;
+        let e = self.entries.get_mut(&key).unwrap();
+        e.state = MState::Completed(kept);
+        e.since = now;
+        e.deadline = now + COMPLETED_S * SEC;
+    }
+
+    fn mark_unknown(&mut self, key: u8) {
+        let now = self.now;
+        let e = self.entries.get_mut(&key).unwrap();
+        e.state = MState::Unknown;
+        e.since = now;
+        e.deadline = now + UNKNOWN_S * SEC;
+    }
+
+    fn release(&mut self, key: u8) {
+        self.entries.remove(&key);
+        self.stats.releases += 1;
+    }
+
+    fn snapshot(&mut self, key: u8) -> Option<(u8, MState, u64, u64)> {
+        self.live(key).map(|e| (e.fp, e.state.clone(), e.since, e.deadline))
+    }
+}
+
+#[derive(Debug, PartialEq)]
+enum Expected {
+    Acquired(u64),
+    Completed(Option<Vec<u8>>, u64, u64),
+    InProgress(u64, u64),
+    Unknown(u64, u64),
+    Mismatch,
+}
+
+/// The cache under test, the model, and the guards handed out so far.
+pub struct Harness {
+    cache: Cache,
+    clock: ManualClock,
+    model: Model,
+    keys: Vec<Key>,
+    guards: Vec<(ClaimGuard, u8, u64)>,
+    policy: DropPolicy,
+}
+
+fn body(len: u8) -> Vec<u8> {
+    (0..len).map(|i| b'a' + i % 26).collect()
+}
+
+fn fingerprint(fp: u8) -> Fingerprint {
+    Fingerprint::from_u128(u128::from(fp))
+}
+
+impl Harness {
+    pub fn new(policy: DropPolicy) -> Harness {
+        let clock = ManualClock::new();
+        let cache = Cache::builder()
+            .clock(clock.clone())
+            .shards(2)
+            .lease(Duration::from_secs(LEASE_S))
+            .completed_ttl(Duration::from_secs(COMPLETED_S))
+            .unknown_ttl(Duration::from_secs(UNKNOWN_S))
+            .max_result_size(MAX_RESULT)
+            .drop_policy(policy)
+            .build()
+            .unwrap();
+        let keys = (0..KEYS).map(|i| Key::new("scope", "tenant", &format!("key-{i}")).unwrap()).collect();
+        Harness { cache, clock, model: Model::default(), keys, guards: Vec::new(), policy }
+    }
+
+    /// Runs `op` on the cache and the model and asserts they agree, then re-validates the
+    /// cache's internal counters.
+    pub fn apply(&mut self, op: &Op) {
+        match *op {
+            Op::Claim { key, fp } | Op::ClaimWaitNow { key, fp } => {
+                let key = key % KEYS;
+                let expected = self.model.claim(key, fp);
+                let k = &self.keys[key as usize];
+                let claim = if matches!(op, Op::Claim { .. }) {
+                    self.cache.claim(k, fingerprint(fp))
+                } else {
+                    self.cache.claim_wait(k, fingerprint(fp), Duration::ZERO)
+                };
+                let actual = match claim.unwrap() {
+                    Claim::Acquired(guard) => {
+                        let Expected::Acquired(owner) = expected else {
+                            panic!("{op:?}: cache acquired, model expected {expected:?}")
+                        };
+                        self.guards.push((guard, key, owner));
+                        return self.check();
+                    }
+                    Claim::Completed(r) => Expected::Completed(
+                        r.body.map(|b| b.to_vec()),
+                        r.completed_at.as_nanos(),
+                        r.expires_at.as_nanos(),
+                    ),
+                    Claim::InProgress { started_at, lease_ends_at } => {
+                        Expected::InProgress(started_at.as_nanos(), lease_ends_at.as_nanos())
+                    }
+                    Claim::Unknown { marked_at, expires_at } => {
+                        Expected::Unknown(marked_at.as_nanos(), expires_at.as_nanos())
+                    }
+                    Claim::Mismatch => Expected::Mismatch,
+                };
+                assert_eq!(actual, expected, "{op:?}");
+            }
+            Op::Complete { guard, len } => {
+                if let Some((g, key, owner)) = self.take_guard(guard) {
+                    let ok = self.model.owns(key, owner);
+                    let result = g.complete(body(len));
+                    assert_eq!(result, if ok { Ok(()) } else { Err(LeaseLost) }, "{op:?}");
+                    if ok {
+                        self.model.store(key, body(len));
+                    }
+                }
+            }
+            Op::Release { guard } => {
+                if let Some((g, key, owner)) = self.take_guard(guard) {
+                    let ok = self.model.owns(key, owner);
+                    assert_eq!(g.release(), if ok { Ok(()) } else { Err(LeaseLost) }, "{op:?}");
+                    if ok {
+                        self.model.release(key);
+                    }
+                }
+            }
+            Op::MarkUnknown { guard } => {
+                if let Some((g, key, owner)) = self.take_guard(guard) {
+                    let ok = self.model.owns(key, owner);
+                    assert_eq!(g.mark_unknown(), if ok { Ok(()) } else { Err(LeaseLost) }, "{op:?}");
+                    if ok {
+                        self.model.mark_unknown(key);
+                    }
+                }
+            }
+            Op::DropGuard { guard } => {
+                if let Some((g, key, owner)) = self.take_guard(guard) {
+                    let ok = self.model.owns(key, owner);
+                    drop(g);
+                    if ok {
+                        match self.policy {
+                            DropPolicy::Release => self.model.release(key),
+                            DropPolicy::MarkUnknown => self.model.mark_unknown(key),
+                        }
+                    }
+                }
+            }
+            Op::Extend { guard, secs } => {
+                if self.guards.is_empty() {
+                    return self.check();
+                }
+                let i = guard as usize % self.guards.len();
+                let (key, owner) = (self.guards[i].1, self.guards[i].2);
+                let result = self.guards[i].0.extend_lease(Duration::from_secs(secs.into()));
+                if secs == 0 {
+                    assert_eq!(result, Err(ExtendLeaseError::InvalidDuration(Duration::ZERO)));
+                } else if self.model.owns(key, owner) {
+                    let end = self.model.now + u64::from(secs) * SEC;
+                    self.model.entries.get_mut(&key).unwrap().deadline = end;
+                    assert_eq!(result.map(|t| t.as_nanos()), Ok(end), "{op:?}");
+                } else {
+                    assert_eq!(result, Err(ExtendLeaseError::LeaseLost), "{op:?}");
+                }
+            }
+            Op::Resolve { key, len } => {
+                let key = key % KEYS;
+                let expected = self.model_resolvable(key);
+                let result = self.cache.resolve(&self.keys[key as usize], body(len));
+                assert_eq!(result, expected, "{op:?}");
+                if expected.is_ok() {
+                    self.model.store(key, body(len));
+                }
+            }
+            Op::Forget { key } => {
+                let key = key % KEYS;
+                let expected = self.model_resolvable(key);
+                assert_eq!(self.cache.forget(&self.keys[key as usize]), expected, "{op:?}");
+                if expected.is_ok() {
+                    self.model.entries.remove(&key);
+                }
+            }
+            Op::Remove { key } => {
+                let key = key % KEYS;
+                let expected = self.model.snapshot(key);
+                let actual = self.cache.remove(&self.keys[key as usize]);
+                self.assert_snapshot(actual, &expected, op);
+                self.model.entries.remove(&key);
+            }
+            Op::Peek { key } => {
+                let key = key % KEYS;
+                let expected = self.model.snapshot(key);
+                let actual = self.cache.peek(&self.keys[key as usize]);
+                self.assert_snapshot(actual, &expected, op);
+            }
+            Op::Advance { secs } => {
+                self.clock.advance(Duration::from_secs(secs.into()));
+                self.model.now += u64::from(secs) * SEC;
+            }
+        }
+        self.check();
+    }
+
+    fn take_guard(&mut self, i: u8) -> Option<(ClaimGuard, u8, u64)> {
+        if self.guards.is_empty() {
+            None
+        } else {
+            let n = self.guards.len();
+            Some(self.guards.swap_remove(i as usize % n))
+        }
+    }
+
+    fn model_resolvable(&mut self, key: u8) -> Result<(), ResolveError> {
+        match self.model.live(key) {
+            None => Err(ResolveError::NotFound),
+            Some(e) if e.state == MState::Unknown => Ok(()),
+            Some(_) => Err(ResolveError::NotUnknown),
+        }
+    }
+
+    fn assert_snapshot(&self, actual: Option<EntrySnapshot>, expected: &Option<(u8, MState, u64, u64)>, op: &Op) {
+        let actual = actual.map(|s| {
+            let fp = u8::try_from(s.fingerprint.as_u128()).unwrap();
+            let (state, since, deadline) = match s.state {
+                EntryState::Processing { started_at, lease_ends_at, .. } => {
+                    // The model's owner ids are not tokens; compare state, not identity.
+                    (None, started_at, lease_ends_at)
+                }
+                EntryState::Completed(r) => {
+                    (Some(MState::Completed(r.body.map(|b| b.to_vec()))), r.completed_at, r.expires_at)
+                }
+                EntryState::Unknown { marked_at, expires_at } => (Some(MState::Unknown), marked_at, expires_at),
+                _ => unreachable!("no other states exist"),
+            };
+            (fp, state, since.as_nanos(), deadline.as_nanos())
+        });
+        let expected = expected.as_ref().map(|(fp, state, since, deadline)| {
+            let state = match state {
+                MState::Processing { .. } => None,
+                other => Some(other.clone()),
+            };
+            (*fp, state, *since, *deadline)
+        });
+        assert_eq!(actual, expected, "{op:?}");
+    }
+
+    /// Counters and accounting agree with the model; internal invariants hold.
+    fn check(&self) {
+        self.cache.debug_validate();
+        let mut expected = self.model.stats;
+        expected.entries = self.model.entries.len() as u64;
+        expected.bytes = self
+            .model
+            .entries
+            .iter()
+            .map(|(k, e)| {
+                let body = match &e.state {
+                    MState::Completed(Some(b)) => b.len(),
+                    _ => 0,
+                };
+                (self.keys[*k as usize].as_bytes().len() + body + ENTRY_OVERHEAD) as u64
+            })
+            .sum();
+        assert_eq!(self.cache.stats(), expected);
+    }
+}

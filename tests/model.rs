@@ -1,0 +1,45 @@
+//! Model-based test: random sequences of every public operation and clock moves, run
+//! against the cache and a sequential reference model (`tests/common/model.rs`), checked
+//! step by step. A failure shrinks to a short, readable list of `Op`s.
+
+mod common;
+
+use common::model::{Harness, Op, KEYS};
+use idemcache::DropPolicy;
+use proptest::prelude::*;
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = 0..KEYS;
+    let fp = 0u8..2;
+    let guard = any::<u8>();
+    prop_oneof![
+        4 => (key.clone(), fp.clone()).prop_map(|(key, fp)| Op::Claim { key, fp }),
+        1 => (key.clone(), fp).prop_map(|(key, fp)| Op::ClaimWaitNow { key, fp }),
+        3 => (guard.clone(), 0u8..12).prop_map(|(guard, len)| Op::Complete { guard, len }),
+        1 => guard.clone().prop_map(|guard| Op::Release { guard }),
+        1 => guard.clone().prop_map(|guard| Op::MarkUnknown { guard }),
+        1 => guard.clone().prop_map(|guard| Op::DropGuard { guard }),
+        1 => (guard, 0u8..15).prop_map(|(guard, secs)| Op::Extend { guard, secs }),
+        1 => (key.clone(), 0u8..12).prop_map(|(key, len)| Op::Resolve { key, len }),
+        1 => key.clone().prop_map(|key| Op::Forget { key }),
+        1 => key.clone().prop_map(|key| Op::Remove { key }),
+        1 => key.prop_map(|key| Op::Peek { key }),
+        2 => (0u8..25).prop_map(|secs| Op::Advance { secs }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn cache_agrees_with_the_reference_model(
+        mark_unknown_on_drop in any::<bool>(),
+        ops in proptest::collection::vec(op(), 1..80),
+    ) {
+        let policy = if mark_unknown_on_drop { DropPolicy::MarkUnknown } else { DropPolicy::Release };
+        let mut harness = Harness::new(policy);
+        for op in &ops {
+            harness.apply(op);
+        }
+    }
+}
