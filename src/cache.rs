@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use crate::config::Config;
 use crate::guard::ClaimGuard;
-use crate::shard::{ClaimOutcome, Shard};
+use crate::shard::Shard;
 use crate::sync::{Arc, CachePadded, Condvar, Mutex, MutexGuard};
 use crate::{
     CacheBuilder, Claim, ClaimError, Clock, EntrySnapshot, Fingerprint, Key, ResolveError, Stats,
@@ -110,6 +110,7 @@ impl Cache {
         self.inner.shards[shard].shard.lock()
     }
 
+    #[inline]
     pub(crate) fn now(&self) -> Timestamp {
         self.inner.clock.now()
     }
@@ -123,27 +124,18 @@ impl Cache {
     /// Exactly one of any number of concurrent callers gets [`Claim::Acquired`]; the
     /// others get the stored result, "in progress", "unknown" or a mismatch. A key whose
     /// owner's lease has lapsed is taken over with a new fencing token.
+    #[inline]
     pub fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim, ClaimError> {
         let (hash, shard) = self.locate(key);
         let now = self.now();
-        let outcome = self.lock(shard).claim(hash, key, fingerprint, now, &self.inner.config);
-        Ok(self.into_claim(shard, outcome))
+        let claim = self.lock(shard).claim(hash, key, fingerprint, now, &self.inner.config, |slot, token, lease_ends_at| {
+            self.guard(shard, slot, token, lease_ends_at)
+        });
+        Ok(claim)
     }
 
-    fn into_claim(&self, shard: usize, outcome: ClaimOutcome) -> Claim {
-        match outcome {
-            ClaimOutcome::Acquired { slot, token, lease_ends_at } => Claim::Acquired(
-                ClaimGuard::new(self.clone(), Ticket { shard, slot, token }, lease_ends_at),
-            ),
-            ClaimOutcome::Completed(replay) => Claim::Completed(replay),
-            ClaimOutcome::InProgress { started_at, lease_ends_at } => {
-                Claim::InProgress { started_at, lease_ends_at }
-            }
-            ClaimOutcome::Unknown { marked_at, expires_at } => {
-                Claim::Unknown { marked_at, expires_at }
-            }
-            ClaimOutcome::Mismatch => Claim::Mismatch,
-        }
+    fn guard(&self, shard: usize, slot: u32, token: u64, lease_ends_at: Timestamp) -> Claim {
+        Claim::Acquired(ClaimGuard::new(self.clone(), Ticket { shard, slot, token }, lease_ends_at))
     }
 
     /// Claims `key`, waiting up to `timeout` while another caller is executing it.
@@ -168,18 +160,18 @@ impl Cache {
         let mut guard = cell.shard.lock();
         loop {
             let now = self.now();
-            let outcome = guard.claim(hash, key, fingerprint, now, &self.inner.config);
-            let ClaimOutcome::InProgress { lease_ends_at, .. } = outcome else {
-                drop(guard);
-                return Ok(self.into_claim(shard, outcome));
+            let claim = guard.claim(hash, key, fingerprint, now, &self.inner.config, |slot, token, lease_ends_at| {
+                self.guard(shard, slot, token, lease_ends_at)
+            });
+            let Claim::InProgress { lease_ends_at, .. } = claim else {
+                return Ok(claim);
             };
             let left = match give_up {
                 Some(at) => at.saturating_duration_since(Instant::now()),
                 None => Duration::MAX,
             };
             if left.is_zero() {
-                drop(guard);
-                return Ok(self.into_claim(shard, outcome));
+                return Ok(claim);
             }
             // Wake at the lease's end at the latest: nobody notifies a lapse.
             let nap = left.min(lease_ends_at.saturating_duration_since(now));

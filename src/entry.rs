@@ -51,6 +51,7 @@ impl Entry {
         self.key.as_bytes().len() + self.body.as_ref().map_or(0, Bytes::len) + ENTRY_OVERHEAD
     }
 
+    #[inline]
     pub(crate) fn replay(&self) -> Replay {
         Replay { body: self.body.clone(), completed_at: self.since, expires_at: self.deadline }
     }

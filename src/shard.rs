@@ -20,18 +20,7 @@ use hashbrown::HashTable;
 use crate::config::Config;
 use crate::entry::{Entry, State};
 use crate::stats::Counters;
-use crate::{Fingerprint, Key, LeaseLost, Replay, ResolveError, Timestamp, EntrySnapshot};
-
-/// What [`Shard::claim`] decided. `Acquired` carries what the guard needs to find its
-/// entry again.
-#[derive(Debug)]
-pub(crate) enum ClaimOutcome {
-    Acquired { slot: u32, token: u64, lease_ends_at: Timestamp },
-    Completed(Replay),
-    InProgress { started_at: Timestamp, lease_ends_at: Timestamp },
-    Unknown { marked_at: Timestamp, expires_at: Timestamp },
-    Mismatch,
-}
+use crate::{Claim, EntrySnapshot, Fingerprint, Key, LeaseLost, ResolveError, Timestamp};
 
 #[derive(Debug)]
 pub(crate) struct Shard {
@@ -74,6 +63,7 @@ impl Shard {
         self.bytes
     }
 
+    #[inline]
     fn find(&self, hash: u64, key: &Key) -> Option<u32> {
         let slots = &self.slots;
         self.table
@@ -107,7 +97,11 @@ impl Shard {
 
     /// The claim transition: absent (or dead) → PROCESSING, or the answer for a live entry.
     ///
-    /// This is where a claim becomes PROCESSING.
+    /// This is where a claim becomes PROCESSING (in [`Shard::acquire`]). `acquired`
+    /// builds the guard from the new entry's `(slot, token, lease end)`; taking it as a
+    /// closure lets the answer be built once, in its public form, with no intermediate
+    /// enum to convert on the replay path.
+    #[inline]
     pub(crate) fn claim(
         &mut self,
         hash: u64,
@@ -115,16 +109,32 @@ impl Shard {
         fingerprint: Fingerprint,
         now: Timestamp,
         cfg: &Config,
-    ) -> ClaimOutcome {
+        acquired: impl FnOnce(u32, u64, Timestamp) -> Claim,
+    ) -> Claim {
         let existing = self.find(hash, key);
         if let Some(slot) = existing {
-            let e = self.entry(slot);
-            if e.is_live(now) {
+            if self.entry(slot).is_live(now) {
                 return self.answer(slot, fingerprint);
             }
-            if e.state == State::Processing {
-                self.counters.takeovers += 1;
-            }
+        }
+        let (slot, token, lease_ends_at) = self.acquire(existing, hash, key, fingerprint, now, cfg);
+        acquired(slot, token, lease_ends_at)
+    }
+
+    /// Absent or dead → PROCESSING under a new fencing token. Kept out of line so the
+    /// replay path (`claim` → `answer`) stays small.
+    #[inline(never)]
+    fn acquire(
+        &mut self,
+        existing: Option<u32>,
+        hash: u64,
+        key: &Key,
+        fingerprint: Fingerprint,
+        now: Timestamp,
+        cfg: &Config,
+    ) -> (u32, u64, Timestamp) {
+        if existing.is_some_and(|slot| self.entry(slot).state == State::Processing) {
+            self.counters.takeovers += 1;
         }
         let token = self.next_token();
         let lease_ends_at = now.saturating_add(cfg.lease);
@@ -149,31 +159,32 @@ impl Shard {
             None => self.insert(fresh),
         };
         self.counters.acquired += 1;
-        ClaimOutcome::Acquired { slot, token, lease_ends_at }
+        (slot, token, lease_ends_at)
     }
 
     /// The answer to a claim of a live entry.
-    fn answer(&mut self, slot: u32, fingerprint: Fingerprint) -> ClaimOutcome {
+    #[inline]
+    fn answer(&mut self, slot: u32, fingerprint: Fingerprint) -> Claim {
         let e = self.entry(slot);
         if e.fingerprint != fingerprint {
             self.counters.mismatches += 1;
-            return ClaimOutcome::Mismatch;
+            return Claim::Mismatch;
         }
         match e.state {
             State::Completed => {
                 let replay = e.replay();
                 self.counters.replayed += 1;
-                ClaimOutcome::Completed(replay)
+                Claim::Completed(replay)
             }
             State::Processing => {
                 let (started_at, lease_ends_at) = (e.since, e.deadline);
                 self.counters.in_progress += 1;
-                ClaimOutcome::InProgress { started_at, lease_ends_at }
+                Claim::InProgress { started_at, lease_ends_at }
             }
             State::Unknown => {
                 let (marked_at, expires_at) = (e.since, e.deadline);
                 self.counters.unknown += 1;
-                ClaimOutcome::Unknown { marked_at, expires_at }
+                Claim::Unknown { marked_at, expires_at }
             }
         }
     }
