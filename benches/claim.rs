@@ -10,6 +10,9 @@
 //!
 //! Run: `cargo bench --bench claim`
 
+// criterion_group! generates undocumented public items.
+#![allow(missing_docs)]
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -38,7 +41,10 @@ fn dashmap() -> DashMap<Vec<u8>, Bytes, RandomState> {
 fn scattered(n: u64) -> Vec<u64> {
     // Multiplying by an odd constant permutes 0..2^k; filter to 0..n.
     let size = n.next_power_of_two();
-    (0..size).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) & (size - 1)).filter(|&i| i < n).collect()
+    (0..size)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) & (size - 1))
+        .filter(|&i| i < n)
+        .collect()
 }
 
 fn replay_hit(c: &mut Criterion) {
@@ -51,7 +57,9 @@ fn replay_hit(c: &mut Criterion) {
 
         let cache = cache();
         for k in &keys {
-            let Ok(Claim::Acquired(g)) = cache.claim(k, fp) else { unreachable!() };
+            let Ok(Claim::Acquired(g)) = cache.claim(k, fp) else {
+                unreachable!()
+            };
             g.complete(Bytes::from_static(RESULT)).unwrap();
         }
         group.bench_function(BenchmarkId::new("idemcache", n), |b| {
@@ -99,7 +107,9 @@ fn claim_complete(c: &mut Criterion) {
             let cache = cache();
             time_fresh(iters, |keys| {
                 for k in keys {
-                    let Ok(Claim::Acquired(g)) = cache.claim(black_box(k), fp) else { unreachable!() };
+                    let Ok(Claim::Acquired(g)) = cache.claim(black_box(k), fp) else {
+                        unreachable!()
+                    };
                     g.complete(Bytes::from_static(RESULT)).unwrap();
                 }
             })

@@ -14,14 +14,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // A client sends "create order" with Idempotency-Key: order-7f3a.
     let key = Key::new("POST /v1/orders", "user:42", "order-7f3a")?;
-    let request = Fingerprint::builder().method("POST").path("/v1/orders").body(b"{\"sku\":\"A1\",\"qty\":2}").finish();
+    let request = Fingerprint::builder()
+        .method("POST")
+        .path("/v1/orders")
+        .body(b"{\"sku\":\"A1\",\"qty\":2}")
+        .finish();
 
     // 1. The first request claims the key and executes.
     match cache.claim(&key, request)? {
         Claim::Acquired(guard) => {
             let response = create_order();
             guard.complete(response)?;
-            println!("1. first request:      executed, stored {:?}", String::from_utf8_lossy(response));
+            println!(
+                "1. first request:      executed, stored {:?}",
+                String::from_utf8_lossy(response)
+            );
         }
         other => unreachable!("a fresh key is always acquired, got {other:?}"),
     }
@@ -30,7 +37,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     match cache.claim(&key, request)? {
         Claim::Completed(replay) => {
             let body = replay.body.expect("small results are kept");
-            println!("2. retry:              replayed {:?}, not executed", String::from_utf8_lossy(&body));
+            println!(
+                "2. retry:              replayed {:?}, not executed",
+                String::from_utf8_lossy(&body)
+            );
         }
         other => unreachable!("a completed key replays, got {other:?}"),
     }
@@ -42,24 +52,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let worker = {
         let (cache, payment) = (cache.clone(), payment.clone());
         thread::spawn(move || {
-            let Claim::Acquired(guard) = cache.claim(&payment, charge).expect("cache has room") else {
+            let Claim::Acquired(guard) = cache.claim(&payment, charge).expect("cache has room")
+            else {
                 unreachable!("the worker claims first")
             };
             started.0.send(()).unwrap();
             proceed.1.recv().unwrap(); // still "executing" until main has tried its duplicate
-            guard.complete(&b"{\"payment\":\"pay_1\",\"status\":\"captured\"}"[..]).unwrap();
+            guard
+                .complete(&b"{\"payment\":\"pay_1\",\"status\":\"captured\"}"[..])
+                .unwrap();
         })
     };
     started.1.recv()?;
     match cache.claim(&payment, charge)? {
-        Claim::InProgress { .. } => println!("3. concurrent retry:   refused, in progress (HTTP 409)"),
+        Claim::InProgress { .. } => {
+            println!("3. concurrent retry:   refused, in progress (HTTP 409)")
+        }
         other => unreachable!("the worker holds the key, got {other:?}"),
     }
     proceed.0.send(())?;
     worker.join().expect("worker thread");
 
     // 4. The same key reused for a different request is a mismatch, never a replay.
-    let other_request = Fingerprint::builder().method("POST").path("/v1/orders").body(b"{\"sku\":\"B2\",\"qty\":9}").finish();
+    let other_request = Fingerprint::builder()
+        .method("POST")
+        .path("/v1/orders")
+        .body(b"{\"sku\":\"B2\",\"qty\":9}")
+        .finish();
     match cache.claim(&key, other_request)? {
         Claim::Mismatch => println!("4. same key, new body: refused, mismatch (HTTP 422)"),
         other => unreachable!("a different fingerprint is a mismatch, got {other:?}"),
@@ -68,7 +87,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stats = cache.stats();
     println!(
         "\nstats: acquired {}, replayed {}, in progress {}, mismatches {}, entries {}, bytes {}",
-        stats.acquired, stats.replayed, stats.in_progress, stats.mismatches, stats.entries, stats.bytes
+        stats.acquired,
+        stats.replayed,
+        stats.in_progress,
+        stats.mismatches,
+        stats.entries,
+        stats.bytes
     );
     Ok(())
 }

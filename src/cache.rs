@@ -92,7 +92,12 @@ impl Cache {
             })
             .collect();
         Cache {
-            inner: Arc::new(Inner { shards, hasher: ahash::RandomState::new(), config, clock }),
+            inner: Arc::new(Inner {
+                shards,
+                hasher: ahash::RandomState::new(),
+                config,
+                clock,
+            }),
         }
     }
 
@@ -128,14 +133,23 @@ impl Cache {
     pub fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim, ClaimError> {
         let (hash, shard) = self.locate(key);
         let now = self.now();
-        let claim = self.lock(shard).claim(hash, key, fingerprint, now, &self.inner.config, |slot, token, lease_ends_at| {
-            self.guard(shard, slot, token, lease_ends_at)
-        });
+        let claim = self.lock(shard).claim(
+            hash,
+            key,
+            fingerprint,
+            now,
+            &self.inner.config,
+            |slot, token, lease_ends_at| self.guard(shard, slot, token, lease_ends_at),
+        );
         Ok(claim)
     }
 
     fn guard(&self, shard: usize, slot: u32, token: u64, lease_ends_at: Timestamp) -> Claim {
-        Claim::Acquired(ClaimGuard::new(self.clone(), Ticket { shard, slot, token }, lease_ends_at))
+        Claim::Acquired(ClaimGuard::new(
+            self.clone(),
+            Ticket { shard, slot, token },
+            lease_ends_at,
+        ))
     }
 
     /// Claims `key`, waiting up to `timeout` while another caller is executing it.
@@ -160,9 +174,14 @@ impl Cache {
         let mut guard = cell.shard.lock();
         loop {
             let now = self.now();
-            let claim = guard.claim(hash, key, fingerprint, now, &self.inner.config, |slot, token, lease_ends_at| {
-                self.guard(shard, slot, token, lease_ends_at)
-            });
+            let claim = guard.claim(
+                hash,
+                key,
+                fingerprint,
+                now,
+                &self.inner.config,
+                |slot, token, lease_ends_at| self.guard(shard, slot, token, lease_ends_at),
+            );
             let Claim::InProgress { lease_ends_at, .. } = claim else {
                 return Ok(claim);
             };
@@ -204,7 +223,8 @@ impl Cache {
     pub fn resolve(&self, key: &Key, result: impl Into<Bytes>) -> Result<(), ResolveError> {
         let (hash, shard) = self.locate(key);
         let now = self.now();
-        self.lock(shard).resolve(hash, key, result.into(), now, &self.inner.config)
+        self.lock(shard)
+            .resolve(hash, key, result.into(), now, &self.inner.config)
     }
 
     /// Drops an UNKNOWN entry after checking the authority found no effect:

@@ -53,7 +53,11 @@ impl Entry {
 
     #[inline]
     pub(crate) fn replay(&self) -> Replay {
-        Replay { body: self.body.clone(), completed_at: self.since, expires_at: self.deadline }
+        Replay {
+            body: self.body.clone(),
+            completed_at: self.since,
+            expires_at: self.deadline,
+        }
     }
 
     pub(crate) fn snapshot(&self) -> EntrySnapshot {
@@ -64,10 +68,14 @@ impl Entry {
                 token: FencingToken(self.token),
             },
             State::Completed => EntryState::Completed(self.replay()),
-            State::Unknown => {
-                EntryState::Unknown { marked_at: self.since, expires_at: self.deadline }
-            }
+            State::Unknown => EntryState::Unknown {
+                marked_at: self.since,
+                expires_at: self.deadline,
+            },
         };
-        EntrySnapshot { fingerprint: self.fingerprint, state }
+        EntrySnapshot {
+            fingerprint: self.fingerprint,
+            state,
+        }
     }
 }

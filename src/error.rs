@@ -33,7 +33,9 @@ pub struct LeaseLost;
 
 impl fmt::Display for LeaseLost {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("lease lost: the lease lapsed or the key was removed; the outcome was not recorded")
+        f.write_str(
+            "lease lost: the lease lapsed or the key was removed; the outcome was not recorded",
+        )
     }
 }
 
@@ -54,7 +56,11 @@ impl fmt::Display for ExtendLeaseError {
         match self {
             ExtendLeaseError::LeaseLost => LeaseLost.fmt(f),
             ExtendLeaseError::InvalidDuration(d) => {
-                write!(f, "lease of {d:?} refused: it must be positive and at most {:?}", crate::MAX_DURATION)
+                write!(
+                    f,
+                    "lease of {d:?} refused: it must be positive and at most {:?}",
+                    crate::MAX_DURATION
+                )
             }
         }
     }
@@ -111,7 +117,11 @@ impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             BuildError::Shards(n) => {
-                write!(f, "shard count {n} refused: it must be between 1 and {}", crate::MAX_SHARDS)
+                write!(
+                    f,
+                    "shard count {n} refused: it must be between 1 and {}",
+                    crate::MAX_SHARDS
+                )
             }
             BuildError::Duration { setting, value } => write!(
                 f,

@@ -40,7 +40,12 @@ impl fmt::Debug for ClaimGuard {
 
 impl ClaimGuard {
     pub(crate) fn new(cache: Cache, ticket: Ticket, lease_ends_at: Timestamp) -> ClaimGuard {
-        ClaimGuard { cache, ticket, lease_ends_at, finished: false }
+        ClaimGuard {
+            cache,
+            ticket,
+            lease_ends_at,
+            finished: false,
+        }
     }
 
     /// This claim's fencing token; pass it to the authority with the write.
@@ -76,7 +81,11 @@ impl ClaimGuard {
 
     fn release_inner(&self) -> Result<(), LeaseLost> {
         let Ticket { slot, token, .. } = self.ticket;
-        self.cache.with_owned(self.ticket, |shard, now, _| shard.release(slot, token, now), Result::is_ok)
+        self.cache.with_owned(
+            self.ticket,
+            |shard, now, _| shard.release(slot, token, now),
+            Result::is_ok,
+        )
     }
 
     /// Records that the outcome is ambiguous: PROCESSING → UNKNOWN. Claims answer

@@ -120,9 +120,14 @@ impl Key {
     }
 
     fn build(scope: &str, tenant: Option<&str>, client_key: &str) -> Result<Key, KeyError> {
-        check_parts(scope.as_bytes(), tenant.map(str::as_bytes), client_key.as_bytes())?;
+        check_parts(
+            scope.as_bytes(),
+            tenant.map(str::as_bytes),
+            client_key.as_bytes(),
+        )?;
         let tenant_len = tenant.map_or(0, |t| 2 + t.len());
-        let mut stored = Vec::with_capacity(2 + scope.len() + 1 + tenant_len + 1 + client_key.len());
+        let mut stored =
+            Vec::with_capacity(2 + scope.len() + 1 + tenant_len + 1 + client_key.len());
         // The casts cannot truncate: check_parts bounded every length above.
         stored.extend_from_slice(&(scope.len() as u16).to_be_bytes());
         stored.extend_from_slice(scope.as_bytes());
@@ -136,7 +141,9 @@ impl Key {
         }
         stored.push(client_key.len() as u8);
         stored.extend_from_slice(client_key.as_bytes());
-        Ok(Key { stored: stored.into_boxed_slice() })
+        Ok(Key {
+            stored: stored.into_boxed_slice(),
+        })
     }
 
     /// Parses a stored form produced by [`Key::as_bytes`], checking every rule a
@@ -212,10 +219,15 @@ fn check_parts(scope: &[u8], tenant: Option<&[u8]>, client_key: &[u8]) -> Result
         return Err(KeyError::EmptyClientKey);
     }
     if client_key.len() > MAX_CLIENT_KEY_LEN {
-        return Err(KeyError::ClientKeyTooLong { len: client_key.len() });
+        return Err(KeyError::ClientKeyTooLong {
+            len: client_key.len(),
+        });
     }
     if let Some(at) = client_key.iter().position(|b| !b.is_ascii_graphic()) {
-        return Err(KeyError::ClientKeyNotVisibleAscii { at, byte: client_key[at] });
+        return Err(KeyError::ClientKeyNotVisibleAscii {
+            at,
+            byte: client_key[at],
+        });
     }
     Ok(())
 }
@@ -254,7 +266,11 @@ fn split(bytes: &[u8]) -> Option<Parts<'_>> {
     };
     let client_len = take(&mut rest, 1)?[0] as usize;
     let client_key = take(&mut rest, client_len)?;
-    rest.is_empty().then_some(Parts { scope, tenant, client_key })
+    rest.is_empty().then_some(Parts {
+        scope,
+        tenant,
+        client_key,
+    })
 }
 
 #[cfg(test)]
@@ -286,7 +302,10 @@ mod tests {
         let key = Key::new("s", "t", "k").unwrap();
         let bytes = key.as_bytes();
         for cut in 0..bytes.len() {
-            assert!(Key::from_stored(&bytes[..cut]).is_err(), "prefix {cut} accepted");
+            assert!(
+                Key::from_stored(&bytes[..cut]).is_err(),
+                "prefix {cut} accepted"
+            );
         }
         let mut longer = bytes.to_vec();
         longer.push(b'x');

@@ -1,5 +1,66 @@
-//! stub
+//! An embeddable idempotency cache: it stops the same business intent from being executed
+//! twice inside one process, and hands the first execution's result to every repeat.
+//!
+//! Before executing a request that carries an idempotency key, [`Cache::claim`] it:
+//!
+//! ```
+//! use idemcache::{Cache, Claim, Fingerprint, Key};
+//!
+//! let cache = Cache::builder().build()?;
+//! let key = Key::new("POST /v1/orders", "user:42", "8e03978e-40d5")?;
+//! let request = Fingerprint::builder().method("POST").path("/v1/orders").body(b"{\"qty\":2}").finish();
+//!
+//! let response = match cache.claim(&key, request)? {
+//!     Claim::Acquired(guard) => {
+//!         let response = b"{\"order\":\"ord_1\"}".to_vec(); // execute the intent here
+//!         guard.complete(response.clone())?;
+//!         response
+//!     }
+//!     Claim::Completed(replay) => replay.body.map(|b| b.to_vec()).unwrap_or_default(),
+//!     Claim::InProgress { .. } => return Err("409: a duplicate is executing".into()),
+//!     Claim::Unknown { .. } => return Err("409: outcome unknown, being checked".into()),
+//!     Claim::Mismatch => return Err("422: key reused for a different request".into()),
+//! };
+//! # let _ = response;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # The contract
+//!
+//! | state | reached by | a claim with the same fingerprint gets | leaves by |
+//! |---|---|---|---|
+//! | absent | start, release, forget, expiry | [`Claim::Acquired`] | claim |
+//! | PROCESSING | claim | [`Claim::InProgress`] | complete, release, mark_unknown, guard drop, lease lapse |
+//! | COMPLETED | complete, resolve | [`Claim::Completed`] with the stored bytes | TTL (default 24 h), remove |
+//! | UNKNOWN | mark_unknown, guard drop under [`DropPolicy::MarkUnknown`] | [`Claim::Unknown`] | resolve, forget, TTL, remove |
+//!
+//! A different fingerprint gets [`Claim::Mismatch`] in every live state. An entry past its
+//! deadline (lease end or TTL) reads as absent everywhere, whether or not its memory has
+//! been reclaimed yet. A guard whose lease lapsed gets [`LeaseLost`] from every operation
+//! and never touches the key's new owner (fencing); see [`FencingToken`] to carry the
+//! fence into your database.
+//!
+//! # Limits
+//!
+//! - Keys: scope and tenant 1 byte or more, at most [`MAX_SCOPE_AND_TENANT_LEN`] bytes
+//!   together; client keys 1 to [`MAX_CLIENT_KEY_LEN`] bytes of visible ASCII.
+//! - Results larger than `max_result_size` (default 64 KiB) are recorded as
+//!   completed-without-body.
+//! - Time: [`SystemClock`] reads the coarse monotonic clock (a few milliseconds of
+//!   resolution); TTLs and leases are between 1 ns and [`MAX_DURATION`].
+//! - One process. A cache is the hot tier in front of a durable store whose `UNIQUE`
+//!   constraint stays the backstop; it does not survive a restart.
+//! - Memory per entry is `key bytes + result bytes +` [`ENTRY_OVERHEAD`] as charged in
+//!   [`Stats::bytes`], plus the map's spare capacity (hashbrown keeps its load between
+//!   ~44% and 87.5%; the slab never shrinks below its high-water mark).
+//!
+//! # Where things are
+//!
+//! See [`implementation`] for the design notes: how shards, slots and fencing tokens fit
+//! together, and where each transition lives.
+
 #![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations)]
 
 mod cache;
 mod claim;
@@ -9,6 +70,7 @@ mod entry;
 mod error;
 mod fingerprint;
 mod guard;
+pub mod implementation;
 mod key;
 mod shard;
 mod stats;

@@ -67,16 +67,22 @@ impl Shard {
     fn find(&self, hash: u64, key: &Key) -> Option<u32> {
         let slots = &self.slots;
         self.table
-            .find(hash, |&i| slots[i as usize].as_ref().is_some_and(|e| e.key == *key))
+            .find(hash, |&i| {
+                slots[i as usize].as_ref().is_some_and(|e| e.key == *key)
+            })
             .copied()
     }
 
     fn entry(&self, slot: u32) -> &Entry {
-        self.slots[slot as usize].as_ref().expect("the table only indexes occupied slots")
+        self.slots[slot as usize]
+            .as_ref()
+            .expect("the table only indexes occupied slots")
     }
 
     fn entry_mut(&mut self, slot: u32) -> &mut Entry {
-        self.slots[slot as usize].as_mut().expect("the table only indexes occupied slots")
+        self.slots[slot as usize]
+            .as_mut()
+            .expect("the table only indexes occupied slots")
     }
 
     /// Finds a live entry; a dead one found on the way is reclaimed.
@@ -179,21 +185,29 @@ impl Shard {
             State::Processing => {
                 let (started_at, lease_ends_at) = (e.since, e.deadline);
                 self.counters.in_progress += 1;
-                Claim::InProgress { started_at, lease_ends_at }
+                Claim::InProgress {
+                    started_at,
+                    lease_ends_at,
+                }
             }
             State::Unknown => {
                 let (marked_at, expires_at) = (e.since, e.deadline);
                 self.counters.unknown += 1;
-                Claim::Unknown { marked_at, expires_at }
+                Claim::Unknown {
+                    marked_at,
+                    expires_at,
+                }
             }
         }
     }
 
     /// The entry a guard owns: PROCESSING, its token, lease not lapsed.
     fn owned(&mut self, slot: u32, token: u64, now: Timestamp) -> Result<u32, LeaseLost> {
-        let owned = self.slots.get(slot as usize).and_then(Option::as_ref).is_some_and(|e| {
-            e.state == State::Processing && e.token == token && e.is_live(now)
-        });
+        let owned = self
+            .slots
+            .get(slot as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|e| e.state == State::Processing && e.token == token && e.is_live(now));
         if owned {
             Ok(slot)
         } else {
@@ -225,7 +239,9 @@ impl Shard {
             None
         };
         self.counters.completions += 1;
-        let e = self.slots[slot as usize].as_mut().expect("caller checked the slot");
+        let e = self.slots[slot as usize]
+            .as_mut()
+            .expect("caller checked the slot");
         let before = e.charge();
         e.state = State::Completed;
         e.since = now;
@@ -236,7 +252,12 @@ impl Shard {
     }
 
     /// PROCESSING → absent: the owner gives the key back without an outcome.
-    pub(crate) fn release(&mut self, slot: u32, token: u64, now: Timestamp) -> Result<(), LeaseLost> {
+    pub(crate) fn release(
+        &mut self,
+        slot: u32,
+        token: u64,
+        now: Timestamp,
+    ) -> Result<(), LeaseLost> {
         let slot = self.owned(slot, token, now)?;
         self.unlink(slot);
         self.counters.releases += 1;
@@ -288,14 +309,21 @@ impl Shard {
     }
 
     /// UNKNOWN → absent, after the caller checked the authority: the intent may run again.
-    pub(crate) fn forget(&mut self, hash: u64, key: &Key, now: Timestamp) -> Result<(), ResolveError> {
+    pub(crate) fn forget(
+        &mut self,
+        hash: u64,
+        key: &Key,
+        now: Timestamp,
+    ) -> Result<(), ResolveError> {
         let slot = self.find_unknown(hash, key, now)?;
         self.unlink(slot);
         Ok(())
     }
 
     fn find_unknown(&mut self, hash: u64, key: &Key, now: Timestamp) -> Result<u32, ResolveError> {
-        let slot = self.find_live(hash, key, now).ok_or(ResolveError::NotFound)?;
+        let slot = self
+            .find_live(hash, key, now)
+            .ok_or(ResolveError::NotFound)?;
         if self.entry(slot).state == State::Unknown {
             Ok(slot)
         } else {
@@ -327,14 +355,18 @@ impl Shard {
             }
             None => {
                 // 2^32 entries of at least ENTRY_OVERHEAD bytes each do not fit in memory.
-                let slot = u32::try_from(self.slots.len()).expect("more than 2^32 entries in one shard");
+                let slot =
+                    u32::try_from(self.slots.len()).expect("more than 2^32 entries in one shard");
                 self.slots.push(Some(entry));
                 slot
             }
         };
         let slots = &self.slots;
         self.table.insert_unique(hash, slot, |&i| {
-            slots[i as usize].as_ref().expect("the table only indexes occupied slots").hash
+            slots[i as usize]
+                .as_ref()
+                .expect("the table only indexes occupied slots")
+                .hash
         });
         slot
     }
@@ -348,7 +380,9 @@ impl Shard {
             }
             Err(_) => unreachable!("every occupied slot is in the table"),
         }
-        let entry = self.slots[slot as usize].take().expect("checked occupied above");
+        let entry = self.slots[slot as usize]
+            .take()
+            .expect("checked occupied above");
         self.free.push(slot);
         self.entries -= 1;
         self.bytes -= entry.charge();
@@ -365,12 +399,19 @@ impl Shard {
                 bytes += e.charge();
                 let found = self.table.find(e.hash, |&j| j as usize == i);
                 assert!(found.is_some(), "slot {i} missing from the table");
-                assert!(!self.free.contains(&(i as u32)), "occupied slot {i} on the free list");
+                assert!(
+                    !self.free.contains(&(i as u32)),
+                    "occupied slot {i} on the free list"
+                );
             }
         }
         assert_eq!(self.table.len(), entries, "table and slab disagree");
         assert_eq!(entries, self.entries, "entry count drifted");
         assert_eq!(bytes, self.bytes, "byte count drifted");
-        assert_eq!(self.slots.len() - entries, self.free.len(), "free list drifted");
+        assert_eq!(
+            self.slots.len() - entries,
+            self.free.len(),
+            "free list drifted"
+        );
     }
 }

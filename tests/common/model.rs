@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use idemcache::{
-    Cache, Claim, ClaimGuard, DropPolicy, EntrySnapshot, EntryState, ExtendLeaseError,
-    Fingerprint, Key, LeaseLost, ManualClock, ResolveError, Stats, ENTRY_OVERHEAD,
+    Cache, Claim, ClaimGuard, DropPolicy, EntrySnapshot, EntryState, ExtendLeaseError, Fingerprint,
+    Key, LeaseLost, ManualClock, ResolveError, Stats, ENTRY_OVERHEAD,
 };
 
 pub const KEYS: u8 = 4;
@@ -25,19 +25,48 @@ pub const MAX_RESULT: usize = 8;
 /// One step of a test sequence. Small numbers index keys, fingerprints and live guards.
 #[derive(Debug, Clone)]
 pub enum Op {
-    Claim { key: u8, fp: u8 },
+    Claim {
+        key: u8,
+        fp: u8,
+    },
     /// `claim_wait` with a zero timeout: must answer exactly as `claim` would.
-    ClaimWaitNow { key: u8, fp: u8 },
-    Complete { guard: u8, len: u8 },
-    Release { guard: u8 },
-    MarkUnknown { guard: u8 },
-    DropGuard { guard: u8 },
-    Extend { guard: u8, secs: u8 },
-    Resolve { key: u8, len: u8 },
-    Forget { key: u8 },
-    Remove { key: u8 },
-    Peek { key: u8 },
-    Advance { secs: u8 },
+    ClaimWaitNow {
+        key: u8,
+        fp: u8,
+    },
+    Complete {
+        guard: u8,
+        len: u8,
+    },
+    Release {
+        guard: u8,
+    },
+    MarkUnknown {
+        guard: u8,
+    },
+    DropGuard {
+        guard: u8,
+    },
+    Extend {
+        guard: u8,
+        secs: u8,
+    },
+    Resolve {
+        key: u8,
+        len: u8,
+    },
+    Forget {
+        key: u8,
+    },
+    Remove {
+        key: u8,
+    },
+    Peek {
+        key: u8,
+    },
+    Advance {
+        secs: u8,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -105,7 +134,12 @@ impl Model {
         let owner = self.next_owner;
         self.entries.insert(
             key,
-            MEntry { fp, state: MState::Processing { owner }, since: now, deadline: now + LEASE_S * SEC },
+            MEntry {
+                fp,
+                state: MState::Processing { owner },
+                since: now,
+                deadline: now + LEASE_S * SEC,
+            },
         );
         self.stats.acquired += 1;
         Expected::Acquired(owner)
@@ -114,9 +148,10 @@ impl Model {
     /// Whether `owner` still owns `key`; counts a lost lease when not.
     fn owns(&mut self, key: u8, owner: u64) -> bool {
         let now = self.now;
-        let ok = self.entries.get(&key).is_some_and(|e| {
-            e.state == MState::Processing { owner } && e.deadline > now
-        });
+        let ok = self
+            .entries
+            .get(&key)
+            .is_some_and(|e| e.state == MState::Processing { owner } && e.deadline > now);
         if !ok {
             self.stats.leases_lost += 1;
         }
@@ -150,7 +185,8 @@ impl Model {
     }
 
     fn snapshot(&mut self, key: u8) -> Option<(u8, MState, u64, u64)> {
-        self.live(key).map(|e| (e.fp, e.state.clone(), e.since, e.deadline))
+        self.live(key)
+            .map(|e| (e.fp, e.state.clone(), e.since, e.deadline))
     }
 }
 
@@ -194,8 +230,17 @@ impl Harness {
             .drop_policy(policy)
             .build()
             .unwrap();
-        let keys = (0..KEYS).map(|i| Key::new("scope", "tenant", &format!("key-{i}")).unwrap()).collect();
-        Harness { cache, clock, model: Model::default(), keys, guards: Vec::new(), policy }
+        let keys = (0..KEYS)
+            .map(|i| Key::new("scope", "tenant", &format!("key-{i}")).unwrap())
+            .collect();
+        Harness {
+            cache,
+            clock,
+            model: Model::default(),
+            keys,
+            guards: Vec::new(),
+            policy,
+        }
     }
 
     /// Runs `op` on the cache and the model and asserts they agree, then re-validates the
@@ -224,12 +269,14 @@ impl Harness {
                         r.completed_at.as_nanos(),
                         r.expires_at.as_nanos(),
                     ),
-                    Claim::InProgress { started_at, lease_ends_at } => {
-                        Expected::InProgress(started_at.as_nanos(), lease_ends_at.as_nanos())
-                    }
-                    Claim::Unknown { marked_at, expires_at } => {
-                        Expected::Unknown(marked_at.as_nanos(), expires_at.as_nanos())
-                    }
+                    Claim::InProgress {
+                        started_at,
+                        lease_ends_at,
+                    } => Expected::InProgress(started_at.as_nanos(), lease_ends_at.as_nanos()),
+                    Claim::Unknown {
+                        marked_at,
+                        expires_at,
+                    } => Expected::Unknown(marked_at.as_nanos(), expires_at.as_nanos()),
                     Claim::Mismatch => Expected::Mismatch,
                 };
                 assert_eq!(actual, expected, "{op:?}");
@@ -247,7 +294,11 @@ impl Harness {
             Op::Release { guard } => {
                 if let Some((g, key, owner)) = self.take_guard(guard) {
                     let ok = self.model.owns(key, owner);
-                    assert_eq!(g.release(), if ok { Ok(()) } else { Err(LeaseLost) }, "{op:?}");
+                    assert_eq!(
+                        g.release(),
+                        if ok { Ok(()) } else { Err(LeaseLost) },
+                        "{op:?}"
+                    );
                     if ok {
                         self.model.release(key);
                     }
@@ -256,7 +307,11 @@ impl Harness {
             Op::MarkUnknown { guard } => {
                 if let Some((g, key, owner)) = self.take_guard(guard) {
                     let ok = self.model.owns(key, owner);
-                    assert_eq!(g.mark_unknown(), if ok { Ok(()) } else { Err(LeaseLost) }, "{op:?}");
+                    assert_eq!(
+                        g.mark_unknown(),
+                        if ok { Ok(()) } else { Err(LeaseLost) },
+                        "{op:?}"
+                    );
                     if ok {
                         self.model.mark_unknown(key);
                     }
@@ -280,9 +335,14 @@ impl Harness {
                 }
                 let i = guard as usize % self.guards.len();
                 let (key, owner) = (self.guards[i].1, self.guards[i].2);
-                let result = self.guards[i].0.extend_lease(Duration::from_secs(secs.into()));
+                let result = self.guards[i]
+                    .0
+                    .extend_lease(Duration::from_secs(secs.into()));
                 if secs == 0 {
-                    assert_eq!(result, Err(ExtendLeaseError::InvalidDuration(Duration::ZERO)));
+                    assert_eq!(
+                        result,
+                        Err(ExtendLeaseError::InvalidDuration(Duration::ZERO))
+                    );
                 } else if self.model.owns(key, owner) {
                     let end = self.model.now + u64::from(secs) * SEC;
                     self.model.entries.get_mut(&key).unwrap().deadline = end;
@@ -303,7 +363,11 @@ impl Harness {
             Op::Forget { key } => {
                 let key = key % KEYS;
                 let expected = self.model_resolvable(key);
-                assert_eq!(self.cache.forget(&self.keys[key as usize]), expected, "{op:?}");
+                assert_eq!(
+                    self.cache.forget(&self.keys[key as usize]),
+                    expected,
+                    "{op:?}"
+                );
                 if expected.is_ok() {
                     self.model.entries.remove(&key);
                 }
@@ -346,18 +410,32 @@ impl Harness {
         }
     }
 
-    fn assert_snapshot(&self, actual: Option<EntrySnapshot>, expected: &Option<(u8, MState, u64, u64)>, op: &Op) {
+    fn assert_snapshot(
+        &self,
+        actual: Option<EntrySnapshot>,
+        expected: &Option<(u8, MState, u64, u64)>,
+        op: &Op,
+    ) {
         let actual = actual.map(|s| {
             let fp = u8::try_from(s.fingerprint.as_u128()).unwrap();
             let (state, since, deadline) = match s.state {
-                EntryState::Processing { started_at, lease_ends_at, .. } => {
+                EntryState::Processing {
+                    started_at,
+                    lease_ends_at,
+                    ..
+                } => {
                     // The model's owner ids are not tokens; compare state, not identity.
                     (None, started_at, lease_ends_at)
                 }
-                EntryState::Completed(r) => {
-                    (Some(MState::Completed(r.body.map(|b| b.to_vec()))), r.completed_at, r.expires_at)
-                }
-                EntryState::Unknown { marked_at, expires_at } => (Some(MState::Unknown), marked_at, expires_at),
+                EntryState::Completed(r) => (
+                    Some(MState::Completed(r.body.map(|b| b.to_vec()))),
+                    r.completed_at,
+                    r.expires_at,
+                ),
+                EntryState::Unknown {
+                    marked_at,
+                    expires_at,
+                } => (Some(MState::Unknown), marked_at, expires_at),
                 _ => unreachable!("no other states exist"),
             };
             (fp, state, since.as_nanos(), deadline.as_nanos())

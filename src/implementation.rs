@@ -1,0 +1,69 @@
+//! Design notes: how the cache is built, and why. No code lives here.
+//!
+//! # Layers
+//!
+//! | file | one job | keeps |
+//! |---|---|---|
+//! | `key.rs` | [`Key`](crate::Key) and its limits | a key exists only in its validated, length-prefixed form |
+//! | `fingerprint.rs` | [`Fingerprint`](crate::Fingerprint) | the digest of given input never changes (pinned vectors) |
+//! | `clock.rs` | [`Clock`](crate::Clock) and its two implementations | time never goes backwards |
+//! | `entry.rs` | one key's entry | live while `now < deadline`, whatever the state |
+//! | `shard.rs` | **the state machine**, single-threaded (`&mut self`) | every transition; counters match contents |
+//! | `cache.rs` | locks, hashing, `claim_wait` | one shard lock per operation, never two |
+//! | `guard.rs` | [`ClaimGuard`](crate::ClaimGuard) | a guard acts only under its own fencing token |
+//! | `claim.rs`, `error.rs`, `stats.rs`, `config.rs` | public values, errors, counters, settings | a built config is valid |
+//! | `sync.rs` | the loom shim | every lock and atomic is imported from here |
+//!
+//! **Where does a claim become PROCESSING?** `Shard::acquire` in `src/shard.rs`, called
+//! from `Shard::claim` when the key is absent or its entry is dead. Every other
+//! transition is a method of `Shard` named after it (`complete`, `release`,
+//! `mark_unknown`, `extend_lease`, `resolve`, `forget`, `remove`).
+//!
+//! This departs from the layout first proposed in DESIGN.md in one way that matters: the
+//! claim logic lives in `shard.rs`, a plain data structure tested without threads, and
+//! `cache.rs` is only the thin locking layer over it (as quick_cache splits `shard.rs`
+//! from `sync.rs`). A concurrency bug can then only be a locking bug, and the locking
+//! layer is small enough to model in loom whole.
+//!
+//! # The map
+//!
+//! A [`Cache`](crate::Cache) is a power-of-two array of shards, each a `Mutex<Shard>`
+//! padded to its own cache line, with a condvar beside it for `claim_wait`. A key's
+//! 64-bit ahash picks the shard from bits 40 and up, leaving the low bits (bucket index)
+//! and the top seven (control tags) to the shard's hashbrown table.
+//!
+//! Inside a shard, entries live in a slab (`Vec<Option<Entry>>` plus a free list) and a
+//! `hashbrown::HashTable<u32>` maps hashes to slab indices. Slab indices are stable for
+//! an entry's life, which gives:
+//!
+//! - guards that find their entry by `(slot, token)`: no key clone in the guard, no
+//!   rehash or key comparison on `complete`;
+//! - room for the timing wheel and the age order to link entries by index, not pointer.
+//!
+//! Why not dashmap, though the project card lists it: loom sees only its own types, and
+//! dashmap's locks are its own atomics, so a loom run over dashmap would check nothing
+//! inside the map; nor can its shards hold a wheel and an age queue beside the entries.
+//! dashmap is the floor in the benchmarks instead.
+//!
+//! # Fencing
+//!
+//! Each shard issues tokens `n * shard_count + shard_index` for `n = 1, 2, ...`, so
+//! tokens are unique in the cache and increase per key. An entry remembers the token of
+//! the claim that created it; a guard's operation succeeds only if the entry at its slot
+//! is still PROCESSING under its token with the lease unexpired, checked inside the
+//! shard's critical section. A slot reused by another key carries another token, so a
+//! stale guard can never touch it.
+//!
+//! # Expiry
+//!
+//! Every check reads the clock once per operation and compares against the entry's one
+//! `deadline`. Dead entries are reclaimed when touched; the timing wheel that reclaims
+//! untouched ones is the next step.
+//!
+//! # Waiting
+//!
+//! `claim_wait` re-runs the claim in a loop under the shard lock and sleeps on the
+//! shard's condvar between tries, at most until its timeout or the current lease's end.
+//! Every transition out of PROCESSING notifies the condvar while holding the lock, and
+//! only when a waiter is registered, so a waiter cannot miss the wake-up and nobody pays
+//! for a notification nobody waits for.
