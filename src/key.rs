@@ -42,9 +42,49 @@ const TENANT_SOME: u8 = 1;
 /// assert_eq!(anonymous.tenant(), None);
 /// # Ok::<(), idemcache::KeyError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone)]
 pub struct Key {
-    stored: Box<[u8]>,
+    stored: Stored,
+}
+
+/// Stored forms of up to this many bytes live inside the `Key` (48 bytes in all), with no
+/// heap allocation: a replay hit then compares the key in the map slot it already
+/// loaded instead of missing the cache on a second allocation, and a short key costs
+/// less memory than a `Box<[u8]>` and its allocation would. `("POST /v1/orders",
+/// "user:42", <16-byte key>)` is 44 bytes.
+pub(crate) const INLINE_KEY_LEN: usize = 46;
+
+#[derive(Clone)]
+enum Stored {
+    Inline { len: u8, bytes: [u8; INLINE_KEY_LEN] },
+    Heap(Box<[u8]>),
+}
+
+impl PartialEq for Key {
+    #[inline]
+    fn eq(&self, other: &Key) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Key) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, other: &Key) -> std::cmp::Ordering {
+        self.as_bytes().cmp(other.as_bytes())
+    }
 }
 
 /// Why a key was refused. Nothing is created when a key is refused.
@@ -125,25 +165,18 @@ impl Key {
             tenant.map(str::as_bytes),
             client_key.as_bytes(),
         )?;
-        let tenant_len = tenant.map_or(0, |t| 2 + t.len());
-        let mut stored =
-            Vec::with_capacity(2 + scope.len() + 1 + tenant_len + 1 + client_key.len());
-        // The casts cannot truncate: check_parts bounded every length above.
-        stored.extend_from_slice(&(scope.len() as u16).to_be_bytes());
-        stored.extend_from_slice(scope.as_bytes());
-        match tenant {
-            None => stored.push(TENANT_NONE),
-            Some(t) => {
-                stored.push(TENANT_SOME);
-                stored.extend_from_slice(&(t.len() as u16).to_be_bytes());
-                stored.extend_from_slice(t.as_bytes());
-            }
-        }
-        stored.push(client_key.len() as u8);
-        stored.extend_from_slice(client_key.as_bytes());
-        Ok(Key {
-            stored: stored.into_boxed_slice(),
-        })
+        let len = 2 + scope.len() + 1 + tenant.map_or(0, |t| 2 + t.len()) + 1 + client_key.len();
+        let stored = if len <= INLINE_KEY_LEN {
+            let mut bytes = [0u8; INLINE_KEY_LEN];
+            encode(scope, tenant, client_key, &mut bytes[..len]);
+            // len <= INLINE_KEY_LEN < 256.
+            Stored::Inline { len: len as u8, bytes }
+        } else {
+            let mut bytes = vec![0u8; len].into_boxed_slice();
+            encode(scope, tenant, client_key, &mut bytes);
+            Stored::Heap(bytes)
+        };
+        Ok(Key { stored })
     }
 
     /// Parses a stored form produced by [`Key::as_bytes`], checking every rule a
@@ -166,8 +199,12 @@ impl Key {
 
     /// The stored, length-prefixed form: what the cache hashes and compares, and what a
     /// durable store can keep and hand back to [`Key::from_stored`].
+    #[inline]
     pub fn as_bytes(&self) -> &[u8] {
-        &self.stored
+        match &self.stored {
+            Stored::Inline { len, bytes } => &bytes[..*len as usize],
+            Stored::Heap(bytes) => bytes,
+        }
     }
 
     /// The scope, e.g. `"POST /v1/orders"`.
@@ -186,7 +223,7 @@ impl Key {
     }
 
     fn parts(&self) -> Parts<'_> {
-        split(&self.stored).expect("a Key always holds a valid stored form")
+        split(self.as_bytes()).expect("a Key always holds a valid stored form")
     }
 
     fn str_part<'a>(&'a self, part: &'a [u8]) -> &'a str {
@@ -202,6 +239,30 @@ impl fmt::Debug for Key {
             .field("client_key", &self.client_key())
             .finish()
     }
+}
+
+/// Writes the stored form into `out`, which is exactly its length. The casts cannot
+/// truncate: `check_parts` bounded every length first.
+fn encode(scope: &str, tenant: Option<&str>, client_key: &str, out: &mut [u8]) {
+    fn put<'a>(out: &mut &'a mut [u8], bytes: &[u8]) {
+        let (head, tail) = std::mem::take(out).split_at_mut(bytes.len());
+        head.copy_from_slice(bytes);
+        *out = tail;
+    }
+    let mut out = out;
+    put(&mut out, &(scope.len() as u16).to_be_bytes());
+    put(&mut out, scope.as_bytes());
+    match tenant {
+        None => put(&mut out, &[TENANT_NONE]),
+        Some(t) => {
+            put(&mut out, &[TENANT_SOME]);
+            put(&mut out, &(t.len() as u16).to_be_bytes());
+            put(&mut out, t.as_bytes());
+        }
+    }
+    put(&mut out, &[client_key.len() as u8]);
+    put(&mut out, client_key.as_bytes());
+    debug_assert!(out.is_empty(), "encode was given the exact length");
 }
 
 fn check_parts(scope: &[u8], tenant: Option<&[u8]>, client_key: &[u8]) -> Result<(), KeyError> {
@@ -285,6 +346,22 @@ mod tests {
         let c = Key::without_tenant("a", "k").unwrap();
         let d = Key::new("a", "x", "k").unwrap();
         assert_ne!(c, d);
+    }
+
+    #[test]
+    fn short_keys_are_inline_long_keys_on_the_heap_and_both_compare_by_bytes() {
+        assert_eq!(std::mem::size_of::<Key>(), 48);
+        let short = Key::new("POST /v1/orders", "user:42", "0123456789abcdef").unwrap();
+        assert!(matches!(short.stored, Stored::Inline { .. }));
+        let long = Key::new("POST /v1/orders", "user:42", &"k".repeat(100)).unwrap();
+        assert!(matches!(long.stored, Stored::Heap(_)));
+        for len in [INLINE_KEY_LEN - 1, INLINE_KEY_LEN, INLINE_KEY_LEN + 1] {
+            let client = "c".repeat(len - 5);
+            let key = Key::without_tenant("s", &client).unwrap();
+            assert_eq!(key.as_bytes().len(), len);
+            assert_eq!(Key::from_stored(key.as_bytes()).unwrap(), key);
+            assert_eq!(key.client_key(), client);
+        }
     }
 
     #[test]
