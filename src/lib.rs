@@ -74,6 +74,7 @@ pub mod implementation;
 mod key;
 mod shard;
 mod stats;
+mod wheel;
 mod sync;
 
 pub use cache::Cache;

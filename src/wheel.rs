@@ -1,0 +1,442 @@
+//! [`Wheel`]: a hierarchical timing wheel over caller-chosen `u32` ids.
+//!
+//! A plain data structure: no locks, no clock. Time is a `u64` tick count the caller
+//! supplies; the caller converts deadlines to ticks rounding up, and "now" to ticks
+//! rounding down, so nothing fires early.
+//!
+//! Shape: [`NUM_LEVELS`] levels of 64 slots. Level `L` slot `d` holds items whose deadline
+//! agrees with `elapsed` on every 6-bit digit above `L` and has digit `d` at `L`; an item's
+//! level is the highest digit where its deadline differs from `elapsed` (three lines in
+//! [`level_for`]). Eleven levels of six bits cover all 64 bits of a tick, so the top level
+//! is the overflow level: a deadline centuries away sits there and re-cascades down as
+//! time approaches it, instead of wrapping around and firing early.
+//!
+//! Ground rules:
+//! - every item is in exactly one slot's doubly linked list, found from its node by
+//!   `slot`, so cancel and reschedule are O(1) and leave no stale copy behind;
+//! - no occupied slot at level `L` lies behind `elapsed`'s digit at `L` (the wheel never
+//!   wraps), and an item with `deadline <= elapsed` sits in level 0 at `elapsed`'s slot;
+//! - [`Wheel::poll`] hands back every item whose deadline is at or before `to`, each once,
+//!   doing at most `work` node moves per call, so a caller can bound a sweep.
+
+/// Bits of a tick each level resolves. Being 6 makes a slot's occupancy one `u64`.
+const BITS_PER_LEVEL: u32 = 6;
+const SLOTS: usize = 1 << BITS_PER_LEVEL;
+const SLOT_MASK: u64 = SLOTS as u64 - 1;
+/// 11 levels × 6 bits = 66 bits ≥ 64: every `u64` deadline has a level.
+pub(crate) const NUM_LEVELS: usize = 11;
+
+const NIL: u32 = u32::MAX;
+/// `Node::slot` of an id that is not scheduled.
+const UNSCHEDULED: u16 = u16::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    deadline: u64,
+    prev: u32,
+    next: u32,
+    /// `level * SLOTS + digit`, or `UNSCHEDULED`.
+    slot: u16,
+}
+
+impl Node {
+    const EMPTY: Node = Node { deadline: 0, prev: NIL, next: NIL, slot: UNSCHEDULED };
+}
+
+#[derive(Debug, Clone)]
+struct Level {
+    /// Bit `d` is set iff slot `d` is non-empty.
+    occupied: u64,
+    heads: [u32; SLOTS],
+}
+
+/// The level an item belongs on: the highest 6-bit digit where its deadline differs from
+/// `elapsed`. `| SLOT_MASK` makes equal values land on level 0.
+fn level_for(elapsed: u64, deadline: u64) -> usize {
+    let masked = (elapsed ^ deadline) | SLOT_MASK;
+    let significant = 63 - masked.leading_zeros();
+    (significant / BITS_PER_LEVEL) as usize
+}
+
+fn digit(tick: u64, level: usize) -> u32 {
+    let shift = level as u32 * BITS_PER_LEVEL;
+    // Level 10's shift is 60: the digit is the top 4 bits.
+    ((tick >> shift) & SLOT_MASK) as u32
+}
+
+/// The first tick of `level`'s slot `d`, in the rotation `elapsed` is in.
+fn slot_start(elapsed: u64, level: usize, d: u32) -> u64 {
+    let shift = level as u32 * BITS_PER_LEVEL;
+    let above = shift + BITS_PER_LEVEL;
+    let base = if above >= 64 { 0 } else { elapsed >> above << above };
+    base | (u64::from(d) << shift)
+}
+
+/// A hierarchical timing wheel; see the module docs.
+#[derive(Debug, Clone)]
+pub(crate) struct Wheel {
+    elapsed: u64,
+    levels: Box<[Level; NUM_LEVELS]>,
+    nodes: Vec<Node>,
+    len: usize,
+}
+
+impl Wheel {
+    /// A wheel whose current tick is `now`.
+    pub(crate) fn new(now: u64) -> Wheel {
+        let level = Level { occupied: 0, heads: [NIL; SLOTS] };
+        Wheel {
+            elapsed: now,
+            levels: Box::new(std::array::from_fn(|_| level.clone())),
+            nodes: Vec::new(),
+            len: 0,
+        }
+    }
+
+    /// Items scheduled.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Schedules `id` to fire at `deadline`, replacing any earlier schedule of it: O(1).
+    pub(crate) fn schedule(&mut self, id: u32, deadline: u64) {
+        let i = id as usize;
+        if i >= self.nodes.len() {
+            self.nodes.resize(i + 1, Node::EMPTY);
+        }
+        self.cancel(id);
+        self.nodes[i].deadline = deadline;
+        self.link(id);
+        self.len += 1;
+    }
+
+    /// Unschedules `id`; returns whether it was scheduled. O(1).
+    pub(crate) fn cancel(&mut self, id: u32) -> bool {
+        let Some(node) = self.nodes.get(id as usize).copied() else { return false };
+        if node.slot == UNSCHEDULED {
+            return false;
+        }
+        self.unlink(id, node);
+        self.len -= 1;
+        true
+    }
+
+    /// The next item due at or before tick `to`, removed from the wheel; `None` when no
+    /// item is due or `work` ran out (check `*work == 0` to tell them apart). Each node
+    /// looked at costs one unit of `work`; an item cascades at most `NUM_LEVELS` times,
+    /// so handing out `n` items costs `O(n)` work however far time jumped.
+    pub(crate) fn poll(&mut self, to: u64, work: &mut usize) -> Option<u32> {
+        loop {
+            let Some((level, d, start)) = self.next_slot() else {
+                self.elapsed = self.elapsed.max(to);
+                return None;
+            };
+            if start > to {
+                // Nothing is due by `to`; jumping there keeps every invariant because no
+                // occupied slot begins at or before it.
+                self.elapsed = self.elapsed.max(to);
+                return None;
+            }
+            if *work == 0 {
+                return None;
+            }
+            *work -= 1;
+            self.elapsed = start;
+            let id = self.levels[level].heads[d as usize];
+            let node = self.nodes[id as usize];
+            self.unlink(id, node);
+            if node.deadline <= self.elapsed {
+                self.len -= 1;
+                return Some(id);
+            }
+            // Cascade: relative to the new `elapsed` it belongs on a lower level.
+            self.link(id);
+        }
+    }
+
+    /// The occupied slot that begins first: `(level, digit, start)`. A slot that began
+    /// before `elapsed` (a higher-level slot being cascaded bit by bit) counts as starting
+    /// at `elapsed`.
+    fn next_slot(&self) -> Option<(usize, u32, u64)> {
+        let mut best: Option<(usize, u32, u64)> = None;
+        for (level, l) in self.levels.iter().enumerate() {
+            if l.occupied == 0 {
+                continue;
+            }
+            let current = digit(self.elapsed, level);
+            let ahead = l.occupied & (u64::MAX << current);
+            debug_assert_eq!(ahead, l.occupied, "an occupied slot lies behind elapsed");
+            let d = ahead.trailing_zeros();
+            let start = slot_start(self.elapsed, level, d).max(self.elapsed);
+            if best.is_none_or(|(_, _, s)| start < s) {
+                best = Some((level, d, start));
+            }
+        }
+        best
+    }
+
+    fn link(&mut self, id: u32) {
+        let deadline = self.nodes[id as usize].deadline;
+        // An item already due waits in level 0 at the current slot.
+        let at = deadline.max(self.elapsed);
+        let level = level_for(self.elapsed, at);
+        let d = digit(at, level);
+        let l = &mut self.levels[level];
+        let head = l.heads[d as usize];
+        l.heads[d as usize] = id;
+        l.occupied |= 1 << d;
+        if head != NIL {
+            self.nodes[head as usize].prev = id;
+        }
+        let node = &mut self.nodes[id as usize];
+        node.prev = NIL;
+        node.next = head;
+        node.slot = (level * SLOTS) as u16 + d as u16;
+    }
+
+    fn unlink(&mut self, id: u32, node: Node) {
+        let (level, d) = (node.slot as usize / SLOTS, node.slot as usize % SLOTS);
+        if node.prev == NIL {
+            let l = &mut self.levels[level];
+            l.heads[d] = node.next;
+            if node.next == NIL {
+                l.occupied &= !(1 << d);
+            }
+        } else {
+            self.nodes[node.prev as usize].next = node.next;
+        }
+        if node.next != NIL {
+            self.nodes[node.next as usize].prev = node.prev;
+        }
+        self.nodes[id as usize] = Node { deadline: node.deadline, ..Node::EMPTY };
+    }
+
+    /// Whether `id` is scheduled, and for when.
+    pub(crate) fn deadline(&self, id: u32) -> Option<u64> {
+        self.nodes.get(id as usize).filter(|n| n.slot != UNSCHEDULED).map(|n| n.deadline)
+    }
+
+    /// Re-walks every slot and panics if a list, a count or a placement is wrong.
+    pub(crate) fn validate(&self) {
+        let mut seen = 0;
+        for (level, l) in self.levels.iter().enumerate() {
+            for d in 0..SLOTS {
+                let mut id = l.heads[d];
+                assert_eq!(id != NIL, l.occupied & (1 << d) != 0, "occupancy bit of {level}/{d}");
+                let mut prev = NIL;
+                while id != NIL {
+                    let n = self.nodes[id as usize];
+                    assert_eq!(n.slot as usize, level * SLOTS + d, "node {id} misfiled");
+                    assert_eq!(n.prev, prev, "broken back link at {id}");
+                    let at = n.deadline.max(self.elapsed);
+                    assert_eq!(level_for(self.elapsed, at), level, "node {id} on the wrong level");
+                    seen += 1;
+                    prev = id;
+                    id = n.next;
+                }
+            }
+        }
+        assert_eq!(seen, self.len, "wheel length drifted");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(w: &mut Wheel, to: u64) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut work = usize::MAX;
+        while let Some(id) = w.poll(to, &mut work) {
+            out.push(id);
+        }
+        w.validate();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn level_for_every_level_boundary() {
+        assert_eq!(level_for(0, 0), 0);
+        assert_eq!(level_for(0, 63), 0);
+        for level in 1..NUM_LEVELS {
+            let first = 1u64 << (level as u32 * BITS_PER_LEVEL);
+            assert_eq!(level_for(0, first), level, "first tick of level {level}");
+            assert_eq!(level_for(0, first - 1), level - 1, "last tick below level {level}");
+        }
+        assert_eq!(level_for(0, u64::MAX), NUM_LEVELS - 1);
+        // Only the differing digits matter, not the distance.
+        assert_eq!(level_for(63, 64), 1);
+        assert_eq!(level_for(64, 127), 0);
+    }
+
+    #[test]
+    fn every_slot_of_level_zero_fires_at_its_tick() {
+        for t in 0..64u64 {
+            let mut w = Wheel::new(0);
+            w.schedule(7, t);
+            if t > 0 {
+                assert_eq!(drain(&mut w, t - 1), Vec::<u32>::new(), "fired early at {t}");
+            }
+            assert_eq!(drain(&mut w, t), vec![7]);
+        }
+    }
+
+    #[test]
+    fn items_on_every_level_fire_never_early_never_lost() {
+        for level in 0..NUM_LEVELS {
+            for offset in [0u64, 1, 63] {
+                let t = (1u64 << (level as u32 * BITS_PER_LEVEL)).saturating_add(offset);
+                let mut w = Wheel::new(0);
+                w.schedule(1, t);
+                assert!(drain(&mut w, t - 1).is_empty(), "level {level} +{offset} fired early");
+                assert_eq!(drain(&mut w, t), vec![1], "level {level} +{offset} lost");
+                assert_eq!(w.len(), 0);
+            }
+        }
+    }
+
+    #[test]
+    fn a_jump_of_hours_hands_back_everything_due_and_nothing_else() {
+        let mut w = Wheel::new(0);
+        // Millisecond ticks: deadlines spread over 12 hours.
+        for i in 0..1000u32 {
+            w.schedule(i, u64::from(i) * 43_200);
+        }
+        let six_hours = 6 * 3600 * 1000;
+        let fired = drain(&mut w, six_hours);
+        let expected: Vec<u32> = (0..1000).filter(|&i| u64::from(i) * 43_200 <= six_hours).collect();
+        assert_eq!(fired, expected);
+        assert_eq!(w.len(), 1000 - expected.len());
+    }
+
+    #[test]
+    fn reschedule_moves_the_item_and_leaves_no_stale_copy() {
+        let mut w = Wheel::new(0);
+        w.schedule(3, 10);
+        w.schedule(3, 5000);
+        assert_eq!(w.len(), 1);
+        assert!(drain(&mut w, 4999).is_empty(), "the old deadline must not fire");
+        assert_eq!(drain(&mut w, 5000), vec![3]);
+        w.schedule(4, 6000);
+        w.schedule(4, 5001);
+        assert_eq!(drain(&mut w, 5001), vec![4]);
+        assert!(drain(&mut w, 10_000).is_empty(), "a stale later copy must not fire");
+    }
+
+    #[test]
+    fn cancel_is_exact() {
+        let mut w = Wheel::new(0);
+        w.schedule(1, 100);
+        w.schedule(2, 100);
+        assert!(w.cancel(1));
+        assert!(!w.cancel(1));
+        assert!(!w.cancel(99));
+        assert_eq!(drain(&mut w, 100), vec![2]);
+    }
+
+    #[test]
+    fn past_deadlines_fire_on_the_next_poll() {
+        let mut w = Wheel::new(1000);
+        w.schedule(1, 10);
+        assert_eq!(w.deadline(1), Some(10));
+        assert_eq!(drain(&mut w, 1000), vec![1]);
+    }
+
+    #[test]
+    fn work_bounds_each_poll_and_nothing_is_lost_across_calls() {
+        let mut w = Wheel::new(0);
+        for i in 0..100 {
+            w.schedule(i, 5000 + u64::from(i));
+        }
+        let mut fired = Vec::new();
+        let mut calls = 0;
+        loop {
+            let mut work = 3;
+            let before = fired.len();
+            while let Some(id) = w.poll(1_000_000, &mut work) {
+                fired.push(id);
+            }
+            calls += 1;
+            assert!(fired.len() - before <= 3);
+            if work > 0 {
+                break;
+            }
+        }
+        fired.sort();
+        assert_eq!(fired, (0..100).collect::<Vec<_>>());
+        assert!(calls > 30, "work was not bounded: {calls} calls");
+        w.validate();
+    }
+
+    mod model {
+        use std::collections::BTreeMap;
+
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Schedule(u32, u64),
+            Cancel(u32),
+            /// Advance by this many ticks, polling with this much work per call until done.
+            Advance(u64, usize),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            // Deadlines near and far (up to the top level), steps small and huge.
+            let delta = prop_oneof![0u64..200, 0u64..100_000, any::<u64>()];
+            prop_oneof![
+                4 => (0u32..16, delta).prop_map(|(id, d)| Op::Schedule(id, d)),
+                1 => (0u32..16).prop_map(Op::Cancel),
+                3 => (prop_oneof![0u64..100, 0u64..1_000_000, any::<u64>()], 1usize..8)
+                    .prop_map(|(step, work)| Op::Advance(step, work)),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+            /// Every scheduled item fires exactly once, at the first advance that reaches
+            /// its deadline, unless cancelled; against a BTreeMap of id → deadline.
+            #[test]
+            fn wheel_agrees_with_a_btreemap(start in 0u64..1_000_000, ops in proptest::collection::vec(op(), 1..60)) {
+                let mut wheel = Wheel::new(start);
+                let mut now = start;
+                let mut reference: BTreeMap<u32, u64> = BTreeMap::new();
+                for op in ops {
+                    match op {
+                        Op::Schedule(id, delta) => {
+                            let deadline = now.saturating_add(delta);
+                            wheel.schedule(id, deadline);
+                            reference.insert(id, deadline);
+                        }
+                        Op::Cancel(id) => {
+                            prop_assert_eq!(wheel.cancel(id), reference.remove(&id).is_some());
+                        }
+                        Op::Advance(step, work) => {
+                            now = now.saturating_add(step);
+                            let mut fired = Vec::new();
+                            loop {
+                                let mut budget = work;
+                                while let Some(id) = wheel.poll(now, &mut budget) {
+                                    fired.push(id);
+                                }
+                                if budget > 0 {
+                                    break;
+                                }
+                            }
+                            fired.sort();
+                            let due: Vec<u32> = reference.iter().filter(|(_, &d)| d <= now).map(|(&id, _)| id).collect();
+                            prop_assert_eq!(&fired, &due, "at tick {}", now);
+                            reference.retain(|_, d| *d > now);
+                        }
+                    }
+                    wheel.validate();
+                    prop_assert_eq!(wheel.len(), reference.len());
+                }
+            }
+        }
+    }
+}
