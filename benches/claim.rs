@@ -57,9 +57,7 @@ fn replay_hit(c: &mut Criterion) {
 
         let cache = cache();
         for k in &keys {
-            let Ok(Claim::Acquired(g)) = cache.claim(k, fp) else {
-                unreachable!()
-            };
+            let Ok(Claim::Acquired(g)) = cache.claim(k, fp) else { unreachable!() };
             g.complete(Bytes::from_static(RESULT)).unwrap();
         }
         group.bench_function(BenchmarkId::new("idemcache", n), |b| {

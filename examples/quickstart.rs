@@ -58,9 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             started.0.send(()).unwrap();
             proceed.1.recv().unwrap(); // still "executing" until main has tried its duplicate
-            guard
-                .complete(&b"{\"payment\":\"pay_1\",\"status\":\"captured\"}"[..])
-                .unwrap();
+            guard.complete(&b"{\"payment\":\"pay_1\",\"status\":\"captured\"}"[..]).unwrap();
         })
     };
     started.1.recv()?;

@@ -1,10 +1,12 @@
 //! [`Cache`]: the locked shards, and the claim-or-return API on top of them.
 //!
 //! Ground rules: each [`Shard`] sits behind its own mutex (padded to its own cache line)
-//! with a condvar beside it. A public operation hashes the key once, reads the clock
-//! once, locks exactly one shard, calls one `Shard` method and unlocks; no operation
-//! holds two shard locks, so there is no lock order to get wrong. The condvar is
-//! notified, under the lock, whenever an entry leaves PROCESSING while someone waits.
+//! with a condvar beside it. A public operation hashes the key once, locks exactly one
+//! shard, reads the clock once (under the lock, so a shard's time follows its lock
+//! order), calls one `Shard` method and unlocks; no operation holds two shard locks, so
+//! there is no lock order to get wrong. Every locked section ends in [`Cache::with_shard`]'s
+//! epilogue: the condvar is notified, under the lock, when an entry left PROCESSING
+//! while someone waits, and the removal listener is called after the lock is released.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -13,11 +15,11 @@ use bytes::Bytes;
 
 use crate::config::Config;
 use crate::guard::ClaimGuard;
-use crate::shard::Shard;
-use crate::sync::{Arc, CachePadded, Condvar, Mutex, MutexGuard};
+use crate::shard::{Limits, Shard};
+use crate::sync::{Arc, CachePadded, Condvar, Mutex};
 use crate::{
-    CacheBuilder, Claim, ClaimError, Clock, EntrySnapshot, Fingerprint, Key, ResolveError, Stats,
-    Timestamp,
+    CacheBuilder, Claim, ClaimError, Clock, EntrySnapshot, Fingerprint, Key, RemovalCause,
+    ResolveError, Stats, Timestamp,
 };
 
 /// An idempotency cache: claim a key before executing an intent, replay its result after.
@@ -83,21 +85,23 @@ impl Cache {
     }
 
     pub(crate) fn from_parts(config: Config, clock: Box<dyn Clock>) -> Cache {
-        let shards = (0..config.shards)
+        let n = config.shards;
+        let limits = Limits {
+            max_entries: config.max_entries.div_ceil(n),
+            max_bytes: config.max_bytes.div_ceil(n),
+            // MIN_TICK keeps this at least 1000 ns; a tick of whole nanoseconds is exact.
+            tick_nanos: config.tick.as_nanos() as u64,
+        };
+        let shards = (0..n)
             .map(|i| {
                 CachePadded(ShardCell {
-                    shard: Mutex::new(Shard::new(i, config.shards)),
+                    shard: Mutex::new(Shard::new(i, n, limits, config.listener.is_some())),
                     changed: Condvar::new(),
                 })
             })
             .collect();
         Cache {
-            inner: Arc::new(Inner {
-                shards,
-                hasher: ahash::RandomState::new(),
-                config,
-                clock,
-            }),
+            inner: Arc::new(Inner { shards, hasher: ahash::RandomState::new(), config, clock }),
         }
     }
 
@@ -111,12 +115,7 @@ impl Cache {
     }
 
     #[inline]
-    fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
-        self.inner.shards[shard].shard.lock()
-    }
-
-    #[inline]
-    pub(crate) fn now(&self) -> Timestamp {
+    fn now(&self) -> Timestamp {
         self.inner.clock.now()
     }
 
@@ -124,32 +123,69 @@ impl Cache {
         &self.inner.config
     }
 
+    /// Runs `f` on one shard under its lock, with the time read after locking; then wakes
+    /// `claim_wait`ers if an entry left PROCESSING, and after unlocking tells the removal
+    /// listener what left. Every operation on a shard goes through here.
+    #[inline]
+    pub(crate) fn with_shard<T>(
+        &self,
+        shard: usize,
+        f: impl FnOnce(&mut Shard, Timestamp, &Config) -> T,
+    ) -> T {
+        let cell = &self.inner.shards[shard];
+        let mut guard = cell.shard.lock();
+        let now = self.now();
+        let out = f(&mut guard, now, &self.inner.config);
+        let removed = Self::epilogue(&mut guard, cell);
+        drop(guard);
+        self.tell(removed);
+        out
+    }
+
+    /// The end of every locked section: wake waiters if an entry left PROCESSING, and
+    /// take the removals the listener must hear about.
+    #[inline]
+    fn epilogue(shard: &mut Shard, cell: &ShardCell) -> Vec<(Key, RemovalCause)> {
+        if std::mem::take(&mut shard.left_processing) && shard.waiters > 0 {
+            cell.changed.notify_all();
+        }
+        if shard.removed.is_empty() {
+            Vec::new()
+        } else {
+            std::mem::take(&mut shard.removed)
+        }
+    }
+
+    /// Hands removals to the listener; called with no lock held.
+    #[inline]
+    fn tell(&self, removed: Vec<(Key, RemovalCause)>) {
+        if let Some(listener) = &self.inner.config.listener {
+            for (key, cause) in &removed {
+                listener(key, *cause);
+            }
+        }
+    }
+
     /// Claims `key` for a request with `fingerprint`, atomically.
     ///
     /// Exactly one of any number of concurrent callers gets [`Claim::Acquired`]; the
     /// others get the stored result, "in progress", "unknown" or a mismatch. A key whose
     /// owner's lease has lapsed is taken over with a new fencing token.
+    ///
+    /// Fails closed with [`ClaimError::CapacityExhausted`] when the key's shard is full
+    /// and holds nothing evictable (only in-flight and unknown entries): do not execute.
     #[inline]
     pub fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim, ClaimError> {
         let (hash, shard) = self.locate(key);
-        let now = self.now();
-        let claim = self.lock(shard).claim(
-            hash,
-            key,
-            fingerprint,
-            now,
-            &self.inner.config,
-            |slot, token, lease_ends_at| self.guard(shard, slot, token, lease_ends_at),
-        );
-        Ok(claim)
+        self.with_shard(shard, |s, now, cfg| {
+            s.claim(hash, key, fingerprint, now, cfg, |slot, token, lease_ends_at| {
+                self.guard(shard, slot, token, lease_ends_at)
+            })
+        })
     }
 
     fn guard(&self, shard: usize, slot: u32, token: u64, lease_ends_at: Timestamp) -> Claim {
-        Claim::Acquired(ClaimGuard::new(
-            self.clone(),
-            Ticket { shard, slot, token },
-            lease_ends_at,
-        ))
+        Claim::Acquired(ClaimGuard::new(self.clone(), Ticket { shard, slot, token }, lease_ends_at))
     }
 
     /// Claims `key`, waiting up to `timeout` while another caller is executing it.
@@ -182,17 +218,24 @@ impl Cache {
                 &self.inner.config,
                 |slot, token, lease_ends_at| self.guard(shard, slot, token, lease_ends_at),
             );
-            let Claim::InProgress { lease_ends_at, .. } = claim else {
-                return Ok(claim);
+            let lease_ends_at = match claim {
+                Ok(Claim::InProgress { lease_ends_at, .. }) => lease_ends_at,
+                _ => {
+                    let removed = Self::epilogue(&mut guard, cell);
+                    drop(guard);
+                    self.tell(removed);
+                    return claim;
+                }
             };
-            let left = match give_up {
-                Some(at) => at.saturating_duration_since(Instant::now()),
-                None => Duration::MAX,
-            };
+            let left =
+                give_up.map_or(Duration::MAX, |at| at.saturating_duration_since(Instant::now()));
             if left.is_zero() {
-                return Ok(claim);
+                let removed = Self::epilogue(&mut guard, cell);
+                drop(guard);
+                self.tell(removed);
+                return claim;
             }
-            // Wake at the lease's end at the latest: nobody notifies a lapse.
+            // Wake at the lease's end at the latest: a lapse is noticed by whoever looks.
             let nap = left.min(lease_ends_at.saturating_duration_since(now));
             guard.waiters += 1;
             guard = cell.changed.wait_timeout(guard, nap);
@@ -200,46 +243,25 @@ impl Cache {
         }
     }
 
-    /// Runs `f` on the guard's shard, and wakes `claim_wait`ers if it took the entry out
-    /// of PROCESSING.
-    pub(crate) fn with_owned<T>(
-        &self,
-        ticket: Ticket,
-        f: impl FnOnce(&mut Shard, Timestamp, &Config) -> T,
-        leaves_processing: impl FnOnce(&T) -> bool,
-    ) -> T {
-        let now = self.now();
-        let cell = &self.inner.shards[ticket.shard];
-        let mut shard = cell.shard.lock();
-        let result = f(&mut shard, now, &self.inner.config);
-        if shard.waiters > 0 && leaves_processing(&result) {
-            cell.changed.notify_all();
-        }
-        result
-    }
-
     /// Records the result of an UNKNOWN entry after checking the authority:
     /// UNKNOWN → COMPLETED. Repeats then replay `result`.
     pub fn resolve(&self, key: &Key, result: impl Into<Bytes>) -> Result<(), ResolveError> {
         let (hash, shard) = self.locate(key);
-        let now = self.now();
-        self.lock(shard)
-            .resolve(hash, key, result.into(), now, &self.inner.config)
+        let body = result.into();
+        self.with_shard(shard, |s, now, cfg| s.resolve(hash, key, body, now, cfg))
     }
 
     /// Drops an UNKNOWN entry after checking the authority found no effect:
     /// UNKNOWN → absent, so the next claim executes.
     pub fn forget(&self, key: &Key) -> Result<(), ResolveError> {
         let (hash, shard) = self.locate(key);
-        let now = self.now();
-        self.lock(shard).forget(hash, key, now)
+        self.with_shard(shard, |s, now, _| s.forget(hash, key, now))
     }
 
-    /// Looks at a key's live entry without changing its state or any counter.
+    /// Looks at a key's live entry without changing its state or any answer counter.
     pub fn peek(&self, key: &Key) -> Option<EntrySnapshot> {
         let (hash, shard) = self.locate(key);
-        let now = self.now();
-        self.lock(shard).peek(hash, key, now)
+        self.with_shard(shard, |s, now, _| s.peek(hash, key, now))
     }
 
     /// Removes a key's live entry in any state and returns what it was.
@@ -249,14 +271,52 @@ impl Cache {
     /// when you know the owner is gone. Waiters in `claim_wait` are woken.
     pub fn remove(&self, key: &Key) -> Option<EntrySnapshot> {
         let (hash, shard) = self.locate(key);
-        let now = self.now();
-        let cell = &self.inner.shards[shard];
-        let mut guard = cell.shard.lock();
-        let removed = guard.remove(hash, key, now);
-        if guard.waiters > 0 && removed.is_some() {
-            cell.changed.notify_all();
+        self.with_shard(shard, |s, now, _| {
+            let removed = s.remove(hash, key, now);
+            s.left_processing |= removed.is_some();
+            removed
+        })
+    }
+
+    /// Reclaims every expired entry now, shard by shard, and returns how many. Each shard
+    /// is swept in bounded steps, releasing its lock between them. For CLIs and tests;
+    /// services may prefer [`Cache::spawn_sweeper`].
+    pub fn run_pending(&self) -> usize {
+        /// Wheel moves per locked step: short enough not to stall a shard's callers.
+        const STEP: usize = 1024;
+        let mut reclaimed = 0;
+        for shard in 0..self.inner.shards.len() {
+            loop {
+                let (n, done) = self.with_shard(shard, |s, now, _| s.sweep(now, STEP));
+                reclaimed += n;
+                if done {
+                    break;
+                }
+            }
         }
-        removed
+        reclaimed
+    }
+
+    /// Starts a thread that calls [`Cache::run_pending`] every `interval` (real time),
+    /// until the returned handle is dropped. Ordinary operations already reclaim expired
+    /// entries a little at a time; the sweeper returns memory promptly in a cache that
+    /// goes quiet.
+    #[cfg(not(idemcache_loom))]
+    pub fn spawn_sweeper(&self, interval: Duration) -> Result<Sweeper, SweeperError> {
+        crate::config::check_duration(interval).map_err(SweeperError::InvalidInterval)?;
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let cache = self.clone();
+        let thread = std::thread::Builder::new()
+            .name("idemcache-sweeper".into())
+            .spawn(move || loop {
+                cache.run_pending();
+                match stopped.recv_timeout(interval) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                    _ => return,
+                }
+            })
+            .map_err(SweeperError::Spawn)?;
+        Ok(Sweeper { stop: Some(stop), thread: Some(thread) })
     }
 
     /// Counters since the cache was built, and what it holds now.
@@ -274,12 +334,66 @@ impl Cache {
         self.inner.shards.len()
     }
 
-    /// Re-counts every shard's entries and bytes and panics if a running total drifted.
-    /// For tests and fuzzing; takes each shard lock in turn.
+    /// Re-counts every shard's entries and bytes, re-walks its wheel and age list, and
+    /// panics if anything drifted. For tests and fuzzing; takes each shard lock in turn.
     #[doc(hidden)]
     pub fn debug_validate(&self) {
         for cell in self.inner.shards.iter() {
             cell.shard.lock().validate();
+        }
+    }
+}
+
+/// A background sweeper from [`Cache::spawn_sweeper`]; dropping it stops the thread and
+/// waits for it.
+#[cfg(not(idemcache_loom))]
+#[derive(Debug)]
+pub struct Sweeper {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[cfg(not(idemcache_loom))]
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        // Disconnecting the channel wakes the thread at once.
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            // A panic in the sweeper is a bug already reported on stderr; do not panic
+            // again in a destructor.
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Why [`Cache::spawn_sweeper`] could not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SweeperError {
+    /// The interval is zero or longer than [`MAX_DURATION`](crate::MAX_DURATION).
+    InvalidInterval(Duration),
+    /// The operating system refused a thread.
+    Spawn(std::io::Error),
+}
+
+impl fmt::Display for SweeperError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SweeperError::InvalidInterval(d) => write!(
+                f,
+                "sweeper interval of {d:?} refused: it must be positive and at most {:?}",
+                crate::MAX_DURATION
+            ),
+            SweeperError::Spawn(e) => write!(f, "could not start the sweeper thread: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SweeperError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SweeperError::Spawn(e) => Some(e),
+            SweeperError::InvalidInterval(_) => None,
         }
     }
 }

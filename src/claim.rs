@@ -116,3 +116,18 @@ pub enum EntryState {
         expires_at: Timestamp,
     },
 }
+
+/// Why an entry left the cache, as told to a removal listener
+/// ([`CacheBuilder::removal_listener`](crate::CacheBuilder::removal_listener)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RemovalCause {
+    /// Its deadline passed: a completed result's or unknown mark's TTL ended, or a lease
+    /// lapsed without an outcome.
+    Expired,
+    /// It was a completed entry, evicted to make room.
+    Evicted,
+    /// It was removed on purpose: `remove`, `forget`, or a release by its owner (an
+    /// explicit `release` or a guard dropped under [`DropPolicy::Release`](crate::DropPolicy::Release)).
+    Removed,
+}

@@ -85,9 +85,7 @@ pub struct SystemClock {
 impl SystemClock {
     /// A clock whose origin is now.
     pub fn new() -> SystemClock {
-        SystemClock {
-            origin: monotonic_nanos(),
-        }
+        SystemClock { origin: monotonic_nanos() }
     }
 }
 
@@ -112,9 +110,7 @@ impl Clock for SystemClock {
 fn monotonic_nanos() -> u64 {
     let ts = rustix::time::clock_gettime(rustix::time::ClockId::MonotonicCoarse);
     // The kernel keeps both fields non-negative for monotonic clocks.
-    (ts.tv_sec as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -146,9 +142,7 @@ pub struct ManualClock {
 impl ManualClock {
     /// A clock standing at [`Timestamp::ZERO`].
     pub fn new() -> ManualClock {
-        ManualClock {
-            nanos: Arc::new(AtomicU64::new(0)),
-        }
+        ManualClock { nanos: Arc::new(AtomicU64::new(0)) }
     }
 
     /// Moves time forward by `d` (saturating at the far end of time).
@@ -157,9 +151,7 @@ impl ManualClock {
         // fetch_update never fails with a closure that always returns Some.
         let _ = self
             .nanos
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                Some(n.saturating_add(step))
-            });
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_add(step)));
     }
 }
 

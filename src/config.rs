@@ -6,7 +6,22 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{BuildError, Cache, Clock, SystemClock};
+use crate::{BuildError, Cache, Clock, Key, RemovalCause, SystemClock};
+
+/// A function told about every entry that leaves the cache, and why.
+pub(crate) type Listener = std::sync::Arc<dyn Fn(&Key, RemovalCause) + Send + Sync>;
+
+/// The finest wheel tick accepted.
+pub const MIN_TICK: Duration = Duration::from_micros(1);
+
+/// The coarsest wheel tick accepted: one hour.
+pub const MAX_TICK: Duration = Duration::from_secs(3600);
+
+/// A shard never gets fewer entries than this: the shard count is lowered for small caches.
+pub(crate) const MIN_ENTRIES_PER_SHARD: usize = 64;
+
+/// A shard never gets fewer bytes than this: the shard count is lowered for small caches.
+pub(crate) const MIN_BYTES_PER_SHARD: usize = 64 * 1024;
 
 /// The longest TTL or lease the cache accepts: 100 years. Longer is a bug in the caller
 /// (and would overflow deadline arithmetic).
@@ -32,7 +47,7 @@ pub enum DropPolicy {
 }
 
 /// The validated settings of one cache.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) shards: usize,
     pub(crate) completed_ttl: Duration,
@@ -40,13 +55,40 @@ pub(crate) struct Config {
     pub(crate) unknown_ttl: Duration,
     pub(crate) drop_policy: DropPolicy,
     pub(crate) max_result_size: usize,
+    pub(crate) tick: Duration,
+    pub(crate) max_entries: usize,
+    pub(crate) max_bytes: usize,
+    pub(crate) listener: Option<Listener>,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("shards", &self.shards)
+            .field("completed_ttl", &self.completed_ttl)
+            .field("lease", &self.lease)
+            .field("unknown_ttl", &self.unknown_ttl)
+            .field("drop_policy", &self.drop_policy)
+            .field("max_result_size", &self.max_result_size)
+            .field("tick", &self.tick)
+            .field("max_entries", &self.max_entries)
+            .field("max_bytes", &self.max_bytes)
+            .field("listener", &self.listener.is_some())
+            .finish()
+    }
 }
 
 /// Builds a [`Cache`]; start with [`Cache::builder`].
 ///
 /// Defaults: `available_parallelism() * 4` shards (rounded up to a power of two),
 /// completed results kept 24 h, leases of 60 s, unknown outcomes kept 24 h,
-/// [`DropPolicy::Release`], results up to 64 KiB kept, [`SystemClock`].
+/// [`DropPolicy::Release`], results up to 64 KiB kept, at most 1,000,000 entries and
+/// 512 MiB, a 1 s wheel tick, no removal listener, [`SystemClock`].
+///
+/// The bounds are enforced per shard, each shard holding `max_entries / shards` entries
+/// and `max_bytes / shards` bytes (rounded up), as in quick_cache: that keeps eviction a
+/// shard-local step under one lock. For small caches the shard count is lowered so each
+/// shard holds at least 64 entries and 64 KiB.
 ///
 /// ```
 /// use std::time::Duration;
@@ -65,6 +107,10 @@ pub struct CacheBuilder {
     unknown_ttl: Duration,
     drop_policy: DropPolicy,
     max_result_size: usize,
+    tick: Duration,
+    max_entries: usize,
+    max_bytes: usize,
+    listener: Option<Listener>,
     clock: Box<dyn Clock>,
 }
 
@@ -77,6 +123,10 @@ impl fmt::Debug for CacheBuilder {
             .field("unknown_ttl", &self.unknown_ttl)
             .field("drop_policy", &self.drop_policy)
             .field("max_result_size", &self.max_result_size)
+            .field("tick", &self.tick)
+            .field("max_entries", &self.max_entries)
+            .field("max_bytes", &self.max_bytes)
+            .field("listener", &self.listener.is_some())
             .field("clock", &self.clock)
             .finish()
     }
@@ -91,6 +141,10 @@ impl Default for CacheBuilder {
             unknown_ttl: Duration::from_secs(24 * 3600),
             drop_policy: DropPolicy::Release,
             max_result_size: 64 * 1024,
+            tick: Duration::from_secs(1),
+            max_entries: 1_000_000,
+            max_bytes: 512 * 1024 * 1024,
+            listener: None,
             clock: Box::new(SystemClock::new()),
         }
     }
@@ -135,6 +189,40 @@ impl CacheBuilder {
         self
     }
 
+    /// The timing wheel's resolution: an expired entry is reclaimed by the first sweep at
+    /// least one tick after its deadline (it reads as absent from its deadline on, swept
+    /// or not). Between [`MIN_TICK`] and [`MAX_TICK`].
+    pub fn tick(mut self, tick: Duration) -> Self {
+        self.tick = tick;
+        self
+    }
+
+    /// The most entries the cache holds. When full, it evicts the oldest tenth of the
+    /// completed entries; if everything is in flight or unknown, claims fail with
+    /// [`ClaimError::CapacityExhausted`](crate::ClaimError::CapacityExhausted).
+    pub fn max_entries(mut self, entries: usize) -> Self {
+        self.max_entries = entries;
+        self
+    }
+
+    /// The most bytes the cache charges: key, result and
+    /// [`ENTRY_OVERHEAD`](crate::ENTRY_OVERHEAD) per entry. Enforced like `max_entries`;
+    /// a result that does not fit even after evicting is kept without its body.
+    pub fn max_bytes(mut self, bytes: usize) -> Self {
+        self.max_bytes = bytes;
+        self
+    }
+
+    /// Calls `listener` with every entry that leaves the cache and why, after the shard
+    /// lock is released (so it may call back into the cache).
+    pub fn removal_listener(
+        mut self,
+        listener: impl Fn(&Key, RemovalCause) + Send + Sync + 'static,
+    ) -> Self {
+        self.listener = Some(std::sync::Arc::new(listener));
+        self
+    }
+
     /// The clock the cache reads; [`ManualClock`](crate::ManualClock) in tests.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Box::new(clock);
@@ -143,13 +231,26 @@ impl CacheBuilder {
 
     /// Checks every setting and builds the cache.
     pub fn build(self) -> Result<Cache, BuildError> {
-        let shards = match self.shards {
+        let requested = match self.shards {
             Some(n) if n == 0 || n > MAX_SHARDS => return Err(BuildError::Shards(n)),
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(4, |n| n.get()) * 4,
         }
         .next_power_of_two()
         .min(MAX_SHARDS);
+        if self.max_entries == 0 {
+            return Err(BuildError::MaxEntries(self.max_entries));
+        }
+        if self.max_bytes < MIN_BYTES_PER_SHARD {
+            return Err(BuildError::MaxBytes(self.max_bytes));
+        }
+        if self.tick < MIN_TICK || self.tick > MAX_TICK {
+            return Err(BuildError::Tick(self.tick));
+        }
+        let fit = |total: usize, floor: usize| prev_power_of_two((total / floor).max(1));
+        let shards = requested
+            .min(fit(self.max_entries, MIN_ENTRIES_PER_SHARD))
+            .min(fit(self.max_bytes, MIN_BYTES_PER_SHARD));
         for (setting, value) in [
             ("completed_ttl", self.completed_ttl),
             ("lease", self.lease),
@@ -167,9 +268,18 @@ impl CacheBuilder {
             unknown_ttl: self.unknown_ttl,
             drop_policy: self.drop_policy,
             max_result_size: self.max_result_size,
+            tick: self.tick,
+            max_entries: self.max_entries,
+            max_bytes: self.max_bytes,
+            listener: self.listener,
         };
         Ok(Cache::from_parts(config, self.clock))
     }
+}
+
+/// The largest power of two at most `n` (`n >= 1`).
+fn prev_power_of_two(n: usize) -> usize {
+    1 << (usize::BITS - 1 - n.leading_zeros())
 }
 
 /// A TTL or lease must be positive and at most [`MAX_DURATION`].

@@ -35,10 +35,15 @@ pub(crate) struct Entry {
     pub(crate) body: Option<Bytes>,
 }
 
-/// Bytes charged to every entry on top of its key and result body: the slab slot, the
-/// table's index and its control byte. See the crate docs for the whole formula.
-pub const ENTRY_OVERHEAD: usize =
-    std::mem::size_of::<Option<Entry>>() + std::mem::size_of::<u32>() + 1;
+/// Bytes charged to every entry on top of its key's stored length and its result body:
+/// the slab slot (which holds keys of up to 46 bytes inline, so short keys are charged
+/// twice: the formula is an upper bound), the table's index and control byte, the
+/// wheel's node and the age list's links.
+pub const ENTRY_OVERHEAD: usize = std::mem::size_of::<Option<Entry>>()
+    + std::mem::size_of::<u32>()
+    + 1
+    + crate::wheel::NODE_SIZE
+    + crate::evict::LINKS_SIZE;
 
 impl Entry {
     #[inline]
@@ -48,16 +53,17 @@ impl Entry {
 
     /// What this entry costs against the byte bound.
     pub(crate) fn charge(&self) -> usize {
-        self.key.as_bytes().len() + self.body.as_ref().map_or(0, Bytes::len) + ENTRY_OVERHEAD
+        Entry::charge_for(&self.key, self.body.as_ref())
+    }
+
+    /// What an entry with this key and body costs against the byte bound.
+    pub(crate) fn charge_for(key: &Key, body: Option<&Bytes>) -> usize {
+        key.as_bytes().len() + body.map_or(0, Bytes::len) + ENTRY_OVERHEAD
     }
 
     #[inline]
     pub(crate) fn replay(&self) -> Replay {
-        Replay {
-            body: self.body.clone(),
-            completed_at: self.since,
-            expires_at: self.deadline,
-        }
+        Replay { body: self.body.clone(), completed_at: self.since, expires_at: self.deadline }
     }
 
     pub(crate) fn snapshot(&self) -> EntrySnapshot {
@@ -68,14 +74,10 @@ impl Entry {
                 token: FencingToken(self.token),
             },
             State::Completed => EntryState::Completed(self.replay()),
-            State::Unknown => EntryState::Unknown {
-                marked_at: self.since,
-                expires_at: self.deadline,
-            },
+            State::Unknown => {
+                EntryState::Unknown { marked_at: self.since, expires_at: self.deadline }
+            }
         };
-        EntrySnapshot {
-            fingerprint: self.fingerprint,
-            state,
-        }
+        EntrySnapshot { fingerprint: self.fingerprint, state }
     }
 }

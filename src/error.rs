@@ -111,17 +111,19 @@ pub enum BuildError {
     },
     /// `max_result_size` is zero or above [`MAX_RESULT_SIZE_LIMIT`](crate::MAX_RESULT_SIZE_LIMIT).
     MaxResultSize(usize),
+    /// `max_entries` is zero.
+    MaxEntries(usize),
+    /// `max_bytes` is below 64 KiB, too small to hold one entry of the largest key.
+    MaxBytes(usize),
+    /// The wheel tick is outside [`MIN_TICK`](crate::MIN_TICK)..=[`MAX_TICK`](crate::MAX_TICK).
+    Tick(Duration),
 }
 
 impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             BuildError::Shards(n) => {
-                write!(
-                    f,
-                    "shard count {n} refused: it must be between 1 and {}",
-                    crate::MAX_SHARDS
-                )
+                write!(f, "shard count {n} refused: it must be between 1 and {}", crate::MAX_SHARDS)
             }
             BuildError::Duration { setting, value } => write!(
                 f,
@@ -132,6 +134,18 @@ impl fmt::Display for BuildError {
                 f,
                 "max_result_size {n} refused: it must be between 1 and {} bytes",
                 crate::MAX_RESULT_SIZE_LIMIT
+            ),
+            BuildError::MaxEntries(n) => {
+                write!(f, "max_entries {n} refused: it must be at least 1")
+            }
+            BuildError::MaxBytes(n) => {
+                write!(f, "max_bytes {n} refused: it must be at least 65536 (64 KiB)")
+            }
+            BuildError::Tick(d) => write!(
+                f,
+                "wheel tick of {d:?} refused: it must be between {:?} and {:?}",
+                crate::MIN_TICK,
+                crate::MAX_TICK
             ),
         }
     }

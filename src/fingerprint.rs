@@ -49,9 +49,7 @@ impl Fingerprint {
 
     /// Starts a fingerprint built from request parts.
     pub fn builder() -> FingerprintBuilder {
-        FingerprintBuilder {
-            hasher: Xxh3Default::new(),
-        }
+        FingerprintBuilder { hasher: Xxh3Default::new() }
     }
 
     /// Rebuilds a fingerprint from [`Fingerprint::as_u128`], e.g. read from a store.
@@ -155,10 +153,7 @@ mod tests {
     #[test]
     fn known_vectors_are_stable() {
         // XXH3_128bits("") from the xxHash reference implementation.
-        assert_eq!(
-            Fingerprint::of(b"").as_u128(),
-            0x99aa06d3014798d86001c324468d497f
-        );
+        assert_eq!(Fingerprint::of(b"").as_u128(), 0x99aa06d3014798d86001c324468d497f);
         assert_eq!(Fingerprint::of(b"hello world").to_string(), PINNED_HELLO);
         let built = Fingerprint::builder()
             .method("POST")

@@ -26,6 +26,8 @@ pub struct ClaimGuard {
     cache: Cache,
     ticket: Ticket,
     lease_ends_at: Timestamp,
+    /// How long `complete` keeps the result; the cache's `completed_ttl` unless overridden.
+    result_ttl: Duration,
     finished: bool,
 }
 
@@ -40,12 +42,8 @@ impl fmt::Debug for ClaimGuard {
 
 impl ClaimGuard {
     pub(crate) fn new(cache: Cache, ticket: Ticket, lease_ends_at: Timestamp) -> ClaimGuard {
-        ClaimGuard {
-            cache,
-            ticket,
-            lease_ends_at,
-            finished: false,
-        }
+        let result_ttl = cache.config().completed_ttl;
+        ClaimGuard { cache, ticket, lease_ends_at, result_ttl, finished: false }
     }
 
     /// This claim's fencing token; pass it to the authority with the write.
@@ -63,13 +61,17 @@ impl ClaimGuard {
     /// completed-without-body.
     pub fn complete(mut self, result: impl Into<Bytes>) -> Result<(), LeaseLost> {
         self.finished = true;
-        let Ticket { slot, token, .. } = self.ticket;
-        let body = result.into();
-        self.cache.with_owned(
-            self.ticket,
-            |shard, now, cfg| shard.complete(slot, token, body, now, cfg),
-            Result::is_ok,
-        )
+        let Ticket { shard, slot, token } = self.ticket;
+        let (body, ttl) = (result.into(), self.result_ttl);
+        self.cache.with_shard(shard, |s, now, cfg| s.complete(slot, token, body, ttl, now, cfg))
+    }
+
+    /// Overrides, for this claim only, how long [`complete`](ClaimGuard::complete) keeps
+    /// the result (the cache's `completed_ttl` otherwise). Refused if zero or longer than
+    /// [`MAX_DURATION`](crate::MAX_DURATION); the guard is unchanged then.
+    pub fn set_result_ttl(&mut self, ttl: Duration) -> Result<(), ExtendLeaseError> {
+        self.result_ttl = check_duration(ttl).map_err(ExtendLeaseError::InvalidDuration)?;
+        Ok(())
     }
 
     /// Gives the key back without an outcome: PROCESSING → absent. The next claim
@@ -80,12 +82,8 @@ impl ClaimGuard {
     }
 
     fn release_inner(&self) -> Result<(), LeaseLost> {
-        let Ticket { slot, token, .. } = self.ticket;
-        self.cache.with_owned(
-            self.ticket,
-            |shard, now, _| shard.release(slot, token, now),
-            Result::is_ok,
-        )
+        let Ticket { shard, slot, token } = self.ticket;
+        self.cache.with_shard(shard, |s, now, _| s.release(slot, token, now))
     }
 
     /// Records that the outcome is ambiguous: PROCESSING → UNKNOWN. Claims answer
@@ -97,24 +95,17 @@ impl ClaimGuard {
     }
 
     fn mark_unknown_inner(&self) -> Result<(), LeaseLost> {
-        let Ticket { slot, token, .. } = self.ticket;
-        self.cache.with_owned(
-            self.ticket,
-            |shard, now, cfg| shard.mark_unknown(slot, token, now, cfg),
-            Result::is_ok,
-        )
+        let Ticket { shard, slot, token } = self.ticket;
+        self.cache.with_shard(shard, |s, now, cfg| s.mark_unknown(slot, token, now, cfg))
     }
 
     /// Renews the lease to end `lease` from now, for executions that run long. Returns
     /// the new end. Refused if the lease was already lost, or `lease` is zero or absurd.
     pub fn extend_lease(&mut self, lease: Duration) -> Result<Timestamp, ExtendLeaseError> {
         check_duration(lease).map_err(ExtendLeaseError::InvalidDuration)?;
-        let Ticket { slot, token, .. } = self.ticket;
-        let ends = self.cache.with_owned(
-            self.ticket,
-            |shard, now, _| shard.extend_lease(slot, token, now, lease),
-            |_| false,
-        )?;
+        let Ticket { shard, slot, token } = self.ticket;
+        let ends =
+            self.cache.with_shard(shard, |s, now, _| s.extend_lease(slot, token, now, lease))?;
         self.lease_ends_at = ends;
         Ok(ends)
     }

@@ -160,11 +160,7 @@ impl Key {
     }
 
     fn build(scope: &str, tenant: Option<&str>, client_key: &str) -> Result<Key, KeyError> {
-        check_parts(
-            scope.as_bytes(),
-            tenant.map(str::as_bytes),
-            client_key.as_bytes(),
-        )?;
+        check_parts(scope.as_bytes(), tenant.map(str::as_bytes), client_key.as_bytes())?;
         let len = 2 + scope.len() + 1 + tenant.map_or(0, |t| 2 + t.len()) + 1 + client_key.len();
         let stored = if len <= INLINE_KEY_LEN {
             let mut bytes = [0u8; INLINE_KEY_LEN];
@@ -244,7 +240,7 @@ impl fmt::Debug for Key {
 /// Writes the stored form into `out`, which is exactly its length. The casts cannot
 /// truncate: `check_parts` bounded every length first.
 fn encode(scope: &str, tenant: Option<&str>, client_key: &str, out: &mut [u8]) {
-    fn put<'a>(out: &mut &'a mut [u8], bytes: &[u8]) {
+    fn put(out: &mut &mut [u8], bytes: &[u8]) {
         let (head, tail) = std::mem::take(out).split_at_mut(bytes.len());
         head.copy_from_slice(bytes);
         *out = tail;
@@ -280,15 +276,10 @@ fn check_parts(scope: &[u8], tenant: Option<&[u8]>, client_key: &[u8]) -> Result
         return Err(KeyError::EmptyClientKey);
     }
     if client_key.len() > MAX_CLIENT_KEY_LEN {
-        return Err(KeyError::ClientKeyTooLong {
-            len: client_key.len(),
-        });
+        return Err(KeyError::ClientKeyTooLong { len: client_key.len() });
     }
     if let Some(at) = client_key.iter().position(|b| !b.is_ascii_graphic()) {
-        return Err(KeyError::ClientKeyNotVisibleAscii {
-            at,
-            byte: client_key[at],
-        });
+        return Err(KeyError::ClientKeyNotVisibleAscii { at, byte: client_key[at] });
     }
     Ok(())
 }
@@ -327,11 +318,7 @@ fn split(bytes: &[u8]) -> Option<Parts<'_>> {
     };
     let client_len = take(&mut rest, 1)?[0] as usize;
     let client_key = take(&mut rest, client_len)?;
-    rest.is_empty().then_some(Parts {
-        scope,
-        tenant,
-        client_key,
-    })
+    rest.is_empty().then_some(Parts { scope, tenant, client_key })
 }
 
 #[cfg(test)]
@@ -379,10 +366,7 @@ mod tests {
         let key = Key::new("s", "t", "k").unwrap();
         let bytes = key.as_bytes();
         for cut in 0..bytes.len() {
-            assert!(
-                Key::from_stored(&bytes[..cut]).is_err(),
-                "prefix {cut} accepted"
-            );
+            assert!(Key::from_stored(&bytes[..cut]).is_err(), "prefix {cut} accepted");
         }
         let mut longer = bytes.to_vec();
         longer.push(b'x');

@@ -68,19 +68,24 @@ mod clock;
 mod config;
 mod entry;
 mod error;
+mod evict;
 mod fingerprint;
 mod guard;
 pub mod implementation;
 mod key;
 mod shard;
 mod stats;
-mod wheel;
 mod sync;
+mod wheel;
 
-pub use cache::Cache;
-pub use claim::{Claim, EntrySnapshot, EntryState, FencingToken, Replay};
+#[cfg(not(idemcache_loom))]
+pub use cache::Sweeper;
+pub use cache::{Cache, SweeperError};
+pub use claim::{Claim, EntrySnapshot, EntryState, FencingToken, RemovalCause, Replay};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use config::{CacheBuilder, DropPolicy, MAX_DURATION, MAX_RESULT_SIZE_LIMIT, MAX_SHARDS};
+pub use config::{
+    CacheBuilder, DropPolicy, MAX_DURATION, MAX_RESULT_SIZE_LIMIT, MAX_SHARDS, MAX_TICK, MIN_TICK,
+};
 pub use entry::ENTRY_OVERHEAD;
 pub use error::{BuildError, ClaimError, ExtendLeaseError, LeaseLost, ResolveError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder};

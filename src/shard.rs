@@ -1,32 +1,61 @@
 //! [`Shard`]: the claim state machine over one slice of the key space.
 //!
 //! Ground rules: a shard is plain single-threaded data (`&mut self` everywhere); the
-//! cache wraps each in a lock, so every transition of one key is one call here, one
-//! critical section, and no interleaving can split a check from its update.
+//! cache wraps each in a lock and reads the clock after taking it, so every transition
+//! of one key is one call here, one critical section, and time within a shard only
+//! moves forward in lock order.
 //!
 //! Layout: entries live in a slab (`slots`, reused through `free`); the hash table maps
 //! a key's hash to its slab index. Slab indices are stable while an entry lives, so a
 //! [`ClaimGuard`](crate::ClaimGuard) addresses its entry by `(slot, token)` without
-//! hashing or cloning the key, and a stale guard is recognised by its token: tokens are
-//! never reused within a shard, so a reused slot never matches an old guard.
+//! hashing or cloning the key, and the timing wheel and the age list link entries by
+//! slab index. A stale guard is recognised by its token: tokens are never reused within
+//! a shard, so a reused slot never matches an old guard.
 //!
-//! Invariants (re-counted by [`Shard::validate`]): `entries` and `bytes` equal the count
+//! Invariants (re-checked by [`Shard::validate`]): `entries` and `bytes` equal the count
 //! and summed [`Entry::charge`] of occupied slots; every occupied slot is in the table
-//! exactly once under its own hash; free slots are empty and listed once in `free`.
+//! exactly once and on the wheel exactly once, at its deadline's tick; a slot is in the
+//! age list iff its entry is COMPLETED; `entries <= max_entries` and
+//! `bytes <= max_bytes` after every operation.
+
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hashbrown::HashTable;
 
 use crate::config::Config;
 use crate::entry::{Entry, State};
+use crate::evict::{self, AgeList};
 use crate::stats::Counters;
-use crate::{Claim, EntrySnapshot, Fingerprint, Key, LeaseLost, ResolveError, Timestamp};
+use crate::wheel::Wheel;
+use crate::{
+    Claim, ClaimError, EntrySnapshot, Fingerprint, Key, LeaseLost, RemovalCause, ResolveError,
+    Timestamp,
+};
+
+/// Wheel work (node moves) an insert may spend reclaiming expired entries. An entry costs
+/// at most one unit per wheel level it cascades through plus one to expire, and a
+/// realistic TTL is three levels up, so each insert pays for more expiries than it
+/// creates and the wheel keeps up without any call doing unbounded work.
+const SWEEP_WORK_PER_INSERT: usize = 16;
+
+/// One shard's share of the cache's bounds, and the wheel's tick.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) max_entries: usize,
+    pub(crate) max_bytes: usize,
+    pub(crate) tick_nanos: u64,
+}
 
 #[derive(Debug)]
 pub(crate) struct Shard {
     table: HashTable<u32>,
     slots: Vec<Option<Entry>>,
     free: Vec<u32>,
+    /// Every entry, by the tick of its deadline.
+    wheel: Wheel,
+    /// COMPLETED entries, oldest completion first.
+    age: AgeList,
     /// Tokens issued here are `issued * token_stride + token_offset`: unique across the
     /// cache (each shard has its own offset) and increasing per key.
     issued: u64,
@@ -34,24 +63,42 @@ pub(crate) struct Shard {
     token_offset: u64,
     entries: usize,
     bytes: usize,
+    limits: Limits,
     pub(crate) counters: Counters,
     /// Threads sleeping in `claim_wait` on this shard; notifying is skipped when zero.
     pub(crate) waiters: usize,
+    /// Set when an entry left PROCESSING; the cache wakes waiters and clears it.
+    pub(crate) left_processing: bool,
+    /// Removals for the listener, handed to it by the cache after unlocking; only kept
+    /// when a listener is set.
+    pub(crate) removed: Vec<(Key, RemovalCause)>,
+    record_removals: bool,
 }
 
 impl Shard {
-    pub(crate) fn new(index: usize, shard_count: usize) -> Shard {
+    pub(crate) fn new(
+        index: usize,
+        shard_count: usize,
+        limits: Limits,
+        record_removals: bool,
+    ) -> Shard {
         Shard {
             table: HashTable::new(),
             slots: Vec::new(),
             free: Vec::new(),
+            wheel: Wheel::new(0),
+            age: AgeList::default(),
             issued: 0,
             token_stride: shard_count as u64,
             token_offset: index as u64,
             entries: 0,
             bytes: 0,
+            limits,
             counters: Counters::default(),
             waiters: 0,
+            left_processing: false,
+            removed: Vec::new(),
+            record_removals,
         }
     }
 
@@ -67,22 +114,27 @@ impl Shard {
     fn find(&self, hash: u64, key: &Key) -> Option<u32> {
         let slots = &self.slots;
         self.table
-            .find(hash, |&i| {
-                slots[i as usize].as_ref().is_some_and(|e| e.key == *key)
-            })
+            .find(hash, |&i| slots[i as usize].as_ref().is_some_and(|e| e.key == *key))
             .copied()
     }
 
     fn entry(&self, slot: u32) -> &Entry {
-        self.slots[slot as usize]
-            .as_ref()
-            .expect("the table only indexes occupied slots")
+        self.slots[slot as usize].as_ref().expect("the table only indexes occupied slots")
     }
 
     fn entry_mut(&mut self, slot: u32) -> &mut Entry {
-        self.slots[slot as usize]
-            .as_mut()
-            .expect("the table only indexes occupied slots")
+        self.slots[slot as usize].as_mut().expect("the table only indexes occupied slots")
+    }
+
+    /// The wheel tick of a deadline, rounded up so nothing is reclaimed early.
+    fn tick_of(&self, deadline: Timestamp) -> u64 {
+        deadline.as_nanos().div_ceil(self.limits.tick_nanos)
+    }
+
+    /// Puts a slot on the wheel at its entry's (new) deadline, replacing any old place.
+    fn schedule(&mut self, slot: u32) {
+        let tick = self.tick_of(self.entry(slot).deadline);
+        self.wheel.schedule(slot, tick);
     }
 
     /// Finds a live entry; a dead one found on the way is reclaimed.
@@ -91,7 +143,7 @@ impl Shard {
         if self.entry(slot).is_live(now) {
             Some(slot)
         } else {
-            self.unlink(slot);
+            self.expire(slot);
             None
         }
     }
@@ -116,15 +168,16 @@ impl Shard {
         now: Timestamp,
         cfg: &Config,
         acquired: impl FnOnce(u32, u64, Timestamp) -> Claim,
-    ) -> Claim {
+    ) -> Result<Claim, ClaimError> {
         let existing = self.find(hash, key);
         if let Some(slot) = existing {
             if self.entry(slot).is_live(now) {
-                return self.answer(slot, fingerprint);
+                return Ok(self.answer(slot, fingerprint));
             }
         }
-        let (slot, token, lease_ends_at) = self.acquire(existing, hash, key, fingerprint, now, cfg);
-        acquired(slot, token, lease_ends_at)
+        let (slot, token, lease_ends_at) =
+            self.acquire(existing, hash, key, fingerprint, now, cfg)?;
+        Ok(acquired(slot, token, lease_ends_at))
     }
 
     /// Absent or dead → PROCESSING under a new fencing token. Kept out of line so the
@@ -138,13 +191,15 @@ impl Shard {
         fingerprint: Fingerprint,
         now: Timestamp,
         cfg: &Config,
-    ) -> (u32, u64, Timestamp) {
-        if existing.is_some_and(|slot| self.entry(slot).state == State::Processing) {
-            self.counters.takeovers += 1;
+    ) -> Result<(u32, u64, Timestamp), ClaimError> {
+        if let Some(dead) = existing {
+            self.expire(dead);
         }
-        let token = self.next_token();
         let lease_ends_at = now.saturating_add(cfg.lease);
-        let fresh = Entry {
+        let charge = Entry::charge_for(key, None);
+        self.make_room(now, 1, charge)?;
+        let token = self.next_token();
+        let slot = self.insert(Entry {
             key: key.clone(),
             hash,
             fingerprint,
@@ -153,19 +208,11 @@ impl Shard {
             since: now,
             deadline: lease_ends_at,
             body: None,
-        };
-        let slot = match existing {
-            // A dead entry's slot is reused in place: same key, same table position.
-            Some(slot) => {
-                self.bytes -= self.entry(slot).charge();
-                self.bytes += fresh.charge();
-                *self.entry_mut(slot) = fresh;
-                slot
-            }
-            None => self.insert(fresh),
-        };
+        });
         self.counters.acquired += 1;
-        (slot, token, lease_ends_at)
+        // Reclaim a little of what has expired; the new entry is live, so it is not due.
+        self.sweep(now, SWEEP_WORK_PER_INSERT);
+        Ok((slot, token, lease_ends_at))
     }
 
     /// The answer to a claim of a live entry.
@@ -185,29 +232,22 @@ impl Shard {
             State::Processing => {
                 let (started_at, lease_ends_at) = (e.since, e.deadline);
                 self.counters.in_progress += 1;
-                Claim::InProgress {
-                    started_at,
-                    lease_ends_at,
-                }
+                Claim::InProgress { started_at, lease_ends_at }
             }
             State::Unknown => {
                 let (marked_at, expires_at) = (e.since, e.deadline);
                 self.counters.unknown += 1;
-                Claim::Unknown {
-                    marked_at,
-                    expires_at,
-                }
+                Claim::Unknown { marked_at, expires_at }
             }
         }
     }
 
     /// The entry a guard owns: PROCESSING, its token, lease not lapsed.
     fn owned(&mut self, slot: u32, token: u64, now: Timestamp) -> Result<u32, LeaseLost> {
-        let owned = self
-            .slots
-            .get(slot as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|e| e.state == State::Processing && e.token == token && e.is_live(now));
+        let owned =
+            self.slots.get(slot as usize).and_then(Option::as_ref).is_some_and(|e| {
+                e.state == State::Processing && e.token == token && e.is_live(now)
+            });
         if owned {
             Ok(slot)
         } else {
@@ -216,39 +256,52 @@ impl Shard {
         }
     }
 
-    /// PROCESSING → COMPLETED. A body over `max_result_size` is dropped, the completion
-    /// kept: the work happened and a retry must not redo it.
+    /// PROCESSING → COMPLETED. A body over `max_result_size`, or one the byte bound has
+    /// no room for even after evicting, is dropped and the completion kept: the work
+    /// happened and a retry must not redo it.
     pub(crate) fn complete(
         &mut self,
         slot: u32,
         token: u64,
         body: Bytes,
+        ttl: Duration,
         now: Timestamp,
         cfg: &Config,
     ) -> Result<(), LeaseLost> {
         let slot = self.owned(slot, token, now)?;
-        self.store_result(slot, body, now, cfg);
+        self.left_processing = true;
+        self.store_result(slot, body, ttl, now, cfg);
         Ok(())
     }
 
-    fn store_result(&mut self, slot: u32, body: Bytes, now: Timestamp, cfg: &Config) {
-        let body = if body.len() <= cfg.max_result_size {
+    fn store_result(
+        &mut self,
+        slot: u32,
+        body: Bytes,
+        ttl: Duration,
+        now: Timestamp,
+        cfg: &Config,
+    ) {
+        // make_room cannot take this entry: it is live (not due on the wheel) and
+        // PROCESSING or UNKNOWN (not in the age list).
+        let fits = body.len() <= cfg.max_result_size && self.make_room(now, 0, body.len()).is_ok();
+        let body = if fits {
             Some(body)
         } else {
             self.counters.oversized += 1;
             None
         };
         self.counters.completions += 1;
-        let e = self.slots[slot as usize]
-            .as_mut()
-            .expect("caller checked the slot");
+        let e = self.entry_mut(slot);
         let before = e.charge();
         e.state = State::Completed;
         e.since = now;
-        e.deadline = now.saturating_add(cfg.completed_ttl);
+        e.deadline = now.saturating_add(ttl);
         e.body = body;
         let after = e.charge();
         self.bytes = self.bytes - before + after;
+        self.schedule(slot);
+        self.age.push_back(slot);
     }
 
     /// PROCESSING → absent: the owner gives the key back without an outcome.
@@ -259,7 +312,8 @@ impl Shard {
         now: Timestamp,
     ) -> Result<(), LeaseLost> {
         let slot = self.owned(slot, token, now)?;
-        self.unlink(slot);
+        self.left_processing = true;
+        self.unlink(slot, RemovalCause::Removed);
         self.counters.releases += 1;
         Ok(())
     }
@@ -273,10 +327,12 @@ impl Shard {
         cfg: &Config,
     ) -> Result<(), LeaseLost> {
         let slot = self.owned(slot, token, now)?;
+        self.left_processing = true;
         let e = self.entry_mut(slot);
         e.state = State::Unknown;
         e.since = now;
         e.deadline = now.saturating_add(cfg.unknown_ttl);
+        self.schedule(slot);
         Ok(())
     }
 
@@ -286,12 +342,14 @@ impl Shard {
         slot: u32,
         token: u64,
         now: Timestamp,
-        lease: std::time::Duration,
+        lease: Duration,
     ) -> Result<Timestamp, LeaseLost> {
         let slot = self.owned(slot, token, now)?;
         let e = self.entry_mut(slot);
         e.deadline = now.saturating_add(lease);
-        Ok(e.deadline)
+        let deadline = e.deadline;
+        self.schedule(slot);
+        Ok(deadline)
     }
 
     /// UNKNOWN → COMPLETED, after the caller checked the authority.
@@ -304,7 +362,7 @@ impl Shard {
         cfg: &Config,
     ) -> Result<(), ResolveError> {
         let slot = self.find_unknown(hash, key, now)?;
-        self.store_result(slot, body, now, cfg);
+        self.store_result(slot, body, cfg.completed_ttl, now, cfg);
         Ok(())
     }
 
@@ -316,14 +374,12 @@ impl Shard {
         now: Timestamp,
     ) -> Result<(), ResolveError> {
         let slot = self.find_unknown(hash, key, now)?;
-        self.unlink(slot);
+        self.unlink(slot, RemovalCause::Removed);
         Ok(())
     }
 
     fn find_unknown(&mut self, hash: u64, key: &Key, now: Timestamp) -> Result<u32, ResolveError> {
-        let slot = self
-            .find_live(hash, key, now)
-            .ok_or(ResolveError::NotFound)?;
+        let slot = self.find_live(hash, key, now).ok_or(ResolveError::NotFound)?;
         if self.entry(slot).state == State::Unknown {
             Ok(slot)
         } else {
@@ -341,7 +397,86 @@ impl Shard {
     /// Any state → absent. Returns what was there; a PROCESSING owner is thereby fenced.
     pub(crate) fn remove(&mut self, hash: u64, key: &Key, now: Timestamp) -> Option<EntrySnapshot> {
         let slot = self.find_live(hash, key, now)?;
-        Some(self.unlink(slot).snapshot())
+        Some(self.unlink(slot, RemovalCause::Removed).snapshot())
+    }
+
+    /// Reclaims expired entries, spending at most `work` wheel moves. Returns how many
+    /// entries it reclaimed and whether it finished (nothing more is due).
+    pub(crate) fn sweep(&mut self, now: Timestamp, work: usize) -> (usize, bool) {
+        let to = now.as_nanos() / self.limits.tick_nanos;
+        let mut work = work;
+        let mut reclaimed = 0;
+        while let Some(slot) = self.wheel.poll(to, &mut work) {
+            // The wheel never fires early: tick(deadline) <= floor(now / tick) means
+            // deadline <= now.
+            debug_assert!(!self.entry(slot).is_live(now), "the wheel fired a live entry");
+            self.expire_unscheduled(slot);
+            reclaimed += 1;
+        }
+        (reclaimed, work > 0)
+    }
+
+    /// Reclaims a dead entry found by lookup.
+    fn expire(&mut self, slot: u32) {
+        self.wheel.cancel(slot);
+        self.expire_unscheduled(slot);
+    }
+
+    fn expire_unscheduled(&mut self, slot: u32) {
+        if self.entry(slot).state == State::Processing {
+            // A lapsed lease: waiters may now take the key over.
+            self.left_processing = true;
+            self.counters.takeovers += 1;
+        }
+        self.unlink(slot, RemovalCause::Expired);
+        self.counters.expirations += 1;
+    }
+
+    /// Makes room for `entries` more entries and `bytes` more bytes, reclaiming expired
+    /// entries first and then evicting the oldest completed ones, a tenth at a time.
+    /// Refuses (changing nothing but reclaiming) if even that is not enough: the rest is
+    /// in flight or unknown, which is never evicted.
+    fn make_room(
+        &mut self,
+        now: Timestamp,
+        entries: usize,
+        bytes: usize,
+    ) -> Result<(), ClaimError> {
+        let fits = |s: &Shard| {
+            s.entries + entries <= s.limits.max_entries && s.bytes + bytes <= s.limits.max_bytes
+        };
+        if fits(self) {
+            return Ok(());
+        }
+        // Expired entries go first, with work bounded like one eviction step...
+        self.sweep(now, evict::batch(self.limits.max_entries));
+        while !fits(self) {
+            if self.age.len() == 0 {
+                // ...and before refusing, all of them: a shard must never refuse while
+                // dead entries take its room. Each entry expires once, so this is paid
+                // for by the inserts that created them.
+                self.sweep(now, usize::MAX);
+                if fits(self) {
+                    return Ok(());
+                }
+                self.counters.capacity_refusals += 1;
+                return Err(ClaimError::CapacityExhausted);
+            }
+            self.evict_step();
+        }
+        Ok(())
+    }
+
+    /// Evicts the oldest tenth of the completed entries, in one step.
+    fn evict_step(&mut self) {
+        let started = Instant::now();
+        for _ in 0..evict::batch(self.age.len()) {
+            let Some(slot) = self.age.front() else { break };
+            self.wheel.cancel(slot);
+            self.unlink(slot, RemovalCause::Evicted);
+            self.counters.evictions += 1;
+        }
+        self.counters.max_eviction_pause = self.counters.max_eviction_pause.max(started.elapsed());
     }
 
     fn insert(&mut self, entry: Entry) -> u32 {
@@ -363,16 +498,14 @@ impl Shard {
         };
         let slots = &self.slots;
         self.table.insert_unique(hash, slot, |&i| {
-            slots[i as usize]
-                .as_ref()
-                .expect("the table only indexes occupied slots")
-                .hash
+            slots[i as usize].as_ref().expect("the table only indexes occupied slots").hash
         });
+        self.schedule(slot);
         slot
     }
 
-    /// Takes an entry out of the table and the slab.
-    fn unlink(&mut self, slot: u32) -> Entry {
+    /// Takes an entry out of the table, the slab, the wheel and the age list.
+    fn unlink(&mut self, slot: u32, cause: RemovalCause) -> Entry {
         let hash = self.entry(slot).hash;
         match self.table.find_entry(hash, |&i| i == slot) {
             Ok(found) => {
@@ -380,12 +513,15 @@ impl Shard {
             }
             Err(_) => unreachable!("every occupied slot is in the table"),
         }
-        let entry = self.slots[slot as usize]
-            .take()
-            .expect("checked occupied above");
+        let entry = self.slots[slot as usize].take().expect("checked occupied above");
+        self.wheel.cancel(slot);
+        self.age.remove(slot);
         self.free.push(slot);
         self.entries -= 1;
         self.bytes -= entry.charge();
+        if self.record_removals {
+            self.removed.push((entry.key.clone(), cause));
+        }
         entry
     }
 
@@ -394,24 +530,46 @@ impl Shard {
         let mut entries = 0;
         let mut bytes = 0;
         for (i, slot) in self.slots.iter().enumerate() {
-            if let Some(e) = slot {
-                entries += 1;
-                bytes += e.charge();
-                let found = self.table.find(e.hash, |&j| j as usize == i);
-                assert!(found.is_some(), "slot {i} missing from the table");
-                assert!(
-                    !self.free.contains(&(i as u32)),
-                    "occupied slot {i} on the free list"
-                );
+            let id = i as u32;
+            match slot {
+                Some(e) => {
+                    entries += 1;
+                    bytes += e.charge();
+                    assert!(
+                        self.table.find(e.hash, |&j| j == id).is_some(),
+                        "slot {i} not in the table"
+                    );
+                    assert!(!self.free.contains(&id), "occupied slot {i} on the free list");
+                    assert_eq!(
+                        self.wheel.deadline(id),
+                        Some(self.tick_of(e.deadline)),
+                        "slot {i} misfiled on the wheel"
+                    );
+                    assert_eq!(
+                        self.age.contains(id),
+                        e.state == State::Completed,
+                        "slot {i} age list membership"
+                    );
+                }
+                None => {
+                    assert_eq!(self.wheel.deadline(id), None, "free slot {i} on the wheel");
+                    assert!(!self.age.contains(id), "free slot {i} in the age list");
+                }
             }
         }
         assert_eq!(self.table.len(), entries, "table and slab disagree");
         assert_eq!(entries, self.entries, "entry count drifted");
         assert_eq!(bytes, self.bytes, "byte count drifted");
-        assert_eq!(
-            self.slots.len() - entries,
-            self.free.len(),
-            "free list drifted"
-        );
+        assert_eq!(self.slots.len() - entries, self.free.len(), "free list drifted");
+        assert_eq!(self.wheel.len(), entries, "wheel length drifted");
+        self.wheel.validate();
+        let mut last = Timestamp::ZERO;
+        for id in self.age.iter() {
+            let since = self.entry(id).since;
+            assert!(since >= last, "age list out of completion order");
+            last = since;
+        }
+        assert!(self.entries <= self.limits.max_entries, "entry bound exceeded");
+        assert!(self.bytes <= self.limits.max_bytes, "byte bound exceeded");
     }
 }

@@ -5,7 +5,7 @@
 //! the whole cache, which would need every lock at once).
 
 /// Running totals of one shard, summed into [`Stats`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Counters {
     pub(crate) acquired: u64,
     pub(crate) replayed: u64,
@@ -17,6 +17,10 @@ pub(crate) struct Counters {
     pub(crate) completions: u64,
     pub(crate) oversized: u64,
     pub(crate) leases_lost: u64,
+    pub(crate) expirations: u64,
+    pub(crate) evictions: u64,
+    pub(crate) capacity_refusals: u64,
+    pub(crate) max_eviction_pause: std::time::Duration,
 }
 
 /// A summary of a cache's activity since it was built, from [`Cache::stats`](crate::Cache::stats).
@@ -33,16 +37,27 @@ pub struct Stats {
     pub mismatches: u64,
     /// Claims answered "outcome unknown".
     pub unknown: u64,
-    /// Acquisitions that took a key over from an owner whose lease had lapsed.
+    /// Leases that lapsed before their owner recorded an outcome, freeing the key for a
+    /// new owner. Counted when the lapsed entry is reclaimed: by the key's next claim or
+    /// lookup, or by a sweep.
     pub takeovers: u64,
     /// Keys released without an outcome (explicitly or by a dropped guard).
     pub releases: u64,
     /// Outcomes recorded as completed (by a guard or by `resolve`).
     pub completions: u64,
-    /// Completions whose body exceeded `max_result_size` and was not kept.
+    /// Completions whose body was not kept: larger than `max_result_size`, or no room
+    /// under `max_bytes` even after evicting.
     pub oversized: u64,
     /// Guard operations refused because the guard's lease was lost.
     pub leases_lost: u64,
+    /// Entries reclaimed after their deadline (lease end or TTL), by a sweep or a lookup.
+    pub expirations: u64,
+    /// Completed entries evicted to make room.
+    pub evictions: u64,
+    /// Claims refused with [`ClaimError::CapacityExhausted`](crate::ClaimError::CapacityExhausted).
+    pub capacity_refusals: u64,
+    /// The longest single eviction step (removing a tenth of a shard's completed entries).
+    pub max_eviction_pause: std::time::Duration,
     /// Entries currently held, including expired ones not yet reclaimed.
     pub entries: u64,
     /// Bytes currently charged: key, result body and
@@ -62,6 +77,10 @@ impl Stats {
         self.completions += c.completions;
         self.oversized += c.oversized;
         self.leases_lost += c.leases_lost;
+        self.expirations += c.expirations;
+        self.evictions += c.evictions;
+        self.capacity_refusals += c.capacity_refusals;
+        self.max_eviction_pause = self.max_eviction_pause.max(c.max_eviction_pause);
         self.entries += entries as u64;
         self.bytes += bytes as u64;
     }

@@ -101,10 +101,7 @@ mod imp {
             guard: MutexGuard<'a, T>,
             dur: Duration,
         ) -> MutexGuard<'a, T> {
-            self.0
-                .wait_timeout(guard, dur)
-                .expect("shard lock poisoned")
-                .0
+            self.0.wait_timeout(guard, dur).expect("shard lock poisoned").0
         }
 
         pub(crate) fn notify_all(&self) {

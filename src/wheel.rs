@@ -39,6 +39,9 @@ struct Node {
     slot: u16,
 }
 
+/// Bytes of wheel bookkeeping per scheduled id.
+pub(crate) const NODE_SIZE: usize = std::mem::size_of::<Node>();
+
 impl Node {
     const EMPTY: Node = Node { deadline: 0, prev: NIL, next: NIL, slot: UNSCHEDULED };
 }
@@ -305,7 +308,8 @@ mod tests {
         }
         let six_hours = 6 * 3600 * 1000;
         let fired = drain(&mut w, six_hours);
-        let expected: Vec<u32> = (0..1000).filter(|&i| u64::from(i) * 43_200 <= six_hours).collect();
+        let expected: Vec<u32> =
+            (0..1000).filter(|&i| u64::from(i) * 43_200 <= six_hours).collect();
         assert_eq!(fired, expected);
         assert_eq!(w.len(), 1000 - expected.len());
     }

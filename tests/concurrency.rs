@@ -82,10 +82,7 @@ fn claim_wait_with_zero_timeout_answers_in_progress_at_once() {
         cache.claim_wait(&k, fp("r"), Duration::ZERO).unwrap(),
         Claim::InProgress { .. }
     ));
-    assert!(matches!(
-        cache.claim_wait(&k, fp("x"), LONG).unwrap(),
-        Claim::Mismatch
-    ));
+    assert!(matches!(cache.claim_wait(&k, fp("x"), LONG).unwrap(), Claim::Mismatch));
 }
 
 /// Many threads hammer the same keys in different orders. Per key exactly one execution
@@ -100,12 +97,8 @@ fn every_key_executes_exactly_once_under_contention() {
     let start = Arc::new(Barrier::new(THREADS));
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
-            let (cache, keys, executions, start) = (
-                cache.clone(),
-                keys.clone(),
-                executions.clone(),
-                start.clone(),
-            );
+            let (cache, keys, executions, start) =
+                (cache.clone(), keys.clone(), executions.clone(), start.clone());
             thread::spawn(move || {
                 start.wait();
                 let mut seen = HashMap::new();
@@ -134,11 +127,7 @@ fn every_key_executes_exactly_once_under_contention() {
         .collect();
     let seen: Vec<HashMap<usize, Bytes>> = workers.into_iter().map(|w| w.join().unwrap()).collect();
     for (i, k) in keys.iter().enumerate() {
-        assert_eq!(
-            executions[i].load(Ordering::SeqCst),
-            1,
-            "key {i} executed more than once"
-        );
+        assert_eq!(executions[i].load(Ordering::SeqCst), 1, "key {i} executed more than once");
         let stored = replay(&cache, k, fp("r")).body.unwrap();
         for per_thread in &seen {
             assert_eq!(per_thread[&i], stored, "key {i}: a caller saw other bytes");

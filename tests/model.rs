@@ -25,6 +25,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => key.clone().prop_map(|key| Op::Remove { key }),
         1 => key.prop_map(|key| Op::Peek { key }),
         2 => (0u8..25).prop_map(|secs| Op::Advance { secs }),
+        1 => (guard, 0u8..40).prop_map(|(guard, secs)| Op::SetResultTtl { guard, secs }),
+        1 => Just(Op::RunPending),
     ]
 }
 

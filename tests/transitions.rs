@@ -20,9 +20,7 @@ fn first_claim_acquires_and_repeats_replay_the_exact_bytes() {
     let (cache, clock) = cache();
     let k = key("a");
     clock.advance(secs(1));
-    acquire(&cache, &k, fp("r"))
-        .complete(&b"order o_1"[..])
-        .unwrap();
+    acquire(&cache, &k, fp("r")).complete(&b"order o_1"[..]).unwrap();
     clock.advance(secs(2));
     let replay = replay(&cache, &k, fp("r"));
     assert_eq!(replay.body, Some(Bytes::from_static(b"order o_1")));
@@ -30,10 +28,7 @@ fn first_claim_acquires_and_repeats_replay_the_exact_bytes() {
     assert_eq!(replay.expires_at, at(1).saturating_add(COMPLETED_TTL));
     assert!(replay.body_kept());
     let stats = cache.stats();
-    assert_eq!(
-        (stats.acquired, stats.replayed, stats.completions),
-        (1, 1, 1)
-    );
+    assert_eq!((stats.acquired, stats.replayed, stats.completions), (1, 1, 1));
 }
 
 #[test]
@@ -43,10 +38,7 @@ fn concurrent_duplicate_sees_in_progress_with_lease_times() {
     let _guard = acquire(&cache, &k, fp("r"));
     clock.advance(secs(3));
     match cache.claim(&k, fp("r")).unwrap() {
-        Claim::InProgress {
-            started_at,
-            lease_ends_at,
-        } => {
+        Claim::InProgress { started_at, lease_ends_at } => {
             assert_eq!(started_at, at(0));
             assert_eq!(lease_ends_at, at(0).saturating_add(LEASE));
         }
@@ -63,10 +55,7 @@ fn same_key_with_another_request_is_a_mismatch_in_every_state() {
     acquire(&cache, &k2, fp("r")).complete(&b"x"[..]).unwrap();
     acquire(&cache, &k3, fp("r")).mark_unknown().unwrap();
     for k in [&k1, &k2, &k3] {
-        assert!(
-            matches!(cache.claim(k, fp("other")).unwrap(), Claim::Mismatch),
-            "{k:?}"
-        );
+        assert!(matches!(cache.claim(k, fp("other")).unwrap(), Claim::Mismatch), "{k:?}");
     }
     assert_eq!(cache.stats().mismatches, 3);
     // The mismatch changed nothing: the rightful request still gets its answer.
@@ -96,18 +85,12 @@ fn dropped_guard_releases_by_default() {
 #[test]
 fn dropped_guard_marks_unknown_under_mark_unknown_policy() {
     let clock = ManualClock::new();
-    let cache = builder(&clock)
-        .drop_policy(DropPolicy::MarkUnknown)
-        .build()
-        .unwrap();
+    let cache = builder(&clock).drop_policy(DropPolicy::MarkUnknown).build().unwrap();
     let k = key("a");
     clock.advance(secs(2));
     drop(acquire(&cache, &k, fp("r")));
     match cache.claim(&k, fp("r")).unwrap() {
-        Claim::Unknown {
-            marked_at,
-            expires_at,
-        } => {
+        Claim::Unknown { marked_at, expires_at } => {
             assert_eq!(marked_at, at(2));
             assert_eq!(expires_at, at(2).saturating_add(UNKNOWN_TTL));
         }
@@ -135,20 +118,14 @@ fn unknown_blocks_claims_until_resolved_then_replays_the_resolution() {
     let (cache, clock) = cache();
     let k = key("a");
     acquire(&cache, &k, fp("r")).mark_unknown().unwrap();
-    assert!(matches!(
-        cache.claim(&k, fp("r")).unwrap(),
-        Claim::Unknown { .. }
-    ));
+    assert!(matches!(cache.claim(&k, fp("r")).unwrap(), Claim::Unknown { .. }));
     clock.advance(secs(5));
     cache.resolve(&k, &b"found it"[..]).unwrap();
     let replay = replay(&cache, &k, fp("r"));
     assert_eq!(replay.body.unwrap(), "found it");
     assert_eq!(replay.completed_at, at(5));
     let stats = cache.stats();
-    assert_eq!(
-        (stats.unknown, stats.completions, stats.replayed),
-        (1, 1, 1)
-    );
+    assert_eq!((stats.unknown, stats.completions, stats.replayed), (1, 1, 1));
 }
 
 #[test]
@@ -166,13 +143,8 @@ fn resolve_and_forget_refuse_other_states_and_change_nothing() {
     let (cache, _clock) = cache();
     let (absent, processing, completed) = (key("absent"), key("p"), key("c"));
     let _owner = acquire(&cache, &processing, fp("r"));
-    acquire(&cache, &completed, fp("r"))
-        .complete(&b"kept"[..])
-        .unwrap();
-    assert_eq!(
-        cache.resolve(&absent, &b"x"[..]),
-        Err(ResolveError::NotFound)
-    );
+    acquire(&cache, &completed, fp("r")).complete(&b"kept"[..]).unwrap();
+    assert_eq!(cache.resolve(&absent, &b"x"[..]), Err(ResolveError::NotFound));
     assert_eq!(cache.forget(&absent), Err(ResolveError::NotFound));
     for k in [&processing, &completed] {
         let before = cache.peek(k);
@@ -222,19 +194,13 @@ fn stale_owner_cannot_release_mark_unknown_or_extend_after_takeover() {
     let mut stale1 = acquire(&cache, &k, fp("r"));
     clock.advance(LEASE);
     let fresh = acquire(&cache, &k, fp("r"));
-    assert_eq!(
-        stale1.extend_lease(secs(5)),
-        Err(ExtendLeaseError::LeaseLost)
-    );
+    assert_eq!(stale1.extend_lease(secs(5)), Err(ExtendLeaseError::LeaseLost));
     assert_eq!(stale1.release(), Err(LeaseLost));
     clock.advance(LEASE);
     let fresher = acquire(&cache, &k, fp("r"));
     assert_eq!(fresh.mark_unknown(), Err(LeaseLost));
     // A stale guard's drop does not release the new owner's key either.
-    assert!(matches!(
-        cache.claim(&k, fp("r")).unwrap(),
-        Claim::InProgress { .. }
-    ));
+    assert!(matches!(cache.claim(&k, fp("r")).unwrap(), Claim::InProgress { .. }));
     fresher.complete(&b"ok"[..]).unwrap();
     assert_eq!(replay(&cache, &k, fp("r")).body.unwrap(), "ok");
 }
@@ -272,10 +238,7 @@ fn extend_lease_refuses_zero_and_absurd_durations() {
     let k = key("a");
     let mut guard = acquire(&cache, &k, fp("r"));
     for bad in [Duration::ZERO, Duration::MAX] {
-        assert_eq!(
-            guard.extend_lease(bad),
-            Err(ExtendLeaseError::InvalidDuration(bad))
-        );
+        assert_eq!(guard.extend_lease(bad), Err(ExtendLeaseError::InvalidDuration(bad)));
     }
     assert_eq!(guard.lease_ends_at(), at(0).saturating_add(LEASE));
     guard.complete(&b"x"[..]).unwrap();
@@ -293,9 +256,7 @@ fn oversize_result_is_completed_without_body_never_released() {
     assert_eq!(cache.stats().oversized, 1);
     // Exactly at the limit is kept.
     let k2 = key("b");
-    acquire(&cache, &k2, fp("r"))
-        .complete(vec![1u8; MAX_RESULT])
-        .unwrap();
+    acquire(&cache, &k2, fp("r")).complete(vec![1u8; MAX_RESULT]).unwrap();
     assert!(replay_body_kept(&cache, &k2));
 }
 
@@ -323,10 +284,7 @@ fn unknown_mark_expires_at_its_ttl() {
     let k = key("a");
     acquire(&cache, &k, fp("r")).mark_unknown().unwrap();
     clock.advance(UNKNOWN_TTL - Duration::from_nanos(1));
-    assert!(matches!(
-        cache.claim(&k, fp("r")).unwrap(),
-        Claim::Unknown { .. }
-    ));
+    assert!(matches!(cache.claim(&k, fp("r")).unwrap(), Claim::Unknown { .. }));
     clock.advance(Duration::from_nanos(1));
     assert_eq!(cache.forget(&k), Err(ResolveError::NotFound));
     assert!(cache.claim(&k, fp("r")).unwrap().is_acquired());
@@ -387,10 +345,7 @@ fn entries_and_bytes_follow_the_documented_formula() {
     assert_eq!(stats.entries, 1);
     assert_eq!(stats.bytes as usize, k.as_bytes().len() + ENTRY_OVERHEAD);
     guard.complete(&b"12345"[..]).unwrap();
-    assert_eq!(
-        cache.stats().bytes as usize,
-        k.as_bytes().len() + 5 + ENTRY_OVERHEAD
-    );
+    assert_eq!(cache.stats().bytes as usize, k.as_bytes().len() + 5 + ENTRY_OVERHEAD);
     cache.remove(&k);
     assert_eq!((cache.stats().entries, cache.stats().bytes), (0, 0));
     cache.debug_validate();
@@ -402,31 +357,13 @@ fn builder_refuses_zero_and_absurd_settings() {
     let absurd = Duration::from_secs(u64::MAX);
     let cases: Vec<(idemcache::CacheBuilder, Result<(), BuildError>)> = vec![
         (Cache::builder().shards(0), Err(BuildError::Shards(0))),
-        (
-            Cache::builder().shards(1 << 20),
-            Err(BuildError::Shards(1 << 20)),
-        ),
-        (
-            Cache::builder().lease(Duration::ZERO),
-            d("lease", Duration::ZERO),
-        ),
+        (Cache::builder().shards(1 << 20), Err(BuildError::Shards(1 << 20))),
+        (Cache::builder().lease(Duration::ZERO), d("lease", Duration::ZERO)),
         (Cache::builder().lease(absurd), d("lease", absurd)),
-        (
-            Cache::builder().completed_ttl(Duration::ZERO),
-            d("completed_ttl", Duration::ZERO),
-        ),
-        (
-            Cache::builder().unknown_ttl(absurd),
-            d("unknown_ttl", absurd),
-        ),
-        (
-            Cache::builder().max_result_size(0),
-            Err(BuildError::MaxResultSize(0)),
-        ),
-        (
-            Cache::builder().max_result_size(usize::MAX),
-            Err(BuildError::MaxResultSize(usize::MAX)),
-        ),
+        (Cache::builder().completed_ttl(Duration::ZERO), d("completed_ttl", Duration::ZERO)),
+        (Cache::builder().unknown_ttl(absurd), d("unknown_ttl", absurd)),
+        (Cache::builder().max_result_size(0), Err(BuildError::MaxResultSize(0))),
+        (Cache::builder().max_result_size(usize::MAX), Err(BuildError::MaxResultSize(usize::MAX))),
     ];
     for (builder, expected) in cases {
         let shown = format!("{builder:?}");
@@ -443,10 +380,7 @@ fn bad_keys_get_typed_errors() {
     assert_eq!(Key::new("", "t", "k"), Err(KeyError::EmptyScope));
     assert_eq!(Key::new("s", "", "k"), Err(KeyError::EmptyTenant));
     assert_eq!(Key::new("s", "t", ""), Err(KeyError::EmptyClientKey));
-    assert_eq!(
-        Key::new("s", "t", &long),
-        Err(KeyError::ClientKeyTooLong { len: 256 })
-    );
+    assert_eq!(Key::new("s", "t", &long), Err(KeyError::ClientKeyTooLong { len: 256 }));
     assert_eq!(
         Key::new(&wide, &"t".repeat(25), "k"),
         Err(KeyError::ScopeAndTenantTooLong { len: 1025 })

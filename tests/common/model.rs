@@ -3,9 +3,12 @@
 //! `ops` fuzz target, so both check the same contract.
 //!
 //! The model is written from DESIGN.md's state table, not from the implementation: a
-//! BTreeMap of keys to `(fingerprint, state, since, deadline, owner)`. The one
-//! implementation detail it mirrors is when dead entries are reclaimed (on the next touch
-//! by a key operation), because the `entries`/`bytes`/`takeovers` counters expose it.
+//! BTreeMap of keys to `(fingerprint, state, since, deadline, owner)`. Dead entries stay
+//! in the model until a key operation touches them or `RunPending` sweeps; the cache may
+//! reclaim them earlier (a bounded sweep rides on every insert), so the counters that
+//! depend on when reclaiming happens (`entries`, `bytes`, `expirations`, `takeovers`)
+//! are compared right after `RunPending`, when both have reclaimed everything dead, and
+//! every other answer and counter is compared after every step.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -67,6 +70,13 @@ pub enum Op {
     Advance {
         secs: u8,
     },
+    /// Override how long this guard's result is kept (0 is refused).
+    SetResultTtl {
+        guard: u8,
+        secs: u8,
+    },
+    /// Sweep every expired entry; then all counters must agree.
+    RunPending,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -94,19 +104,36 @@ struct Model {
 }
 
 impl Model {
-    /// A live entry, reclaiming a dead one (as the cache does on a key operation).
-    fn live(&mut self, key: u8) -> Option<&mut MEntry> {
+    /// Reclaims `key`'s entry if it is dead, counting it as the cache does.
+    fn reclaim_if_dead(&mut self, key: u8) {
         let now = self.now;
-        if self.entries.get(&key).is_some_and(|e| e.deadline <= now) {
+        if let Some(e) = self.entries.get(&key).filter(|e| e.deadline <= now) {
+            if matches!(e.state, MState::Processing { .. }) {
+                self.stats.takeovers += 1;
+            }
+            self.stats.expirations += 1;
             self.entries.remove(&key);
         }
+    }
+
+    /// A live entry, reclaiming a dead one (as the cache does on a key operation).
+    fn live(&mut self, key: u8) -> Option<&mut MEntry> {
+        self.reclaim_if_dead(key);
         self.entries.get_mut(&key)
+    }
+
+    fn run_pending(&mut self) {
+        let keys: Vec<u8> = self.entries.keys().copied().collect();
+        for key in keys {
+            self.reclaim_if_dead(key);
+        }
     }
 
     fn claim(&mut self, key: u8, fp: u8) -> Expected {
         let now = self.now;
+        self.reclaim_if_dead(key);
         if let Some(e) = self.entries.get(&key) {
-            if e.deadline > now {
+            {
                 if e.fp != fp {
                     self.stats.mismatches += 1;
                     return Expected::Mismatch;
@@ -125,9 +152,6 @@ impl Model {
                         Expected::Unknown(e.since, e.deadline)
                     }
                 };
-            }
-            if matches!(e.state, MState::Processing { .. }) {
-                self.stats.takeovers += 1;
             }
         }
         self.next_owner += 1;
@@ -158,7 +182,7 @@ impl Model {
         ok
     }
 
-    fn store(&mut self, key: u8, body: Vec<u8>) {
+    fn store(&mut self, key: u8, body: Vec<u8>, ttl_s: u64) {
         let now = self.now;
         let kept = (body.len() <= MAX_RESULT).then_some(body);
         if kept.is_none() {
@@ -168,7 +192,7 @@ impl Model {
         let e = self.entries.get_mut(&key).unwrap();
         e.state = MState::Completed(kept);
         e.since = now;
-        e.deadline = now + COMPLETED_S * SEC;
+        e.deadline = now + ttl_s * SEC;
     }
 
     fn mark_unknown(&mut self, key: u8) {
@@ -185,8 +209,7 @@ impl Model {
     }
 
     fn snapshot(&mut self, key: u8) -> Option<(u8, MState, u64, u64)> {
-        self.live(key)
-            .map(|e| (e.fp, e.state.clone(), e.since, e.deadline))
+        self.live(key).map(|e| (e.fp, e.state.clone(), e.since, e.deadline))
     }
 }
 
@@ -205,8 +228,16 @@ pub struct Harness {
     clock: ManualClock,
     model: Model,
     keys: Vec<Key>,
-    guards: Vec<(ClaimGuard, u8, u64)>,
+    guards: Vec<Held>,
     policy: DropPolicy,
+}
+
+/// A guard the harness holds, with what the model knows of it.
+struct Held {
+    guard: ClaimGuard,
+    key: u8,
+    owner: u64,
+    result_ttl_s: u64,
 }
 
 fn body(len: u8) -> Vec<u8> {
@@ -230,17 +261,9 @@ impl Harness {
             .drop_policy(policy)
             .build()
             .unwrap();
-        let keys = (0..KEYS)
-            .map(|i| Key::new("scope", "tenant", &format!("key-{i}")).unwrap())
-            .collect();
-        Harness {
-            cache,
-            clock,
-            model: Model::default(),
-            keys,
-            guards: Vec::new(),
-            policy,
-        }
+        let keys =
+            (0..KEYS).map(|i| Key::new("scope", "tenant", &format!("key-{i}")).unwrap()).collect();
+        Harness { cache, clock, model: Model::default(), keys, guards: Vec::new(), policy }
     }
 
     /// Runs `op` on the cache and the model and asserts they agree, then re-validates the
@@ -261,51 +284,63 @@ impl Harness {
                         let Expected::Acquired(owner) = expected else {
                             panic!("{op:?}: cache acquired, model expected {expected:?}")
                         };
-                        self.guards.push((guard, key, owner));
-                        return self.check();
+                        self.guards.push(Held { guard, key, owner, result_ttl_s: COMPLETED_S });
+                        return self.check(false);
                     }
                     Claim::Completed(r) => Expected::Completed(
                         r.body.map(|b| b.to_vec()),
                         r.completed_at.as_nanos(),
                         r.expires_at.as_nanos(),
                     ),
-                    Claim::InProgress {
-                        started_at,
-                        lease_ends_at,
-                    } => Expected::InProgress(started_at.as_nanos(), lease_ends_at.as_nanos()),
-                    Claim::Unknown {
-                        marked_at,
-                        expires_at,
-                    } => Expected::Unknown(marked_at.as_nanos(), expires_at.as_nanos()),
+                    Claim::InProgress { started_at, lease_ends_at } => {
+                        Expected::InProgress(started_at.as_nanos(), lease_ends_at.as_nanos())
+                    }
+                    Claim::Unknown { marked_at, expires_at } => {
+                        Expected::Unknown(marked_at.as_nanos(), expires_at.as_nanos())
+                    }
                     Claim::Mismatch => Expected::Mismatch,
                 };
                 assert_eq!(actual, expected, "{op:?}");
             }
             Op::Complete { guard, len } => {
-                if let Some((g, key, owner)) = self.take_guard(guard) {
+                if let Some(Held { guard: g, key, owner, result_ttl_s }) = self.take_guard(guard) {
                     let ok = self.model.owns(key, owner);
                     let result = g.complete(body(len));
                     assert_eq!(result, if ok { Ok(()) } else { Err(LeaseLost) }, "{op:?}");
                     if ok {
-                        self.model.store(key, body(len));
+                        self.model.store(key, body(len), result_ttl_s);
                     }
                 }
             }
+            Op::SetResultTtl { guard, secs } => {
+                if !self.guards.is_empty() {
+                    let n = self.guards.len();
+                    let held = &mut self.guards[guard as usize % n];
+                    let result = held.guard.set_result_ttl(Duration::from_secs(secs.into()));
+                    if secs == 0 {
+                        assert_eq!(result, Err(ExtendLeaseError::InvalidDuration(Duration::ZERO)));
+                    } else {
+                        assert_eq!(result, Ok(()));
+                        held.result_ttl_s = secs.into();
+                    }
+                }
+            }
+            Op::RunPending => {
+                self.cache.run_pending();
+                self.model.run_pending();
+                return self.check(true);
+            }
             Op::Release { guard } => {
-                if let Some((g, key, owner)) = self.take_guard(guard) {
+                if let Some(Held { guard: g, key, owner, .. }) = self.take_guard(guard) {
                     let ok = self.model.owns(key, owner);
-                    assert_eq!(
-                        g.release(),
-                        if ok { Ok(()) } else { Err(LeaseLost) },
-                        "{op:?}"
-                    );
+                    assert_eq!(g.release(), if ok { Ok(()) } else { Err(LeaseLost) }, "{op:?}");
                     if ok {
                         self.model.release(key);
                     }
                 }
             }
             Op::MarkUnknown { guard } => {
-                if let Some((g, key, owner)) = self.take_guard(guard) {
+                if let Some(Held { guard: g, key, owner, .. }) = self.take_guard(guard) {
                     let ok = self.model.owns(key, owner);
                     assert_eq!(
                         g.mark_unknown(),
@@ -318,7 +353,7 @@ impl Harness {
                 }
             }
             Op::DropGuard { guard } => {
-                if let Some((g, key, owner)) = self.take_guard(guard) {
+                if let Some(Held { guard: g, key, owner, .. }) = self.take_guard(guard) {
                     let ok = self.model.owns(key, owner);
                     drop(g);
                     if ok {
@@ -331,18 +366,13 @@ impl Harness {
             }
             Op::Extend { guard, secs } => {
                 if self.guards.is_empty() {
-                    return self.check();
+                    return self.check(false);
                 }
                 let i = guard as usize % self.guards.len();
-                let (key, owner) = (self.guards[i].1, self.guards[i].2);
-                let result = self.guards[i]
-                    .0
-                    .extend_lease(Duration::from_secs(secs.into()));
+                let (key, owner) = (self.guards[i].key, self.guards[i].owner);
+                let result = self.guards[i].guard.extend_lease(Duration::from_secs(secs.into()));
                 if secs == 0 {
-                    assert_eq!(
-                        result,
-                        Err(ExtendLeaseError::InvalidDuration(Duration::ZERO))
-                    );
+                    assert_eq!(result, Err(ExtendLeaseError::InvalidDuration(Duration::ZERO)));
                 } else if self.model.owns(key, owner) {
                     let end = self.model.now + u64::from(secs) * SEC;
                     self.model.entries.get_mut(&key).unwrap().deadline = end;
@@ -357,17 +387,13 @@ impl Harness {
                 let result = self.cache.resolve(&self.keys[key as usize], body(len));
                 assert_eq!(result, expected, "{op:?}");
                 if expected.is_ok() {
-                    self.model.store(key, body(len));
+                    self.model.store(key, body(len), COMPLETED_S);
                 }
             }
             Op::Forget { key } => {
                 let key = key % KEYS;
                 let expected = self.model_resolvable(key);
-                assert_eq!(
-                    self.cache.forget(&self.keys[key as usize]),
-                    expected,
-                    "{op:?}"
-                );
+                assert_eq!(self.cache.forget(&self.keys[key as usize]), expected, "{op:?}");
                 if expected.is_ok() {
                     self.model.entries.remove(&key);
                 }
@@ -390,10 +416,10 @@ impl Harness {
                 self.model.now += u64::from(secs) * SEC;
             }
         }
-        self.check();
+        self.check(false);
     }
 
-    fn take_guard(&mut self, i: u8) -> Option<(ClaimGuard, u8, u64)> {
+    fn take_guard(&mut self, i: u8) -> Option<Held> {
         if self.guards.is_empty() {
             None
         } else {
@@ -419,11 +445,7 @@ impl Harness {
         let actual = actual.map(|s| {
             let fp = u8::try_from(s.fingerprint.as_u128()).unwrap();
             let (state, since, deadline) = match s.state {
-                EntryState::Processing {
-                    started_at,
-                    lease_ends_at,
-                    ..
-                } => {
+                EntryState::Processing { started_at, lease_ends_at, .. } => {
                     // The model's owner ids are not tokens; compare state, not identity.
                     (None, started_at, lease_ends_at)
                 }
@@ -432,10 +454,9 @@ impl Harness {
                     r.completed_at,
                     r.expires_at,
                 ),
-                EntryState::Unknown {
-                    marked_at,
-                    expires_at,
-                } => (Some(MState::Unknown), marked_at, expires_at),
+                EntryState::Unknown { marked_at, expires_at } => {
+                    (Some(MState::Unknown), marked_at, expires_at)
+                }
                 _ => unreachable!("no other states exist"),
             };
             (fp, state, since.as_nanos(), deadline.as_nanos())
@@ -450,9 +471,11 @@ impl Harness {
         assert_eq!(actual, expected, "{op:?}");
     }
 
-    /// Counters and accounting agree with the model; internal invariants hold.
-    fn check(&self) {
+    /// Counters agree with the model (all of them when `swept`, else those that do not
+    /// depend on when dead entries are reclaimed); internal invariants hold.
+    fn check(&self, swept: bool) {
         self.cache.debug_validate();
+        let mut actual = self.cache.stats();
         let mut expected = self.model.stats;
         expected.entries = self.model.entries.len() as u64;
         expected.bytes = self
@@ -467,6 +490,11 @@ impl Harness {
                 (self.keys[*k as usize].as_bytes().len() + body + ENTRY_OVERHEAD) as u64
             })
             .sum();
-        assert_eq!(self.cache.stats(), expected);
+        if !swept {
+            for s in [&mut actual, &mut expected] {
+                (s.entries, s.bytes, s.expirations, s.takeovers) = (0, 0, 0, 0);
+            }
+        }
+        assert_eq!(actual, expected, "swept: {swept}");
     }
 }
