@@ -1,0 +1,181 @@
+//! Expiry on the timing wheel: every state is reclaimed at its deadline, deadlines move
+//! with the entry, time can jump, and sweeping gives the memory back. Manual clock only.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use idemcache::{Cache, Claim, Key, ManualClock, RemovalCause};
+
+type Heard = Arc<Mutex<Vec<(String, RemovalCause)>>>;
+
+fn listening(clock: &ManualClock) -> (Cache, Heard) {
+    let heard: Heard = Arc::default();
+    let sink = heard.clone();
+    let cache = builder(clock)
+        .removal_listener(move |key: &Key, cause| {
+            sink.lock().unwrap().push((key.client_key().to_owned(), cause))
+        })
+        .build()
+        .unwrap();
+    (cache, heard)
+}
+
+#[test]
+fn every_state_is_reclaimed_at_its_deadline_and_the_memory_returned() {
+    let clock = ManualClock::new();
+    let (cache, heard) = listening(&clock);
+    let _lapsing = acquire(&cache, &key("processing"), fp("r"));
+    acquire(&cache, &key("completed"), fp("r")).complete(&b"result"[..]).unwrap();
+    acquire(&cache, &key("unknown"), fp("r")).mark_unknown().unwrap();
+    assert_eq!(cache.stats().entries, 3);
+
+    clock.advance(LEASE - Duration::from_nanos(1));
+    assert_eq!(cache.run_pending(), 0, "nothing is due before the lease ends");
+    clock.advance(Duration::from_nanos(1));
+    assert_eq!(cache.run_pending(), 1);
+    assert_eq!(heard.lock().unwrap().as_slice(), &[("processing".into(), RemovalCause::Expired)]);
+
+    clock.advance(UNKNOWN_TTL - LEASE);
+    assert_eq!(cache.run_pending(), 1);
+    clock.advance(COMPLETED_TTL - UNKNOWN_TTL);
+    assert_eq!(cache.run_pending(), 1);
+
+    let stats = cache.stats();
+    assert_eq!((stats.entries, stats.bytes), (0, 0), "memory is returned");
+    assert_eq!((stats.expirations, stats.takeovers), (3, 1));
+    let causes: Vec<_> = heard.lock().unwrap().iter().map(|(k, c)| (k.clone(), *c)).collect();
+    assert_eq!(
+        causes,
+        vec![
+            ("processing".into(), RemovalCause::Expired),
+            ("unknown".into(), RemovalCause::Expired),
+            ("completed".into(), RemovalCause::Expired),
+        ]
+    );
+    cache.debug_validate();
+}
+
+#[test]
+fn lease_extension_moves_the_entry_on_the_wheel() {
+    let (cache, clock) = cache();
+    let k = key("a");
+    let mut guard = acquire(&cache, &k, fp("r"));
+    guard.extend_lease(secs(60)).unwrap();
+    clock.advance(LEASE + secs(1));
+    assert_eq!(cache.run_pending(), 0, "the old lease end must not expire the entry");
+    assert!(cache.peek(&k).is_some());
+    clock.advance(secs(60));
+    assert_eq!(cache.run_pending(), 1);
+    assert_eq!(guard.complete(&b"late"[..]), Err(idemcache::LeaseLost));
+}
+
+#[test]
+fn completion_reschedules_from_the_lease_end_to_the_result_ttl() {
+    let (cache, clock) = cache();
+    let k = key("a");
+    acquire(&cache, &k, fp("r")).complete(&b"x"[..]).unwrap();
+    clock.advance(LEASE * 2);
+    assert_eq!(cache.run_pending(), 0);
+    assert_eq!(replay(&cache, &k, fp("r")).body.unwrap(), "x");
+    clock.advance(COMPLETED_TTL);
+    assert_eq!(cache.run_pending(), 1);
+}
+
+#[test]
+fn a_result_ttl_set_on_the_guard_overrides_the_default() {
+    let (cache, clock) = cache();
+    let k = key("a");
+    let mut guard = acquire(&cache, &k, fp("r"));
+    assert!(guard.set_result_ttl(Duration::ZERO).is_err());
+    guard.set_result_ttl(secs(5)).unwrap();
+    guard.complete(&b"short-lived"[..]).unwrap();
+    assert_eq!(replay(&cache, &k, fp("r")).expires_at.since_origin(), secs(5));
+    clock.advance(secs(5));
+    assert_eq!(cache.run_pending(), 1);
+    assert_eq!(cache.peek(&k), None);
+}
+
+#[test]
+fn a_six_hour_jump_reclaims_everything_due_and_nothing_else() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).completed_ttl(secs(24 * 3600)).build().unwrap();
+    // Half the results get an hour, half a day.
+    for i in 0..2000 {
+        let mut guard = acquire(&cache, &key(&format!("k{i}")), fp("r"));
+        if i % 2 == 0 {
+            guard.set_result_ttl(secs(3600)).unwrap();
+        }
+        guard.complete(&b"r"[..]).unwrap();
+    }
+    clock.advance(secs(6 * 3600));
+    assert_eq!(cache.run_pending(), 1000);
+    assert_eq!(cache.stats().entries, 1000);
+    assert!(cache.peek(&key("k1")).is_some());
+    assert_eq!(cache.peek(&key("k0")), None);
+    cache.debug_validate();
+}
+
+#[test]
+fn inserts_reclaim_expired_entries_a_bounded_amount_at_a_time() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).shards(1).build().unwrap();
+    for i in 0..1000 {
+        acquire(&cache, &key(&format!("old{i}")), fp("r")).complete(&b"r"[..]).unwrap();
+    }
+    clock.advance(COMPLETED_TTL);
+    acquire(&cache, &key("new0"), fp("r")).release().unwrap();
+    // One insert does a bounded amount of wheel work (cascading the due slot counts too),
+    // so it cannot reclaim all 1000 at once...
+    let after_one = cache.stats().expirations;
+    assert!(after_one <= 16, "an insert must not reclaim everything at once ({after_one})");
+    for i in 1..1000 {
+        acquire(&cache, &key(&format!("new{i}")), fp("r")).release().unwrap();
+    }
+    // ...but inserts do reclaim, faster than they add.
+    assert_eq!(cache.stats().expirations, 1000, "ordinary inserts keep up with expiry");
+    assert_eq!(cache.stats().entries, 0);
+}
+
+#[test]
+fn a_millisecond_tick_expires_at_millisecond_resolution() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).tick(Duration::from_millis(1)).build().unwrap();
+    let k = key("a");
+    let mut guard = acquire(&cache, &k, fp("r"));
+    guard.set_result_ttl(Duration::from_millis(1500)).unwrap();
+    guard.complete(&b"x"[..]).unwrap();
+    clock.advance(Duration::from_millis(1499));
+    assert_eq!(cache.run_pending(), 0);
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(cache.run_pending(), 1);
+}
+
+#[test]
+fn expired_entries_read_as_absent_before_any_sweep() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).tick(Duration::from_secs(3600)).build().unwrap();
+    let k = key("a");
+    acquire(&cache, &k, fp("r")).complete(&b"x"[..]).unwrap();
+    clock.advance(COMPLETED_TTL);
+    assert_eq!(cache.peek(&k), None);
+    assert!(matches!(cache.claim(&k, fp("r")).unwrap(), Claim::Acquired(_)));
+}
+
+#[test]
+fn the_sweeper_thread_reclaims_in_the_background_and_stops_on_drop() {
+    let (cache, clock) = cache();
+    acquire(&cache, &key("a"), fp("r")).complete(&b"x"[..]).unwrap();
+    clock.advance(COMPLETED_TTL);
+    let sweeper = cache.spawn_sweeper(Duration::from_millis(1)).unwrap();
+    // Wait for the sweeper's effect (not for a time): bounded so a bug fails, not hangs.
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while cache.stats().entries > 0 {
+        assert!(Instant::now() < give_up, "the sweeper never ran");
+        std::thread::yield_now();
+    }
+    drop(sweeper); // joins the thread
+    assert!(cache.spawn_sweeper(Duration::ZERO).is_err());
+}
