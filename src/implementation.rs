@@ -8,7 +8,9 @@
 //! | `fingerprint.rs` | [`Fingerprint`](crate::Fingerprint) | the digest of given input never changes (pinned vectors) |
 //! | `clock.rs` | [`Clock`](crate::Clock) and its two implementations | time never goes backwards |
 //! | `entry.rs` | one key's entry | live while `now < deadline`, whatever the state |
-//! | `shard.rs` | **the state machine**, single-threaded (`&mut self`) | every transition; counters match contents |
+//! | `shard.rs` | **the state machine**, single-threaded (`&mut self`) | every transition; counters match contents; bounds hold |
+//! | `wheel.rs` | hierarchical timing wheel over slab ids | each id fires once, at the first poll at or after its tick |
+//! | `evict.rs` | the capacity policy and the age list | only COMPLETED entries are evictable, oldest first |
 //! | `cache.rs` | locks, hashing, `claim_wait` | one shard lock per operation, never two |
 //! | `guard.rs` | [`ClaimGuard`](crate::ClaimGuard) | a guard acts only under its own fencing token |
 //! | `claim.rs`, `error.rs`, `stats.rs`, `config.rs` | public values, errors, counters, settings | a built config is valid |
@@ -38,7 +40,8 @@
 //!
 //! - guards that find their entry by `(slot, token)`: no key clone in the guard, no
 //!   rehash or key comparison on `complete`;
-//! - room for the timing wheel and the age order to link entries by index, not pointer.
+//! - the timing wheel and the age list link entries by slab index, in arenas of their
+//!   own indexed by the same ids: no pointers, no generations, O(1) unlink.
 //!
 //! Why not dashmap, though the project card lists it: loom sees only its own types, and
 //! dashmap's locks are its own atomics, so a loom run over dashmap would check nothing
@@ -56,9 +59,40 @@
 //!
 //! # Expiry
 //!
-//! Every check reads the clock once per operation and compares against the entry's one
-//! `deadline`. Dead entries are reclaimed when touched; the timing wheel that reclaims
-//! untouched ones is the next step.
+//! Every check reads the clock once per operation (under the shard lock) and compares it
+//! with the entry's one `deadline`, so an expired entry is never returned, swept or not.
+//! Memory comes back three ways, all through the shard's timing wheel (`wheel.rs`):
+//!
+//! - every insert spends a bounded amount of wheel work (16 node moves) reclaiming
+//!   expired entries: more than it adds, so the wheel keeps up, and no call does
+//!   unbounded work;
+//! - [`Cache::run_pending`](crate::Cache::run_pending) sweeps everything due, shard by
+//!   shard in bounded locked steps;
+//! - [`Cache::spawn_sweeper`](crate::Cache::spawn_sweeper) calls it from a thread.
+//!
+//! The wheel has 11 levels of 64 slots: 66 bits, so every `u64` tick has a level and the
+//! top levels are the overflow, re-cascading far deadlines as they approach rather than
+//! wrapping. Deadlines become ticks rounding up and "now" rounding down, so nothing is
+//! reclaimed early. An entry is rescheduled (moved, not copied) whenever its deadline
+//! changes: lease extension, completion, marking unknown.
+//!
+//! # Capacity
+//!
+//! `max_entries` and `max_bytes` are split evenly across shards (as in quick_cache), so
+//! making room is a shard-local step under the one lock. Charged bytes are the key's
+//! stored length, the result's length and [`ENTRY_OVERHEAD`](crate::ENTRY_OVERHEAD).
+//! When an insert would exceed either bound the shard:
+//!
+//! 1. reclaims expired entries (bounded like one eviction step);
+//! 2. evicts the oldest tenth of its COMPLETED entries (at least one) in one step, by
+//!    completion time, repeating only if a large insert still does not fit;
+//! 3. if nothing completed is left, sweeps every expired entry, and if the shard is
+//!    still full of live PROCESSING and UNKNOWN entries, refuses the claim with
+//!    [`ClaimError::CapacityExhausted`](crate::ClaimError::CapacityExhausted).
+//!
+//! A completion never fails for lack of room (the work happened): its body is dropped
+//! instead and the entry kept as completed-without-body. The longest eviction step is in
+//! [`Stats::max_eviction_pause`](crate::Stats::max_eviction_pause).
 //!
 //! # Waiting
 //!

@@ -46,13 +46,22 @@
 //!   together; client keys 1 to [`MAX_CLIENT_KEY_LEN`] bytes of visible ASCII.
 //! - Results larger than `max_result_size` (default 64 KiB) are recorded as
 //!   completed-without-body.
+//! - Size: at most `max_entries` (default 1,000,000) and `max_bytes` (default 512 MiB),
+//!   split evenly across shards. A full shard evicts the oldest tenth of its completed
+//!   entries; PROCESSING and UNKNOWN are never evicted, and when nothing else is left a
+//!   claim fails closed with [`ClaimError::CapacityExhausted`].
+//! - Expiry: dead entries read as absent at once and are reclaimed by the timing wheel:
+//!   a little on every insert, all at once with [`Cache::run_pending`], or in the
+//!   background with [`Cache::spawn_sweeper`].
 //! - Time: [`SystemClock`] reads the coarse monotonic clock (a few milliseconds of
 //!   resolution); TTLs and leases are between 1 ns and [`MAX_DURATION`].
 //! - One process. A cache is the hot tier in front of a durable store whose `UNIQUE`
 //!   constraint stays the backstop; it does not survive a restart.
-//! - Memory per entry is `key bytes + result bytes +` [`ENTRY_OVERHEAD`] as charged in
-//!   [`Stats::bytes`], plus the map's spare capacity (hashbrown keeps its load between
-//!   ~44% and 87.5%; the slab never shrinks below its high-water mark).
+//! - Memory per entry is charged as `key bytes + result bytes +` [`ENTRY_OVERHEAD`] in
+//!   [`Stats::bytes`] (an upper bound: keys of up to 46 bytes are stored inline and so
+//!   counted twice); the process also pays the map's spare capacity (hashbrown keeps its
+//!   load between ~44% and 87.5%; the slab never shrinks below its high-water mark).
+//!   Measured: ~330 bytes per completed entry with a 128-byte result, at a million entries.
 //!
 //! # Where things are
 //!
