@@ -83,12 +83,18 @@
 //! stored length, the result's length and [`ENTRY_OVERHEAD`](crate::ENTRY_OVERHEAD).
 //! When an insert would exceed either bound the shard:
 //!
-//! 1. reclaims expired entries (bounded like one eviction step);
-//! 2. evicts the oldest tenth of its COMPLETED entries (at least one) in one step, by
-//!    completion time, repeating only if a large insert still does not fit;
-//! 3. if nothing completed is left, sweeps every expired entry, and if the shard is
-//!    still full of live PROCESSING and UNKNOWN entries, refuses the claim with
+//! 1. reclaims every expired entry (each is reclaimed once, so this is paid for by the
+//!    inserts that made them, and it only happens when the shard is full);
+//! 2. evicts the oldest tenth of its live COMPLETED entries (at least one) in one step,
+//!    by completion time, repeating only if a large insert still does not fit;
+//! 3. if nothing completed is left, the shard is full of live PROCESSING and UNKNOWN
+//!    entries: it refuses the claim with
 //!    [`ClaimError::CapacityExhausted`](crate::ClaimError::CapacityExhausted).
+//!
+//! Sweeping first makes the policy exact: eviction never takes a dead entry in place of
+//! a live one's room, and a refusal means the shard really holds `max_entries` live
+//! entries none of which may go. The reference model in `tests/common/model.rs` checks
+//! exactly this.
 //!
 //! A completion never fails for lack of room (the work happened): its body is dropped
 //! instead and the entry kept as completed-without-body. The longest eviction step is in

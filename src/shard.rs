@@ -432,10 +432,15 @@ impl Shard {
         self.counters.expirations += 1;
     }
 
-    /// Makes room for `entries` more entries and `bytes` more bytes, reclaiming expired
-    /// entries first and then evicting the oldest completed ones, a tenth at a time.
-    /// Refuses (changing nothing but reclaiming) if even that is not enough: the rest is
-    /// in flight or unknown, which is never evicted.
+    /// Makes room for `entries` more entries and `bytes` more bytes: first by reclaiming
+    /// every expired entry, then by evicting the oldest completed ones, a tenth at a time.
+    /// Refuses (having only reclaimed the dead) if that is not enough: the rest is in
+    /// flight or unknown, which is never evicted.
+    ///
+    /// Sweeping everything first means eviction only ever takes live completed entries,
+    /// oldest first, and a refusal means the shard really is full of live work; it costs
+    /// at most one wheel pass over the shard's dead entries, each reclaimed once, and only
+    /// when the shard is full.
     fn make_room(
         &mut self,
         now: Timestamp,
@@ -448,17 +453,9 @@ impl Shard {
         if fits(self) {
             return Ok(());
         }
-        // Expired entries go first, with work bounded like one eviction step...
-        self.sweep(now, evict::batch(self.limits.max_entries));
+        self.sweep(now, usize::MAX);
         while !fits(self) {
             if self.age.len() == 0 {
-                // ...and before refusing, all of them: a shard must never refuse while
-                // dead entries take its room. Each entry expires once, so this is paid
-                // for by the inserts that created them.
-                self.sweep(now, usize::MAX);
-                if fits(self) {
-                    return Ok(());
-                }
                 self.counters.capacity_refusals += 1;
                 return Err(ClaimError::CapacityExhausted);
             }

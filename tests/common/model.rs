@@ -14,11 +14,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use idemcache::{
-    Cache, Claim, ClaimGuard, DropPolicy, EntrySnapshot, EntryState, ExtendLeaseError, Fingerprint,
-    Key, LeaseLost, ManualClock, ResolveError, Stats, ENTRY_OVERHEAD,
+    Cache, Claim, ClaimError, ClaimGuard, DropPolicy, EntrySnapshot, EntryState, ExtendLeaseError,
+    Fingerprint, Key, LeaseLost, ManualClock, ResolveError, Stats, ENTRY_OVERHEAD,
 };
 
-pub const KEYS: u8 = 4;
+pub const KEYS: u8 = 16;
 const SEC: u64 = 1_000_000_000;
 pub const LEASE_S: u64 = 10;
 pub const COMPLETED_S: u64 = 30;
@@ -92,11 +92,15 @@ struct MEntry {
     state: MState,
     since: u64,
     deadline: u64,
+    /// Completion order, for eviction (oldest first).
+    seq: u64,
 }
 
 /// The reference model: plain data, no concurrency, no cleverness.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Model {
+    max_entries: usize,
+    completions: u64,
     now: u64,
     entries: BTreeMap<u8, MEntry>,
     next_owner: u64,
@@ -154,6 +158,27 @@ impl Model {
                 };
             }
         }
+        // Capacity: a full cache reclaims every dead entry, then evicts the oldest tenth
+        // (at least one) of its live completed entries, or refuses if there are none.
+        if self.entries.values().filter(|e| e.deadline > now).count() >= self.max_entries {
+            self.run_pending();
+            let mut completed: Vec<(u64, u8)> = self
+                .entries
+                .iter()
+                .filter(|(_, e)| matches!(e.state, MState::Completed(_)))
+                .map(|(k, e)| (e.seq, *k))
+                .collect();
+            if completed.is_empty() {
+                self.stats.capacity_refusals += 1;
+                return Expected::Refused;
+            }
+            completed.sort();
+            let batch = (completed.len() / 10).max(1);
+            for (_, k) in &completed[..batch] {
+                self.entries.remove(k);
+            }
+            self.stats.evictions += batch as u64;
+        }
         self.next_owner += 1;
         let owner = self.next_owner;
         self.entries.insert(
@@ -163,6 +188,7 @@ impl Model {
                 state: MState::Processing { owner },
                 since: now,
                 deadline: now + LEASE_S * SEC,
+                seq: 0,
             },
         );
         self.stats.acquired += 1;
@@ -189,7 +215,10 @@ impl Model {
             self.stats.oversized += 1;
         }
         self.stats.completions += 1;
+        self.completions += 1;
+        let seq = self.completions;
         let e = self.entries.get_mut(&key).unwrap();
+        e.seq = seq;
         e.state = MState::Completed(kept);
         e.since = now;
         e.deadline = now + ttl_s * SEC;
@@ -220,6 +249,7 @@ enum Expected {
     InProgress(u64, u64),
     Unknown(u64, u64),
     Mismatch,
+    Refused,
 }
 
 /// The cache under test, the model, and the guards handed out so far.
@@ -249,11 +279,14 @@ fn fingerprint(fp: u8) -> Fingerprint {
 }
 
 impl Harness {
-    pub fn new(policy: DropPolicy) -> Harness {
+    /// A harness over a one-shard cache (so its bound is exact) holding at most
+    /// `max_entries`.
+    pub fn new(policy: DropPolicy, max_entries: usize) -> Harness {
         let clock = ManualClock::new();
         let cache = Cache::builder()
             .clock(clock.clone())
-            .shards(2)
+            .shards(1)
+            .max_entries(max_entries)
             .lease(Duration::from_secs(LEASE_S))
             .completed_ttl(Duration::from_secs(COMPLETED_S))
             .unknown_ttl(Duration::from_secs(UNKNOWN_S))
@@ -263,7 +296,15 @@ impl Harness {
             .unwrap();
         let keys =
             (0..KEYS).map(|i| Key::new("scope", "tenant", &format!("key-{i}")).unwrap()).collect();
-        Harness { cache, clock, model: Model::default(), keys, guards: Vec::new(), policy }
+        let model = Model {
+            max_entries,
+            completions: 0,
+            now: 0,
+            entries: BTreeMap::new(),
+            next_owner: 0,
+            stats: Stats::default(),
+        };
+        Harness { cache, clock, model, keys, guards: Vec::new(), policy }
     }
 
     /// Runs `op` on the cache and the model and asserts they agree, then re-validates the
@@ -279,26 +320,30 @@ impl Harness {
                 } else {
                     self.cache.claim_wait(k, fingerprint(fp), Duration::ZERO)
                 };
-                let actual = match claim.unwrap() {
-                    Claim::Acquired(guard) => {
-                        let Expected::Acquired(owner) = expected else {
-                            panic!("{op:?}: cache acquired, model expected {expected:?}")
-                        };
-                        self.guards.push(Held { guard, key, owner, result_ttl_s: COMPLETED_S });
-                        return self.check(false);
-                    }
-                    Claim::Completed(r) => Expected::Completed(
-                        r.body.map(|b| b.to_vec()),
-                        r.completed_at.as_nanos(),
-                        r.expires_at.as_nanos(),
-                    ),
-                    Claim::InProgress { started_at, lease_ends_at } => {
-                        Expected::InProgress(started_at.as_nanos(), lease_ends_at.as_nanos())
-                    }
-                    Claim::Unknown { marked_at, expires_at } => {
-                        Expected::Unknown(marked_at.as_nanos(), expires_at.as_nanos())
-                    }
-                    Claim::Mismatch => Expected::Mismatch,
+                let actual = match claim {
+                    Err(ClaimError::CapacityExhausted) => Expected::Refused,
+                    Err(e) => panic!("{op:?}: unexpected {e:?}"),
+                    Ok(claim) => match claim {
+                        Claim::Acquired(guard) => {
+                            let Expected::Acquired(owner) = expected else {
+                                panic!("{op:?}: cache acquired, model expected {expected:?}")
+                            };
+                            self.guards.push(Held { guard, key, owner, result_ttl_s: COMPLETED_S });
+                            return self.check(false);
+                        }
+                        Claim::Completed(r) => Expected::Completed(
+                            r.body.map(|b| b.to_vec()),
+                            r.completed_at.as_nanos(),
+                            r.expires_at.as_nanos(),
+                        ),
+                        Claim::InProgress { started_at, lease_ends_at } => {
+                            Expected::InProgress(started_at.as_nanos(), lease_ends_at.as_nanos())
+                        }
+                        Claim::Unknown { marked_at, expires_at } => {
+                            Expected::Unknown(marked_at.as_nanos(), expires_at.as_nanos())
+                        }
+                        Claim::Mismatch => Expected::Mismatch,
+                    },
                 };
                 assert_eq!(actual, expected, "{op:?}");
             }
@@ -490,6 +535,8 @@ impl Harness {
                 (self.keys[*k as usize].as_bytes().len() + body + ENTRY_OVERHEAD) as u64
             })
             .sum();
+        // Real time, not model time: not comparable.
+        actual.max_eviction_pause = Duration::ZERO;
         if !swept {
             for s in [&mut actual, &mut expected] {
                 (s.entries, s.bytes, s.expirations, s.takeovers) = (0, 0, 0, 0);

@@ -1,0 +1,51 @@
+//! Arbitrary bytes into every key and fingerprint constructor: a typed error or a value,
+//! never a panic; and a key's stored form always gives back exactly the parts it was
+//! built from, so two different part-tuples can never share one stored form.
+#![no_main]
+
+use arbitrary::Unstructured;
+use idemcache::{Fingerprint, Key};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    // Raw bytes as a stored form: parse, and if accepted, it must re-encode to itself.
+    if let Ok(key) = Key::from_stored(data) {
+        assert_eq!(key.as_bytes(), data);
+        let rebuilt = match key.tenant() {
+            Some(t) => Key::new(key.scope(), t, key.client_key()),
+            None => Key::without_tenant(key.scope(), key.client_key()),
+        };
+        assert_eq!(rebuilt.as_ref(), Ok(&key));
+    }
+
+    // Arbitrary parts through the constructors.
+    let mut u = Unstructured::new(data);
+    let (Ok(scope), Ok(tenant), Ok(client)) =
+        (u.arbitrary::<&str>(), u.arbitrary::<Option<&str>>(), u.arbitrary::<&str>())
+    else {
+        return;
+    };
+    let built = match tenant {
+        Some(t) => Key::new(scope, t, client),
+        None => Key::without_tenant(scope, client),
+    };
+    if let Ok(key) = built {
+        // Injective: the stored form decodes to exactly these parts.
+        assert_eq!((key.scope(), key.tenant(), key.client_key()), (scope, tenant, client));
+        assert_eq!(Key::from_stored(key.as_bytes()).as_ref(), Ok(&key));
+    }
+
+    // Fingerprints: any input, deterministic, never a panic.
+    let rest = u.take_rest();
+    assert_eq!(Fingerprint::of(rest), Fingerprint::of(rest));
+    let build = || {
+        Fingerprint::builder()
+            .method(scope)
+            .path(client)
+            .header(tenant.unwrap_or(""), rest)
+            .body(rest)
+            .bytes(scope.as_bytes())
+            .finish()
+    };
+    assert_eq!(build(), build());
+});

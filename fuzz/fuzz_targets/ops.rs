@@ -1,0 +1,48 @@
+//! Arbitrary sequences of every public operation and clock moves, run against the cache
+//! and the sequential reference model the proptest suite uses (`tests/common/model.rs`).
+//! Any divergence, panic or drifted internal count is a crash.
+#![no_main]
+
+use arbitrary::{Result, Unstructured};
+use idemcache::DropPolicy;
+use libfuzzer_sys::fuzz_target;
+
+#[path = "../../tests/common/model.rs"]
+#[allow(dead_code)]
+mod model;
+
+use model::{Harness, Op};
+
+fn op(u: &mut Unstructured<'_>) -> Result<Op> {
+    let small = |u: &mut Unstructured<'_>, max: u8| u.int_in_range(0..=max);
+    Ok(match u.int_in_range(0..=13u8)? {
+        0 => Op::Claim { key: small(u, 7)?, fp: small(u, 2)? },
+        1 => Op::ClaimWaitNow { key: small(u, 7)?, fp: small(u, 2)? },
+        2 => Op::Complete { guard: u.arbitrary()?, len: small(u, 16)? },
+        3 => Op::Release { guard: u.arbitrary()? },
+        4 => Op::MarkUnknown { guard: u.arbitrary()? },
+        5 => Op::DropGuard { guard: u.arbitrary()? },
+        6 => Op::Extend { guard: u.arbitrary()?, secs: small(u, 40)? },
+        7 => Op::Resolve { key: small(u, 7)?, len: small(u, 16)? },
+        8 => Op::Forget { key: small(u, 7)? },
+        9 => Op::Remove { key: small(u, 7)? },
+        10 => Op::Peek { key: small(u, 7)? },
+        11 => Op::Advance { secs: u.arbitrary()? },
+        12 => Op::SetResultTtl { guard: u.arbitrary()?, secs: small(u, 60)? },
+        _ => Op::RunPending,
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut u = Unstructured::new(data);
+    let policy =
+        if u.arbitrary().unwrap_or(false) { DropPolicy::MarkUnknown } else { DropPolicy::Release };
+    let max_entries = if u.arbitrary().unwrap_or(false) { 4 } else { 1000 };
+    let mut harness = Harness::new(policy, max_entries);
+    // `Unstructured` keeps answering with defaults once the data runs out: stop then.
+    while !u.is_empty() {
+        let Ok(op) = op(&mut u) else { break };
+        harness.apply(&op);
+    }
+    harness.apply(&Op::RunPending);
+});

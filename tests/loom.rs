@@ -1,0 +1,284 @@
+//! Loom models of the shipping code: the cache compiled with `--cfg idemcache_loom` takes
+//! every lock, condvar and atomic from loom (`src/sync.rs`), and loom runs each model
+//! under every interleaving (no preemption bound is set: the models are small enough to
+//! explore exhaustively, about ten seconds in all here).
+//!
+//! Run (CI does, see `.ci/run`):
+//!
+//! ```sh
+//! RUSTFLAGS="--cfg idemcache_loom" cargo test --release --test loom
+//! ```
+//!
+//! Each model asserts the invariant it is about, not just "no panic", and says which
+//! deliberate bug it catches; each was checked against that bug once (2026-11-30, by
+//! patching the bug into `src/` and watching the model fail: models 1 and 4 on a split
+//! check-then-insert in `Cache::claim`, 2 on a two-step `complete`, 3 on `owned` without
+//! the token check, 5 on a lookup reading a dead entry as live, 6 on evicting the oldest
+//! entry of any state, 7 (as a loom deadlock) on `release` not waking waiters).
+#![cfg(idemcache_loom)]
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idemcache::{Cache, Claim, ClaimGuard, EntryState, Fingerprint, Key, LeaseLost, ManualClock};
+use loom::thread;
+
+const LEASE: Duration = Duration::from_secs(10);
+
+/// One shard, so every key contends on the same lock; a manual clock made inside the
+/// model, so its atomic is loom's.
+fn cache(max_entries: usize) -> (Cache, ManualClock) {
+    let clock = ManualClock::new();
+    let cache = Cache::builder()
+        .shards(1)
+        .max_entries(max_entries)
+        .lease(LEASE)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    (cache, clock)
+}
+
+fn key(k: &str) -> Key {
+    Key::new("scope", "tenant", k).unwrap()
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of(b"request")
+}
+
+fn acquire(cache: &Cache, k: &Key) -> ClaimGuard {
+    match cache.claim(k, fp()).unwrap() {
+        Claim::Acquired(guard) => guard,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+fn stored(cache: &Cache, k: &Key) -> Option<Bytes> {
+    match cache.peek(k)?.state {
+        EntryState::Completed(replay) => replay.body,
+        _ => None,
+    }
+}
+
+/// 1. Two threads claim one key: exactly one acquires and executes; the other sees it in
+/// progress or the winner's exact bytes.
+///
+/// Catches: a check-then-insert split across two critical sections (look up under the
+/// lock, release it, re-lock to insert): both threads see "absent" and both acquire.
+#[test]
+fn two_claims_one_winner() {
+    loom::model(|| {
+        let (cache, _clock) = cache(64);
+        let k = key("k");
+        let racers: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|me| {
+                let (cache, k) = (cache.clone(), k.clone());
+                thread::spawn(move || match cache.claim(&k, fp()).unwrap() {
+                    Claim::Acquired(guard) => {
+                        guard.complete(Bytes::from(me)).unwrap();
+                        (true, None)
+                    }
+                    Claim::InProgress { .. } => (false, None),
+                    Claim::Completed(replay) => (false, replay.body),
+                    other => panic!("unexpected {other:?}"),
+                })
+            })
+            .collect();
+        let results: Vec<_> = racers.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(results.iter().filter(|(won, _)| *won).count(), 1, "exactly one executes");
+        let winner = stored(&cache, &k).expect("the winner's result is stored");
+        for (_, seen) in results {
+            if let Some(seen) = seen {
+                assert_eq!(seen, winner, "a replay hands back the winner's bytes");
+            }
+        }
+        cache.debug_validate();
+    });
+}
+
+/// 2. A completion racing a claim: the claimer sees "in progress" or exactly the bytes
+/// stored, never a half-written entry or another result.
+///
+/// Catches: publishing COMPLETED before the body (two critical sections in `complete`):
+/// the claimer replays an empty body.
+#[test]
+fn complete_racing_a_claim() {
+    loom::model(|| {
+        let (cache, _clock) = cache(64);
+        let k = key("k");
+        let owner = acquire(&cache, &k);
+        let completer = thread::spawn(move || owner.complete(&b"result"[..]).unwrap());
+        let claimer = {
+            let (cache, k) = (cache.clone(), k.clone());
+            thread::spawn(move || cache.claim(&k, fp()).unwrap())
+        };
+        completer.join().unwrap();
+        match claimer.join().unwrap() {
+            Claim::InProgress { .. } => {}
+            Claim::Completed(replay) => assert_eq!(replay.body.unwrap(), "result"),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(stored(&cache, &k).unwrap(), "result");
+    });
+}
+
+/// 3. A lease lapsing (time moves) while the stale owner completes and a new claimer
+/// arrives: if the new claimer took the key over, the stale write was refused and the
+/// new owner's result stands; if the stale write landed, nobody took over.
+///
+/// Catches: a `complete` that checks only the state and not the fencing token (the stale
+/// owner overwrites the new owner's entry).
+#[test]
+fn takeover_fences_the_stale_owner() {
+    loom::model(|| {
+        let (cache, clock) = cache(64);
+        let k = key("k");
+        let stale = acquire(&cache, &k);
+        let time = thread::spawn(move || clock.advance(LEASE));
+        let stale_write = thread::spawn(move || stale.complete(&b"stale"[..]));
+        let newcomer = {
+            let (cache, k) = (cache.clone(), k.clone());
+            thread::spawn(move || match cache.claim(&k, fp()).unwrap() {
+                Claim::Acquired(guard) => {
+                    guard.complete(&b"fresh"[..]).unwrap();
+                    true
+                }
+                _ => false,
+            })
+        };
+        time.join().unwrap();
+        let stale_result = stale_write.join().unwrap();
+        let took_over = newcomer.join().unwrap();
+        if took_over {
+            assert_eq!(stale_result, Err(LeaseLost), "the stale owner must be fenced");
+            assert_eq!(stored(&cache, &k).unwrap(), "fresh");
+        } else if stale_result.is_ok() {
+            assert_eq!(stored(&cache, &k).unwrap(), "stale");
+        }
+        cache.debug_validate();
+    });
+}
+
+/// 4. A guard dropped (released) while two claimers arrive: the key is re-acquired at
+/// most once.
+///
+/// Catches: a claim that checks for a live entry in one critical section and inserts in
+/// another: after the release both claimers see "absent" and both acquire.
+#[test]
+fn release_racing_claims_reacquires_at_most_once() {
+    loom::model(|| {
+        let (cache, _clock) = cache(64);
+        let k = key("k");
+        let owner = acquire(&cache, &k);
+        let dropper = thread::spawn(move || drop(owner));
+        let claimers: Vec<_> = (0..2)
+            .map(|_| {
+                let (cache, k) = (cache.clone(), k.clone());
+                thread::spawn(move || match cache.claim(&k, fp()).unwrap() {
+                    Claim::Acquired(guard) => {
+                        guard.complete(&b"again"[..]).unwrap();
+                        true
+                    }
+                    _ => false,
+                })
+            })
+            .collect();
+        dropper.join().unwrap();
+        let acquired =
+            claimers.into_iter().filter(|_| true).map(|t| t.join().unwrap()).filter(|&a| a).count();
+        assert!(acquired <= 1, "re-acquired {acquired} times");
+        cache.debug_validate();
+    });
+}
+
+/// 5. A sweep reclaiming a lapsed lease while the key is claimed and the stale owner
+/// completes: the claim acquires (a dead entry reads as absent, swept or not), the
+/// stale completion is refused, and the lapse is counted exactly once.
+///
+/// Catches: a sweep that reclaims without re-checking under the lock, or a lookup that
+/// treats a dead-but-unswept entry as live (the claim answers "in progress").
+#[test]
+fn sweep_racing_claim_and_complete() {
+    loom::model(|| {
+        let (cache, clock) = cache(64);
+        let k = key("k");
+        let stale = acquire(&cache, &k);
+        clock.advance(LEASE);
+        let sweeper = {
+            let cache = cache.clone();
+            thread::spawn(move || cache.run_pending())
+        };
+        let completer = thread::spawn(move || stale.complete(&b"late"[..]));
+        let claimer = {
+            let (cache, k) = (cache.clone(), k.clone());
+            thread::spawn(move || cache.claim(&k, fp()).unwrap().is_acquired())
+        };
+        sweeper.join().unwrap();
+        assert_eq!(completer.join().unwrap(), Err(LeaseLost));
+        assert!(claimer.join().unwrap(), "a lapsed lease must be claimable");
+        let stats = cache.stats();
+        assert_eq!((stats.takeovers, stats.expirations), (1, 1), "the lapse is counted once");
+        cache.debug_validate();
+    });
+}
+
+/// 6. Eviction racing a completion and a claim, in a cache bounded at two entries: the
+/// claim of a new key evicts only a completed entry, never the one in flight, even
+/// though the in-flight one is older.
+///
+/// Catches: an eviction that picks the oldest entry of any state (it would evict the
+/// in-flight key, letting its intent run twice).
+#[test]
+fn eviction_never_takes_in_flight_work() {
+    loom::model(|| {
+        let (cache, _clock) = cache(2);
+        let (done, busy, new) = (key("done"), key("busy"), key("new"));
+        let owner = acquire(&cache, &busy);
+        acquire(&cache, &done).complete(&b"d"[..]).unwrap();
+        let completer = thread::spawn(move || owner.complete(&b"b"[..]).unwrap());
+        let claimer = {
+            let (cache, new) = (cache.clone(), new.clone());
+            thread::spawn(move || cache.claim(&new, fp()).unwrap().is_acquired())
+        };
+        completer.join().unwrap();
+        assert!(claimer.join().unwrap(), "a completed entry was there to evict");
+        assert_eq!(stored(&cache, &busy).unwrap(), "b", "the in-flight entry survived");
+        assert!(cache.stats().entries <= 2);
+        cache.debug_validate();
+    });
+}
+
+/// 7. `claim_wait` racing a completion and, separately, a release: the waiter is always
+/// woken (loom reports a deadlock otherwise, as its timed waits never time out) and
+/// returns the stored result, or the key itself after a release; never a stale answer.
+///
+/// Catches: notifying before the state change is visible under the lock, or skipping the
+/// notification (the waiter sleeps forever: a lost wake-up).
+#[test]
+fn claim_wait_is_woken_by_complete_and_release() {
+    for release in [false, true] {
+        loom::model(move || {
+            let (cache, _clock) = cache(64);
+            let k = key("k");
+            let owner = acquire(&cache, &k);
+            let waiter = {
+                let (cache, k) = (cache.clone(), k.clone());
+                thread::spawn(move || {
+                    cache.claim_wait(&k, fp(), Duration::from_secs(3600)).unwrap()
+                })
+            };
+            if release {
+                owner.release().unwrap();
+            } else {
+                owner.complete(&b"result"[..]).unwrap();
+            }
+            match (release, waiter.join().unwrap()) {
+                (false, Claim::Completed(replay)) => assert_eq!(replay.body.unwrap(), "result"),
+                (true, Claim::Acquired(guard)) => drop(guard),
+                (_, other) => panic!("release={release}: unexpected {other:?}"),
+            }
+        });
+    }
+}
