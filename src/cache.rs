@@ -16,7 +16,7 @@ use bytes::Bytes;
 use crate::config::Config;
 use crate::guard::ClaimGuard;
 use crate::shard::{Limits, Shard};
-use crate::sync::{Arc, CachePadded, Condvar, Mutex};
+use crate::sync::{Arc, CachePadded, Condvar, Mutex, MutexGuard};
 use crate::{
     CacheBuilder, Claim, ClaimError, Clock, EntrySnapshot, Fingerprint, Key, RemovalCause,
     ResolveError, Stats, Timestamp,
@@ -136,28 +136,33 @@ impl Cache {
         let mut guard = cell.shard.lock();
         let now = self.now();
         let out = f(&mut guard, now, &self.inner.config);
-        let removed = Self::epilogue(&mut guard, cell);
-        drop(guard);
-        self.tell(removed);
+        if guard.left_processing || !guard.removed.is_empty() {
+            self.epilogue(guard, cell);
+        }
         out
     }
 
-    /// The end of every locked section: wake waiters if an entry left PROCESSING, and
-    /// take the removals the listener must hear about.
-    #[inline]
-    fn epilogue(shard: &mut Shard, cell: &ShardCell) -> Vec<(Key, RemovalCause)> {
+    /// The end of a locked section that changed more than one entry's answer: wake
+    /// waiters if an entry left PROCESSING, then unlock and tell the listener what left.
+    /// Out of line, so the common path (a replay) carries none of it.
+    #[cold]
+    #[inline(never)]
+    fn epilogue(&self, mut guard: MutexGuard<'_, Shard>, cell: &ShardCell) {
+        let removed = Self::take_changes(&mut guard, cell);
+        drop(guard);
+        self.tell(removed);
+    }
+
+    /// Wakes waiters if an entry left PROCESSING, and takes the removals the listener
+    /// must hear about. Called under the lock.
+    fn take_changes(shard: &mut Shard, cell: &ShardCell) -> Vec<(Key, RemovalCause)> {
         if std::mem::take(&mut shard.left_processing) && shard.waiters > 0 {
             cell.changed.notify_all();
         }
-        if shard.removed.is_empty() {
-            Vec::new()
-        } else {
-            std::mem::take(&mut shard.removed)
-        }
+        std::mem::take(&mut shard.removed)
     }
 
     /// Hands removals to the listener; called with no lock held.
-    #[inline]
     fn tell(&self, removed: Vec<(Key, RemovalCause)>) {
         if let Some(listener) = &self.inner.config.listener {
             for (key, cause) in &removed {
@@ -221,18 +226,14 @@ impl Cache {
             let lease_ends_at = match claim {
                 Ok(Claim::InProgress { lease_ends_at, .. }) => lease_ends_at,
                 _ => {
-                    let removed = Self::epilogue(&mut guard, cell);
-                    drop(guard);
-                    self.tell(removed);
+                    self.epilogue(guard, cell);
                     return claim;
                 }
             };
             let left =
                 give_up.map_or(Duration::MAX, |at| at.saturating_duration_since(Instant::now()));
             if left.is_zero() {
-                let removed = Self::epilogue(&mut guard, cell);
-                drop(guard);
-                self.tell(removed);
+                self.epilogue(guard, cell);
                 return claim;
             }
             // Wake at the lease's end at the latest: a lapse is noticed by whoever looks.
