@@ -92,17 +92,22 @@ impl Cache {
             // MIN_TICK keeps this at least 1000 ns; a tick of whole nanoseconds is exact.
             tick_nanos: config.tick.as_nanos() as u64,
         };
+        let hasher = ahash::RandomState::new();
         let shards = (0..n)
             .map(|i| {
                 CachePadded(ShardCell {
-                    shard: Mutex::new(Shard::new(i, n, limits, config.listener.is_some())),
+                    shard: Mutex::new(Shard::new(
+                        hasher.clone(),
+                        i,
+                        n,
+                        limits,
+                        config.listener.is_some(),
+                    )),
                     changed: Condvar::new(),
                 })
             })
             .collect();
-        Cache {
-            inner: Arc::new(Inner { shards, hasher: ahash::RandomState::new(), config, clock }),
-        }
+        Cache { inner: Arc::new(Inner { shards, hasher, config, clock }) }
     }
 
     /// The shard a hash belongs to. Bits 40.. pick the shard, so they stay independent of

@@ -39,12 +39,17 @@ use xxhash_rust::xxh3::{xxh3_128, Xxh3Default};
 /// assert_eq!(Fingerprint::from_u128(whole.as_u128()), whole);
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Fingerprint(u128);
+pub struct Fingerprint {
+    // Two halves rather than a u128: a u128 is 16-byte aligned, which would pad every
+    // map entry. (hi, lo) orders exactly as the u128 does.
+    hi: u64,
+    lo: u64,
+}
 
 impl Fingerprint {
     /// The fingerprint of a byte string: XXH3-128 with seed 0.
     pub fn of(bytes: &[u8]) -> Fingerprint {
-        Fingerprint(xxh3_128(bytes))
+        Fingerprint::from_u128(xxh3_128(bytes))
     }
 
     /// Starts a fingerprint built from request parts.
@@ -54,34 +59,34 @@ impl Fingerprint {
 
     /// Rebuilds a fingerprint from [`Fingerprint::as_u128`], e.g. read from a store.
     pub const fn from_u128(value: u128) -> Fingerprint {
-        Fingerprint(value)
+        Fingerprint { hi: (value >> 64) as u64, lo: value as u64 }
     }
 
     /// The digest as a number.
     pub const fn as_u128(self) -> u128 {
-        self.0
+        (self.hi as u128) << 64 | self.lo as u128
     }
 
     /// The digest as 16 big-endian bytes, e.g. for a `BYTEA`/`BLOB` column.
     pub const fn to_bytes(self) -> [u8; 16] {
-        self.0.to_be_bytes()
+        self.as_u128().to_be_bytes()
     }
 
     /// Rebuilds a fingerprint from [`Fingerprint::to_bytes`].
     pub const fn from_bytes(bytes: [u8; 16]) -> Fingerprint {
-        Fingerprint(u128::from_be_bytes(bytes))
+        Fingerprint::from_u128(u128::from_be_bytes(bytes))
     }
 }
 
 impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Fingerprint({:032x})", self.0)
+        write!(f, "Fingerprint({:032x})", self.as_u128())
     }
 }
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:032x}", self.0)
+        write!(f, "{:032x}", self.as_u128())
     }
 }
 
@@ -140,7 +145,7 @@ impl FingerprintBuilder {
 
     /// The fingerprint of everything added so far.
     pub fn finish(&self) -> Fingerprint {
-        Fingerprint(self.hasher.digest128())
+        Fingerprint::from_u128(self.hasher.digest128())
     }
 }
 

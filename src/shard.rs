@@ -49,6 +49,9 @@ pub(crate) struct Limits {
 
 #[derive(Debug)]
 pub(crate) struct Shard {
+    /// The cache's key hasher, to recompute a stored key's hash when the table grows or
+    /// an entry is unlinked (entries do not store it).
+    hasher: ahash::RandomState,
     table: HashTable<u32>,
     slots: Vec<Option<Entry>>,
     free: Vec<u32>,
@@ -77,12 +80,14 @@ pub(crate) struct Shard {
 
 impl Shard {
     pub(crate) fn new(
+        hasher: ahash::RandomState,
         index: usize,
         shard_count: usize,
         limits: Limits,
         record_removals: bool,
     ) -> Shard {
         Shard {
+            hasher,
             table: HashTable::new(),
             slots: Vec::new(),
             free: Vec::new(),
@@ -116,6 +121,11 @@ impl Shard {
         self.table
             .find(hash, |&i| slots[i as usize].as_ref().is_some_and(|e| e.key == *key))
             .copied()
+    }
+
+    /// The hash the cache located this key with (the shard holds a copy of its hasher).
+    fn hash_of(&self, key: &Key) -> u64 {
+        self.hasher.hash_one(key.as_bytes())
     }
 
     fn entry(&self, slot: u32) -> &Entry {
@@ -199,16 +209,18 @@ impl Shard {
         let charge = Entry::charge_for(key, None);
         self.make_room(now, 1, charge)?;
         let token = self.next_token();
-        let slot = self.insert(Entry {
-            key: key.clone(),
+        let slot = self.insert(
             hash,
-            fingerprint,
-            state: State::Processing,
-            token,
-            since: now,
-            deadline: lease_ends_at,
-            body: None,
-        });
+            Entry {
+                key: key.clone(),
+                fingerprint,
+                state: State::Processing,
+                token,
+                since: now,
+                deadline: lease_ends_at,
+                body: None,
+            },
+        );
         self.counters.acquired += 1;
         // Reclaim a little of what has expired; the new entry is live, so it is not due.
         self.sweep(now, SWEEP_WORK_PER_INSERT);
@@ -476,8 +488,7 @@ impl Shard {
         self.counters.max_eviction_pause = self.counters.max_eviction_pause.max(started.elapsed());
     }
 
-    fn insert(&mut self, entry: Entry) -> u32 {
-        let hash = entry.hash;
+    fn insert(&mut self, hash: u64, entry: Entry) -> u32 {
         self.entries += 1;
         self.bytes += entry.charge();
         let slot = match self.free.pop() {
@@ -493,9 +504,10 @@ impl Shard {
                 slot
             }
         };
-        let slots = &self.slots;
+        let (slots, hasher) = (&self.slots, &self.hasher);
         self.table.insert_unique(hash, slot, |&i| {
-            slots[i as usize].as_ref().expect("the table only indexes occupied slots").hash
+            let e = slots[i as usize].as_ref().expect("the table only indexes occupied slots");
+            hasher.hash_one(e.key.as_bytes())
         });
         self.schedule(slot);
         slot
@@ -503,7 +515,7 @@ impl Shard {
 
     /// Takes an entry out of the table, the slab, the wheel and the age list.
     fn unlink(&mut self, slot: u32, cause: RemovalCause) -> Entry {
-        let hash = self.entry(slot).hash;
+        let hash = self.hash_of(&self.entry(slot).key);
         match self.table.find_entry(hash, |&i| i == slot) {
             Ok(found) => {
                 found.remove();
@@ -533,7 +545,7 @@ impl Shard {
                     entries += 1;
                     bytes += e.charge();
                     assert!(
-                        self.table.find(e.hash, |&j| j == id).is_some(),
+                        self.table.find(self.hash_of(&e.key), |&j| j == id).is_some(),
                         "slot {i} not in the table"
                     );
                     assert!(!self.free.contains(&id), "occupied slot {i} on the free list");
