@@ -315,6 +315,7 @@ fn chart(series: &[(&str, &Histogram<u64>)], path: &str) -> Result<(), Box<dyn s
         .configure_mesh()
         .x_desc("percentile: 0 = p0, 1 = p90, 2 = p99, 3 = p99.9, 4 = p99.99")
         .y_desc("nanoseconds")
+        .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()?;
     let colors = [RED, BLUE, GREEN];
     for ((name, h), color) in series.iter().zip(colors) {
@@ -328,7 +329,12 @@ fn chart(series: &[(&str, &Histogram<u64>)], path: &str) -> Result<(), Box<dyn s
             move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)),
         );
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
     root.present()?;
     Ok(())
 }
