@@ -1,8 +1,7 @@
 //! Real threads against one cache: claim_wait hand-offs and a many-thread stress run.
 //!
 //! No test sleeps: a thread that must be waiting before the owner acts is detected by the
-//! counters (a waiter counts one "in progress" answer under the shard lock before it
-//! sleeps, and the lock is released only by the sleep itself).
+//! counters (see `waiting_claim`).
 
 mod common;
 
@@ -14,14 +13,24 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use idemcache::{Cache, Claim};
+use idemcache::{Cache, Claim, Key};
 
 const LONG: Duration = Duration::from_secs(60);
 
-fn wait_until_in_progress_answers(cache: &Cache, n: u64) {
-    while cache.stats().in_progress < n {
+/// Starts a thread in `claim_wait` on `k` and returns once it is asleep in the wait.
+fn waiting_claim(cache: &Cache, k: &Key) -> thread::JoinHandle<Claim> {
+    let answered = cache.stats().in_progress;
+    let waiter = {
+        let (cache, k) = (cache.clone(), k.clone());
+        thread::spawn(move || cache.claim_wait(&k, fp("r"), LONG).unwrap())
+    };
+    // The waiter counts an "in progress" answer under the shard lock and releases the
+    // lock only by going to sleep, so once the count moves (read under that lock) it
+    // is asleep.
+    while cache.stats().in_progress == answered {
         thread::yield_now();
     }
+    waiter
 }
 
 #[test]
@@ -29,11 +38,7 @@ fn claim_wait_returns_the_result_once_the_owner_completes() {
     let (cache, _clock) = cache();
     let k = key("a");
     let owner = acquire(&cache, &k, fp("r"));
-    let waiter = {
-        let (cache, k) = (cache.clone(), k.clone());
-        thread::spawn(move || cache.claim_wait(&k, fp("r"), LONG).unwrap())
-    };
-    wait_until_in_progress_answers(&cache, 1);
+    let waiter = waiting_claim(&cache, &k);
     owner.complete(&b"done"[..]).unwrap();
     match waiter.join().unwrap() {
         Claim::Completed(replay) => assert_eq!(replay.body.unwrap(), "done"),
@@ -46,16 +51,12 @@ fn claim_wait_acquires_when_the_owner_releases() {
     let (cache, _clock) = cache();
     let k = key("a");
     let owner = acquire(&cache, &k, fp("r"));
-    let waiter = {
-        let (cache, k) = (cache.clone(), k.clone());
-        thread::spawn(move || match cache.claim_wait(&k, fp("r"), LONG).unwrap() {
-            Claim::Acquired(guard) => guard.complete(&b"second try"[..]).is_ok(),
-            other => panic!("expected to acquire, got {other:?}"),
-        })
-    };
-    wait_until_in_progress_answers(&cache, 1);
+    let waiter = waiting_claim(&cache, &k);
     owner.release().unwrap();
-    assert!(waiter.join().unwrap());
+    match waiter.join().unwrap() {
+        Claim::Acquired(guard) => guard.complete(&b"second try"[..]).unwrap(),
+        other => panic!("expected to acquire, got {other:?}"),
+    }
     assert_eq!(replay(&cache, &k, fp("r")).body.unwrap(), "second try");
 }
 
@@ -64,11 +65,7 @@ fn claim_wait_reports_unknown_when_the_owner_marks_it() {
     let (cache, _clock) = cache();
     let k = key("a");
     let owner = acquire(&cache, &k, fp("r"));
-    let waiter = {
-        let (cache, k) = (cache.clone(), k.clone());
-        thread::spawn(move || cache.claim_wait(&k, fp("r"), LONG).unwrap())
-    };
-    wait_until_in_progress_answers(&cache, 1);
+    let waiter = waiting_claim(&cache, &k);
     owner.mark_unknown().unwrap();
     assert!(matches!(waiter.join().unwrap(), Claim::Unknown { .. }));
 }
