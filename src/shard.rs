@@ -544,6 +544,11 @@ impl Shard {
                 Some(e) => {
                     entries += 1;
                     bytes += e.charge();
+                    assert_eq!(
+                        self.find(self.hash_of(&e.key), &e.key),
+                        Some(id),
+                        "key of slot {i} is indexed more than once"
+                    );
                     assert!(
                         self.table.find(self.hash_of(&e.key), |&j| j == id).is_some(),
                         "slot {i} not in the table"

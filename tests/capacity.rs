@@ -130,6 +130,12 @@ fn the_byte_bound_evicts_and_a_result_with_no_room_is_kept_without_its_body() {
     let clock = ManualClock::new();
     let cache =
         builder(&clock).shards(1).max_result_size(32 * 1024).max_bytes(64 * 1024).build().unwrap();
+    // Under the bound nothing is evicted...
+    for i in 0..3 {
+        acquire(&cache, &key(&format!("small{i}")), fp("r")).complete(vec![0u8; 1024]).unwrap();
+    }
+    assert_eq!((cache.stats().evictions, cache.stats().oversized), (0, 0));
+    // ...and over it, the oldest completed entries go.
     for i in 0..20 {
         acquire(&cache, &key(&format!("big{i}")), fp("r")).complete(vec![0u8; 16 * 1024]).unwrap();
         assert!(cache.stats().bytes <= 64 * 1024);

@@ -26,8 +26,10 @@ fn waiting_claim(cache: &Cache, k: &Key) -> thread::JoinHandle<Claim> {
     };
     // The waiter counts an "in progress" answer under the shard lock and releases the
     // lock only by going to sleep, so once the count moves (read under that lock) it
-    // is asleep.
+    // is asleep. Bounded, so a broken counter fails the test instead of hanging it.
+    let give_up = std::time::Instant::now() + Duration::from_secs(30);
     while cache.stats().in_progress == answered {
+        assert!(std::time::Instant::now() < give_up, "the waiter never answered 'in progress'");
         thread::yield_now();
     }
     waiter

@@ -119,6 +119,19 @@ fn a_six_hour_jump_reclaims_everything_due_and_nothing_else() {
 }
 
 #[test]
+fn run_pending_reclaims_everything_due_however_many_steps_it_takes() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).shards(1).build().unwrap();
+    for i in 0..3000 {
+        acquire(&cache, &key(&format!("k{i}")), fp("r")).complete(&b"r"[..]).unwrap();
+    }
+    clock.advance(COMPLETED_TTL);
+    // More than one locked step's worth of wheel work in one shard.
+    assert_eq!(cache.run_pending(), 3000);
+    assert_eq!(cache.stats().entries, 0);
+}
+
+#[test]
 fn inserts_reclaim_expired_entries_a_bounded_amount_at_a_time() {
     let clock = ManualClock::new();
     let cache = builder(&clock).shards(1).build().unwrap();
@@ -137,6 +150,24 @@ fn inserts_reclaim_expired_entries_a_bounded_amount_at_a_time() {
     // ...but inserts do reclaim, faster than they add.
     assert_eq!(cache.stats().expirations, 1000, "ordinary inserts keep up with expiry");
     assert_eq!(cache.stats().entries, 0);
+}
+
+#[test]
+fn a_lapse_inside_a_wheel_tick_is_replaced_at_once_not_left_for_the_sweep() {
+    // The lease ends half-way through a tick: dead by the clock, not yet due on the
+    // wheel. Taking the key over must replace the dead entry there and then.
+    let clock = ManualClock::new();
+    let cache = builder(&clock).build().unwrap();
+    let k = key("a");
+    clock.advance(Duration::from_millis(500));
+    let stale = acquire(&cache, &k, fp("r"));
+    clock.advance(LEASE);
+    let fresh = acquire(&cache, &k, fp("r"));
+    let stats = cache.stats();
+    assert_eq!((stats.entries, stats.takeovers, stats.expirations), (1, 1, 1));
+    cache.debug_validate();
+    assert_eq!(stale.complete(&b"stale"[..]), Err(idemcache::LeaseLost));
+    fresh.complete(&b"fresh"[..]).unwrap();
 }
 
 #[test]

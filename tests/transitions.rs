@@ -337,6 +337,19 @@ fn fencing_tokens_increase_for_each_claim_of_a_key() {
 }
 
 #[test]
+fn fencing_tokens_are_unique_across_the_whole_cache() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).shards(8).build().unwrap();
+    assert_eq!(cache.shard_count(), 8);
+    let mut tokens = std::collections::BTreeSet::new();
+    for i in 0..2000 {
+        let guard = acquire(&cache, &key(&format!("k{i}")), fp("r"));
+        assert!(tokens.insert(guard.token()), "token {:?} issued twice", guard.token());
+        guard.release().unwrap();
+    }
+}
+
+#[test]
 fn entries_and_bytes_follow_the_documented_formula() {
     let (cache, _clock) = cache();
     let k = key("a");
