@@ -31,7 +31,7 @@
 //! |---|---|---|---|
 //! | absent | start, release, forget, expiry | [`Claim::Acquired`] | claim |
 //! | PROCESSING | claim | [`Claim::InProgress`] | complete, release, mark_unknown, guard drop, lease lapse |
-//! | COMPLETED | complete, resolve | [`Claim::Completed`] with the stored bytes | TTL (default 24 h), remove |
+//! | COMPLETED | complete, resolve | [`Claim::Completed`] with the stored bytes | TTL (default 24 h), eviction when full, remove |
 //! | UNKNOWN | mark_unknown, guard drop under [`DropPolicy::MarkUnknown`] | [`Claim::Unknown`] | resolve, forget, TTL, remove |
 //!
 //! A different fingerprint gets [`Claim::Mismatch`] in every live state. An entry past its
