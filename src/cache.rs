@@ -277,11 +277,7 @@ impl Cache {
     /// when you know the owner is gone. Waiters in `claim_wait` are woken.
     pub fn remove(&self, key: &Key) -> Option<EntrySnapshot> {
         let (hash, shard) = self.locate(key);
-        self.with_shard(shard, |s, now, _| {
-            let removed = s.remove(hash, key, now);
-            s.left_processing |= removed.is_some();
-            removed
-        })
+        self.with_shard(shard, |s, now, _| s.remove(hash, key, now))
     }
 
     /// Reclaims every expired entry now, shard by shard, and returns how many. Each shard

@@ -409,7 +409,9 @@ impl Shard {
     /// Any state → absent. Returns what was there; a PROCESSING owner is thereby fenced.
     pub(crate) fn remove(&mut self, hash: u64, key: &Key, now: Timestamp) -> Option<EntrySnapshot> {
         let slot = self.find_live(hash, key, now)?;
-        Some(self.unlink(slot, RemovalCause::Removed).snapshot())
+        let removed = self.unlink(slot, RemovalCause::Removed);
+        self.left_processing |= removed.state == State::Processing;
+        Some(removed.snapshot())
     }
 
     /// Reclaims expired entries, spending at most `work` wheel moves. Returns how many

@@ -73,6 +73,22 @@ fn claim_wait_reports_unknown_when_the_owner_marks_it() {
 }
 
 #[test]
+fn claim_wait_acquires_when_the_entry_is_removed() {
+    // An hour-long lease: only a wake-up from `remove` can end the wait within the
+    // test's bound (30 s real time, so a missing notification fails instead of hanging).
+    let clock = idemcache::ManualClock::new();
+    let cache = builder(&clock).lease(Duration::from_secs(3600)).build().unwrap();
+    let k = key("a");
+    let _fenced = acquire(&cache, &k, fp("r"));
+    let waiter = waiting_claim(&cache, &k);
+    assert!(cache.remove(&k).is_some());
+    let (done, result) = std::sync::mpsc::channel();
+    thread::spawn(move || done.send(waiter.join().unwrap().is_acquired()));
+    let acquired = result.recv_timeout(Duration::from_secs(30));
+    assert_eq!(acquired, Ok(true), "removal must wake the waiter");
+}
+
+#[test]
 fn claim_wait_with_zero_timeout_answers_in_progress_at_once() {
     let (cache, _clock) = cache();
     let k = key("a");
