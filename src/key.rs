@@ -184,12 +184,8 @@ impl Key {
             None => None,
             Some(t) => Some(std::str::from_utf8(t).map_err(|_| KeyError::Malformed)?),
         };
-        if tenant == Some("") {
-            return Err(KeyError::EmptyTenant);
-        }
-        // Visible ASCII is valid UTF-8, so check_parts' verdict covers the client key.
-        check_parts(parts.scope, parts.tenant, parts.client_key)?;
         let client_key = std::str::from_utf8(parts.client_key).map_err(|_| KeyError::Malformed)?;
+        // `build` checks every rule a constructor checks, and re-encodes to `bytes`.
         Key::build(scope, tenant, client_key)
     }
 

@@ -36,7 +36,8 @@ use crate::{
 /// Wheel work (node moves) an insert may spend reclaiming expired entries. An entry costs
 /// at most one unit per wheel level it cascades through plus one to expire, and a
 /// realistic TTL is three levels up, so each insert pays for more expiries than it
-/// creates and the wheel keeps up without any call doing unbounded work.
+/// creates and the wheel keeps up while every ordinary call does bounded work. (Only a
+/// full shard sweeps everything due at once; see `make_room`.)
 const SWEEP_WORK_PER_INSERT: usize = 16;
 
 /// One shard's share of the cache's bounds, and the wheel's tick.
