@@ -325,7 +325,6 @@ impl Shard {
         now: Timestamp,
     ) -> Result<(), LeaseLost> {
         let slot = self.owned(slot, token, now)?;
-        self.left_processing = true;
         self.unlink(slot, RemovalCause::Removed);
         self.counters.releases += 1;
         Ok(())
@@ -410,9 +409,7 @@ impl Shard {
     /// Any state → absent. Returns what was there; a PROCESSING owner is thereby fenced.
     pub(crate) fn remove(&mut self, hash: u64, key: &Key, now: Timestamp) -> Option<EntrySnapshot> {
         let slot = self.find_live(hash, key, now)?;
-        let removed = self.unlink(slot, RemovalCause::Removed);
-        self.left_processing |= removed.state == State::Processing;
-        Some(removed.snapshot())
+        Some(self.unlink(slot, RemovalCause::Removed).snapshot())
     }
 
     /// Reclaims expired entries, spending at most `work` wheel moves. Returns how many
@@ -425,22 +422,15 @@ impl Shard {
             // The wheel never fires early: tick(deadline) <= floor(now / tick) means
             // deadline <= now.
             debug_assert!(!self.entry(slot).is_live(now), "the wheel fired a live entry");
-            self.expire_unscheduled(slot);
+            self.expire(slot);
             reclaimed += 1;
         }
         (reclaimed, work > 0)
     }
 
-    /// Reclaims a dead entry found by lookup.
+    /// Reclaims a dead entry, found by lookup or fired by the wheel.
     fn expire(&mut self, slot: u32) {
-        self.wheel.cancel(slot);
-        self.expire_unscheduled(slot);
-    }
-
-    fn expire_unscheduled(&mut self, slot: u32) {
         if self.entry(slot).state == State::Processing {
-            // A lapsed lease: waiters may now take the key over.
-            self.left_processing = true;
             self.counters.takeovers += 1;
         }
         self.unlink(slot, RemovalCause::Expired);
@@ -484,7 +474,6 @@ impl Shard {
         let started = Instant::now();
         for _ in 0..evict::batch(self.age.len()) {
             let Some(slot) = self.age.front() else { break };
-            self.wheel.cancel(slot);
             self.unlink(slot, RemovalCause::Evicted);
             self.counters.evictions += 1;
         }
@@ -516,7 +505,8 @@ impl Shard {
         slot
     }
 
-    /// Takes an entry out of the table, the slab, the wheel and the age list.
+    /// Takes an entry out of the table, the slab, the wheel and the age list. Removing a
+    /// PROCESSING entry (release, lapse, `remove`) flags waiters to be woken.
     fn unlink(&mut self, slot: u32, cause: RemovalCause) -> Entry {
         let hash = self.hash_of(&self.entry(slot).key);
         match self.table.find_entry(hash, |&i| i == slot) {
@@ -531,6 +521,7 @@ impl Shard {
         self.free.push(slot);
         self.entries -= 1;
         self.bytes -= entry.charge();
+        self.left_processing |= entry.state == State::Processing;
         if self.record_removals {
             self.removed.push((entry.key.clone(), cause));
         }
