@@ -35,9 +35,14 @@ pub enum Slot {
 
 pub trait Peer: Send + Sync {
     fn name(&self) -> &'static str;
-    /// Claims `key`; if it was free, completes it with `result` (the execution itself is
-    /// free here). A repeat gets the stored result.
-    fn claim_complete(&self, key: &Key, fp: Fingerprint, result: &Bytes) -> Outcome;
+    /// Claims `key`; if it was free, runs `execute` (the intent: here it only builds the
+    /// result) and completes the key with what it returns. A repeat gets the stored
+    /// result and never executes.
+    fn claim_complete(&self, key: &Key, fp: Fingerprint, execute: &dyn Fn() -> Bytes) -> Outcome;
+    /// Anything the peer can report about itself after a run.
+    fn notes(&self) -> String {
+        String::new()
+    }
 }
 
 pub const NAMES: [&str; 5] = ["idemcache", "dashmap", "mutex_hashmap", "quick_cache", "moka"];
@@ -71,15 +76,19 @@ impl Peer for Idemcache {
     fn name(&self) -> &'static str {
         "idemcache"
     }
-    fn claim_complete(&self, key: &Key, fp: Fingerprint, result: &Bytes) -> Outcome {
+    fn claim_complete(&self, key: &Key, fp: Fingerprint, execute: &dyn Fn() -> Bytes) -> Outcome {
         match self.0.claim(key, fp).expect("benchmarks never fill the cache with in-flight work") {
             Claim::Acquired(guard) => {
-                guard.complete(result.clone()).unwrap();
+                guard.complete(execute()).unwrap();
                 Outcome::Executed
             }
             Claim::Completed(replay) => Outcome::Replayed(replay.body.unwrap_or_default()),
             _ => Outcome::Busy,
         }
+    }
+    fn notes(&self) -> String {
+        let s = self.0.stats();
+        format!("{} evictions, longest eviction pause {:?}", s.evictions, s.max_eviction_pause)
     }
 }
 
@@ -90,7 +99,7 @@ impl Peer for DashMapPeer {
     fn name(&self) -> &'static str {
         "dashmap"
     }
-    fn claim_complete(&self, key: &Key, fp: Fingerprint, result: &Bytes) -> Outcome {
+    fn claim_complete(&self, key: &Key, fp: Fingerprint, execute: &dyn Fn() -> Bytes) -> Outcome {
         use dashmap::mapref::entry::Entry;
         match self.0.entry(key.clone()) {
             Entry::Occupied(e) => match e.get() {
@@ -101,7 +110,7 @@ impl Peer for DashMapPeer {
                 v.insert(Slot::Processing(fp));
             }
         }
-        self.0.insert(key.clone(), Slot::Completed(fp, result.clone()));
+        self.0.insert(key.clone(), Slot::Completed(fp, execute()));
         Outcome::Executed
     }
 }
@@ -112,7 +121,7 @@ impl Peer for MutexMapPeer {
     fn name(&self) -> &'static str {
         "mutex_hashmap"
     }
-    fn claim_complete(&self, key: &Key, fp: Fingerprint, result: &Bytes) -> Outcome {
+    fn claim_complete(&self, key: &Key, fp: Fingerprint, execute: &dyn Fn() -> Bytes) -> Outcome {
         {
             let mut map = self.0.lock().unwrap();
             match map.get(key) {
@@ -123,7 +132,7 @@ impl Peer for MutexMapPeer {
                 }
             }
         }
-        self.0.lock().unwrap().insert(key.clone(), Slot::Completed(fp, result.clone()));
+        self.0.lock().unwrap().insert(key.clone(), Slot::Completed(fp, execute()));
         Outcome::Executed
     }
 }
@@ -135,10 +144,10 @@ impl Peer for QuickCachePeer {
     fn name(&self) -> &'static str {
         "quick_cache"
     }
-    fn claim_complete(&self, key: &Key, fp: Fingerprint, result: &Bytes) -> Outcome {
+    fn claim_complete(&self, key: &Key, fp: Fingerprint, execute: &dyn Fn() -> Bytes) -> Outcome {
         match self.0.get_value_or_guard(key, Some(Duration::ZERO)) {
             quick_cache::sync::GuardResult::Guard(guard) => {
-                let _ = guard.insert(Slot::Completed(fp, result.clone()));
+                let _ = guard.insert(Slot::Completed(fp, execute()));
                 Outcome::Executed
             }
             quick_cache::sync::GuardResult::Value(Slot::Completed(_, body)) => {
@@ -155,10 +164,10 @@ impl Peer for MokaPeer {
     fn name(&self) -> &'static str {
         "moka"
     }
-    fn claim_complete(&self, key: &Key, fp: Fingerprint, result: &Bytes) -> Outcome {
+    fn claim_complete(&self, key: &Key, fp: Fingerprint, execute: &dyn Fn() -> Bytes) -> Outcome {
         let entry = self.0.entry(key.clone()).or_insert_with(|| Slot::Processing(fp));
         if entry.is_fresh() {
-            self.0.insert(key.clone(), Slot::Completed(fp, result.clone()));
+            self.0.insert(key.clone(), Slot::Completed(fp, execute()));
             return Outcome::Executed;
         }
         match entry.into_value() {
