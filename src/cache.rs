@@ -1,12 +1,18 @@
 //! [`Cache`]: the locked shards, and the claim-or-return API on top of them.
 //!
-//! Ground rules: each [`Shard`] sits behind its own mutex (padded to its own cache line)
-//! with a condvar beside it. A public operation hashes the key once, locks exactly one
-//! shard, reads the clock once (under the lock, so a shard's time follows its lock
-//! order), calls one `Shard` method and unlocks; no operation holds two shard locks, so
-//! there is no lock order to get wrong. Every locked section ends in [`Cache::with_shard`]'s
-//! epilogue: the condvar is notified, under the lock, when an entry left PROCESSING
-//! while someone waits, and the removal listener is called after the lock is released.
+//! Ground rules: each [`Shard`] sits behind its own reader-writer lock (padded to its own
+//! cache line) with a condvar beside it. A public operation hashes the key once, locks
+//! exactly one shard, reads the clock once (under the lock, so a shard's time follows
+//! its lock order), calls one `Shard` method and unlocks; no operation holds two shard
+//! locks, so there is no lock order to get wrong. Every write-locked section ends in
+//! [`Cache::with_shard`]'s epilogue: the condvar is notified, under the lock, when an
+//! entry left PROCESSING while someone waits, and the removal listener is called after
+//! the lock is released.
+//!
+//! The one read-locked section is a replay hit ([`Cache::claim`]'s first try): it
+//! changes no entry, so replays of one shard run side by side, and it counts itself in
+//! an atomic beside the lock. Anything else it finds (absent, dead, in progress, a
+//! mismatch) is answered by the write-locked claim, which looks again.
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -16,7 +22,9 @@ use bytes::Bytes;
 use crate::config::Config;
 use crate::guard::ClaimGuard;
 use crate::shard::{Limits, Shard};
-use crate::sync::{Arc, CachePadded, Condvar, Mutex, MutexGuard};
+use crate::sync::{
+    Arc, AtomicU64, CachePadded, Condvar, Mutex, Ordering, RwLock, RwLockWriteGuard,
+};
 use crate::{
     CacheBuilder, Claim, ClaimError, Clock, EntrySnapshot, Fingerprint, Key, RemovalCause,
     ResolveError, Stats, Timestamp,
@@ -55,8 +63,17 @@ struct Inner {
     clock: Box<dyn Clock>,
 }
 
+/// `repr(C)` keeps the replay counter on the lock word's cache line, which a replay has
+/// already taken exclusively to lock.
+#[repr(C)]
 struct ShardCell {
-    shard: Mutex<Shard>,
+    /// Replays answered under the read lock (the shard counts the rest itself).
+    replayed: AtomicU64,
+    shard: RwLock<Shard>,
+    /// What `claim_wait`ers sleep on: taken while the shard is still write-locked by a
+    /// waiter about to sleep and by a notifier, so a wake-up cannot fall between a
+    /// waiter's last look and its sleep.
+    sleep: Mutex<()>,
     /// Notified when an entry of this shard leaves PROCESSING and `waiters > 0`.
     changed: Condvar,
 }
@@ -96,13 +113,15 @@ impl Cache {
         let shards = (0..n)
             .map(|i| {
                 CachePadded(ShardCell {
-                    shard: Mutex::new(Shard::new(
+                    replayed: AtomicU64::new(0),
+                    shard: RwLock::new(Shard::new(
                         hasher.clone(),
                         i,
                         n,
                         limits,
                         config.listener.is_some(),
                     )),
+                    sleep: Mutex::new(()),
                     changed: Condvar::new(),
                 })
             })
@@ -138,7 +157,7 @@ impl Cache {
         f: impl FnOnce(&mut Shard, Timestamp, &Config) -> T,
     ) -> T {
         let cell = &self.inner.shards[shard];
-        let mut guard = cell.shard.lock();
+        let mut guard = cell.shard.write();
         let now = self.now();
         let out = f(&mut guard, now, &self.inner.config);
         if guard.left_processing || !guard.removed.is_empty() {
@@ -152,7 +171,7 @@ impl Cache {
     /// Out of line, so the common path (a replay) carries none of it.
     #[cold]
     #[inline(never)]
-    fn epilogue(&self, mut guard: MutexGuard<'_, Shard>, cell: &ShardCell) {
+    fn epilogue(&self, mut guard: RwLockWriteGuard<'_, Shard>, cell: &ShardCell) {
         let removed = Self::take_changes(&mut guard, cell);
         drop(guard);
         self.tell(removed);
@@ -162,6 +181,7 @@ impl Cache {
     /// must hear about. Called under the lock.
     fn take_changes(shard: &mut Shard, cell: &ShardCell) -> Vec<(Key, RemovalCause)> {
         if std::mem::take(&mut shard.left_processing) && shard.waiters > 0 {
+            let _sleeping = cell.sleep.lock();
             cell.changed.notify_all();
         }
         std::mem::take(&mut shard.removed)
@@ -187,6 +207,14 @@ impl Cache {
     #[inline]
     pub fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim, ClaimError> {
         let (hash, shard) = self.locate(key);
+        let cell = &self.inner.shards[shard];
+        {
+            let s = cell.shard.read();
+            if let Some(replay) = s.replay(hash, key, fingerprint, self.now()) {
+                cell.replayed.fetch_add(1, Ordering::Relaxed);
+                return Ok(Claim::Completed(replay));
+            }
+        }
         self.with_shard(shard, |s, now, cfg| {
             s.claim(hash, key, fingerprint, now, cfg, |slot, token, lease_ends_at| {
                 self.guard(shard, slot, token, lease_ends_at)
@@ -217,7 +245,7 @@ impl Cache {
         let give_up = Instant::now().checked_add(timeout);
         let (hash, shard) = self.locate(key);
         let cell = &self.inner.shards[shard];
-        let mut guard = cell.shard.lock();
+        let mut guard = cell.shard.write();
         loop {
             let now = self.now();
             let claim = guard.claim(
@@ -243,8 +271,13 @@ impl Cache {
             }
             // Wake at the lease's end at the latest: a lapse is noticed by whoever looks.
             let nap = left.min(lease_ends_at.saturating_duration_since(now));
+            // Registered and holding `sleep` before the shard unlocks: a notifier needs
+            // both, so it cannot slip in before this thread sleeps.
             guard.waiters += 1;
-            guard = cell.changed.wait_timeout(guard, nap);
+            let sleeping = cell.sleep.lock();
+            drop(guard);
+            drop(cell.changed.wait_timeout(sleeping, nap));
+            guard = cell.shard.write();
             guard.waiters -= 1;
         }
     }
@@ -280,8 +313,9 @@ impl Cache {
         self.with_shard(shard, |s, now, _| s.remove(hash, key, now))
     }
 
-    /// Reclaims every expired entry now, shard by shard, and returns how many. Each shard
-    /// is swept in bounded steps, releasing its lock between them. For CLIs and tests;
+    /// Reclaims every expired entry now, shard by shard, and returns how many; also frees
+    /// the results of evicted entries that inserts have not freed yet. Each shard is
+    /// swept in bounded steps, releasing its lock between them. For CLIs and tests;
     /// services may prefer [`Cache::spawn_sweeper`].
     pub fn run_pending(&self) -> usize {
         /// Wheel moves per locked step: short enough not to stall a shard's callers.
@@ -289,7 +323,11 @@ impl Cache {
         let mut reclaimed = 0;
         for shard in 0..self.inner.shards.len() {
             loop {
-                let (n, done) = self.with_shard(shard, |s, now, _| s.sweep(now, STEP));
+                let (n, done) = self.with_shard(shard, |s, now, _| {
+                    let freed = s.free_evicted(STEP);
+                    let (n, swept) = s.sweep(now, STEP);
+                    (n, freed && swept)
+                });
                 reclaimed += n;
                 if done {
                     break;
@@ -325,8 +363,9 @@ impl Cache {
     pub fn stats(&self) -> Stats {
         let mut stats = Stats::default();
         for cell in self.inner.shards.iter() {
-            let shard = cell.shard.lock();
+            let shard = cell.shard.read();
             stats.add(&shard.counters, shard.entries(), shard.bytes());
+            stats.replayed += cell.replayed.load(Ordering::Relaxed);
         }
         stats
     }
@@ -341,7 +380,7 @@ impl Cache {
     #[doc(hidden)]
     pub fn debug_validate(&self) {
         for cell in self.inner.shards.iter() {
-            cell.shard.lock().validate();
+            cell.shard.read().validate();
         }
     }
 }

@@ -29,8 +29,14 @@
 //!
 //! # The map
 //!
-//! A [`Cache`](crate::Cache) is a power-of-two array of shards, each a `Mutex<Shard>`
-//! padded to its own cache line, with a condvar beside it for `claim_wait`. A key's
+//! A [`Cache`](crate::Cache) is a power-of-two array of shards, each an `RwLock<Shard>`
+//! padded to its own cache line, with a condvar beside it for `claim_wait`. Every
+//! transition takes the write lock; a replay hit, the one answer that changes nothing,
+//! takes the read lock and counts itself in an atomic on the lock's cache line, so
+//! replays of one shard do not queue behind each other (this took the two-thread 90/10
+//! mix from 3.3 to 8.5 M ops/s here, `cargo bench --bench peers -- mix`). A claim that
+//! finds anything else under the read lock drops it and claims under the write lock,
+//! looking again: the read-locked look decides nothing it does not answer. A key's
 //! 64-bit ahash picks the shard from bits 40 and up, leaving the low bits (bucket index)
 //! and the top seven (control tags) to the shard's hashbrown table.
 //!
@@ -102,8 +108,13 @@
 //!
 //! # Waiting
 //!
-//! `claim_wait` re-runs the claim in a loop under the shard lock and sleeps on the
-//! shard's condvar between tries, at most until its timeout or the current lease's end.
-//! Every transition out of PROCESSING notifies the condvar while holding the lock, and
-//! only when a waiter is registered, so a waiter cannot miss the wake-up and nobody pays
-//! for a notification nobody waits for.
+//! `claim_wait` re-runs the claim in a loop under the shard's write lock and sleeps on
+//! the shard's condvar between tries, at most until its timeout or the current lease's
+//! end. A condvar needs a mutex, and the shard lock is a reader-writer lock, so the
+//! condvar sleeps on a small `sleep` mutex beside it: a waiter registers itself and
+//! takes `sleep` while still holding the shard lock, then lets the shard go and sleeps;
+//! every transition out of PROCESSING, still under the shard lock, takes `sleep` and
+//! notifies, and only when a waiter is registered. So a notifier that sees the waiter
+//! registered cannot notify until the waiter sleeps (the wake-up is never lost; the loom
+//! model of it deadlocks if either side skips `sleep`), and nobody pays for a
+//! notification nobody waits for.

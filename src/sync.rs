@@ -1,15 +1,16 @@
 //! The one door to synchronisation primitives.
 //!
 //! Every lock, condvar and atomic the crate uses is imported from here, never from
-//! `std`, `parking_lot` or `loom` directly. Normally these are `parking_lot`'s mutex and
-//! condvar and `std`'s atomics; compiled with `RUSTFLAGS="--cfg idemcache_loom"` they are
+//! `std`, `parking_lot` or `loom` directly. Normally these are `parking_lot`'s
+//! reader-writer lock, mutex and condvar and `std`'s atomics; compiled with `RUSTFLAGS="--cfg idemcache_loom"` they are
 //! loom's, so the loom models in `tests/loom.rs` explore the shipping code, not a copy.
 //!
 //! The crate-specific cfg (rather than the global `loom`) keeps loom out of dependencies
 //! that also react to `cfg(loom)`.
 //!
-//! The API is the intersection of the two worlds: `lock()` never reports poisoning, and
-//! `Condvar::wait_timeout` takes the guard by value and hands it back.
+//! The API is the intersection of the two worlds: `lock()`, `read()` and `write()` never
+//! report poisoning, and `Condvar::wait_timeout` takes the guard by value and hands it
+//! back.
 
 #[cfg(not(idemcache_loom))]
 mod imp {
@@ -34,6 +35,29 @@ mod imp {
         #[inline]
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock()
+        }
+    }
+
+    /// A reader-writer lock that does not poison, for the same reason as [`Mutex`].
+    #[derive(Debug, Default)]
+    pub(crate) struct RwLock<T>(parking_lot::RwLock<T>);
+
+    pub(crate) type RwLockReadGuard<'a, T> = parking_lot::RwLockReadGuard<'a, T>;
+    pub(crate) type RwLockWriteGuard<'a, T> = parking_lot::RwLockWriteGuard<'a, T>;
+
+    impl<T> RwLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            RwLock(parking_lot::RwLock::new(value))
+        }
+
+        #[inline]
+        pub(crate) fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0.read()
+        }
+
+        #[inline]
+        pub(crate) fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0.write()
         }
     }
 
@@ -80,9 +104,29 @@ mod imp {
         }
 
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-            // Loom's mutex mirrors std's and can poison; the crate never panics under a
+            // Loom's locks mirror std's and can poison; the crate never panics under a
             // lock outside of bugs, so a poisoned lock is itself a model failure.
-            self.0.lock().expect("shard lock poisoned")
+            self.0.lock().expect("lock poisoned")
+        }
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
+
+    pub(crate) type RwLockReadGuard<'a, T> = loom::sync::RwLockReadGuard<'a, T>;
+    pub(crate) type RwLockWriteGuard<'a, T> = loom::sync::RwLockWriteGuard<'a, T>;
+
+    impl<T> RwLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            RwLock(loom::sync::RwLock::new(value))
+        }
+
+        pub(crate) fn read(&self) -> RwLockReadGuard<'_, T> {
+            self.0.read().expect("shard lock poisoned")
+        }
+
+        pub(crate) fn write(&self) -> RwLockWriteGuard<'_, T> {
+            self.0.write().expect("shard lock poisoned")
         }
     }
 
@@ -101,7 +145,7 @@ mod imp {
             guard: MutexGuard<'a, T>,
             dur: Duration,
         ) -> MutexGuard<'a, T> {
-            self.0.wait_timeout(guard, dur).expect("shard lock poisoned").0
+            self.0.wait_timeout(guard, dur).expect("lock poisoned").0
         }
 
         pub(crate) fn notify_all(&self) {

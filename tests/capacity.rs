@@ -4,7 +4,10 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
 
 use common::*;
 use idemcache::{Cache, Claim, ClaimError, EntryState, Key, ManualClock, RemovalCause};
@@ -54,6 +57,44 @@ fn a_full_cache_evicts_the_oldest_tenth_of_completed_entries_in_one_step() {
     assert_eq!(cache.stats().evictions, 10);
     assert!(cache.stats().max_eviction_pause > std::time::Duration::ZERO);
     cache.debug_validate();
+}
+
+/// A result body that counts its own drops.
+struct Tracked(Arc<AtomicUsize>);
+
+impl AsRef<[u8]> for Tracked {
+    fn as_ref(&self) -> &[u8] {
+        b"result"
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn evicted_results_are_freed_one_per_insert_and_all_by_run_pending() {
+    let clock = ManualClock::new();
+    let cache = bounded(&clock, 100);
+    let freed = Arc::new(AtomicUsize::new(0));
+    for i in 0..100 {
+        let body = Bytes::from_owner(Tracked(freed.clone()));
+        acquire(&cache, &key(&format!("k{i}")), fp("r")).complete(body).unwrap();
+    }
+    // This insert evicts ten entries in one step, but frees only one of their results.
+    let in_flight = acquire(&cache, &key("new"), fp("r"));
+    assert_eq!((cache.stats().evictions, freed.load(Ordering::SeqCst)), (10, 1));
+    for i in 0..4 {
+        let _ = acquire(&cache, &key(&format!("more{i}")), fp("r")).complete(&b"r"[..]);
+    }
+    assert_eq!(freed.load(Ordering::SeqCst), 5);
+    // A sweep frees the rest; the entries still in the cache keep theirs.
+    cache.run_pending();
+    assert_eq!(freed.load(Ordering::SeqCst), 10);
+    drop((in_flight, cache)); // the guard holds the cache too
+    assert_eq!(freed.load(Ordering::SeqCst), 100);
 }
 
 #[test]
