@@ -210,7 +210,7 @@ impl Cache {
         let cell = &self.inner.shards[shard];
         {
             let s = cell.shard.read();
-            if let Some(replay) = s.replay(hash, key, fingerprint, self.now()) {
+            if let Some(replay) = s.replay(hash, key, fingerprint, || self.now()) {
                 cell.replayed.fetch_add(1, Ordering::Relaxed);
                 return Ok(Claim::Completed(replay));
             }

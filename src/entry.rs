@@ -41,13 +41,12 @@ pub(crate) struct Entry {
 
 /// Bytes charged to every entry on top of its key's stored length and its result body:
 /// the slab slot (which holds keys of up to 46 bytes inline, so short keys are charged
-/// twice: the formula is an upper bound), the table's index and control byte, the
-/// wheel's node and the age list's links.
+/// twice: the formula is an upper bound), the table's index and control byte, and the
+/// wheel's node (which also holds the age list's links).
 pub const ENTRY_OVERHEAD: usize = std::mem::size_of::<Option<Entry>>()
     + std::mem::size_of::<u32>()
     + 1
-    + crate::wheel::NODE_SIZE
-    + crate::evict::LINKS_SIZE;
+    + std::mem::size_of::<crate::wheel::Node<crate::evict::AgeLinks>>();
 
 // The layout argument above depends on this.
 const _: () = assert!(std::mem::size_of::<Option<Entry>>() == 128);

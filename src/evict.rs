@@ -8,8 +8,10 @@
 //! [`batch`] of them in one step, so the cost of an eviction is paid once per tenth of
 //! the shard's completed entries: amortised O(1) per insert.
 //!
-//! Invariant: an id is in the list iff its entry is COMPLETED; links live here, in an
-//! arena indexed by the same slab ids the shard uses, so `remove` is O(1).
+//! Invariant: an id is in the list iff its entry is COMPLETED. The list keeps only its
+//! ends; each id's links live in a [`LinkArena`] the caller owns (the shard keeps them
+//! in the timing wheel's node for the same id, beside that entry's wheel links), so
+//! `remove` is O(1).
 
 const NIL: u32 = u32::MAX;
 
@@ -18,22 +20,40 @@ pub(crate) fn batch(completed: usize) -> usize {
     (completed / 10).max(1)
 }
 
+/// One id's place in an [`AgeList`].
 #[derive(Debug, Clone, Copy)]
-struct Links {
+pub(crate) struct AgeLinks {
     prev: u32,
     next: u32,
     linked: bool,
 }
 
-/// Bytes of age-list bookkeeping per slab id.
-pub(crate) const LINKS_SIZE: usize = std::mem::size_of::<Links>();
+impl Default for AgeLinks {
+    fn default() -> AgeLinks {
+        AgeLinks { prev: NIL, next: NIL, linked: false }
+    }
+}
 
-const UNLINKED: Links = Links { prev: NIL, next: NIL, linked: false };
+/// Where an [`AgeList`]'s links live, by id.
+pub(crate) trait LinkArena {
+    /// The links of `id`, created unlinked if `id` never had any.
+    fn links_mut(&mut self, id: u32) -> &mut AgeLinks;
+    /// The links of `id`, if it has any.
+    fn links(&self, id: u32) -> Option<&AgeLinks>;
+}
 
-/// A doubly linked list of slab ids, oldest first.
+impl LinkArena for crate::wheel::Wheel<AgeLinks> {
+    fn links_mut(&mut self, id: u32) -> &mut AgeLinks {
+        self.payload_mut(id)
+    }
+    fn links(&self, id: u32) -> Option<&AgeLinks> {
+        self.payload(id)
+    }
+}
+
+/// A doubly linked list of slab ids, oldest first; its links live in a [`LinkArena`].
 #[derive(Debug, Default)]
 pub(crate) struct AgeList {
-    links: Vec<Links>,
     head: Option<u32>,
     tail: Option<u32>,
     len: usize,
@@ -45,16 +65,12 @@ impl AgeList {
     }
 
     /// Appends `id` as the newest.
-    pub(crate) fn push_back(&mut self, id: u32) {
-        let i = id as usize;
-        if i >= self.links.len() {
-            self.links.resize(i + 1, UNLINKED);
-        }
-        debug_assert!(!self.links[i].linked, "id {id} is already in the age list");
+    pub(crate) fn push_back(&mut self, id: u32, arena: &mut impl LinkArena) {
+        debug_assert!(!arena.links_mut(id).linked, "id {id} is already in the age list");
         let prev = self.tail.unwrap_or(NIL);
-        self.links[i] = Links { prev, next: NIL, linked: true };
+        *arena.links_mut(id) = AgeLinks { prev, next: NIL, linked: true };
         match self.tail {
-            Some(t) => self.links[t as usize].next = id,
+            Some(t) => arena.links_mut(t).next = id,
             None => self.head = Some(id),
         }
         self.tail = Some(id);
@@ -62,19 +78,19 @@ impl AgeList {
     }
 
     /// Takes `id` out; returns whether it was in.
-    pub(crate) fn remove(&mut self, id: u32) -> bool {
-        let Some(l) = self.links.get(id as usize).copied().filter(|l| l.linked) else {
+    pub(crate) fn remove(&mut self, id: u32, arena: &mut impl LinkArena) -> bool {
+        let Some(l) = arena.links(id).copied().filter(|l| l.linked) else {
             return false;
         };
         match l.prev {
             NIL => self.head = (l.next != NIL).then_some(l.next),
-            p => self.links[p as usize].next = l.next,
+            p => arena.links_mut(p).next = l.next,
         }
         match l.next {
             NIL => self.tail = (l.prev != NIL).then_some(l.prev),
-            n => self.links[n as usize].prev = l.prev,
+            n => arena.links_mut(n).prev = l.prev,
         }
-        self.links[id as usize] = UNLINKED;
+        *arena.links_mut(id) = AgeLinks::default();
         self.len -= 1;
         true
     }
@@ -85,14 +101,14 @@ impl AgeList {
     }
 
     /// Whether `id` is in the list.
-    pub(crate) fn contains(&self, id: u32) -> bool {
-        self.links.get(id as usize).is_some_and(|l| l.linked)
+    pub(crate) fn contains(&self, id: u32, arena: &impl LinkArena) -> bool {
+        arena.links(id).is_some_and(|l| l.linked)
     }
 
     /// Ids from oldest to newest (for validation).
-    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn iter<'a>(&self, arena: &'a impl LinkArena) -> impl Iterator<Item = u32> + 'a {
         std::iter::successors(self.head, |&id| {
-            let next = self.links[id as usize].next;
+            let next = arena.links(id).map_or(NIL, |l| l.next);
             (next != NIL).then_some(next)
         })
     }
@@ -111,20 +127,38 @@ mod tests {
         assert_eq!(batch(100_000), 10_000);
     }
 
+    /// A plain arena for testing the list alone.
+    #[derive(Default)]
+    struct Arena(Vec<AgeLinks>);
+
+    impl LinkArena for Arena {
+        fn links_mut(&mut self, id: u32) -> &mut AgeLinks {
+            let i = id as usize;
+            if i >= self.0.len() {
+                self.0.resize(i + 1, AgeLinks::default());
+            }
+            &mut self.0[i]
+        }
+        fn links(&self, id: u32) -> Option<&AgeLinks> {
+            self.0.get(id as usize)
+        }
+    }
+
     #[test]
     fn keeps_order_through_removals_anywhere() {
-        let mut list = AgeList::default();
+        let (mut list, mut arena) = (AgeList::default(), Arena::default());
         for id in [5, 1, 9, 3] {
-            list.push_back(id);
+            list.push_back(id, &mut arena);
         }
-        assert!(list.remove(9));
-        assert!(!list.remove(9));
-        assert!(list.remove(5));
-        assert_eq!(list.iter().collect::<Vec<_>>(), vec![1, 3]);
-        list.push_back(5);
+        assert!(list.remove(9, &mut arena));
+        assert!(!list.remove(9, &mut arena));
+        assert!(list.remove(5, &mut arena));
+        assert_eq!(list.iter(&arena).collect::<Vec<_>>(), vec![1, 3]);
+        list.push_back(5, &mut arena);
         assert_eq!(list.front(), Some(1));
-        assert!(list.remove(1) && list.remove(5) && list.remove(3));
+        assert!(list.remove(1, &mut arena) && list.remove(5, &mut arena));
+        assert!(list.remove(3, &mut arena));
         assert_eq!((list.len(), list.front()), (0, None));
-        assert!(!list.contains(3));
+        assert!(!list.contains(3, &arena));
     }
 }

@@ -25,7 +25,7 @@ use hashbrown::HashTable;
 
 use crate::config::Config;
 use crate::entry::{Entry, State};
-use crate::evict::{self, AgeList};
+use crate::evict::{self, AgeLinks, AgeList};
 use crate::stats::Counters;
 use crate::wheel::Wheel;
 use crate::{
@@ -66,9 +66,10 @@ pub(crate) struct Shard {
     table: HashTable<u32>,
     slots: Vec<Option<Entry>>,
     free: Vec<u32>,
-    /// Every entry, by the tick of its deadline.
-    wheel: Wheel,
-    /// COMPLETED entries, oldest completion first.
+    /// Every entry, by the tick of its deadline; each slot's node also holds its links
+    /// in `age`.
+    wheel: Wheel<AgeLinks>,
+    /// COMPLETED entries, oldest completion first (links in `wheel`'s nodes).
     age: AgeList,
     /// Tokens issued here are `issued * token_stride + token_offset`: unique across the
     /// cache (each shard has its own offset) and increasing per key.
@@ -245,17 +246,18 @@ impl Shard {
 
     /// The stored result, if `key` has a live COMPLETED entry for this request: the one
     /// claim answer that reads without writing (see `Cache::claim`). Counts nothing; the
-    /// caller counts it.
+    /// caller counts it. The clock is read only for a completed entry: a first claim
+    /// reads none here.
     #[inline]
     pub(crate) fn replay(
         &self,
         hash: u64,
         key: &Key,
         fingerprint: Fingerprint,
-        now: Timestamp,
+        now: impl FnOnce() -> Timestamp,
     ) -> Option<Replay> {
         let e = self.entry(self.find(hash, key)?);
-        let hit = e.state == State::Completed && e.fingerprint == fingerprint && e.is_live(now);
+        let hit = e.state == State::Completed && e.fingerprint == fingerprint && e.is_live(now());
         hit.then(|| e.replay())
     }
 
@@ -345,7 +347,7 @@ impl Shard {
         let after = e.charge();
         self.bytes = self.bytes - before + after;
         self.schedule(slot);
-        self.age.push_back(slot);
+        self.age.push_back(slot, &mut self.wheel);
     }
 
     /// PROCESSING → absent: the owner gives the key back without an outcome.
@@ -558,7 +560,7 @@ impl Shard {
         }
         let entry = self.slots[slot as usize].take().expect("checked occupied above");
         self.wheel.cancel(slot);
-        self.age.remove(slot);
+        self.age.remove(slot, &mut self.wheel);
         self.free.push(slot);
         self.entries -= 1;
         self.bytes -= entry.charge();
@@ -595,14 +597,14 @@ impl Shard {
                         "slot {i} misfiled on the wheel"
                     );
                     assert_eq!(
-                        self.age.contains(id),
+                        self.age.contains(id, &self.wheel),
                         e.state == State::Completed,
                         "slot {i} age list membership"
                     );
                 }
                 None => {
                     assert_eq!(self.wheel.deadline(id), None, "free slot {i} on the wheel");
-                    assert!(!self.age.contains(id), "free slot {i} in the age list");
+                    assert!(!self.age.contains(id, &self.wheel), "free slot {i} in the age list");
                 }
             }
         }
@@ -613,7 +615,7 @@ impl Shard {
         assert_eq!(self.wheel.len(), entries, "wheel length drifted");
         self.wheel.validate();
         let mut last = Timestamp::ZERO;
-        for id in self.age.iter() {
+        for id in self.age.iter(&self.wheel) {
             let since = self.entry(id).since;
             assert!(since >= last, "age list out of completion order");
             last = since;
