@@ -7,8 +7,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
-
 use common::*;
 use idemcache::{Cache, Claim, ClaimError, EntryState, Key, ManualClock, RemovalCause};
 use proptest::prelude::*;
@@ -59,28 +57,13 @@ fn a_full_cache_evicts_the_oldest_tenth_of_completed_entries_in_one_step() {
     cache.debug_validate();
 }
 
-/// A result body that counts its own drops.
-struct Tracked(Arc<AtomicUsize>);
-
-impl AsRef<[u8]> for Tracked {
-    fn as_ref(&self) -> &[u8] {
-        b"result"
-    }
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
 #[test]
 fn evicted_results_are_freed_by_later_inserts_and_all_by_run_pending() {
     let clock = ManualClock::new();
     let cache = bounded(&clock, 100);
     let freed = Arc::new(AtomicUsize::new(0));
     for i in 0..100 {
-        let body = Bytes::from_owner(Tracked(freed.clone()));
+        let body = tracked_body(&freed);
         acquire(&cache, &key(&format!("k{i}")), fp("r")).complete(body).unwrap();
     }
     // The 101st insert evicts ten entries in one step but frees none of their results:

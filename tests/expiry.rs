@@ -3,11 +3,12 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use idemcache::{Cache, Claim, Key, ManualClock, RemovalCause};
+use idemcache::{Cache, Claim, Key, ManualClock, RemovalCause, SweeperError};
 
 type Heard = Arc<Mutex<Vec<(String, RemovalCause)>>>;
 
@@ -195,18 +196,42 @@ fn expired_entries_read_as_absent_before_any_sweep() {
     assert!(matches!(cache.claim(&k, fp("r")).unwrap(), Claim::Acquired(_)));
 }
 
+/// Waits (bounded, so a bug fails rather than hangs) until the cache holds nothing.
+fn until_empty(cache: &Cache, what: &str) {
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while cache.stats().entries > 0 {
+        assert!(Instant::now() < give_up, "{what}");
+        std::thread::yield_now();
+    }
+}
+
 #[test]
 fn the_sweeper_thread_reclaims_in_the_background_and_stops_on_drop() {
     let (cache, clock) = cache();
     acquire(&cache, &key("a"), fp("r")).complete(&b"x"[..]).unwrap();
     clock.advance(COMPLETED_TTL);
     let sweeper = cache.spawn_sweeper(Duration::from_millis(1)).unwrap();
-    // Wait for the sweeper's effect (not for a time): bounded so a bug fails, not hangs.
-    let give_up = Instant::now() + Duration::from_secs(30);
-    while cache.stats().entries > 0 {
-        assert!(Instant::now() < give_up, "the sweeper never ran");
-        std::thread::yield_now();
-    }
-    drop(sweeper); // joins the thread
-    assert!(cache.spawn_sweeper(Duration::ZERO).is_err());
+    // Wait for the sweeper's effect, not for a time.
+    until_empty(&cache, "the sweeper never ran");
+    // It keeps sweeping, interval after interval.
+    acquire(&cache, &key("b"), fp("r")).complete(&b"x"[..]).unwrap();
+    clock.advance(COMPLETED_TTL);
+    until_empty(&cache, "the sweeper stopped after its first sweep");
+    // Dropping the handle stops and joins the thread, which lets go of the cache: the
+    // last handle's drop then frees what the cache holds.
+    let dropped = Arc::new(AtomicUsize::new(0));
+    acquire(&cache, &key("c"), fp("r")).complete(tracked_body(&dropped)).unwrap();
+    drop(sweeper);
+    drop(cache);
+    assert_eq!(dropped.load(Ordering::SeqCst), 1, "the sweeper thread still holds the cache");
+}
+
+#[test]
+fn a_sweeper_interval_out_of_range_is_refused_with_a_reason() {
+    let (cache, _clock) = cache();
+    let err = cache.spawn_sweeper(Duration::ZERO).unwrap_err();
+    assert!(matches!(err, SweeperError::InvalidInterval(d) if d == Duration::ZERO));
+    assert!(err.to_string().contains("interval"), "{err}");
+    assert!(std::error::Error::source(&err).is_none());
+    assert!(cache.spawn_sweeper(idemcache::MAX_DURATION + Duration::from_secs(1)).is_err());
 }

@@ -4,8 +4,11 @@
 
 pub mod model;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use idemcache::{Cache, CacheBuilder, Claim, ClaimGuard, Fingerprint, Key, ManualClock, Replay};
 
 pub const LEASE: Duration = Duration::from_secs(10);
@@ -54,4 +57,21 @@ pub fn replay(cache: &Cache, key: &Key, fp: Fingerprint) -> Replay {
         Claim::Completed(replay) => replay,
         other => panic!("expected Completed, got {other:?}"),
     }
+}
+
+/// A result body that adds one to `drops` when its last handle is dropped: shows when
+/// the cache really lets go of a result.
+pub fn tracked_body(drops: &Arc<AtomicUsize>) -> Bytes {
+    struct Tracked(Arc<AtomicUsize>);
+    impl AsRef<[u8]> for Tracked {
+        fn as_ref(&self) -> &[u8] {
+            b"tracked"
+        }
+    }
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    Bytes::from_owner(Tracked(drops.clone()))
 }
