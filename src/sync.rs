@@ -2,8 +2,9 @@
 //!
 //! Every lock, condvar and atomic the crate uses is imported from here, never from
 //! `std`, `parking_lot` or `loom` directly. Normally these are `parking_lot`'s
-//! reader-writer lock, mutex and condvar and `std`'s atomics; compiled with `RUSTFLAGS="--cfg idemcache_loom"` they are
-//! loom's, so the loom models in `tests/loom.rs` explore the shipping code, not a copy.
+//! reader-writer lock, mutex and condvar and `std`'s atomics; compiled with
+//! `RUSTFLAGS="--cfg idemcache_loom"` they are loom's, so the loom models in
+//! `tests/loom.rs` explore the shipping code, not a copy.
 //!
 //! The crate-specific cfg (rather than the global `loom`) keeps loom out of dependencies
 //! that also react to `cfg(loom)`.
