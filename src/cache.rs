@@ -129,13 +129,13 @@ impl Cache {
         Cache { inner: Arc::new(Inner { shards, hasher, config, clock }) }
     }
 
-    /// The shard a hash belongs to. Bits 40.. pick the shard, so they stay independent of
-    /// the low bits hashbrown uses for its bucket and the top 7 it uses for its tags.
+    /// The key's table hash and shard. Bits 40.. pick the shard, so they stay independent
+    /// of bits 0–31, which the shard's table uses (see `shard::table_hash`).
     #[inline]
     fn locate(&self, key: &Key) -> (u64, usize) {
         let hash = self.inner.hasher.hash_one(key.as_bytes());
         let shard = (hash >> 40) as usize & (self.inner.shards.len() - 1);
-        (hash, shard)
+        (crate::shard::table_hash(hash), shard)
     }
 
     #[inline]

@@ -23,8 +23,7 @@ pub(crate) enum State {
 /// Laid out for a replay hit: the key and fingerprint fill the first cache line, the
 /// deadline, state, times and body the second, and the entry is exactly 128 bytes aligned
 /// to 128, so both lines are one adjacent-line pair that the hardware prefetcher fetches
-/// together: one miss per hit, not two. (The key's hash is not stored: the shard
-/// recomputes it on the rare rehash or unlink, which keeps the entry at 128.)
+/// together: one miss per hit, not two.
 #[derive(Debug)]
 #[repr(C, align(128))]
 pub(crate) struct Entry {
@@ -36,6 +35,10 @@ pub(crate) struct Entry {
     pub(crate) token: u64,
     /// The stored result; `Some` only while COMPLETED with its body kept.
     pub(crate) body: Option<Bytes>,
+    /// The low half of the key's hash, from which the table's hash is rebuilt (see
+    /// [`crate::shard::table_hash`]) when the table grows or the entry leaves: neither
+    /// then rehashes the key. Fits in what was padding.
+    pub(crate) hash: u32,
     pub(crate) state: State,
 }
 

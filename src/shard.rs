@@ -53,6 +53,21 @@ const SWEEP_WORK_PER_INSERT: usize = 16;
 /// first, so the shard never holds more memory than it held at its bound before the step.
 const FREE_EVICTED_BATCH: u64 = 4;
 
+/// The hash a shard's table files a key under, from the key's 64-bit hash: its low 32
+/// bits, twice. Entries keep those 32 bits, so the table grows and entries leave
+/// without rehashing any key. Both halves are the same bits, so hashbrown's bucket (the
+/// low bits) and its 7-bit tag (the top bits) come from the key's hash bits 0–31,
+/// independent of the bits 40 and up that picked the shard.
+#[inline]
+pub(crate) fn table_hash(key_hash: u64) -> u64 {
+    widen(key_hash as u32)
+}
+
+#[inline]
+fn widen(low: u32) -> u64 {
+    u64::from(low) << 32 | u64::from(low)
+}
+
 /// One shard's share of the cache's bounds, and the wheel's tick.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
@@ -63,8 +78,7 @@ pub(crate) struct Limits {
 
 #[derive(Debug)]
 pub(crate) struct Shard {
-    /// The cache's key hasher, to recompute a stored key's hash when the table grows or
-    /// an entry is unlinked (entries do not store it).
+    /// The cache's key hasher, for `validate` to check each entry's stored hash.
     hasher: ahash::RandomState,
     table: HashTable<u32>,
     slots: Vec<Option<Entry>>,
@@ -142,9 +156,10 @@ impl Shard {
             .copied()
     }
 
-    /// The hash the cache located this key with (the shard holds a copy of its hasher).
+    /// The table hash the cache located this key with (the shard holds a copy of its
+    /// hasher).
     fn hash_of(&self, key: &Key) -> u64 {
-        self.hasher.hash_one(key.as_bytes())
+        table_hash(self.hasher.hash_one(key.as_bytes()))
     }
 
     fn entry(&self, slot: u32) -> &Entry {
@@ -238,6 +253,7 @@ impl Shard {
                 since: now,
                 deadline: lease_ends_at,
                 body: None,
+                hash: hash as u32,
             },
         );
         self.counters.acquired += 1;
@@ -544,10 +560,10 @@ impl Shard {
                 slot
             }
         };
-        let (slots, hasher) = (&self.slots, &self.hasher);
+        let slots = &self.slots;
         self.table.insert_unique(hash, slot, |&i| {
             let e = slots[i as usize].as_ref().expect("the table only indexes occupied slots");
-            hasher.hash_one(e.key.as_bytes())
+            widen(e.hash)
         });
         self.schedule(slot);
         slot
@@ -556,7 +572,7 @@ impl Shard {
     /// Takes an entry out of the table, the slab, the wheel and the age list. Removing a
     /// PROCESSING entry (release, lapse, `remove`) flags waiters to be woken.
     fn unlink(&mut self, slot: u32, cause: RemovalCause) -> Entry {
-        let hash = self.hash_of(&self.entry(slot).key);
+        let hash = widen(self.entry(slot).hash);
         match self.table.find_entry(hash, |&i| i == slot) {
             Ok(found) => {
                 found.remove();
@@ -586,6 +602,7 @@ impl Shard {
                 Some(e) => {
                     entries += 1;
                     bytes += e.charge();
+                    assert_eq!(widen(e.hash), self.hash_of(&e.key), "slot {i} stored hash");
                     assert_eq!(
                         self.find(self.hash_of(&e.key), &e.key),
                         Some(id),
