@@ -37,8 +37,9 @@
 //! mix from 3.3 to 8.5 M ops/s here, `cargo bench --bench peers -- mix`). A claim that
 //! finds anything else under the read lock drops it and claims under the write lock,
 //! looking again: the read-locked look decides nothing it does not answer. A key's
-//! 64-bit ahash picks the shard from bits 40 and up, leaving the low bits (bucket index)
-//! and the top seven (control tags) to the shard's hashbrown table.
+//! 64-bit ahash picks the shard from bits 40 and up; the shard's hashbrown table files
+//! it under bits 0–31, which the entry keeps (in what would be padding), so the table
+//! grows and entries leave without hashing a key again (`shard::table_hash`).
 //!
 //! Inside a shard, entries live in a slab (`Vec<Option<Entry>>` plus a free list) and a
 //! `hashbrown::HashTable<u32>` maps hashes to slab indices. Slab indices are stable for
