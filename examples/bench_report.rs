@@ -13,7 +13,7 @@
 //! unpipelined and then pipelined 64 deep, in the database the URL names, which it
 //! flushes before and after.
 //!
-//! Each in-process figure is a peer's best of three rounds of the same operations, the
+//! Each in-process figure is a peer's best of five rounds of the same operations, the
 //! rounds interleaved across peers (the machine is shared; the best run is the least
 //! disturbed one, and interleaving spreads a disturbed stretch over every peer). Memory per entry is measured in
 //! a child process per peer, as the growth of resident memory while one million
@@ -37,7 +37,7 @@ const REDIS_OPS: u64 = 20_000;
 const PIPELINE: u64 = 64;
 
 /// Rounds of every in-process scenario; each peer's best round is reported.
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 
 /// Nanoseconds per operation of one timed run.
 fn ns_per_op(run: impl FnOnce() -> (Duration, usize)) -> f64 {
@@ -433,7 +433,7 @@ fn main() {
     writeln!(md, "# Benchmarks\n").unwrap();
     writeln!(md, "Every figure below comes from one run of:\n").unwrap();
     writeln!(md, "```sh\nIDEMCACHE_REDIS_URL=redis://127.0.0.1:6379/15 \\\n    cargo run --release --example bench_report --features bench-report\n```\n").unwrap();
-    writeln!(md, "Run on {date}: {}. Same claim-or-return job for every peer (see `benches/support/peers.rs`); keys are 44-byte idemcache keys (16-byte client key), results 128 bytes in their own allocation. In-process figures are each peer's best of three rounds, interleaved across peers. The criterion suite (`cargo bench --bench peers`) measures the same scenarios.\n", machine()).unwrap();
+    writeln!(md, "Run on {date}: {}. Same claim-or-return job for every peer (see `benches/support/peers.rs`); keys are 44-byte idemcache keys (16-byte client key), results 128 bytes in their own allocation. In-process figures are each peer's best of {ROUNDS} rounds, interleaved across peers. The criterion suite (`cargo bench --bench peers`) measures the same scenarios.\n", machine()).unwrap();
     writeln!(md, "## In-process peers\n").unwrap();
     writeln!(md, "| peer | replay hit, 100k uniform (ns) | replay hit, Zipf s=1 (ns) | claim + complete (ns) | 2 threads 90/10 (M ops/s) | churn at 100k (ns) | memory at 1M (B/entry) |").unwrap();
     writeln!(md, "|---|---|---|---|---|---|---|").unwrap();
