@@ -50,7 +50,8 @@ const SWEEP_WORK_PER_INSERT: usize = 16;
 /// and stays under glibc's per-thread cache of seven chunks per size: 4% off churn here.
 /// One per insert on average is enough: the shard cannot fill and evict again before
 /// as many inserts as it evicted, and an eviction step frees whatever the last one left
-/// first, so the shard never holds more memory than it held at its bound before the step.
+/// first, so the shard never holds more than three results beyond what it held at its
+/// bound before the step.
 const FREE_EVICTED_BATCH: u64 = 4;
 
 /// The hash a shard's table files a key under, from the key's 64-bit hash: its low 32
