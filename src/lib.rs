@@ -71,6 +71,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
+mod arena;
 mod cache;
 mod claim;
 mod clock;

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hashbrown::HashTable;
 
+use crate::arena::ResultArena;
 use crate::config::Config;
 use crate::entry::{Entry, State};
 use crate::evict::{self, AgeLinks, AgeList};
@@ -105,6 +106,8 @@ pub(crate) struct Shard {
     /// Results of entries evicted but not yet freed; see [`FREE_EVICTED_BATCH`].
     /// Already gone from every count: nobody can reach them.
     evicted_bodies: Vec<Bytes>,
+    /// Where results kept for the default TTL are packed (see [`ResultArena`]).
+    results: ResultArena,
     /// Removals for the listener, handed to it by the cache after unlocking; only kept
     /// when a listener is set.
     pub(crate) removed: Vec<(Key, RemovalCause)>,
@@ -136,6 +139,7 @@ impl Shard {
             waiters: 0,
             left_processing: false,
             evicted_bodies: Vec::new(),
+            results: ResultArena::default(),
             removed: Vec::new(),
             record_removals,
         }
@@ -354,7 +358,9 @@ impl Shard {
         // PROCESSING or UNKNOWN (not in the age list).
         let fits = body.len() <= cfg.max_result_size && self.make_room(now, 0, body.len()).is_ok();
         let body = if fits {
-            Some(body)
+            // Only results with the default TTL share chunks, so a chunk's results
+            // expire together and none keeps the others' memory for longer.
+            Some(if ttl == cfg.completed_ttl { self.results.pack(body) } else { body })
         } else {
             self.counters.oversized += 1;
             None

@@ -13,7 +13,7 @@ use proptest::prelude::*;
 
 /// One shard, so the bound is exact and eviction order is global.
 fn bounded(clock: &ManualClock, max_entries: usize) -> Cache {
-    builder(clock).shards(1).max_entries(max_entries).build().unwrap()
+    roomy_builder(clock).shards(1).max_entries(max_entries).build().unwrap()
 }
 
 #[test]
@@ -79,6 +79,34 @@ fn evicted_results_are_freed_by_later_inserts_and_all_by_run_pending() {
     assert_eq!(freed.load(Ordering::SeqCst), 10);
     drop((in_flight, cache)); // the guard holds the cache too
     assert_eq!(freed.load(Ordering::SeqCst), 100);
+}
+
+#[test]
+fn a_small_result_is_copied_and_the_callers_buffer_let_go_at_once() {
+    let cache = roomy_builder(&ManualClock::new()).build().unwrap();
+    let freed = Arc::new(AtomicUsize::new(0));
+    acquire(&cache, &key("small"), fp("r")).complete(tracked_body_of(128, &freed)).unwrap();
+    assert_eq!(freed.load(Ordering::SeqCst), 1, "the cache kept the caller's small buffer");
+    let body = replay(&cache, &key("small"), fp("r")).body.unwrap();
+    assert_eq!(body, vec![b't'; 128], "the copy differs from what was completed");
+    // A result over the packing size is kept as given, not copied.
+    acquire(&cache, &key("large"), fp("r")).complete(tracked_body(&freed)).unwrap();
+    assert_eq!(freed.load(Ordering::SeqCst), 1);
+    cache.debug_validate();
+}
+
+#[test]
+fn a_small_result_kept_for_its_own_ttl_is_not_packed() {
+    // Only results kept for the default TTL share chunks (whose memory goes when their
+    // last result does); one kept longer keeps its own buffer instead.
+    let cache = roomy_builder(&ManualClock::new()).build().unwrap();
+    let freed = Arc::new(AtomicUsize::new(0));
+    let mut guard = acquire(&cache, &key("longer"), fp("r"));
+    guard.set_result_ttl(secs(10 * 24 * 3600)).unwrap();
+    guard.complete(tracked_body_of(128, &freed)).unwrap();
+    assert_eq!(freed.load(Ordering::SeqCst), 0);
+    cache.remove(&key("longer"));
+    assert_eq!(freed.load(Ordering::SeqCst), 1);
 }
 
 #[test]

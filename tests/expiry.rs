@@ -207,7 +207,8 @@ fn until_empty(cache: &Cache, what: &str) {
 
 #[test]
 fn the_sweeper_thread_reclaims_in_the_background_and_stops_on_drop() {
-    let (cache, clock) = cache();
+    let clock = ManualClock::new();
+    let cache = roomy_builder(&clock).build().unwrap();
     acquire(&cache, &key("a"), fp("r")).complete(&b"x"[..]).unwrap();
     clock.advance(COMPLETED_TTL);
     let sweeper = cache.spawn_sweeper(Duration::from_millis(1)).unwrap();

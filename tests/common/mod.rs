@@ -35,6 +35,11 @@ pub fn cache() -> (Cache, ManualClock) {
     (builder(&clock).build().unwrap(), clock)
 }
 
+/// A builder whose caches keep results of [`KEPT_AS_GIVEN`] bytes, for tracked bodies.
+pub fn roomy_builder(clock: &ManualClock) -> CacheBuilder {
+    builder(clock).max_result_size(KEPT_AS_GIVEN)
+}
+
 pub fn key(client: &str) -> Key {
     Key::new("POST /v1/orders", "user:42", client).unwrap()
 }
@@ -59,19 +64,28 @@ pub fn replay(cache: &Cache, key: &Key, fp: Fingerprint) -> Replay {
     }
 }
 
-/// A result body that adds one to `drops` when its last handle is dropped: shows when
-/// the cache really lets go of a result.
-pub fn tracked_body(drops: &Arc<AtomicUsize>) -> Bytes {
-    struct Tracked(Arc<AtomicUsize>);
+/// A result body of `len` bytes that adds one to `drops` when its last handle is
+/// dropped: shows when the cache really lets go of a caller's buffer.
+pub fn tracked_body_of(len: usize, drops: &Arc<AtomicUsize>) -> Bytes {
+    struct Tracked(Vec<u8>, Arc<AtomicUsize>);
     impl AsRef<[u8]> for Tracked {
         fn as_ref(&self) -> &[u8] {
-            b"tracked"
+            &self.0
         }
     }
     impl Drop for Tracked {
         fn drop(&mut self) {
-            self.0.fetch_add(1, Ordering::SeqCst);
+            self.1.fetch_add(1, Ordering::SeqCst);
         }
     }
-    Bytes::from_owner(Tracked(drops.clone()))
+    Bytes::from_owner(Tracked(vec![b't'; len], drops.clone()))
+}
+
+/// Bytes in a result the cache keeps as given: above the size it copies into its own
+/// chunks (512), so the cache holds the caller's buffer itself.
+pub const KEPT_AS_GIVEN: usize = 1024;
+
+/// A tracked result the cache keeps as given (see [`KEPT_AS_GIVEN`]).
+pub fn tracked_body(drops: &Arc<AtomicUsize>) -> Bytes {
+    tracked_body_of(KEPT_AS_GIVEN, drops)
 }
