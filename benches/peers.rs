@@ -73,10 +73,9 @@ fn claim_complete(c: &mut Criterion) {
                 // A fresh peer per measurement, keys built outside the timing.
                 let peer = build(name, iters as usize + 1);
                 let keys: Vec<_> = (0..iters).map(key).collect();
-                let body = result(7);
                 let start = Instant::now();
-                for k in &keys {
-                    black_box(peer.claim_complete(k, fingerprint(), &|| body.clone()));
+                for (i, k) in (0..).zip(&keys) {
+                    black_box(peer.claim_complete(k, fingerprint(), &|| result(i)));
                 }
                 start.elapsed()
             })
@@ -94,27 +93,26 @@ fn mix_two_threads(c: &mut Criterion) {
         let fresh = AtomicU64::new(KEYS);
         let plan = uniform(100, 1 << 16, 3);
         let order = uniform(KEYS, 1 << 16, 4);
-        let body = result(9);
         g.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter_custom(|iters| {
                 let start = Instant::now();
                 std::thread::scope(|s| {
                     for t in 0..2u64 {
-                        let (peer, keys, fresh, plan, order, body) =
-                            (&peer, &keys, &fresh, &plan, &order, &body);
+                        let (peer, keys, fresh, plan, order) =
+                            (&peer, &keys, &fresh, &plan, &order);
                         s.spawn(move || {
                             for i in 0..iters / 2 {
                                 let j = ((i * 2 + t) as usize) & (plan.len() - 1);
                                 if plan[j] < 10 {
-                                    let k = key(fresh.fetch_add(1, Ordering::Relaxed));
+                                    let n = fresh.fetch_add(1, Ordering::Relaxed);
                                     black_box(
-                                        peer.claim_complete(&k, fingerprint(), &|| body.clone()),
+                                        peer.claim_complete(&key(n), fingerprint(), &|| result(n)),
                                     );
                                 } else {
                                     black_box(peer.claim_complete(
                                         &keys[order[j] as usize],
                                         fingerprint(),
-                                        &|| body.clone(),
+                                        &|| result(order[j]),
                                     ));
                                 }
                             }
@@ -135,19 +133,18 @@ fn churn(c: &mut Criterion) {
     g.throughput(Throughput::Elements(1));
     for name in ["idemcache", "quick_cache", "moka"] {
         let peer = build(name, KEYS as usize);
-        let body = result(5);
         for i in 0..KEYS {
-            peer.claim_complete(&key(i), fingerprint(), &|| body.clone());
+            peer.claim_complete(&key(i), fingerprint(), &|| result(i));
         }
         let mut next = KEYS;
         g.bench_function(BenchmarkId::from_parameter(name), |b| {
             b.iter_custom(|iters| {
                 let keys: Vec<_> = (next..next + iters).map(key).collect();
-                next += iters;
                 let start = Instant::now();
-                for k in &keys {
-                    black_box(peer.claim_complete(k, fingerprint(), &|| body.clone()));
+                for (i, k) in (next..).zip(&keys) {
+                    black_box(peer.claim_complete(k, fingerprint(), &|| result(i)));
                 }
+                next += iters;
                 start.elapsed()
             })
         });
