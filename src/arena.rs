@@ -29,7 +29,8 @@ pub(crate) const PACK_MAX: usize = 512;
 /// full chunk is under 4% of it.
 pub(crate) const CHUNK: usize = 16 * 1024;
 
-/// The chunk being filled; earlier chunks live on in the slices handed out.
+/// What is left of the chunk being filled; earlier chunks live on in the slices
+/// handed out.
 #[derive(Debug, Default)]
 pub(crate) struct ResultArena {
     chunk: BytesMut,
@@ -43,13 +44,16 @@ impl ResultArena {
             // An empty body allocates nothing; a large one gains little from a copy.
             return body;
         }
-        if self.chunk.capacity() - self.chunk.len() < body.len() {
-            // The old chunk is freed with the last of its slices.
-            self.chunk = BytesMut::with_capacity(CHUNK);
+        if self.chunk.len() < body.len() {
+            // The old chunk is freed with the last of its slices. Zeroed, so that the
+            // chunk is whole from the start and a result is cut off it before it is
+            // copied in: cutting takes an atomic increment of the chunk's reference
+            // count, which would otherwise wait for the copy's stores to reach the cache.
+            self.chunk = BytesMut::zeroed(CHUNK);
         }
-        // Within capacity, so `BytesMut` neither reallocates nor moves the chunk.
-        self.chunk.extend_from_slice(&body);
-        self.chunk.split().freeze()
+        let mut packed = self.chunk.split_to(body.len());
+        packed.copy_from_slice(&body);
+        packed.freeze()
     }
 }
 
@@ -73,7 +77,7 @@ mod tests {
         let large = Bytes::from(vec![7u8; PACK_MAX + 1]);
         assert_eq!(arena.pack(large.clone()).as_ptr(), large.as_ptr());
         assert!(arena.pack(Bytes::new()).is_empty());
-        assert_eq!(arena.chunk.capacity(), 0, "neither started a chunk");
+        assert_eq!(arena.chunk.len(), 0, "neither started a chunk");
     }
 
     #[test]

@@ -51,7 +51,9 @@ impl Claim {
 #[non_exhaustive]
 pub struct Replay {
     /// The result the first execution recorded, or `None` if it was larger than the
-    /// cache's `max_result_size` and only the fact of completion was kept.
+    /// cache's `max_result_size` and only the fact of completion was kept. A small
+    /// result's `Bytes` shares its memory with other results of the cache: holding on
+    /// to it long after its entry is gone keeps that memory in use.
     pub body: Option<Bytes>,
     /// When the first execution completed.
     pub completed_at: Timestamp,

@@ -59,6 +59,11 @@ impl ClaimGuard {
     /// Records the result: PROCESSING → COMPLETED. Repeats get `result` until the
     /// completed TTL ends. A result over `max_result_size` is recorded as
     /// completed-without-body.
+    ///
+    /// A result of up to 512 bytes kept for the cache's `completed_ttl` is copied into
+    /// memory the cache shares among such results, and `result` is dropped at once;
+    /// a larger one is kept as given, without a copy. Either way, what a repeat gets is
+    /// the same bytes.
     pub fn complete(mut self, result: impl Into<Bytes>) -> Result<(), LeaseLost> {
         self.finished = true;
         let Ticket { shard, slot, token } = self.ticket;

@@ -11,6 +11,7 @@
 //! | `shard.rs` | **the state machine**, single-threaded (`&mut self`) | every transition; counters match contents; bounds hold |
 //! | `wheel.rs` | hierarchical timing wheel over slab ids | each id fires once, at the first poll at or after its tick |
 //! | `evict.rs` | the capacity policy and the age list | only COMPLETED entries are evictable, oldest first |
+//! | `arena.rs` | small results, packed into per-shard chunks | a packed result is an exact copy, never overwritten |
 //! | `cache.rs` | locks, hashing, `claim_wait` | one shard lock per operation, never two |
 //! | `guard.rs` | [`ClaimGuard`](crate::ClaimGuard) | a guard acts only under its own fencing token |
 //! | `claim.rs`, `error.rs`, `stats.rs`, `config.rs` | public values, errors, counters, settings | a built config is valid |
@@ -113,6 +114,22 @@
 //! A completion never fails for lack of room (the work happened): its body is dropped
 //! instead and the entry kept as completed-without-body. The longest eviction step is in
 //! [`Stats::max_eviction_pause`](crate::Stats::max_eviction_pause).
+//!
+//! # Results
+//!
+//! A result of up to 512 bytes kept for the default `completed_ttl` is copied into the
+//! shard's current 16 KiB chunk (`arena.rs`), and the entry holds a `Bytes` slice of
+//! it; larger results, and results given their own TTL, are kept as the caller's
+//! `Bytes`. A result in its own buffer costs the allocator's header and, from its first
+//! replay, a separate reference count that every replay then misses on; packed results
+//! share one reference count per chunk, which stays in the processor's cache. Replays
+//! over 100k keys went from ~0.85x to ~0.55x the bare dashmap's time, 16 bytes per
+//! entry went (48 once replayed), and churn's eviction steps free chunks instead of
+//! thousands of small buffers; copying 128 bytes costs less than what it saves. The
+//! price is that a chunk lives as long as its longest-lived slice: chunks fill in
+//! completion order with results of one TTL, so they expire and are evicted whole, and
+//! what can keep one longer is an entry removed early (until its neighbours expire) or
+//! a replayed `Bytes` a caller keeps.
 //!
 //! # Waiting
 //!
