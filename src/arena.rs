@@ -28,6 +28,7 @@ pub(crate) const PACK_MAX: usize = 512;
 /// Bytes per chunk: at least 32 results of [`PACK_MAX`] bytes, so the unused tail of a
 /// full chunk is under 4% of it.
 pub(crate) const CHUNK: usize = 16 * 1024;
+const _: () = assert!(CHUNK / PACK_MAX >= 32);
 
 /// What is left of the chunk being filled; earlier chunks live on in the slices
 /// handed out.
@@ -86,6 +87,11 @@ mod tests {
         let per_chunk = CHUNK / PACK_MAX;
         let first: Vec<Bytes> =
             (0..per_chunk).map(|i| arena.pack(Bytes::from(vec![i as u8; PACK_MAX]))).collect();
+        // Results of exactly PACK_MAX bytes are packed, and the last one fills the chunk
+        // to its end rather than starting another.
+        for (i, b) in first.iter().enumerate() {
+            assert_eq!(b.as_ptr(), first[0].as_ptr().wrapping_add(i * PACK_MAX));
+        }
         let next = arena.pack(Bytes::from(vec![0xff; PACK_MAX]));
         let chunk = first[0].as_ptr()..first[0].as_ptr().wrapping_add(CHUNK);
         assert!(!chunk.contains(&next.as_ptr()), "the full chunk was written past its end");
