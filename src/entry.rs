@@ -51,8 +51,9 @@ pub const ENTRY_OVERHEAD: usize = std::mem::size_of::<Option<Entry>>()
     + 1
     + std::mem::size_of::<crate::wheel::Node<crate::evict::AgeLinks>>();
 
-// The layout argument above depends on this.
+// The layout argument above depends on this, and the memory figures on both.
 const _: () = assert!(std::mem::size_of::<Option<Entry>>() == 128);
+const _: () = assert!(std::mem::size_of::<crate::wheel::Node<crate::evict::AgeLinks>>() == 24);
 
 impl Entry {
     #[inline]

@@ -13,7 +13,11 @@
 //! in the timing wheel's node for the same id, beside that entry's wheel links), so
 //! `remove` is O(1).
 
+/// The `next` of the newest id, and the `prev` of an id not in the list.
 const NIL: u32 = u32::MAX;
+/// The `prev` of the oldest id: an id is in the list iff its `prev` is not `NIL`, which
+/// spares a flag (and keeps a wheel node, which holds these links, at 24 bytes).
+const FRONT: u32 = NIL - 1;
 
 /// How many completed entries one eviction step removes: 10%, at least one.
 pub(crate) fn batch(completed: usize) -> usize {
@@ -25,12 +29,17 @@ pub(crate) fn batch(completed: usize) -> usize {
 pub(crate) struct AgeLinks {
     prev: u32,
     next: u32,
-    linked: bool,
 }
 
 impl Default for AgeLinks {
     fn default() -> AgeLinks {
-        AgeLinks { prev: NIL, next: NIL, linked: false }
+        AgeLinks { prev: NIL, next: NIL }
+    }
+}
+
+impl AgeLinks {
+    fn linked(&self) -> bool {
+        self.prev != NIL
     }
 }
 
@@ -66,9 +75,10 @@ impl AgeList {
 
     /// Appends `id` as the newest.
     pub(crate) fn push_back(&mut self, id: u32, arena: &mut impl LinkArena) {
-        debug_assert!(!arena.links_mut(id).linked, "id {id} is already in the age list");
-        let prev = self.tail.unwrap_or(NIL);
-        *arena.links_mut(id) = AgeLinks { prev, next: NIL, linked: true };
+        debug_assert!(!arena.links_mut(id).linked(), "id {id} is already in the age list");
+        debug_assert!(id < FRONT, "id {id} collides with the list's markers");
+        let prev = self.tail.unwrap_or(FRONT);
+        *arena.links_mut(id) = AgeLinks { prev, next: NIL };
         match self.tail {
             Some(t) => arena.links_mut(t).next = id,
             None => self.head = Some(id),
@@ -79,15 +89,15 @@ impl AgeList {
 
     /// Takes `id` out; returns whether it was in.
     pub(crate) fn remove(&mut self, id: u32, arena: &mut impl LinkArena) -> bool {
-        let Some(l) = arena.links(id).copied().filter(|l| l.linked) else {
+        let Some(l) = arena.links(id).copied().filter(AgeLinks::linked) else {
             return false;
         };
         match l.prev {
-            NIL => self.head = (l.next != NIL).then_some(l.next),
+            FRONT => self.head = (l.next != NIL).then_some(l.next),
             p => arena.links_mut(p).next = l.next,
         }
         match l.next {
-            NIL => self.tail = (l.prev != NIL).then_some(l.prev),
+            NIL => self.tail = (l.prev != FRONT).then_some(l.prev),
             n => arena.links_mut(n).prev = l.prev,
         }
         *arena.links_mut(id) = AgeLinks::default();
@@ -102,7 +112,7 @@ impl AgeList {
 
     /// Whether `id` is in the list.
     pub(crate) fn contains(&self, id: u32, arena: &impl LinkArena) -> bool {
-        arena.links(id).is_some_and(|l| l.linked)
+        arena.links(id).is_some_and(AgeLinks::linked)
     }
 
     /// Ids from oldest to newest (for validation).

@@ -49,7 +49,7 @@
 //! - guards that find their entry by `(slot, token)`: no key clone in the guard, no
 //!   rehash or key comparison on `complete`;
 //! - the timing wheel and the age list link entries by slab index, in one arena of
-//!   32-byte nodes indexed by the same ids (a slot's wheel links and its age-list links
+//!   24-byte nodes indexed by the same ids (a slot's wheel links and its age-list links
 //!   share its node, so the bookkeeping outside the slab is one cache miss per entry,
 //!   not two; merging them took churn's eviction steps from ~180 to ~90 µs here): no
 //!   pointers, no generations, O(1) unlink.

@@ -560,9 +560,12 @@ impl Shard {
                 slot
             }
             None => {
-                // 2^32 entries of at least ENTRY_OVERHEAD bytes each do not fit in memory.
-                let slot =
-                    u32::try_from(self.slots.len()).expect("more than 2^32 entries in one shard");
+                // Ids up to wheel::MAX_ID (2^32 less a thousand) are free to use: that many
+                // entries of at least ENTRY_OVERHEAD bytes each do not fit in memory.
+                let slot = u32::try_from(self.slots.len())
+                    .ok()
+                    .filter(|&slot| slot <= crate::wheel::MAX_ID)
+                    .expect("more than 2^32 entries in one shard");
                 self.slots.push(Some(entry));
                 slot
             }

@@ -6,7 +6,7 @@
 //!
 //! Each id's node also carries a caller-chosen payload `P` that the wheel never reads:
 //! the shard keeps its age-list links there, so the bookkeeping of one entry outside
-//! its slab slot is one 32-byte node, one cache miss, not two arenas' worth.
+//! its slab slot is one 24-byte node, one cache miss, not two arenas' worth.
 //!
 //! Shape: [`NUM_LEVELS`] levels of 64 slots. Level `L` slot `d` holds items whose deadline
 //! agrees with `elapsed` on every 6-bit digit above `L` and has digit `d` at `L`; an item's
@@ -16,8 +16,8 @@
 //! time approaches it, instead of wrapping around and firing early.
 //!
 //! Ground rules:
-//! - every item is in exactly one slot's doubly linked list, found from its node by
-//!   `slot`, so cancel and reschedule are O(1) and leave no stale copy behind;
+//! - every item is in exactly one slot's doubly linked list, whose head's back link names
+//!   the slot, so cancel and reschedule are O(1) and leave no stale copy behind;
 //! - no occupied slot at level `L` lies behind `elapsed`'s digit at `L` (the wheel never
 //!   wraps), and an item with `deadline <= elapsed` sits in level 0 at `elapsed`'s slot;
 //! - [`Wheel::poll`] hands back every item whose deadline is at or before `to`, each once,
@@ -30,24 +30,33 @@ const SLOT_MASK: u64 = SLOTS as u64 - 1;
 /// 11 levels × 6 bits = 66 bits ≥ 64: every `u64` deadline has a level.
 pub(crate) const NUM_LEVELS: usize = 11;
 
+/// The end of a list, and the `prev` of a node that is not scheduled.
 const NIL: u32 = u32::MAX;
-/// `Node::slot` of an id that is not scheduled.
-const UNSCHEDULED: u16 = u16::MAX;
+/// A list's first node has no predecessor; its `prev` names its slot instead, as
+/// `SLOT_BASE + level * SLOTS + digit`, so that unlinking it can find the slot's head
+/// without a field of its own (which would take a node from 24 to 32 bytes).
+const SLOT_BASE: u32 = NIL - (NUM_LEVELS * SLOTS) as u32;
+/// Ids must stay below the slot markers.
+pub(crate) const MAX_ID: u32 = SLOT_BASE - 1;
 
 /// One id's place on the wheel, and its payload.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Node<P> {
     deadline: u64,
+    /// The previous id in the slot's list, the slot's marker (at the head of the list;
+    /// see [`SLOT_BASE`]), or `NIL` when not scheduled.
     prev: u32,
     next: u32,
-    /// `level * SLOTS + digit`, or `UNSCHEDULED`.
-    slot: u16,
     payload: P,
 }
 
 impl<P: Default> Node<P> {
     fn empty() -> Node<P> {
-        Node { deadline: 0, prev: NIL, next: NIL, slot: UNSCHEDULED, payload: P::default() }
+        Node { deadline: 0, prev: NIL, next: NIL, payload: P::default() }
+    }
+
+    fn is_scheduled(&self) -> bool {
+        self.prev != NIL
     }
 }
 
@@ -64,6 +73,11 @@ fn level_for(elapsed: u64, deadline: u64) -> usize {
     let masked = (elapsed ^ deadline) | SLOT_MASK;
     let significant = 63 - masked.leading_zeros();
     (significant / BITS_PER_LEVEL) as usize
+}
+
+/// The `prev` of the node at the head of `level`'s slot `d`.
+fn slot_marker(level: usize, d: u32) -> u32 {
+    SLOT_BASE + (level * SLOTS) as u32 + d
 }
 
 fn digit(tick: u64, level: usize) -> u32 {
@@ -128,6 +142,7 @@ impl<P: Copy + Default> Wheel<P> {
 
     /// Schedules `id` to fire at `deadline`, replacing any earlier schedule of it: O(1).
     pub(crate) fn schedule(&mut self, id: u32, deadline: u64) {
+        debug_assert!(id <= MAX_ID, "id {id} collides with the slot markers");
         let i = id as usize;
         self.node_mut(id);
         self.cancel(id);
@@ -139,7 +154,7 @@ impl<P: Copy + Default> Wheel<P> {
     /// Unschedules `id`; returns whether it was scheduled. O(1).
     pub(crate) fn cancel(&mut self, id: u32) -> bool {
         let Some(node) = self.nodes.get(id as usize).copied() else { return false };
-        if node.slot == UNSCHEDULED {
+        if !node.is_scheduled() {
             return false;
         }
         self.unlink(id, node);
@@ -215,18 +230,18 @@ impl<P: Copy + Default> Wheel<P> {
             self.nodes[head as usize].prev = id;
         }
         let node = &mut self.nodes[id as usize];
-        node.prev = NIL;
+        node.prev = slot_marker(level, d);
         node.next = head;
-        node.slot = (level * SLOTS) as u16 + d as u16;
     }
 
     fn unlink(&mut self, id: u32, node: Node<P>) {
-        let (level, d) = (node.slot as usize / SLOTS, node.slot as usize % SLOTS);
-        if node.prev == NIL {
-            let l = &mut self.levels[level];
-            l.heads[d] = node.next;
+        if node.prev >= SLOT_BASE {
+            // The head of its slot's list; its successor, if any, becomes the head.
+            let slot = (node.prev - SLOT_BASE) as usize;
+            let l = &mut self.levels[slot / SLOTS];
+            l.heads[slot % SLOTS] = node.next;
             if node.next == NIL {
-                l.occupied &= !(1 << d);
+                l.occupied &= !(1 << (slot % SLOTS));
             }
         } else {
             self.nodes[node.prev as usize].next = node.next;
@@ -235,12 +250,12 @@ impl<P: Copy + Default> Wheel<P> {
             self.nodes[node.next as usize].prev = node.prev;
         }
         let n = &mut self.nodes[id as usize];
-        (n.prev, n.next, n.slot) = (NIL, NIL, UNSCHEDULED);
+        (n.prev, n.next) = (NIL, NIL);
     }
 
     /// Whether `id` is scheduled, and for when.
     pub(crate) fn deadline(&self, id: u32) -> Option<u64> {
-        self.nodes.get(id as usize).filter(|n| n.slot != UNSCHEDULED).map(|n| n.deadline)
+        self.nodes.get(id as usize).filter(|n| n.is_scheduled()).map(|n| n.deadline)
     }
 
     /// Re-walks every slot and panics if a list, a count or a placement is wrong.
@@ -250,10 +265,9 @@ impl<P: Copy + Default> Wheel<P> {
             for d in 0..SLOTS {
                 let mut id = l.heads[d];
                 assert_eq!(id != NIL, l.occupied & (1 << d) != 0, "occupancy bit of {level}/{d}");
-                let mut prev = NIL;
+                let mut prev = slot_marker(level, d as u32);
                 while id != NIL {
                     let n = self.nodes[id as usize];
-                    assert_eq!(n.slot as usize, level * SLOTS + d, "node {id} misfiled");
                     assert_eq!(n.prev, prev, "broken back link at {id}");
                     let at = n.deadline.max(self.elapsed);
                     assert_eq!(level_for(self.elapsed, at), level, "node {id} on the wrong level");
