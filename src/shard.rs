@@ -565,7 +565,7 @@ impl Shard {
                 let slot = u32::try_from(self.slots.len())
                     .ok()
                     .filter(|&slot| slot <= crate::wheel::MAX_ID)
-                    .expect("more than 2^32 entries in one shard");
+                    .expect("more entries in one shard than the wheel has ids");
                 self.slots.push(Some(entry));
                 slot
             }
