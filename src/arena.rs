@@ -38,12 +38,13 @@ pub(crate) struct ResultArena {
 }
 
 impl ResultArena {
-    /// Returns `body` packed into the current chunk if it is small enough (starting a
-    /// new chunk when this one is full), or `body` itself.
-    pub(crate) fn pack(&mut self, body: Bytes) -> Bytes {
+    /// A copy of `body` packed into the current chunk (starting a new chunk when this
+    /// one is full), or `None` if it is not worth packing: the caller keeps `body`
+    /// itself then.
+    pub(crate) fn pack(&mut self, body: &Bytes) -> Option<Bytes> {
         if body.is_empty() || body.len() > PACK_MAX {
             // An empty body allocates nothing; a large one gains little from a copy.
-            return body;
+            return None;
         }
         if self.chunk.len() < body.len() {
             // The old chunk is freed with the last of its slices. Zeroed, so that the
@@ -53,8 +54,8 @@ impl ResultArena {
             self.chunk = BytesMut::zeroed(CHUNK);
         }
         let mut packed = self.chunk.split_to(body.len());
-        packed.copy_from_slice(&body);
-        packed.freeze()
+        packed.copy_from_slice(body);
+        Some(packed.freeze())
     }
 }
 
@@ -65,8 +66,8 @@ mod tests {
     #[test]
     fn small_results_are_copied_into_one_chunk_back_to_back() {
         let mut arena = ResultArena::default();
-        let a = arena.pack(Bytes::from(vec![1u8; 100]));
-        let b = arena.pack(Bytes::from(vec![2u8; 100]));
+        let a = arena.pack(&Bytes::from(vec![1u8; 100])).unwrap();
+        let b = arena.pack(&Bytes::from(vec![2u8; 100])).unwrap();
         assert_eq!((&a[..], &b[..]), (&[1u8; 100][..], &[2u8; 100][..]));
         // Adjacent in one buffer: no allocation of their own.
         assert_eq!(a.as_ptr().wrapping_add(100), b.as_ptr());
@@ -76,8 +77,8 @@ mod tests {
     fn large_and_empty_results_are_kept_as_given() {
         let mut arena = ResultArena::default();
         let large = Bytes::from(vec![7u8; PACK_MAX + 1]);
-        assert_eq!(arena.pack(large.clone()).as_ptr(), large.as_ptr());
-        assert!(arena.pack(Bytes::new()).is_empty());
+        assert_eq!(arena.pack(&large), None);
+        assert_eq!(arena.pack(&Bytes::new()), None);
         assert_eq!(arena.chunk.len(), 0, "neither started a chunk");
     }
 
@@ -86,13 +87,13 @@ mod tests {
         let mut arena = ResultArena::default();
         let per_chunk = CHUNK / PACK_MAX;
         let first: Vec<Bytes> =
-            (0..per_chunk).map(|i| arena.pack(Bytes::from(vec![i as u8; PACK_MAX]))).collect();
+            (0..per_chunk).map(|i| arena.pack(&Bytes::from(vec![i as u8; PACK_MAX])).unwrap()).collect();
         // Results of exactly PACK_MAX bytes are packed, and the last one fills the chunk
         // to its end rather than starting another.
         for (i, b) in first.iter().enumerate() {
             assert_eq!(b.as_ptr(), first[0].as_ptr().wrapping_add(i * PACK_MAX));
         }
-        let next = arena.pack(Bytes::from(vec![0xff; PACK_MAX]));
+        let next = arena.pack(&Bytes::from(vec![0xff; PACK_MAX])).unwrap();
         let chunk = first[0].as_ptr()..first[0].as_ptr().wrapping_add(CHUNK);
         assert!(!chunk.contains(&next.as_ptr()), "the full chunk was written past its end");
         // Every earlier slice still reads what was packed into it.

@@ -6,8 +6,13 @@
 //! its lock order), calls one `Shard` method and unlocks; no operation holds two shard
 //! locks, so there is no lock order to get wrong. Every write-locked section ends in
 //! [`Cache::with_shard`]'s epilogue: the condvar is notified, under the lock, when an
-//! entry left PROCESSING while someone waits, and the removal listener is called after
-//! the lock is released.
+//! entry left PROCESSING while someone waits; after the lock is released, a few results
+//! of departed entries are dropped and the removal listener is called.
+//!
+//! What runs under a shard lock is the shard's own code and the cache's [`Clock`]:
+//! nothing the caller supplied is dropped there (a `Bytes` may own the caller's value,
+//! whose `Drop` could call back into the cache) and the listener is called outside it.
+//! A listener's panic is caught and counted; it never changes what the cache did.
 //!
 //! The one read-locked section is a replay hit ([`Cache::claim`]'s first try): it
 //! changes no entry, so replays of one shard run side by side, and it counts itself in
@@ -15,19 +20,20 @@
 //! mismatch) is answered by the write-locked claim, which looks again.
 
 use std::fmt;
-use std::time::{Duration, Instant};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 
 use crate::config::Config;
 use crate::guard::ClaimGuard;
-use crate::shard::{Limits, Shard};
+use crate::shard::{Limits, Shard, FREE_BATCH};
 use crate::sync::{
     Arc, AtomicU64, CachePadded, Condvar, Mutex, Ordering, RwLock, RwLockWriteGuard,
 };
 use crate::{
-    CacheBuilder, Claim, ClaimError, Clock, EntrySnapshot, Fingerprint, Key, RemovalCause,
-    ResolveError, Stats, Timestamp,
+    CacheBuilder, Claim, ClaimError, Clock, EntrySnapshot, Fingerprint, InsertError, Key, Known,
+    RemovalCause, ResolveError, Stats, Timestamp, UnknownEntry,
 };
 
 /// An idempotency cache: claim a key before executing an intent, replay its result after.
@@ -61,6 +67,8 @@ struct Inner {
     hasher: ahash::RandomState,
     config: Config,
     clock: Box<dyn Clock>,
+    /// Removal-listener calls that panicked (caught; see [`Cache::tell`]).
+    listener_panics: AtomicU64,
 }
 
 /// `repr(C)` keeps the replay counter on the lock word's cache line, which a replay has
@@ -110,6 +118,11 @@ impl Cache {
             tick_nanos: config.tick.as_nanos() as u64,
         };
         let hasher = ahash::RandomState::new();
+        // Tokens start at the wall clock, so a restarted process issues larger ones
+        // than before (see `FencingToken`).
+        let token_base = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX / 2));
         let shards = (0..n)
             .map(|i| {
                 CachePadded(ShardCell {
@@ -118,6 +131,7 @@ impl Cache {
                         hasher.clone(),
                         i,
                         n,
+                        token_base,
                         limits,
                         config.listener.is_some(),
                     )),
@@ -126,7 +140,15 @@ impl Cache {
                 })
             })
             .collect();
-        Cache { inner: Arc::new(Inner { shards, hasher, config, clock }) }
+        Cache {
+            inner: Arc::new(Inner {
+                shards,
+                hasher,
+                config,
+                clock,
+                listener_panics: AtomicU64::new(0),
+            }),
+        }
     }
 
     /// The key's table hash and shard. Bits 40.. pick the shard, so they stay independent
@@ -138,9 +160,41 @@ impl Cache {
         (crate::shard::table_hash(hash), shard)
     }
 
+    /// The current time on the cache's clock: what [`Claim`]'s and [`Replay`](crate::Replay)'s
+    /// timestamps are measured against.
     #[inline]
-    fn now(&self) -> Timestamp {
+    pub fn now(&self) -> Timestamp {
         self.inner.clock.now()
+    }
+
+    /// How long from now until `at` on the cache's clock (zero if it has passed): e.g.
+    /// a `Retry-After` from [`Claim::InProgress`]'s `lease_ends_at`.
+    pub fn time_until(&self, at: Timestamp) -> Duration {
+        at.saturating_duration_since(self.now())
+    }
+
+    /// The wall-clock time of a timestamp on the cache's clock, for logs and stored
+    /// records: the system's time now, moved by the timestamp's distance from the
+    /// cache's now. As exact as the two clocks agree on how much time passed.
+    pub fn system_time(&self, at: Timestamp) -> SystemTime {
+        let (now, wall) = (self.now(), SystemTime::now());
+        let moved = if at >= now {
+            wall.checked_add(at.saturating_duration_since(now))
+        } else {
+            wall.checked_sub(now.saturating_duration_since(at))
+        };
+        moved.unwrap_or(wall)
+    }
+
+    /// The timestamp on the cache's clock of a wall-clock time, the inverse of
+    /// [`Cache::system_time`]: e.g. to [`insert`](Cache::insert) a record whose times a
+    /// database kept. Times before the clock's origin read as its origin.
+    pub fn timestamp_at(&self, at: SystemTime) -> Timestamp {
+        let (now, wall) = (self.now(), SystemTime::now());
+        match at.duration_since(wall) {
+            Ok(ahead) => now.saturating_add(ahead),
+            Err(behind) => now.saturating_sub(behind.duration()),
+        }
     }
 
     pub(crate) fn config(&self) -> &Config {
@@ -160,38 +214,39 @@ impl Cache {
         let mut guard = cell.shard.write();
         let now = self.now();
         let out = f(&mut guard, now, &self.inner.config);
-        if guard.left_processing || !guard.removed.is_empty() {
+        if guard.left_processing || !guard.removed.is_empty() || !guard.graveyard.is_empty() {
             self.epilogue(guard, cell);
         }
         out
     }
 
-    /// The end of a locked section that changed more than one entry's answer: wake
-    /// waiters if an entry left PROCESSING, then unlock and tell the listener what left.
-    /// Out of line, so the common path (a replay) carries none of it.
+    /// The end of a locked section that did more than answer: wake waiters if an entry
+    /// left PROCESSING; then, unlocked, free a few departed results and tell the listener
+    /// what left. Out of line, so the common path carries none of it.
     #[cold]
     #[inline(never)]
     fn epilogue(&self, mut guard: RwLockWriteGuard<'_, Shard>, cell: &ShardCell) {
-        let removed = Self::take_changes(&mut guard, cell);
-        drop(guard);
-        self.tell(removed);
-    }
-
-    /// Wakes waiters if an entry left PROCESSING, and takes the removals the listener
-    /// must hear about. Called under the lock.
-    fn take_changes(shard: &mut Shard, cell: &ShardCell) -> Vec<(Key, RemovalCause)> {
-        if std::mem::take(&mut shard.left_processing) && shard.waiters > 0 {
+        if std::mem::take(&mut guard.left_processing) && guard.waiters > 0 {
             let _sleeping = cell.sleep.lock();
             cell.changed.notify_all();
         }
-        std::mem::take(&mut shard.removed)
+        let freed: [Option<Bytes>; FREE_BATCH] = std::array::from_fn(|_| guard.graveyard.pop());
+        let removed = std::mem::take(&mut guard.removed);
+        drop(guard);
+        drop(freed);
+        self.tell(removed);
     }
 
-    /// Hands removals to the listener; called with no lock held.
+    /// Hands removals to the listener; called with no lock held. A panicking call is
+    /// caught and counted ([`Stats::listener_panics`]): the removal happened whatever
+    /// the listener does, the caller still gets its answer (a guard it acquired is not
+    /// dropped by someone else's panic), and the other removals are still told.
     fn tell(&self, removed: Vec<(Key, RemovalCause)>) {
         if let Some(listener) = &self.inner.config.listener {
             for (key, cause) in &removed {
-                listener(key, *cause);
+                if catch_unwind(AssertUnwindSafe(|| listener(key, *cause))).is_err() {
+                    self.inner.listener_panics.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -232,10 +287,15 @@ impl Cache {
     /// "unknown", or [`Claim::Acquired`] if the owner released the key or its lease
     /// lapsed. If `timeout` passes first, returns [`Claim::InProgress`].
     ///
+    /// **This blocks the calling thread** for up to `timeout`. Do not call it on an
+    /// async runtime's worker thread: on a current-thread runtime the owner cannot run
+    /// while the waiter holds the only thread, so the wait always times out.
+    ///
     /// `timeout` is real time (the thread really sleeps); lease ends are read on the
     /// cache's clock. A waiter sleeps on its shard's condvar, so it costs nothing while it
     /// waits and cannot miss the wake-up: the state is re-checked under the same lock the
-    /// owner's outcome is written under.
+    /// owner's outcome is written under. One call counts one answer in [`Stats`], the
+    /// one it returns, however often it woke.
     pub fn claim_wait(
         &self,
         key: &Key,
@@ -269,6 +329,8 @@ impl Cache {
                 self.epilogue(guard, cell);
                 return claim;
             }
+            // Not this call's answer: it counts the one it returns.
+            guard.counters.in_progress -= 1;
             // Wake at the lease's end at the latest: a lapse is noticed by whoever looks.
             let nap = left.min(lease_ends_at.saturating_duration_since(now));
             // Registered and holding `sleep` before the shard unlocks: a notifier needs
@@ -286,8 +348,55 @@ impl Cache {
     /// UNKNOWN → COMPLETED. Repeats then replay `result`.
     pub fn resolve(&self, key: &Key, result: impl Into<Bytes>) -> Result<(), ResolveError> {
         let (hash, shard) = self.locate(key);
-        let body = result.into();
-        self.with_shard(shard, |s, now, cfg| s.resolve(hash, key, body, now, cfg))
+        let mut body = Some(result.into());
+        // What the shard does not keep is dropped here, after unlocking.
+        self.with_shard(shard, |s, now, cfg| s.resolve(hash, key, &mut body, now, cfg))
+    }
+
+    /// Puts a fact learned elsewhere into the cache (warming it from a database,
+    /// restoring it after a restart, remembering that a key belongs to one request),
+    /// keeping its original times: absent → COMPLETED or UNKNOWN, no claim and no
+    /// execution involved. Counted in [`Stats::inserted`], not as an acquisition or a
+    /// completion.
+    ///
+    /// Fenced against claims: refused with [`InsertError::Occupied`] if the key has a
+    /// live entry, whatever its state, so a fact never displaces an owner executing the
+    /// key (or an outcome the cache already holds). A body over `max_result_size` is
+    /// kept as completed-without-body, as [`ClaimGuard::complete`](crate::ClaimGuard::complete)
+    /// does. For eviction an inserted result counts as completed when inserted.
+    pub fn insert(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        known: Known,
+    ) -> Result<(), InsertError> {
+        let (hash, shard) = self.locate(key);
+        let mut known = known;
+        let mut body = match &mut known {
+            Known::Completed { body, .. } => body.take(),
+            Known::Unknown { .. } => None,
+        };
+        self.with_shard(shard, |s, now, cfg| {
+            s.insert_known(hash, key, fingerprint, &known, &mut body, now, cfg)
+        })
+    }
+
+    /// Up to `limit` live UNKNOWN entries, those marked longest ago first, for a
+    /// reconciler to check against the authority and then
+    /// [`resolve`](Cache::resolve) or [`forget`](Cache::forget).
+    ///
+    /// Takes each shard's lock in turn for at most `limit` entries of its list of
+    /// UNKNOWN entries (it never scans the map): `O(shards × limit)`. Entries you
+    /// cannot settle yet are listed again, first, on the next call.
+    pub fn unknown_entries(&self, limit: usize) -> Vec<UnknownEntry> {
+        let mut all = Vec::new();
+        for cell in self.inner.shards.iter() {
+            let shard = cell.shard.read();
+            all.extend(shard.unknown_entries(limit, self.now()));
+        }
+        all.sort_by_key(|e| e.marked_at);
+        all.truncate(limit);
+        all
     }
 
     /// Drops an UNKNOWN entry after checking the authority found no effect:
@@ -314,7 +423,7 @@ impl Cache {
     }
 
     /// Reclaims every expired entry now, shard by shard, and returns how many; also frees
-    /// the results of evicted entries that inserts have not freed yet. Each shard is
+    /// the results of departed entries that operations have not freed yet. Each shard is
     /// swept in bounded steps, releasing its lock between them. For CLIs and tests;
     /// services may prefer [`Cache::spawn_sweeper`].
     pub fn run_pending(&self) -> usize {
@@ -323,11 +432,17 @@ impl Cache {
         let mut reclaimed = 0;
         for shard in 0..self.inner.shards.len() {
             loop {
-                let (n, done) = self.with_shard(shard, |s, now, _| {
-                    let freed = s.free_evicted(STEP);
-                    let (n, swept) = s.sweep(now, STEP);
-                    (n, freed && swept)
+                let (n, done, freed) = self.with_shard(shard, |s, now, _| {
+                    let (mut n, swept) = s.sweep(now, STEP);
+                    if swept {
+                        // What died since the current tick began, too: "every expired
+                        // entry", not every one a whole tick ago.
+                        n += s.reclaim_within_tick(now);
+                    }
+                    (n, swept, std::mem::take(&mut s.graveyard))
                 });
+                // Dropped unlocked: departed results may own the caller's values.
+                drop(freed);
                 reclaimed += n;
                 if done {
                     break;
@@ -364,9 +479,10 @@ impl Cache {
         let mut stats = Stats::default();
         for cell in self.inner.shards.iter() {
             let shard = cell.shard.read();
-            stats.add(&shard.counters, shard.entries(), shard.bytes());
+            stats.add(&shard.counters, shard.entries(), shard.bytes(), shard.waiters);
             stats.replayed += cell.replayed.load(Ordering::Relaxed);
         }
+        stats.listener_panics = self.inner.listener_panics.load(Ordering::Relaxed);
         stats
     }
 

@@ -6,7 +6,7 @@
 
 use bytes::Bytes;
 
-use crate::{ClaimGuard, Fingerprint, Timestamp};
+use crate::{ClaimGuard, Fingerprint, Key, Timestamp};
 
 /// The answer to [`Cache::claim`](crate::Cache::claim): may the caller execute this intent?
 #[derive(Debug)]
@@ -72,8 +72,17 @@ impl Replay {
 ///
 /// Pass it to the authority with the write ("`UPDATE ... WHERE fence < $token`") so that a
 /// stale owner, whose lease lapsed and whose key was taken over, cannot overwrite the new
-/// owner's effect there either. Tokens are unique within one cache and increase per key;
-/// they restart when the process does.
+/// owner's effect there either.
+///
+/// - Within one cache, tokens are unique and increase per key.
+/// - Across restarts of one process, a new cache's tokens are larger than any the old one
+///   issued: they start from the wall clock (nanoseconds since the Unix epoch) at
+///   `build()`. This holds as long as the wall clock did not step back between the two
+///   runs and no shard averaged more than one claim per `shard_count` nanoseconds (with
+///   16 shards, 62 million claims a second per shard).
+/// - Tokens of two caches running at the same time (two processes, or two caches in
+///   one) are **not** comparable: fencing across processes needs tokens from one shared
+///   counter, which a durable store provides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(pub(crate) u64);
 
@@ -132,4 +141,48 @@ pub enum RemovalCause {
     /// It was removed on purpose: `remove`, `forget`, or a release by its owner (an
     /// explicit `release` or a guard dropped under [`DropPolicy::Release`](crate::DropPolicy::Release)).
     Removed,
+}
+
+/// A fact about a key learned outside this cache — a durable store, a snapshot, a
+/// database row — for [`Cache::insert`](crate::Cache::insert), with its original times
+/// on the cache's clock (see [`Cache::timestamp_at`](crate::Cache::timestamp_at) to
+/// convert wall-clock times).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Known {
+    /// The intent completed. Repeats replay `body` (`None`: completed without a kept
+    /// body, which also serves to remember that a key belongs to one fingerprint).
+    Completed {
+        /// The stored result, if kept.
+        body: Option<Bytes>,
+        /// When the intent completed: at or before now.
+        completed_at: Timestamp,
+        /// When the result stops being replayed: after now, within
+        /// [`MAX_DURATION`](crate::MAX_DURATION) of it.
+        expires_at: Timestamp,
+    },
+    /// The outcome is unknown: claims answer [`Claim::Unknown`] until it is resolved,
+    /// forgotten or expires.
+    Unknown {
+        /// When the outcome was marked unknown: at or before now.
+        marked_at: Timestamp,
+        /// When the mark expires: after now, within
+        /// [`MAX_DURATION`](crate::MAX_DURATION) of it.
+        expires_at: Timestamp,
+    },
+}
+
+/// An UNKNOWN entry, as listed for a reconciler by
+/// [`Cache::unknown_entries`](crate::Cache::unknown_entries).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UnknownEntry {
+    /// The entry's key.
+    pub key: Key,
+    /// The fingerprint of the request that claimed it.
+    pub fingerprint: Fingerprint,
+    /// When its outcome was marked unknown.
+    pub marked_at: Timestamp,
+    /// When the mark expires and the key becomes claimable again.
+    pub expires_at: Timestamp,
 }

@@ -45,6 +45,12 @@ impl Timestamp {
         Timestamp(self.0.saturating_add(nanos))
     }
 
+    /// `self - d`, saturating at the origin.
+    pub fn saturating_sub(self, d: Duration) -> Timestamp {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        Timestamp(self.0.saturating_sub(nanos))
+    }
+
     /// Time from `earlier` to `self`, or zero if `earlier` is later.
     pub fn saturating_duration_since(self, earlier: Timestamp) -> Duration {
         Duration::from_nanos(self.0.saturating_sub(earlier.0))

@@ -23,6 +23,10 @@ pub(crate) const MIN_ENTRIES_PER_SHARD: usize = 64;
 /// A shard never gets fewer bytes than this: the shard count is lowered for small caches.
 pub(crate) const MIN_BYTES_PER_SHARD: usize = 64 * 1024;
 
+/// A shard's byte share holds at least this many results of `max_result_size`: the shard
+/// count is lowered until it does.
+pub(crate) const MAX_RESULTS_PER_SHARD_AT_LEAST: usize = 4;
+
 /// The longest TTL or lease the cache accepts: 100 years. Longer is a bug in the caller
 /// (and would overflow deadline arithmetic).
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -88,7 +92,8 @@ impl fmt::Debug for Config {
 /// The bounds are enforced per shard, each shard holding `max_entries / shards` entries
 /// and `max_bytes / shards` bytes (rounded up), as in quick_cache: that keeps eviction a
 /// shard-local step under one lock. For small caches the shard count is lowered so each
-/// shard holds at least 64 entries and 64 KiB.
+/// shard holds at least 64 entries, 64 KiB and four results of `max_result_size` (so
+/// that keeping one large result never needs more than a quarter of a shard evicted).
 ///
 /// ```
 /// use std::time::Duration;
@@ -183,7 +188,8 @@ impl CacheBuilder {
     }
 
     /// The largest result body kept for replay; a larger result is recorded as
-    /// completed-without-body (the work happened and must not be redone).
+    /// completed-without-body (the work happened and must not be redone). At most
+    /// `max_bytes`; see the shard rule above for how it lowers the shard count.
     pub fn max_result_size(mut self, bytes: usize) -> Self {
         self.max_result_size = bytes;
         self
@@ -247,19 +253,27 @@ impl CacheBuilder {
         if self.tick < MIN_TICK || self.tick > MAX_TICK {
             return Err(BuildError::Tick(self.tick));
         }
+        if self.max_result_size == 0 || self.max_result_size > MAX_RESULT_SIZE_LIMIT {
+            return Err(BuildError::MaxResultSize(self.max_result_size));
+        }
+        if self.max_result_size > self.max_bytes {
+            return Err(BuildError::MaxResultSizeAboveMaxBytes {
+                max_result_size: self.max_result_size,
+                max_bytes: self.max_bytes,
+            });
+        }
         let fit = |total: usize, floor: usize| prev_power_of_two((total / floor).max(1));
+        let bytes_floor =
+            MIN_BYTES_PER_SHARD.max(self.max_result_size * MAX_RESULTS_PER_SHARD_AT_LEAST);
         let shards = requested
             .min(fit(self.max_entries, MIN_ENTRIES_PER_SHARD))
-            .min(fit(self.max_bytes, MIN_BYTES_PER_SHARD));
+            .min(fit(self.max_bytes, bytes_floor));
         for (setting, value) in [
             ("completed_ttl", self.completed_ttl),
             ("lease", self.lease),
             ("unknown_ttl", self.unknown_ttl),
         ] {
             check_duration(value).map_err(|value| BuildError::Duration { setting, value })?;
-        }
-        if self.max_result_size == 0 || self.max_result_size > MAX_RESULT_SIZE_LIMIT {
-            return Err(BuildError::MaxResultSize(self.max_result_size));
         }
         let config = Config {
             shards,

@@ -12,6 +12,13 @@ pub enum ClaimError {
     /// The cache is full of entries it may not evict (in-flight or unknown outcomes), so
     /// it cannot guard this key (HTTP 503).
     CapacityExhausted,
+    /// The cache's clock reads so close to the end of its range (about 584 years after
+    /// its origin) that a lease starting now could not run its length. Only a custom
+    /// [`Clock`](crate::Clock) or a [`ManualClock`](crate::ManualClock) gets here.
+    ClockOutOfRange {
+        /// The clock's reading.
+        now: crate::Timestamp,
+    },
 }
 
 impl fmt::Display for ClaimError {
@@ -19,6 +26,11 @@ impl fmt::Display for ClaimError {
         match self {
             ClaimError::CapacityExhausted => f.write_str(
                 "idempotency cache is full of in-flight entries; refusing to execute unguarded",
+            ),
+            ClaimError::ClockOutOfRange { now } => write!(
+                f,
+                "the cache's clock reads {now:?}, too close to the end of its range for a lease \
+                 to run its length; refusing to execute unguarded"
             ),
         }
     }
@@ -111,6 +123,13 @@ pub enum BuildError {
     },
     /// `max_result_size` is zero or above [`MAX_RESULT_SIZE_LIMIT`](crate::MAX_RESULT_SIZE_LIMIT).
     MaxResultSize(usize),
+    /// `max_result_size` is larger than `max_bytes`: no result that size could be kept.
+    MaxResultSizeAboveMaxBytes {
+        /// The refused `max_result_size`.
+        max_result_size: usize,
+        /// The cache's `max_bytes`.
+        max_bytes: usize,
+    },
     /// `max_entries` is zero.
     MaxEntries(usize),
     /// `max_bytes` is below 64 KiB, too small to hold one entry of the largest key.
@@ -135,6 +154,11 @@ impl fmt::Display for BuildError {
                 "max_result_size {n} refused: it must be between 1 and {} bytes",
                 crate::MAX_RESULT_SIZE_LIMIT
             ),
+            BuildError::MaxResultSizeAboveMaxBytes { max_result_size, max_bytes } => write!(
+                f,
+                "max_result_size {max_result_size} refused: it is larger than max_bytes \
+                 {max_bytes}, so no result that size could ever be kept"
+            ),
             BuildError::MaxEntries(n) => {
                 write!(f, "max_entries {n} refused: it must be at least 1")
             }
@@ -152,3 +176,66 @@ impl fmt::Display for BuildError {
 }
 
 impl std::error::Error for BuildError {}
+
+/// Why [`ClaimGuard::set_result_ttl`](crate::ClaimGuard::set_result_ttl) refused. The
+/// guard is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SetResultTtlError {
+    /// The TTL is zero or longer than [`MAX_DURATION`](crate::MAX_DURATION).
+    InvalidDuration(Duration),
+}
+
+impl fmt::Display for SetResultTtlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SetResultTtlError::InvalidDuration(d) => write!(
+                f,
+                "result TTL of {d:?} refused: it must be positive and at most {:?}",
+                crate::MAX_DURATION
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SetResultTtlError {}
+
+/// Why [`Cache::insert`](crate::Cache::insert) refused. Nothing was inserted and nothing
+/// else changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InsertError {
+    /// The key has a live entry, shown here: a claim may be executing it, or the cache
+    /// already knows its outcome. A fact from elsewhere never overrides a live entry.
+    Occupied(crate::EntrySnapshot),
+    /// `expires_at` is not after now: there is nothing left to remember.
+    Expired,
+    /// `completed_at` / `marked_at` is after now.
+    StartsInTheFuture,
+    /// `expires_at` is further from now than [`MAX_DURATION`](crate::MAX_DURATION).
+    TtlTooLong,
+    /// The key's shard is full of entries it may not evict.
+    CapacityExhausted,
+}
+
+impl fmt::Display for InsertError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InsertError::Occupied(_) => {
+                f.write_str("the key already has a live entry; a fact from elsewhere never replaces one")
+            }
+            InsertError::Expired => f.write_str("the fact expires at or before now; nothing inserted"),
+            InsertError::StartsInTheFuture => {
+                f.write_str("the fact's completion or mark time is after the cache's now")
+            }
+            InsertError::TtlTooLong => write!(
+                f,
+                "the fact expires more than {:?} from now",
+                crate::MAX_DURATION
+            ),
+            InsertError::CapacityExhausted => ClaimError::CapacityExhausted.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for InsertError {}

@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use crate::cache::{Cache, Ticket};
 use crate::config::check_duration;
-use crate::{DropPolicy, ExtendLeaseError, FencingToken, LeaseLost, Timestamp};
+use crate::{DropPolicy, ExtendLeaseError, FencingToken, LeaseLost, SetResultTtlError, Timestamp};
 
 /// Ownership of a claimed key: execute the intent, then call exactly one of
 /// [`complete`](ClaimGuard::complete), [`release`](ClaimGuard::release) or
@@ -61,21 +61,24 @@ impl ClaimGuard {
     /// completed-without-body.
     ///
     /// A result of up to 512 bytes kept for the cache's `completed_ttl` is copied into
-    /// memory the cache shares among such results, and `result` is dropped at once;
-    /// a larger one is kept as given, without a copy. Either way, what a repeat gets is
-    /// the same bytes.
+    /// memory the cache shares among such results, and `result` is dropped before this
+    /// returns; a larger one is kept as given, without a copy. Either way, what a repeat
+    /// gets is the same bytes. `result` is never dropped under the cache's lock, so its
+    /// owner's `Drop` may use the cache.
     pub fn complete(mut self, result: impl Into<Bytes>) -> Result<(), LeaseLost> {
         self.finished = true;
         let Ticket { shard, slot, token } = self.ticket;
-        let (body, ttl) = (result.into(), self.result_ttl);
-        self.cache.with_shard(shard, |s, now, cfg| s.complete(slot, token, body, ttl, now, cfg))
+        let (mut body, ttl) = (Some(result.into()), self.result_ttl);
+        // What the shard does not keep is dropped here, after unlocking.
+        self.cache
+            .with_shard(shard, |s, now, cfg| s.complete(slot, token, &mut body, ttl, now, cfg))
     }
 
     /// Overrides, for this claim only, how long [`complete`](ClaimGuard::complete) keeps
     /// the result (the cache's `completed_ttl` otherwise). Refused if zero or longer than
     /// [`MAX_DURATION`](crate::MAX_DURATION); the guard is unchanged then.
-    pub fn set_result_ttl(&mut self, ttl: Duration) -> Result<(), ExtendLeaseError> {
-        self.result_ttl = check_duration(ttl).map_err(ExtendLeaseError::InvalidDuration)?;
+    pub fn set_result_ttl(&mut self, ttl: Duration) -> Result<(), SetResultTtlError> {
+        self.result_ttl = check_duration(ttl).map_err(SetResultTtlError::InvalidDuration)?;
         Ok(())
     }
 

@@ -91,13 +91,21 @@ mod wheel;
 #[cfg(not(idemcache_loom))]
 pub use cache::Sweeper;
 pub use cache::{Cache, SweeperError};
-pub use claim::{Claim, EntrySnapshot, EntryState, FencingToken, RemovalCause, Replay};
+/// The byte buffer results are stored and replayed as, re-exported so that naming it
+/// needs no dependency of your own.
+pub use bytes::Bytes;
+pub use claim::{
+    Claim, EntrySnapshot, EntryState, FencingToken, Known, RemovalCause, Replay, UnknownEntry,
+};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{
     CacheBuilder, DropPolicy, MAX_DURATION, MAX_RESULT_SIZE_LIMIT, MAX_SHARDS, MAX_TICK, MIN_TICK,
 };
 pub use entry::ENTRY_OVERHEAD;
-pub use error::{BuildError, ClaimError, ExtendLeaseError, LeaseLost, ResolveError};
+pub use error::{
+    BuildError, ClaimError, ExtendLeaseError, InsertError, LeaseLost, ResolveError,
+    SetResultTtlError,
+};
 pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use guard::ClaimGuard;
 pub use key::{Key, KeyError, MAX_CLIENT_KEY_LEN, MAX_SCOPE_AND_TENANT_LEN};

@@ -13,10 +13,17 @@
 //! a shard, so a reused slot never matches an old guard.
 //!
 //! Invariants (re-checked by [`Shard::validate`]): `entries` and `bytes` equal the count
-//! and summed [`Entry::charge`] of occupied slots; every occupied slot is in the table
-//! exactly once and on the wheel exactly once, at its deadline's tick; a slot is in the
-//! age list iff its entry is COMPLETED; `entries <= max_entries` and
+//! and summed [`Entry::charge`] of occupied slots, `completed_bytes` the summed charge of
+//! COMPLETED ones; every occupied slot is in the table exactly once and on the wheel
+//! exactly once, at its deadline's tick; a slot is in the age list iff its entry is
+//! COMPLETED and in the unknown list iff it is UNKNOWN; `entries <= max_entries` and
 //! `bytes <= max_bytes` after every operation.
+//!
+//! What runs under the shard lock: only this file's code and the cache's clock. No
+//! caller-supplied value is dropped here (a drop can run the caller's code, e.g. a
+//! `Bytes::from_owner` owner): a body the shard does not keep is left in the caller's
+//! `Option`, and the bodies of entries that leave go to `graveyard`, which the cache
+//! empties after unlocking.
 
 use std::time::{Duration, Instant};
 
@@ -30,8 +37,8 @@ use crate::evict::{self, AgeLinks, AgeList};
 use crate::stats::Counters;
 use crate::wheel::Wheel;
 use crate::{
-    Claim, ClaimError, EntrySnapshot, Fingerprint, Key, LeaseLost, RemovalCause, Replay,
-    ResolveError, Timestamp,
+    Claim, ClaimError, EntrySnapshot, Fingerprint, InsertError, Key, Known, LeaseLost,
+    RemovalCause, Replay, ResolveError, Timestamp, UnknownEntry,
 };
 
 /// Wheel work (node moves) an insert may spend reclaiming expired entries. An entry costs
@@ -41,19 +48,30 @@ use crate::{
 /// full shard sweeps everything due at once; see `make_room`.)
 const SWEEP_WORK_PER_INSERT: usize = 16;
 
-/// Results of evicted entries freed together, by every this-many-th insert. An
-/// eviction step unlinks a tenth of the shard at once but leaves their results in
-/// `evicted_bodies`, to be freed a few at a time: freeing thousands of same-sized
-/// buffers in one go overflows the allocator's per-thread cache and makes it coalesce
-/// chunks (a quarter of churn's time, profiled), while freeing a few as the caller
-/// allocates the next results reuses them hot. Four at once (not one per insert) lets
-/// the processor overlap their cache misses (the oldest results are long out of cache),
-/// and stays under glibc's per-thread cache of seven chunks per size: 4% off churn here.
-/// One per insert on average is enough: the shard cannot fill and evict again before
-/// as many inserts as it evicted, and an eviction step frees whatever the last one left
-/// first, so the shard never holds more than three results beyond what it held at its
-/// bound before the step.
-const FREE_EVICTED_BATCH: u64 = 4;
+/// Results of departed entries the cache frees after each locked operation, outside the
+/// lock. An eviction step unlinks a tenth of the shard at once but leaves their results
+/// in `graveyard`, to be freed a few at a time: freeing thousands of same-sized buffers
+/// in one go overflows the allocator's per-thread cache and makes it coalesce chunks (a
+/// quarter of churn's time, profiled), while freeing a few as the caller allocates the
+/// next results reuses them hot. Four at once lets the processor overlap their cache
+/// misses (the oldest results are long out of cache) and stays under glibc's per-thread
+/// cache of seven chunks per size. The shard cannot fill and evict again before as many
+/// inserts as it evicted, each freeing four, so the graveyard never holds more than one
+/// eviction step's results.
+pub(crate) const FREE_BATCH: usize = 4;
+
+/// The latest deadline an entry may have: one [`MAX_TICK`](crate::MAX_TICK) short of
+/// the end of time, so that the wheel tick it rounds up to is one a clock can still
+/// reach (an entry due at a tick no clock reading reaches would never be reclaimed).
+/// A claim whose lease would end later is refused ([`ClaimError::ClockOutOfRange`]);
+/// results and marks made that late are kept until this deadline, shorter than asked.
+pub(crate) const LAST_DEADLINE: Timestamp =
+    Timestamp::from_nanos(u64::MAX - crate::MAX_TICK.as_nanos() as u64);
+
+/// `now + d`, capped at [`LAST_DEADLINE`].
+fn deadline_after(now: Timestamp, d: Duration) -> Timestamp {
+    now.saturating_add(d).min(LAST_DEADLINE)
+}
 
 /// The hash a shard's table files a key under, from the key's 64-bit hash: its low 32
 /// bits, twice. Entries keep those 32 bits, so the table grows and entries leave
@@ -90,9 +108,16 @@ pub(crate) struct Shard {
     wheel: Wheel<AgeLinks>,
     /// COMPLETED entries, oldest completion first (links in `wheel`'s nodes).
     age: AgeList,
-    /// Tokens issued here are `issued * token_stride + token_offset`: unique across the
-    /// cache (each shard has its own offset) and increasing per key.
+    /// Summed charge of the entries in `age`: what evicting all of them would free.
+    completed_bytes: usize,
+    /// UNKNOWN entries, oldest mark first, for a reconciler. Shares the link fields with
+    /// `age`: an entry is never both COMPLETED and UNKNOWN.
+    unknown: AgeList,
+    /// Tokens issued here are `token_base + issued * token_stride + token_offset`:
+    /// unique across the cache (each shard has its own offset), increasing per key, and
+    /// (the base being the wall clock at build) larger after a restart.
     issued: u64,
+    token_base: u64,
     token_stride: u64,
     token_offset: u64,
     entries: usize,
@@ -103,9 +128,10 @@ pub(crate) struct Shard {
     pub(crate) waiters: usize,
     /// Set when an entry left PROCESSING; the cache wakes waiters and clears it.
     pub(crate) left_processing: bool,
-    /// Results of entries evicted but not yet freed; see [`FREE_EVICTED_BATCH`].
-    /// Already gone from every count: nobody can reach them.
-    evicted_bodies: Vec<Bytes>,
+    /// Results of entries that left (evicted, expired, removed), not yet freed; the
+    /// cache frees them after unlocking, [`FREE_BATCH`] per operation. Already gone from
+    /// every count: nobody can reach them.
+    pub(crate) graveyard: Vec<Bytes>,
     /// Where results kept for the default TTL are packed (see [`ResultArena`]).
     results: ResultArena,
     /// Removals for the listener, handed to it by the cache after unlocking; only kept
@@ -119,6 +145,7 @@ impl Shard {
         hasher: ahash::RandomState,
         index: usize,
         shard_count: usize,
+        token_base: u64,
         limits: Limits,
         record_removals: bool,
     ) -> Shard {
@@ -129,7 +156,10 @@ impl Shard {
             free: Vec::new(),
             wheel: Wheel::new(0),
             age: AgeList::default(),
+            completed_bytes: 0,
+            unknown: AgeList::default(),
             issued: 0,
+            token_base,
             token_stride: shard_count as u64,
             token_offset: index as u64,
             entries: 0,
@@ -138,7 +168,7 @@ impl Shard {
             counters: Counters::default(),
             waiters: 0,
             left_processing: false,
-            evicted_bodies: Vec::new(),
+            graveyard: Vec::new(),
             results: ResultArena::default(),
             removed: Vec::new(),
             record_removals,
@@ -199,7 +229,7 @@ impl Shard {
 
     fn next_token(&mut self) -> u64 {
         self.issued += 1;
-        self.issued * self.token_stride + self.token_offset
+        self.token_base + self.issued * self.token_stride + self.token_offset
     }
 
     /// The claim transition: absent (or dead) → PROCESSING, or the answer for a live entry.
@@ -241,12 +271,19 @@ impl Shard {
         now: Timestamp,
         cfg: &Config,
     ) -> Result<(u32, u64, Timestamp), ClaimError> {
+        let lease_ends_at = now.saturating_add(cfg.lease);
+        if lease_ends_at > LAST_DEADLINE {
+            // Checked before anything changes: an error leaves the shard as it was.
+            return Err(ClaimError::ClockOutOfRange { now });
+        }
         if let Some(dead) = existing {
             self.expire(dead);
         }
-        let lease_ends_at = now.saturating_add(cfg.lease);
         let charge = Entry::charge_for(key, None);
-        self.make_room(now, 1, charge)?;
+        if let Err(full) = self.make_room(now, 1, charge) {
+            self.counters.capacity_refusals += 1;
+            return Err(full);
+        }
         let token = self.next_token();
         let slot = self.insert(
             hash,
@@ -264,9 +301,6 @@ impl Shard {
         self.counters.acquired += 1;
         // Reclaim a little of what has expired; the new entry is live, so it is not due.
         self.sweep(now, SWEEP_WORK_PER_INSERT);
-        if self.counters.acquired % FREE_EVICTED_BATCH == 0 {
-            let _ = self.free_evicted(FREE_EVICTED_BATCH as usize);
-        }
         Ok((slot, token, lease_ends_at))
     }
 
@@ -331,49 +365,66 @@ impl Shard {
     /// PROCESSING → COMPLETED. A body over `max_result_size`, or one the byte bound has
     /// no room for even after evicting, is dropped and the completion kept: the work
     /// happened and a retry must not redo it.
+    ///
+    /// The shard takes `body` out of its `Option` only when it keeps the caller's
+    /// `Bytes` as given; a body copied into the arena, or not kept, is left there for
+    /// the caller to drop after unlocking (dropping it may run the caller's code).
     pub(crate) fn complete(
         &mut self,
         slot: u32,
         token: u64,
-        body: Bytes,
+        body: &mut Option<Bytes>,
         ttl: Duration,
         now: Timestamp,
         cfg: &Config,
     ) -> Result<(), LeaseLost> {
         let slot = self.owned(slot, token, now)?;
         self.left_processing = true;
-        self.store_result(slot, body, ttl, now, cfg);
+        let kept = self.keep_result(body, ttl, now, cfg);
+        self.set_completed(slot, kept, now, deadline_after(now, ttl));
+        self.counters.completions += 1;
         Ok(())
     }
 
-    fn store_result(
+    /// What of `body` a new COMPLETED entry keeps: a packed copy, the caller's `Bytes`
+    /// itself (taken out of `body`), or nothing (too large, or no room even after
+    /// evicting, which this may do).
+    fn keep_result(
         &mut self,
-        slot: u32,
-        body: Bytes,
+        body: &mut Option<Bytes>,
         ttl: Duration,
         now: Timestamp,
         cfg: &Config,
-    ) {
-        // make_room cannot take this entry: it is live (not due on the wheel) and
-        // PROCESSING or UNKNOWN (not in the age list).
-        let fits = body.len() <= cfg.max_result_size && self.make_room(now, 0, body.len()).is_ok();
-        let body = if fits {
-            // Only results with the default TTL share chunks, so a chunk's results
-            // expire together and none keeps the others' memory for longer.
-            Some(if ttl == cfg.completed_ttl { self.results.pack(body) } else { body })
-        } else {
+    ) -> Option<Bytes> {
+        let len = body.as_ref().map_or(0, Bytes::len);
+        // make_room cannot take the entry this is for: it is live (not due on the
+        // wheel) and PROCESSING, UNKNOWN or not yet inserted (not in the age list).
+        let fits = len <= cfg.max_result_size && self.make_room(now, 0, len).is_ok();
+        if !fits {
             self.counters.oversized += 1;
-            None
-        };
-        self.counters.completions += 1;
+            return None;
+        }
+        // Only results with the default TTL share chunks, so a chunk's results expire
+        // together and none keeps the others' memory for longer.
+        let packed = if ttl == cfg.completed_ttl { body.as_ref().and_then(|b| self.results.pack(b)) } else { None };
+        packed.or_else(|| body.take())
+    }
+
+    /// Makes a live entry COMPLETED with `kept` as its result, until `deadline`.
+    fn set_completed(&mut self, slot: u32, kept: Option<Bytes>, since: Timestamp, deadline: Timestamp) {
         let e = self.entry_mut(slot);
         let before = e.charge();
+        let was_unknown = e.state == State::Unknown;
         e.state = State::Completed;
-        e.since = now;
-        e.deadline = now.saturating_add(ttl);
-        e.body = body;
+        e.since = since;
+        e.deadline = deadline;
+        e.body = kept;
         let after = e.charge();
         self.bytes = self.bytes - before + after;
+        self.completed_bytes += after;
+        if was_unknown {
+            self.unknown.remove(slot, &mut self.wheel);
+        }
         self.schedule(slot);
         self.age.push_back(slot, &mut self.wheel);
     }
@@ -404,8 +455,9 @@ impl Shard {
         let e = self.entry_mut(slot);
         e.state = State::Unknown;
         e.since = now;
-        e.deadline = now.saturating_add(cfg.unknown_ttl);
+        e.deadline = deadline_after(now, cfg.unknown_ttl);
         self.schedule(slot);
+        self.unknown.push_back(slot, &mut self.wheel);
         Ok(())
     }
 
@@ -419,7 +471,7 @@ impl Shard {
     ) -> Result<Timestamp, LeaseLost> {
         let slot = self.owned(slot, token, now)?;
         let e = self.entry_mut(slot);
-        e.deadline = now.saturating_add(lease);
+        e.deadline = deadline_after(now, lease);
         let deadline = e.deadline;
         self.schedule(slot);
         Ok(deadline)
@@ -430,12 +482,14 @@ impl Shard {
         &mut self,
         hash: u64,
         key: &Key,
-        body: Bytes,
+        body: &mut Option<Bytes>,
         now: Timestamp,
         cfg: &Config,
     ) -> Result<(), ResolveError> {
         let slot = self.find_unknown(hash, key, now)?;
-        self.store_result(slot, body, cfg.completed_ttl, now, cfg);
+        let kept = self.keep_result(body, cfg.completed_ttl, now, cfg);
+        self.set_completed(slot, kept, now, deadline_after(now, cfg.completed_ttl));
+        self.counters.completions += 1;
         Ok(())
     }
 
@@ -460,6 +514,93 @@ impl Shard {
         }
     }
 
+    /// Absent or dead → COMPLETED or UNKNOWN, from a fact learned elsewhere (a durable
+    /// store, a snapshot), keeping its original times. Refused, changing nothing, if the
+    /// key has a live entry (a claim may be executing it right now: the fact must not
+    /// fence it out) or the times make no sense. Like `complete`, the shard takes the
+    /// body out of `body` only when it keeps the caller's `Bytes` as given.
+    pub(crate) fn insert_known(
+        &mut self,
+        hash: u64,
+        key: &Key,
+        fingerprint: Fingerprint,
+        known: &Known,
+        body: &mut Option<Bytes>,
+        now: Timestamp,
+        cfg: &Config,
+    ) -> Result<(), InsertError> {
+        let (since, deadline) = match *known {
+            Known::Completed { completed_at, expires_at, .. } => (completed_at, expires_at),
+            Known::Unknown { marked_at, expires_at } => (marked_at, expires_at),
+        };
+        if deadline <= now {
+            return Err(InsertError::Expired);
+        }
+        if since > now {
+            return Err(InsertError::StartsInTheFuture);
+        }
+        if deadline > deadline_after(now, crate::MAX_DURATION) {
+            return Err(InsertError::TtlTooLong);
+        }
+        let existing = self.find(hash, key);
+        if let Some(slot) = existing {
+            if self.entry(slot).is_live(now) {
+                return Err(InsertError::Occupied(self.entry(slot).snapshot()));
+            }
+            self.expire(slot);
+        }
+        self.make_room(now, 1, Entry::charge_for(key, None))
+            .map_err(|_| InsertError::CapacityExhausted)?;
+        let token = self.next_token();
+        let slot = self.insert(
+            hash,
+            Entry {
+                key: key.clone(),
+                fingerprint,
+                state: State::Unknown,
+                token,
+                since,
+                deadline,
+                body: None,
+                hash: hash as u32,
+            },
+        );
+        match known {
+            Known::Completed { .. } => {
+                // Chunks hold results that expire together: pack only a fact that
+                // expires with the results completed now.
+                let ttl = deadline.saturating_duration_since(now);
+                let ttl = if deadline == deadline_after(now, cfg.completed_ttl) {
+                    cfg.completed_ttl
+                } else {
+                    ttl
+                };
+                let kept = self.keep_result(body, ttl, now, cfg);
+                self.set_completed(slot, kept, since, deadline);
+            }
+            Known::Unknown { .. } => self.unknown.push_back(slot, &mut self.wheel),
+        }
+        self.counters.inserted += 1;
+        self.sweep(now, SWEEP_WORK_PER_INSERT);
+        Ok(())
+    }
+
+    /// Up to `limit` live UNKNOWN entries, oldest mark first.
+    pub(crate) fn unknown_entries(&self, limit: usize, now: Timestamp) -> Vec<UnknownEntry> {
+        self.unknown
+            .iter(&self.wheel)
+            .map(|slot| self.entry(slot))
+            .filter(|e| e.is_live(now))
+            .take(limit)
+            .map(|e| UnknownEntry {
+                key: e.key.clone(),
+                fingerprint: e.fingerprint,
+                marked_at: e.since,
+                expires_at: e.deadline,
+            })
+            .collect()
+    }
+
     /// A look at a live entry; changes nothing a caller can see (a dead entry may be
     /// reclaimed, which is invisible: it already read as absent).
     pub(crate) fn peek(&mut self, hash: u64, key: &Key, now: Timestamp) -> Option<EntrySnapshot> {
@@ -470,7 +611,9 @@ impl Shard {
     /// Any state → absent. Returns what was there; a PROCESSING owner is thereby fenced.
     pub(crate) fn remove(&mut self, hash: u64, key: &Key, now: Timestamp) -> Option<EntrySnapshot> {
         let slot = self.find_live(hash, key, now)?;
-        Some(self.unlink(slot, RemovalCause::Removed).snapshot())
+        let snapshot = self.entry(slot).snapshot();
+        self.unlink(slot, RemovalCause::Removed);
+        Some(snapshot)
     }
 
     /// Reclaims expired entries, spending at most `work` wheel moves. Returns how many
@@ -489,13 +632,6 @@ impl Shard {
         (reclaimed, work > 0)
     }
 
-    /// Frees up to `n` results of evicted entries; returns whether none are left.
-    pub(crate) fn free_evicted(&mut self, n: usize) -> bool {
-        let keep = self.evicted_bodies.len().saturating_sub(n);
-        self.evicted_bodies.truncate(keep);
-        keep == 0
-    }
-
     /// Reclaims a dead entry, found by lookup or fired by the wheel.
     fn expire(&mut self, slot: u32) {
         if self.entry(slot).state == State::Processing {
@@ -506,14 +642,14 @@ impl Shard {
     }
 
     /// Makes room for `entries` more entries and `bytes` more bytes: first by reclaiming
-    /// every expired entry, then by evicting the oldest completed ones, a tenth at a time.
-    /// Refuses (having only reclaimed the dead) if that is not enough: the rest is in
-    /// flight or unknown, which is never evicted.
+    /// every dead entry, then by evicting the oldest completed ones, a tenth at a time.
+    /// Refuses, having evicted nothing, if even evicting every completed entry would not
+    /// make room: the rest is in flight or unknown, which is never evicted.
     ///
-    /// Sweeping everything first means eviction only ever takes live completed entries,
-    /// oldest first, and a refusal means the shard really is full of live work; it costs
-    /// at most one wheel pass over the shard's dead entries, each reclaimed once, and only
-    /// when the shard is full.
+    /// Reclaiming everything dead first means eviction only ever takes live completed
+    /// entries, oldest first, and a refusal means the shard really is full of live work;
+    /// it costs at most one wheel pass over the shard's dead entries, each reclaimed
+    /// once, and only when the shard is full.
     fn make_room(
         &mut self,
         now: Timestamp,
@@ -527,25 +663,53 @@ impl Shard {
             return Ok(());
         }
         self.sweep(now, usize::MAX);
+        if !fits(self) {
+            self.reclaim_within_tick(now);
+        }
+        let after_evicting_all = self.entries - self.age.len() + entries <= self.limits.max_entries
+            && self.bytes - self.completed_bytes + bytes <= self.limits.max_bytes;
+        if !after_evicting_all {
+            return Err(ClaimError::CapacityExhausted);
+        }
         while !fits(self) {
-            if self.age.len() == 0 {
-                self.counters.capacity_refusals += 1;
-                return Err(ClaimError::CapacityExhausted);
-            }
             self.evict_step();
         }
         Ok(())
     }
 
+    /// Reclaims the entries that died since the current wheel tick began. The wheel
+    /// files an entry at the tick its deadline rounds up to and a sweep reaches the tick
+    /// `now` rounds down to, so a sweep leaves those whose deadline fell inside the
+    /// current tick: dead, but still counted against the bounds. This polls one tick
+    /// further and files what is still live back at that tick, where the next sweep to
+    /// reach it finds it. Only a full shard and `run_pending` pay for it: O(entries due
+    /// within a tick). Returns how many it reclaimed.
+    pub(crate) fn reclaim_within_tick(&mut self, now: Timestamp) -> usize {
+        let next = now.as_nanos() / self.limits.tick_nanos + 1;
+        let mut work = usize::MAX;
+        let mut live = Vec::new();
+        let mut reclaimed = 0;
+        while let Some(slot) = self.wheel.poll(next, &mut work) {
+            if self.entry(slot).is_live(now) {
+                live.push(slot);
+            } else {
+                self.expire(slot);
+                reclaimed += 1;
+            }
+        }
+        for slot in live {
+            self.schedule(slot);
+        }
+        reclaimed
+    }
+
     /// Evicts the oldest tenth of the completed entries, in one step. Their results are
-    /// freed by the inserts that follow (see [`FREE_EVICTED_BATCH`]).
+    /// freed after unlocking, a few per operation (see [`FREE_BATCH`]).
     fn evict_step(&mut self) {
         let started = Instant::now();
-        let _ = self.free_evicted(usize::MAX);
         for _ in 0..evict::batch(self.age.len()) {
             let Some(slot) = self.age.front() else { break };
-            let evicted = self.unlink(slot, RemovalCause::Evicted);
-            self.evicted_bodies.extend(evicted.body);
+            self.unlink(slot, RemovalCause::Evicted);
             self.counters.evictions += 1;
         }
         self.counters.max_eviction_pause = self.counters.max_eviction_pause.max(started.elapsed());
@@ -579,9 +743,10 @@ impl Shard {
         slot
     }
 
-    /// Takes an entry out of the table, the slab, the wheel and the age list. Removing a
-    /// PROCESSING entry (release, lapse, `remove`) flags waiters to be woken.
-    fn unlink(&mut self, slot: u32, cause: RemovalCause) -> Entry {
+    /// Takes an entry out of the table, the slab, the wheel and its state's list, and
+    /// its result to the graveyard. Removing a PROCESSING entry (release, lapse,
+    /// `remove`) flags waiters to be woken.
+    fn unlink(&mut self, slot: u32, cause: RemovalCause) {
         let hash = widen(self.entry(slot).hash);
         match self.table.find_entry(hash, |&i| i == slot) {
             Ok(found) => {
@@ -589,23 +754,33 @@ impl Shard {
             }
             Err(_) => unreachable!("every occupied slot is in the table"),
         }
-        let entry = self.slots[slot as usize].take().expect("checked occupied above");
+        let mut entry = self.slots[slot as usize].take().expect("checked occupied above");
         self.wheel.cancel(slot);
-        self.age.remove(slot, &mut self.wheel);
+        let charge = entry.charge();
+        match entry.state {
+            State::Completed => {
+                self.age.remove(slot, &mut self.wheel);
+                self.completed_bytes -= charge;
+            }
+            State::Unknown => {
+                self.unknown.remove(slot, &mut self.wheel);
+            }
+            State::Processing => self.left_processing = true,
+        }
         self.free.push(slot);
         self.entries -= 1;
-        self.bytes -= entry.charge();
-        self.left_processing |= entry.state == State::Processing;
+        self.bytes -= charge;
+        self.graveyard.extend(entry.body.take());
         if self.record_removals {
-            self.removed.push((entry.key.clone(), cause));
+            self.removed.push((entry.key, cause));
         }
-        entry
     }
 
     /// Re-counts everything and panics on any disagreement with the running totals.
     pub(crate) fn validate(&self) {
         let mut entries = 0;
         let mut bytes = 0;
+        let (mut completed, mut completed_bytes) = (0, 0);
         for (i, slot) in self.slots.iter().enumerate() {
             let id = i as u32;
             match slot {
@@ -628,11 +803,12 @@ impl Shard {
                         Some(self.tick_of(e.deadline)),
                         "slot {i} misfiled on the wheel"
                     );
-                    assert_eq!(
-                        self.age.contains(id, &self.wheel),
-                        e.state == State::Completed,
-                        "slot {i} age list membership"
-                    );
+                    let listed = self.age.contains(id, &self.wheel);
+                    assert_eq!(listed, e.state != State::Processing, "slot {i} list membership");
+                    if e.state == State::Completed {
+                        completed += 1;
+                        completed_bytes += e.charge();
+                    }
                 }
                 None => {
                     assert_eq!(self.wheel.deadline(id), None, "free slot {i} on the wheel");
@@ -646,12 +822,16 @@ impl Shard {
         assert_eq!(self.slots.len() - entries, self.free.len(), "free list drifted");
         assert_eq!(self.wheel.len(), entries, "wheel length drifted");
         self.wheel.validate();
-        let mut last = Timestamp::ZERO;
-        for id in self.age.iter(&self.wheel) {
-            let since = self.entry(id).since;
-            assert!(since >= last, "age list out of completion order");
-            last = since;
-        }
+        // Both lists share the link fields; each must hold exactly its state's entries.
+        // (Their order is arrival order, which `Cache::insert` does not tie to `since`;
+        // the reference model checks eviction order.)
+        let in_age = self.age.iter(&self.wheel).filter(|&id| self.entry(id).state == State::Completed);
+        assert_eq!((in_age.count(), self.age.len()), (completed, completed), "age list drifted");
+        assert_eq!(completed_bytes, self.completed_bytes, "completed bytes drifted");
+        let unknown = self.slots.iter().flatten().filter(|e| e.state == State::Unknown).count();
+        let in_unknown =
+            self.unknown.iter(&self.wheel).filter(|&id| self.entry(id).state == State::Unknown);
+        assert_eq!((in_unknown.count(), self.unknown.len()), (unknown, unknown), "unknown list drifted");
         assert!(self.entries <= self.limits.max_entries, "entry bound exceeded");
         assert!(self.bytes <= self.limits.max_bytes, "byte bound exceeded");
     }

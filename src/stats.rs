@@ -20,6 +20,7 @@ pub(crate) struct Counters {
     pub(crate) expirations: u64,
     pub(crate) evictions: u64,
     pub(crate) capacity_refusals: u64,
+    pub(crate) inserted: u64,
     pub(crate) max_eviction_pause: std::time::Duration,
 }
 
@@ -56,6 +57,13 @@ pub struct Stats {
     pub evictions: u64,
     /// Claims refused with [`ClaimError::CapacityExhausted`](crate::ClaimError::CapacityExhausted).
     pub capacity_refusals: u64,
+    /// Facts put in with [`Cache::insert`](crate::Cache::insert).
+    pub inserted: u64,
+    /// Calls of the removal listener that panicked. The panic is caught: the cache did
+    /// what it did regardless, and the listener still hears every other removal.
+    pub listener_panics: u64,
+    /// Threads waiting in [`Cache::claim_wait`](crate::Cache::claim_wait) right now.
+    pub waiting: u64,
     /// The longest single eviction step (removing a tenth of a shard's completed entries).
     pub max_eviction_pause: std::time::Duration,
     /// Entries currently held, including expired ones not yet reclaimed.
@@ -66,7 +74,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub(crate) fn add(&mut self, c: &Counters, entries: usize, bytes: usize) {
+    pub(crate) fn add(&mut self, c: &Counters, entries: usize, bytes: usize, waiting: usize) {
         self.acquired += c.acquired;
         self.replayed += c.replayed;
         self.in_progress += c.in_progress;
@@ -80,6 +88,8 @@ impl Stats {
         self.expirations += c.expirations;
         self.evictions += c.evictions;
         self.capacity_refusals += c.capacity_refusals;
+        self.inserted += c.inserted;
+        self.waiting += waiting as u64;
         self.max_eviction_pause = self.max_eviction_pause.max(c.max_eviction_pause);
         self.entries += entries as u64;
         self.bytes += bytes as u64;

@@ -19,16 +19,17 @@ const LONG: Duration = Duration::from_secs(60);
 
 /// Starts a thread in `claim_wait` on `k` and returns once it is asleep in the wait.
 fn waiting_claim(cache: &Cache, k: &Key) -> thread::JoinHandle<Claim> {
-    let answered = cache.stats().in_progress;
+    let waiting = cache.stats().waiting;
     let waiter = {
         let (cache, k) = (cache.clone(), k.clone());
         thread::spawn(move || cache.claim_wait(&k, fp("r"), LONG).unwrap())
     };
-    // The waiter counts an "in progress" answer under the shard lock and releases the
-    // lock only by going to sleep, so once the count moves (read under that lock) it
-    // is asleep. Bounded, so a broken counter fails the test instead of hanging it.
+    // The waiter registers itself under the shard lock and releases the lock only by
+    // going to sleep (holding the sleep mutex a notifier needs), so once the count moves
+    // (read under that lock) no wake-up can be missed. Bounded, so a broken counter
+    // fails the test instead of hanging it.
     let give_up = std::time::Instant::now() + Duration::from_secs(30);
-    while cache.stats().in_progress == answered {
+    while cache.stats().waiting == waiting {
         assert!(std::time::Instant::now() < give_up, "the waiter never answered 'in progress'");
         thread::yield_now();
     }

@@ -24,8 +24,14 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (key.clone(), 0u8..12).prop_map(|(key, len)| Op::Resolve { key, len }),
         1 => key.clone().prop_map(|key| Op::Forget { key }),
         1 => key.clone().prop_map(|key| Op::Remove { key }),
-        1 => key.prop_map(|key| Op::Peek { key }),
-        2 => (0u8..25).prop_map(|secs| Op::Advance { secs }),
+        1 => key.clone().prop_map(|key| Op::Peek { key }),
+        // Whole seconds, and less than the 1 s wheel tick (entries then die between
+        // ticks, where a sweep does not reach them).
+        1 => (0u32..25).prop_map(|secs| Op::Advance { millis: secs * 1000 }),
+        2 => (0u32..1500).prop_map(|millis| Op::Advance { millis }),
+        1 => (key, 0u8..2, any::<bool>(), 0u8..12, 0u32..5000, 0u32..40_000).prop_map(
+            |(key, fp, unknown, len, age_ms, ttl_ms)| Op::Insert { key, fp, unknown, len, age_ms, ttl_ms }
+        ),
         1 => (guard, 0u8..40).prop_map(|(guard, secs)| Op::SetResultTtl { guard, secs }),
         1 => Just(Op::RunPending),
     ]

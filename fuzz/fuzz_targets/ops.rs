@@ -15,7 +15,7 @@ use model::{Harness, Op};
 
 fn op(u: &mut Unstructured<'_>) -> Result<Op> {
     let small = |u: &mut Unstructured<'_>, max: u8| u.int_in_range(0..=max);
-    Ok(match u.int_in_range(0..=13u8)? {
+    Ok(match u.int_in_range(0..=14u8)? {
         0 => Op::Claim { key: small(u, 7)?, fp: small(u, 2)? },
         1 => Op::ClaimWaitNow { key: small(u, 7)?, fp: small(u, 2)? },
         2 => Op::Complete { guard: u.arbitrary()?, len: small(u, 16)? },
@@ -27,8 +27,17 @@ fn op(u: &mut Unstructured<'_>) -> Result<Op> {
         8 => Op::Forget { key: small(u, 7)? },
         9 => Op::Remove { key: small(u, 7)? },
         10 => Op::Peek { key: small(u, 7)? },
-        11 => Op::Advance { secs: u.arbitrary()? },
+        // Milliseconds: mostly less than the 1 s wheel tick, so entries die between ticks.
+        11 => Op::Advance { millis: u32::from(u.arbitrary::<u16>()?) },
         12 => Op::SetResultTtl { guard: u.arbitrary()?, secs: small(u, 60)? },
+        13 => Op::Insert {
+            key: small(u, 7)?,
+            fp: small(u, 2)?,
+            unknown: u.arbitrary()?,
+            len: small(u, 16)?,
+            age_ms: u32::from(u.arbitrary::<u16>()?),
+            ttl_ms: u32::from(u.arbitrary::<u16>()?),
+        },
         _ => Op::RunPending,
     })
 }

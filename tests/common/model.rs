@@ -14,12 +14,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use idemcache::{
-    Cache, Claim, ClaimError, ClaimGuard, DropPolicy, EntrySnapshot, EntryState, ExtendLeaseError,
-    Fingerprint, Key, LeaseLost, ManualClock, ResolveError, Stats, ENTRY_OVERHEAD,
+    Bytes, Cache, Claim, ClaimError, ClaimGuard, DropPolicy, EntrySnapshot, EntryState,
+    ExtendLeaseError, Fingerprint, InsertError, Key, Known, LeaseLost, ManualClock, ResolveError,
+    SetResultTtlError, Stats, Timestamp, ENTRY_OVERHEAD,
 };
 
 pub const KEYS: u8 = 16;
 const SEC: u64 = 1_000_000_000;
+const MS: u64 = 1_000_000;
 pub const LEASE_S: u64 = 10;
 pub const COMPLETED_S: u64 = 30;
 pub const UNKNOWN_S: u64 = 20;
@@ -67,8 +69,20 @@ pub enum Op {
     Peek {
         key: u8,
     },
+    /// Moves the clock; often by less than the wheel's 1 s tick, so that entries die
+    /// between ticks.
     Advance {
-        secs: u8,
+        millis: u32,
+    },
+    /// `Cache::insert` of a fact: completed (with a body of `len`) or unknown, started
+    /// `age_ms` ago, expiring `ttl_ms` from now (0: already expired).
+    Insert {
+        key: u8,
+        fp: u8,
+        unknown: bool,
+        len: u8,
+        age_ms: u32,
+        ttl_ms: u32,
     },
     /// Override how long this guard's result is kept (0 is refused).
     SetResultTtl {
@@ -133,6 +147,71 @@ impl Model {
         }
     }
 
+    /// Capacity for one more entry: a full cache reclaims every dead entry, then evicts
+    /// the oldest tenth (at least one) of its live completed entries by arrival, or
+    /// refuses if there are none.
+    fn make_room(&mut self) -> bool {
+        let now = self.now;
+        if self.entries.values().filter(|e| e.deadline > now).count() < self.max_entries {
+            return true;
+        }
+        self.run_pending();
+        let mut completed: Vec<(u64, u8)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| matches!(e.state, MState::Completed(_)))
+            .map(|(k, e)| (e.seq, *k))
+            .collect();
+        if completed.is_empty() {
+            return false;
+        }
+        completed.sort();
+        let batch = (completed.len() / 10).max(1);
+        for (_, k) in &completed[..batch] {
+            self.entries.remove(k);
+        }
+        self.stats.evictions += batch as u64;
+        true
+    }
+
+    /// `Err(None)`: refused as occupied (the model keeps no snapshot to compare).
+    fn insert(
+        &mut self,
+        key: u8,
+        fp: u8,
+        unknown: bool,
+        len: u8,
+        age: u64,
+        ttl: u64,
+    ) -> Result<(), Option<InsertError>> {
+        let now = self.now;
+        if ttl == 0 {
+            return Err(Some(InsertError::Expired));
+        }
+        self.reclaim_if_dead(key);
+        if self.entries.contains_key(&key) {
+            return Err(None);
+        }
+        if !self.make_room() {
+            return Err(Some(InsertError::CapacityExhausted));
+        }
+        let state = if unknown {
+            MState::Unknown
+        } else {
+            let body = body(len);
+            let kept = (body.len() <= MAX_RESULT).then_some(body);
+            if kept.is_none() {
+                self.stats.oversized += 1;
+            }
+            MState::Completed(kept)
+        };
+        self.completions += 1;
+        let since = now.saturating_sub(age);
+        self.entries.insert(key, MEntry { fp, state, since, deadline: now + ttl, seq: self.completions });
+        self.stats.inserted += 1;
+        Ok(())
+    }
+
     fn claim(&mut self, key: u8, fp: u8) -> Expected {
         let now = self.now;
         self.reclaim_if_dead(key);
@@ -158,26 +237,9 @@ impl Model {
                 };
             }
         }
-        // Capacity: a full cache reclaims every dead entry, then evicts the oldest tenth
-        // (at least one) of its live completed entries, or refuses if there are none.
-        if self.entries.values().filter(|e| e.deadline > now).count() >= self.max_entries {
-            self.run_pending();
-            let mut completed: Vec<(u64, u8)> = self
-                .entries
-                .iter()
-                .filter(|(_, e)| matches!(e.state, MState::Completed(_)))
-                .map(|(k, e)| (e.seq, *k))
-                .collect();
-            if completed.is_empty() {
-                self.stats.capacity_refusals += 1;
-                return Expected::Refused;
-            }
-            completed.sort();
-            let batch = (completed.len() / 10).max(1);
-            for (_, k) in &completed[..batch] {
-                self.entries.remove(k);
-            }
-            self.stats.evictions += batch as u64;
+        if !self.make_room() {
+            self.stats.capacity_refusals += 1;
+            return Expected::Refused;
         }
         self.next_owner += 1;
         let owner = self.next_owner;
@@ -363,7 +425,7 @@ impl Harness {
                     let held = &mut self.guards[guard as usize % n];
                     let result = held.guard.set_result_ttl(Duration::from_secs(secs.into()));
                     if secs == 0 {
-                        assert_eq!(result, Err(ExtendLeaseError::InvalidDuration(Duration::ZERO)));
+                        assert_eq!(result, Err(SetResultTtlError::InvalidDuration(Duration::ZERO)));
                     } else {
                         assert_eq!(result, Ok(()));
                         held.result_ttl_s = secs.into();
@@ -456,9 +518,29 @@ impl Harness {
                 let actual = self.cache.peek(&self.keys[key as usize]);
                 self.assert_snapshot(actual, &expected, op);
             }
-            Op::Advance { secs } => {
-                self.clock.advance(Duration::from_secs(secs.into()));
-                self.model.now += u64::from(secs) * SEC;
+            Op::Advance { millis } => {
+                self.clock.advance(Duration::from_millis(millis.into()));
+                self.model.now += u64::from(millis) * MS;
+            }
+            Op::Insert { key, fp, unknown, len, age_ms, ttl_ms } => {
+                let key = key % KEYS;
+                let (age, ttl) = (u64::from(age_ms) * MS, u64::from(ttl_ms) * MS);
+                let expected = self.model.insert(key, fp, unknown, len, age, ttl);
+                let now = self.model.now;
+                let (since, expires_at) =
+                    (Timestamp::from_nanos(now.saturating_sub(age)), Timestamp::from_nanos(now + ttl));
+                let known = if unknown {
+                    Known::Unknown { marked_at: since, expires_at }
+                } else {
+                    Known::Completed { body: Some(Bytes::from(body(len))), completed_at: since, expires_at }
+                };
+                let actual = self.cache.insert(&self.keys[key as usize], fingerprint(fp), known);
+                // The model does not rebuild the occupant's snapshot; `Peek` checks entries.
+                let actual = actual.map_err(|e| match e {
+                    InsertError::Occupied(_) => None,
+                    other => Some(other),
+                });
+                assert_eq!(actual, expected, "{op:?}");
             }
         }
         self.check(false);
