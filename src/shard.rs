@@ -672,6 +672,10 @@ impl Shard {
             return Err(ClaimError::CapacityExhausted);
         }
         while !fits(self) {
+            if self.age.len() == 0 {
+                // Unreachable past the check above; a drifted count refuses, never spins.
+                return Err(ClaimError::CapacityExhausted);
+            }
             self.evict_step();
         }
         Ok(())
