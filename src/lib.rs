@@ -16,7 +16,12 @@
 //!         guard.complete(response.clone())?;
 //!         response
 //!     }
-//!     Claim::Completed(replay) => replay.body.map(|b| b.to_vec()).unwrap_or_default(),
+//!     // Completed before; `None` means the response was too large to keep: say so,
+//!     // never answer an empty success.
+//!     Claim::Completed(replay) => match replay.body {
+//!         Some(body) => body.to_vec(),
+//!         None => return Err("200: done before, response not kept".into()),
+//!     },
 //!     Claim::InProgress { .. } => return Err("409: a duplicate is executing".into()),
 //!     Claim::Unknown { .. } => return Err("409: outcome unknown, being checked".into()),
 //!     Claim::Mismatch => return Err("422: key reused for a different request".into()),
@@ -70,6 +75,11 @@
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
+
+/// The README's code blocks, compiled and run as doctests so they cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
 
 mod arena;
 mod cache;
