@@ -13,7 +13,7 @@
 //!
 //! Each peer runs three times, the rounds interleaved, and its best run is reported.
 //!
-//! Run: `cargo bench --bench churn` (about three minutes; moka is most of it).
+//! Run: `cargo bench -p idemcache-benches --bench churn` (about three minutes; moka is most of it).
 
 use std::hint::black_box;
 use std::process::Command;

@@ -10,7 +10,7 @@
 //!
 //! Keys are the common shape: a scope, a tenant and a 16-byte client key.
 //!
-//! Run: `cargo bench --bench claim`
+//! Run: `cargo bench -p idemcache-benches --bench claim`
 
 // criterion_group! generates undocumented public items.
 #![allow(missing_docs)]

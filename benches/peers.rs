@@ -7,8 +7,8 @@
 //! complete of fresh keys; 2 threads, 90% replay / 10% new; bounded churn at capacity
 //! 100k (every insert evicts, steady state).
 //!
-//! Run: `cargo bench --bench peers` (several minutes: moka is slow on inserts). One
-//! scenario: `cargo bench --bench peers -- replay_uniform`.
+//! Run: `cargo bench -p idemcache-benches --bench peers` (several minutes: moka is slow on inserts). One
+//! scenario: `cargo bench -p idemcache-benches --bench peers -- replay_uniform`.
 #![allow(missing_docs)] // criterion_group! generates undocumented items.
 
 use std::hint::black_box;

@@ -86,8 +86,9 @@ mod tests {
     fn a_full_chunk_is_left_to_its_slices_and_a_new_one_started() {
         let mut arena = ResultArena::default();
         let per_chunk = CHUNK / PACK_MAX;
-        let first: Vec<Bytes> =
-            (0..per_chunk).map(|i| arena.pack(&Bytes::from(vec![i as u8; PACK_MAX])).unwrap()).collect();
+        let first: Vec<Bytes> = (0..per_chunk)
+            .map(|i| arena.pack(&Bytes::from(vec![i as u8; PACK_MAX])).unwrap())
+            .collect();
         // Results of exactly PACK_MAX bytes are packed, and the last one fills the chunk
         // to its end rather than starting another.
         for (i, b) in first.iter().enumerate() {

@@ -372,12 +372,9 @@ impl Cache {
     ) -> Result<(), InsertError> {
         let (hash, shard) = self.locate(key);
         let mut known = known;
-        let mut body = match &mut known {
-            Known::Completed { body, .. } => body.take(),
-            Known::Unknown { .. } => None,
-        };
+        // What the shard does not keep of `known` is dropped here, after unlocking.
         self.with_shard(shard, |s, now, cfg| {
-            s.insert_known(hash, key, fingerprint, &known, &mut body, now, cfg)
+            s.insert_known(hash, key, fingerprint, &mut known, now, cfg)
         })
     }
 

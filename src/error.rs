@@ -221,18 +221,18 @@ pub enum InsertError {
 impl fmt::Display for InsertError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            InsertError::Occupied(_) => {
-                f.write_str("the key already has a live entry; a fact from elsewhere never replaces one")
+            InsertError::Occupied(_) => f.write_str(
+                "the key already has a live entry; a fact from elsewhere never replaces one",
+            ),
+            InsertError::Expired => {
+                f.write_str("the fact expires at or before now; nothing inserted")
             }
-            InsertError::Expired => f.write_str("the fact expires at or before now; nothing inserted"),
             InsertError::StartsInTheFuture => {
                 f.write_str("the fact's completion or mark time is after the cache's now")
             }
-            InsertError::TtlTooLong => write!(
-                f,
-                "the fact expires more than {:?} from now",
-                crate::MAX_DURATION
-            ),
+            InsertError::TtlTooLong => {
+                write!(f, "the fact expires more than {:?} from now", crate::MAX_DURATION)
+            }
             InsertError::CapacityExhausted => ClaimError::CapacityExhausted.fmt(f),
         }
     }

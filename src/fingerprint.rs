@@ -219,7 +219,8 @@ mod tests {
             let chunked = Fingerprint::builder().method("POST").body(a).body(b).finish();
             assert_eq!(chunked, whole, "split at {split}");
         }
-        let bytewise = body.iter().fold(Fingerprint::builder().method("POST"), |f, b| f.body(&[*b]));
+        let bytewise =
+            body.iter().fold(Fingerprint::builder().method("POST"), |f, b| f.body(&[*b]));
         assert_eq!(bytewise.finish(), whole);
         // A part after the body closes it: the same body then another header differs
         // from a body that swallowed the header's bytes.

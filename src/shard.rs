@@ -406,12 +406,22 @@ impl Shard {
         }
         // Only results with the default TTL share chunks, so a chunk's results expire
         // together and none keeps the others' memory for longer.
-        let packed = if ttl == cfg.completed_ttl { body.as_ref().and_then(|b| self.results.pack(b)) } else { None };
+        let packed = if ttl == cfg.completed_ttl {
+            body.as_ref().and_then(|b| self.results.pack(b))
+        } else {
+            None
+        };
         packed.or_else(|| body.take())
     }
 
     /// Makes a live entry COMPLETED with `kept` as its result, until `deadline`.
-    fn set_completed(&mut self, slot: u32, kept: Option<Bytes>, since: Timestamp, deadline: Timestamp) {
+    fn set_completed(
+        &mut self,
+        slot: u32,
+        kept: Option<Bytes>,
+        since: Timestamp,
+        deadline: Timestamp,
+    ) {
         let e = self.entry_mut(slot);
         let before = e.charge();
         let was_unknown = e.state == State::Unknown;
@@ -518,14 +528,13 @@ impl Shard {
     /// store, a snapshot), keeping its original times. Refused, changing nothing, if the
     /// key has a live entry (a claim may be executing it right now: the fact must not
     /// fence it out) or the times make no sense. Like `complete`, the shard takes the
-    /// body out of `body` only when it keeps the caller's `Bytes` as given.
+    /// body out of `known` only when it keeps the caller's `Bytes` as given.
     pub(crate) fn insert_known(
         &mut self,
         hash: u64,
         key: &Key,
         fingerprint: Fingerprint,
-        known: &Known,
-        body: &mut Option<Bytes>,
+        known: &mut Known,
         now: Timestamp,
         cfg: &Config,
     ) -> Result<(), InsertError> {
@@ -566,7 +575,7 @@ impl Shard {
             },
         );
         match known {
-            Known::Completed { .. } => {
+            Known::Completed { body, .. } => {
                 // Chunks hold results that expire together: pack only a fact that
                 // expires with the results completed now.
                 let ttl = deadline.saturating_duration_since(now);
@@ -829,13 +838,18 @@ impl Shard {
         // Both lists share the link fields; each must hold exactly its state's entries.
         // (Their order is arrival order, which `Cache::insert` does not tie to `since`;
         // the reference model checks eviction order.)
-        let in_age = self.age.iter(&self.wheel).filter(|&id| self.entry(id).state == State::Completed);
+        let in_age =
+            self.age.iter(&self.wheel).filter(|&id| self.entry(id).state == State::Completed);
         assert_eq!((in_age.count(), self.age.len()), (completed, completed), "age list drifted");
         assert_eq!(completed_bytes, self.completed_bytes, "completed bytes drifted");
         let unknown = self.slots.iter().flatten().filter(|e| e.state == State::Unknown).count();
         let in_unknown =
             self.unknown.iter(&self.wheel).filter(|&id| self.entry(id).state == State::Unknown);
-        assert_eq!((in_unknown.count(), self.unknown.len()), (unknown, unknown), "unknown list drifted");
+        assert_eq!(
+            (in_unknown.count(), self.unknown.len()),
+            (unknown, unknown),
+            "unknown list drifted"
+        );
         assert!(self.entries <= self.limits.max_entries, "entry bound exceeded");
         assert!(self.bytes <= self.limits.max_bytes, "byte bound exceeded");
     }

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::*;
 use idemcache::{
-    Bytes, Cache, Claim, ClaimError, DropPolicy, Key, ManualClock, RemovalCause, Timestamp,
-    ENTRY_OVERHEAD, MAX_TICK,
+    Bytes, Cache, Claim, ClaimError, DropPolicy, Key, ManualClock, RemovalCause, ENTRY_OVERHEAD,
+    MAX_TICK,
 };
 
 fn ms(n: u64) -> Duration {
@@ -31,7 +31,8 @@ fn entries_dead_within_the_current_tick_do_not_count_against_the_bound() {
     let clock = ManualClock::new();
     let cache = one_shard(&clock).max_entries(64).lease(secs(10)).build().unwrap();
     clock.advance(ms(500));
-    let guards: Vec<_> = (0..64).map(|i| acquire(&cache, &key(&format!("k{i}")), fp("r"))).collect();
+    let guards: Vec<_> =
+        (0..64).map(|i| acquire(&cache, &key(&format!("k{i}")), fp("r"))).collect();
     clock.advance(secs(10) + ms(200)); // every lease ended at 10.5 s; now 10.7 s
     let _new = acquire(&cache, &key("new"), fp("r"));
     let stats = cache.stats();
@@ -234,7 +235,8 @@ fn entries_made_near_the_end_of_time_live_their_lease_and_are_always_reclaimed()
     // The latest start a lease of LEASE can run its length from.
     let latest = u64::MAX - MAX_TICK.as_nanos() as u64 - LEASE.as_nanos() as u64;
     clock.advance(Duration::from_nanos(latest - 1));
-    let guards: Vec<_> = (0..11).map(|i| acquire(&cache, &key(&format!("k{i}")), fp("r"))).collect();
+    let guards: Vec<_> =
+        (0..11).map(|i| acquire(&cache, &key(&format!("k{i}")), fp("r"))).collect();
     let mut guards = guards.into_iter();
     clock.advance(LEASE - Duration::from_nanos(1));
     guards.next().unwrap().complete(&b"r"[..]).unwrap();

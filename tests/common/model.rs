@@ -207,7 +207,8 @@ impl Model {
         };
         self.completions += 1;
         let since = now.saturating_sub(age);
-        self.entries.insert(key, MEntry { fp, state, since, deadline: now + ttl, seq: self.completions });
+        self.entries
+            .insert(key, MEntry { fp, state, since, deadline: now + ttl, seq: self.completions });
         self.stats.inserted += 1;
         Ok(())
     }
@@ -527,12 +528,18 @@ impl Harness {
                 let (age, ttl) = (u64::from(age_ms) * MS, u64::from(ttl_ms) * MS);
                 let expected = self.model.insert(key, fp, unknown, len, age, ttl);
                 let now = self.model.now;
-                let (since, expires_at) =
-                    (Timestamp::from_nanos(now.saturating_sub(age)), Timestamp::from_nanos(now + ttl));
+                let (since, expires_at) = (
+                    Timestamp::from_nanos(now.saturating_sub(age)),
+                    Timestamp::from_nanos(now + ttl),
+                );
                 let known = if unknown {
                     Known::Unknown { marked_at: since, expires_at }
                 } else {
-                    Known::Completed { body: Some(Bytes::from(body(len))), completed_at: since, expires_at }
+                    Known::Completed {
+                        body: Some(Bytes::from(body(len))),
+                        completed_at: since,
+                        expires_at,
+                    }
                 };
                 let actual = self.cache.insert(&self.keys[key as usize], fingerprint(fp), known);
                 // The model does not rebuild the occupant's snapshot; `Peek` checks entries.

@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! IDEMCACHE_REDIS_URL=redis://127.0.0.1:6379/15 \
-//!     cargo run --release --example bench_report --features bench-report
+//!     cargo run --release -p idemcache-benches --bin bench_report
 //! ```
 //!
 //! Without `IDEMCACHE_REDIS_URL` it says so and reports the in-process peers alone.
@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-#[path = "../benches/support/peers.rs"]
+#[path = "support/peers.rs"]
 mod peers;
 
 use peers::{build, fingerprint, key, result, uniform, zipf, Outcome, Peer, NAMES};
@@ -427,8 +427,8 @@ fn main() {
         .unwrap_or_default();
     writeln!(md, "# Benchmarks\n").unwrap();
     writeln!(md, "Every figure below comes from one run of:\n").unwrap();
-    writeln!(md, "```sh\nIDEMCACHE_REDIS_URL=redis://127.0.0.1:6379/15 \\\n    cargo run --release --example bench_report --features bench-report\n```\n").unwrap();
-    writeln!(md, "Run on {date}: {}. Same claim-or-return job for every peer (see `benches/support/peers.rs`); keys are 44-byte idemcache keys (16-byte client key), results 128 bytes in their own allocation. In-process figures are each peer's best of {ROUNDS} rounds, interleaved across peers. The criterion suite (`cargo bench --bench peers`) measures the same scenarios.\n", machine()).unwrap();
+    writeln!(md, "```sh\nIDEMCACHE_REDIS_URL=redis://127.0.0.1:6379/15 \\\n    cargo run --release -p idemcache-benches --bin bench_report\n```\n").unwrap();
+    writeln!(md, "Run on {date}: {}. Same claim-or-return job for every peer (see `benches/support/peers.rs`); keys are 44-byte idemcache keys (16-byte client key), results 128 bytes in their own allocation. In-process figures are each peer's best of {ROUNDS} rounds, interleaved across peers. The criterion suite (`cargo bench -p idemcache-benches --bench peers`) measures the same scenarios.\n", machine()).unwrap();
     writeln!(md, "## In-process peers\n").unwrap();
     writeln!(md, "| peer | replay hit, 100k uniform (ns) | replay hit, Zipf s=1 (ns) | claim + complete (ns) | 2 threads 90/10 (M ops/s) | churn at 100k (ns) | memory at 1M (B/entry) |").unwrap();
     writeln!(md, "|---|---|---|---|---|---|---|").unwrap();
