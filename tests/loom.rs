@@ -14,7 +14,8 @@
 //! patching the bug into `src/` and watching the model fail: models 1 and 4 on a split
 //! check-then-insert in `Cache::claim`, 2 on a two-step `complete`, 3 on `owned` without
 //! the token check, 5 on a lookup reading a dead entry as live, 6 on evicting the oldest
-//! entry of any state, 7 (as a loom deadlock) on `release` not waking waiters).
+//! entry of any state, 7 (as a loom deadlock) on `release` not waking waiters; 8 on an
+//! insert split into a locked look and a locked write).
 #![cfg(idemcache_loom)]
 
 use std::time::Duration;
@@ -281,4 +282,47 @@ fn claim_wait_is_woken_by_complete_and_release() {
             }
         });
     }
+}
+
+/// 8. A fact inserted from elsewhere races a claim of the same key: exactly one of them
+/// takes the key. Either the insert lands and the claim replays the fact's bytes, or the
+/// claim acquires and the insert is refused as `Occupied` — never both, never neither.
+///
+/// Catches: an insert that checks for a live entry in one critical section and writes
+/// in another (both would see the key absent; the fact would silently replace, or be
+/// replaced by, an owner that is executing).
+#[test]
+fn insert_racing_a_claim_one_takes_the_key() {
+    loom::model(|| {
+        let (cache, _clock) = cache(64);
+        let k = key("k");
+        let inserter = {
+            let (cache, k) = (cache.clone(), k.clone());
+            thread::spawn(move || {
+                let expires_at = idemcache::Timestamp::from_nanos(LEASE.as_nanos() as u64);
+                let fact = idemcache::Known::Completed {
+                    body: Some(Bytes::from_static(b"known")),
+                    completed_at: idemcache::Timestamp::ZERO,
+                    expires_at,
+                };
+                cache.insert(&k, fp(), fact)
+            })
+        };
+        let claimed = match cache.claim(&k, fp()).unwrap() {
+            Claim::Acquired(guard) => {
+                guard.complete(Bytes::from_static(b"executed")).unwrap();
+                true
+            }
+            Claim::Completed(replay) => {
+                assert_eq!(replay.body.unwrap(), "known");
+                false
+            }
+            other => panic!("unexpected {other:?}"),
+        };
+        let inserted = inserter.join().unwrap();
+        assert_eq!(inserted.is_ok(), !claimed, "insert {inserted:?}, claimed {claimed}");
+        let expected: &[u8] = if claimed { b"executed" } else { b"known" };
+        assert_eq!(stored(&cache, &k).unwrap(), expected);
+        cache.debug_validate();
+    });
 }
