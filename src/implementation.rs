@@ -20,7 +20,8 @@
 //! **Where does a claim become PROCESSING?** `Shard::acquire` in `src/shard.rs`, called
 //! from `Shard::claim` when the key is absent or its entry is dead. Every other
 //! transition is a method of `Shard` named after it (`complete`, `release`,
-//! `mark_unknown`, `extend_lease`, `resolve`, `forget`, `remove`).
+//! `mark_unknown`, `extend_lease`, `resolve`, `forget`, `remove`, and `insert_known` for
+//! a fact learned elsewhere).
 //!
 //! This departs from the layout first proposed in DESIGN.md in one way that matters: the
 //! claim logic lives in `shard.rs`, a plain data structure tested without threads, and
@@ -61,8 +62,13 @@
 //!
 //! # Fencing
 //!
-//! Each shard issues tokens `n * shard_count + shard_index` for `n = 1, 2, ...`, so
-//! tokens are unique in the cache and increase per key. An entry remembers the token of
+//! Each shard issues tokens `base + n * shard_count + shard_index` for `n = 1, 2, ...`,
+//! so tokens are unique in the cache and increase per key. `base` is the wall clock in
+//! nanoseconds since the Unix epoch when the cache was built: a restarted process starts
+//! above every token the last one issued (unless a shard issued more than one token per
+//! `shard_count` nanoseconds, or the wall clock stepped back), so an authority keeping
+//! "the highest fence seen" does not refuse a valid owner after a restart. Tokens of two
+//! live caches are not comparable; fencing across processes needs a shared counter. An entry remembers the token of
 //! the claim that created it; a guard's operation succeeds only if the entry at its slot
 //! is still PROCESSING under its token with the lease unexpired, checked inside the
 //! shard's critical section. A slot reused by another key carries another token, so a
@@ -84,7 +90,17 @@
 //! The wheel has 11 levels of 64 slots: 66 bits, so every `u64` tick has a level and the
 //! top levels are the overflow, re-cascading far deadlines as they approach rather than
 //! wrapping. Deadlines become ticks rounding up and "now" rounding down, so nothing is
-//! reclaimed early. An entry is rescheduled (moved, not copied) whenever its deadline
+//! reclaimed early. The price is that an entry whose deadline fell inside the current
+//! tick is dead but not yet due: where that matters — a full shard about to evict or
+//! refuse, and `run_pending`'s "every expired entry" — `Shard::reclaim_within_tick`
+//! polls one tick further and files what is still live back at that tick.
+//!
+//! Deadlines are capped one [`MAX_TICK`](crate::MAX_TICK) short of the end of `u64`
+//! time (`shard::LAST_DEADLINE`), so the tick every deadline rounds up to is one a clock
+//! can reach: every entry is reclaimable. A claim whose lease could not run its length
+//! under that cap (a clock ~584 years past its origin) is refused with
+//! [`ClaimError::ClockOutOfRange`](crate::ClaimError::ClockOutOfRange) before anything
+//! changes. An entry is rescheduled (moved, not copied) whenever its deadline
 //! changes: lease extension, completion, marking unknown.
 //!
 //! # Capacity
@@ -94,22 +110,53 @@
 //! stored length, the result's length and [`ENTRY_OVERHEAD`](crate::ENTRY_OVERHEAD).
 //! When an insert would exceed either bound the shard:
 //!
-//! 1. reclaims every expired entry (each is reclaimed once, so this is paid for by the
-//!    inserts that made them, and it only happens when the shard is full);
-//! 2. evicts the oldest tenth of its live COMPLETED entries (at least one) in one step,
-//!    by completion time, repeating only if a large insert still does not fit;
-//! 3. if nothing completed is left, the shard is full of live PROCESSING and UNKNOWN
-//!    entries: it refuses the claim with
-//!    [`ClaimError::CapacityExhausted`](crate::ClaimError::CapacityExhausted).
+//! 1. reclaims every expired entry, including those that died inside the current tick
+//!    (each is reclaimed once, so this is paid for by the inserts that made them, and it
+//!    only happens when the shard is full);
+//! 2. checks that evicting every COMPLETED entry would make room (the shard keeps their
+//!    summed charge); if not, the rest is live PROCESSING and UNKNOWN work: it refuses
+//!    the claim with [`ClaimError::CapacityExhausted`](crate::ClaimError::CapacityExhausted)
+//!    (or keeps a completion without its body) having evicted **nothing** — an eviction
+//!    that cannot help would only lose results;
+//! 3. evicts the oldest tenth of its live COMPLETED entries (at least one) in one step,
+//!    by arrival order (completion, or insertion for [`Cache::insert`](crate::Cache::insert)ed
+//!    facts), repeating only if a large insert still does not fit.
 //!
 //! Sweeping first makes the policy exact: eviction never takes a dead entry in place of
 //! a live one's room, and a refusal means the shard really holds `max_entries` live
 //! entries none of which may go. The reference model in `tests/common/model.rs` checks
 //! exactly this.
 //!
-//! An eviction step unlinks its entries at once but leaves their results to be freed
-//! four at a time by every fourth insert (or by `run_pending`): freeing thousands of
-//! buffers in one go made glibc coalesce chunks, a quarter of churn's time.
+//! An eviction step unlinks its entries at once but leaves their results in the shard's
+//! graveyard, freed four at a time after each locked operation, outside the lock (or
+//! all by `run_pending`): freeing thousands of buffers in one go made glibc coalesce
+//! chunks, a quarter of churn's time.
+//!
+//! The shard count is lowered (like the per-shard floors of 64 entries and 64 KiB) until
+//! each shard's byte share holds four results of `max_result_size`, so keeping one large
+//! result never evicts more than a quarter of a shard; `max_result_size` above
+//! `max_bytes` is refused at `build()`.
+//!
+//! # What runs under a shard lock
+//!
+//! The shard's own code and the cache's [`Clock`](crate::Clock). Nothing else: dropping
+//! a caller's `Bytes` can run the caller's code (`Bytes::from_owner`), which may call back
+//! into the cache, so a body the shard copies or does not keep stays in the caller's
+//! `Option` and is dropped after unlocking, the bodies of departed entries go to the
+//! graveyard (above), and the removal listener is called after unlocking, each call
+//! under `catch_unwind`: a listener's panic is counted in
+//! [`Stats::listener_panics`](crate::Stats::listener_panics) and changes nothing the
+//! cache did (before, it could drop a guard the caller had just acquired, whose release
+//! called the listener again and aborted the process).
+//!
+//! # Facts from elsewhere, and the unknown list
+//!
+//! [`Cache::insert`](crate::Cache::insert) puts a COMPLETED or UNKNOWN entry with its
+//! original times into an absent (or dead) key under the shard lock, so it is atomic
+//! against claims (loom model 8): a live entry of any state refuses it. UNKNOWN entries
+//! are kept in a second list threaded through the same link fields as the age list (an
+//! entry is never both), so [`Cache::unknown_entries`](crate::Cache::unknown_entries)
+//! walks only them, at most `limit` per shard.
 //!
 //! A completion never fails for lack of room (the work happened): its body is dropped
 //! instead and the entry kept as completed-without-body. The longest eviction step is in
@@ -133,8 +180,8 @@
 //!
 //! # Waiting
 //!
-//! `claim_wait` re-runs the claim in a loop under the shard's write lock and sleeps on
-//! the shard's condvar between tries, at most until its timeout or the current lease's
+//! `claim_wait` blocks its thread. It re-runs the claim in a loop under the shard's write
+//! lock and sleeps on the shard's condvar between tries, at most until its timeout or the current lease's
 //! end. A condvar needs a mutex, and the shard lock is a reader-writer lock, so the
 //! condvar sleeps on a small `sleep` mutex beside it: a waiter registers itself and
 //! takes `sleep` while still holding the shard lock, then lets the shard go and sleeps;
@@ -143,3 +190,6 @@
 //! registered cannot notify until the waiter sleeps (the wake-up is never lost; the loom
 //! model of it deadlocks if either side skips `sleep`), and nobody pays for a
 //! notification nobody waits for.
+//!
+//! Only the answer a call returns is counted in [`Stats`](crate::Stats): its looks at
+//! the key still in progress before it slept are not answers.
