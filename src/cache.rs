@@ -382,9 +382,12 @@ impl Cache {
     /// reconciler to check against the authority and then
     /// [`resolve`](Cache::resolve) or [`forget`](Cache::forget).
     ///
-    /// Takes each shard's lock in turn for at most `limit` entries of its list of
-    /// UNKNOWN entries (it never scans the map): `O(shards × limit)`. Entries you
-    /// cannot settle yet are listed again, first, on the next call.
+    /// Takes each shard's read lock in turn for the first `limit` entries of its list of
+    /// UNKNOWN entries (it never scans the map): `O(shards × limit)`, sorted by
+    /// `marked_at`. A shard's list is in the order entries became UNKNOWN in this cache,
+    /// so a fact [`insert`](Cache::insert)ed with an older mark than entries already
+    /// listed may wait for them. Entries you cannot settle yet are listed again, first,
+    /// on the next call.
     pub fn unknown_entries(&self, limit: usize) -> Vec<UnknownEntry> {
         let mut all = Vec::new();
         for cell in self.inner.shards.iter() {

@@ -578,11 +578,10 @@ impl Shard {
             Known::Completed { body, .. } => {
                 // Chunks hold results that expire together: pack only a fact that
                 // expires with the results completed now.
-                let ttl = deadline.saturating_duration_since(now);
                 let ttl = if deadline == deadline_after(now, cfg.completed_ttl) {
                     cfg.completed_ttl
                 } else {
-                    ttl
+                    deadline.saturating_duration_since(now)
                 };
                 let kept = self.keep_result(body, ttl, now, cfg);
                 self.set_completed(slot, kept, since, deadline);
@@ -594,7 +593,8 @@ impl Shard {
         Ok(())
     }
 
-    /// Up to `limit` live UNKNOWN entries, oldest mark first.
+    /// The first `limit` live UNKNOWN entries, in the order they became UNKNOWN here
+    /// (marked, or inserted); dead ones not yet reclaimed are passed over.
     pub(crate) fn unknown_entries(&self, limit: usize, now: Timestamp) -> Vec<UnknownEntry> {
         self.unknown
             .iter(&self.wheel)

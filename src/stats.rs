@@ -32,7 +32,8 @@ pub struct Stats {
     pub acquired: u64,
     /// Claims answered with a stored result.
     pub replayed: u64,
-    /// Claims answered "in progress".
+    /// Claims answered "in progress" (a [`Cache::claim_wait`](crate::Cache::claim_wait)
+    /// counts only the answer it returns: one, if it timed out).
     pub in_progress: u64,
     /// Claims refused because the key was used with a different request.
     pub mismatches: u64,
