@@ -112,8 +112,10 @@ impl Cache {
     pub(crate) fn from_parts(config: Config, clock: Box<dyn Clock>) -> Cache {
         let n = config.shards;
         let limits = Limits {
-            max_entries: config.max_entries.div_ceil(n),
-            max_bytes: config.max_bytes.div_ceil(n),
+            // Rounded down, so the shards together never hold more than the bounds;
+            // `build` keeps each share at least its floor (64 entries, 64 KiB).
+            max_entries: config.max_entries / n,
+            max_bytes: config.max_bytes / n,
             // MIN_TICK keeps this at least 1000 ns; a tick of whole nanoseconds is exact.
             tick_nanos: config.tick.as_nanos() as u64,
         };
@@ -244,8 +246,12 @@ impl Cache {
     fn tell(&self, removed: Vec<(Key, RemovalCause)>) {
         if let Some(listener) = &self.inner.config.listener {
             for (key, cause) in &removed {
-                if catch_unwind(AssertUnwindSafe(|| listener(key, *cause))).is_err() {
+                if let Err(payload) = catch_unwind(AssertUnwindSafe(|| listener(key, *cause))) {
                     self.inner.listener_panics.fetch_add(1, Ordering::Relaxed);
+                    // Not dropped: a payload's own `Drop` may panic too (`panic_any`),
+                    // and that would escape here. Leaking one small box per panic is
+                    // the price of never unwinding out of `tell`.
+                    std::mem::forget(payload);
                 }
             }
         }

@@ -16,8 +16,10 @@ pub enum Claim {
     Acquired(ClaimGuard),
     /// The intent was executed before; here is its stored result. Do not execute.
     Completed(Replay),
-    /// Another caller is executing the intent right now (HTTP 409). Retry later, or use
-    /// [`Cache::claim_wait`](crate::Cache::claim_wait).
+    /// Another caller is executing the intent right now (HTTP 409, with a `Retry-After`
+    /// of [`Cache::time_until`](crate::Cache::time_until)`(lease_ends_at)`). Retry later,
+    /// or wait with [`Cache::claim_wait`](crate::Cache::claim_wait), which blocks the
+    /// calling thread (not for an async runtime's worker threads).
     InProgress {
         /// When the current owner claimed the key.
         started_at: Timestamp,
@@ -158,7 +160,9 @@ pub enum Known {
         /// When the intent completed: at or before now.
         completed_at: Timestamp,
         /// When the result stops being replayed: after now, within
-        /// [`MAX_DURATION`](crate::MAX_DURATION) of it.
+        /// [`MAX_DURATION`](crate::MAX_DURATION) of it. (Within an hour of the end of a
+        /// clock's range, ~584 years after its origin, it is kept shorter: until the
+        /// last deadline the cache can reclaim.)
         expires_at: Timestamp,
     },
     /// The outcome is unknown: claims answer [`Claim::Unknown`] until it is resolved,

@@ -90,10 +90,11 @@ impl fmt::Debug for Config {
 /// 512 MiB, a 1 s wheel tick, no removal listener, [`SystemClock`].
 ///
 /// The bounds are enforced per shard, each shard holding `max_entries / shards` entries
-/// and `max_bytes / shards` bytes (rounded up), as in quick_cache: that keeps eviction a
-/// shard-local step under one lock. For small caches the shard count is lowered so each
-/// shard holds at least 64 entries, 64 KiB and four results of `max_result_size` (so
-/// that keeping one large result never needs more than a quarter of a shard evicted).
+/// and `max_bytes / shards` bytes (rounded down, so the total never exceeds either
+/// bound), as in quick_cache: that keeps eviction a shard-local step under one lock. For
+/// small caches the shard count is lowered so each shard's share is at least 64
+/// entries, 64 KiB and four times `max_result_size` (so that keeping one result of the
+/// largest size never needs much more than a quarter of a shard evicted).
 ///
 /// ```
 /// use std::time::Duration;
@@ -189,7 +190,10 @@ impl CacheBuilder {
 
     /// The largest result body kept for replay; a larger result is recorded as
     /// completed-without-body (the work happened and must not be redone). At most
-    /// `max_bytes`; see the shard rule above for how it lowers the shard count.
+    /// `max_bytes`; see the shard rule above for how it lowers the shard count. A result
+    /// is kept only if it fits, with its key and [`ENTRY_OVERHEAD`](crate::ENTRY_OVERHEAD),
+    /// in its shard's share once every other completed entry is evicted: a result as
+    /// large as the whole share is kept without its body.
     pub fn max_result_size(mut self, bytes: usize) -> Self {
         self.max_result_size = bytes;
         self

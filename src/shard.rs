@@ -548,8 +548,14 @@ impl Shard {
         if since > now {
             return Err(InsertError::StartsInTheFuture);
         }
-        if deadline > deadline_after(now, crate::MAX_DURATION) {
+        if deadline.saturating_duration_since(now) > crate::MAX_DURATION {
             return Err(InsertError::TtlTooLong);
+        }
+        // As for results completed that late: kept until the last deadline, shorter
+        // than asked, and only if that is still ahead.
+        let deadline = deadline.min(LAST_DEADLINE);
+        if deadline <= now {
+            return Err(InsertError::Expired);
         }
         let existing = self.find(hash, key);
         if let Some(slot) = existing {

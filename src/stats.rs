@@ -47,8 +47,8 @@ pub struct Stats {
     pub releases: u64,
     /// Outcomes recorded as completed (by a guard or by `resolve`).
     pub completions: u64,
-    /// Completions whose body was not kept: larger than `max_result_size`, or no room
-    /// under `max_bytes` even after evicting.
+    /// Completions (and inserted facts) whose body was not kept: larger than
+    /// `max_result_size`, or no room under `max_bytes` even after evicting.
     pub oversized: u64,
     /// Guard operations refused because the guard's lease was lost.
     pub leases_lost: u64,

@@ -337,3 +337,99 @@ fn caller_bodies_are_never_dropped_under_the_shard_lock() {
     assert_eq!(dropped.load(Ordering::SeqCst), 73);
     cache.debug_validate();
 }
+
+// Found by the adversarial review of the fixes above.
+
+// A listener panicking with a payload whose own `Drop` panics: dropping the caught
+// payload panicked again, out of `tell`, losing the rest of the batch.
+#[test]
+fn a_listener_panic_payload_that_panics_when_dropped_is_contained_too() {
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            if !std::thread::panicking() {
+                panic!("the payload's drop panics");
+            }
+        }
+    }
+    let clock = ManualClock::new();
+    let heard = Arc::new(AtomicUsize::new(0));
+    let count = heard.clone();
+    let cache = builder(&clock)
+        .shards(1)
+        .max_entries(64)
+        .removal_listener(move |_, _| {
+            count.fetch_add(1, Ordering::SeqCst);
+            std::panic::panic_any(Bomb)
+        })
+        .build()
+        .unwrap();
+    for i in 0..65 {
+        acquire(&cache, &key(&format!("k{i}")), fp("r")).complete(&b"x"[..]).unwrap();
+    }
+    assert_eq!(heard.load(Ordering::SeqCst), 6);
+    assert_eq!(cache.stats().listener_panics, 6);
+}
+
+// `max_entries / shards` was rounded up: eight shards of 65 held 520 > 513 entries.
+#[test]
+fn the_shards_together_never_hold_more_than_max_entries() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).shards(8).max_entries(513).lease(secs(1000)).build().unwrap();
+    assert_eq!(cache.shard_count(), 8);
+    let mut held = Vec::new();
+    for i in 0..2000 {
+        if let Ok(Claim::Acquired(guard)) = cache.claim(&key(&format!("k{i}")), fp("r")) {
+            held.push(guard);
+        }
+    }
+    assert!(held.len() <= 513, "{} entries held", held.len());
+    assert_eq!(held.len(), 8 * (513 / 8));
+}
+
+// A fact inserted within an hour of the end of time was refused as `TtlTooLong`; it is
+// kept until the last deadline, as a completion that late is.
+#[test]
+fn a_fact_inserted_near_the_end_of_time_is_kept_until_the_last_deadline() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).build().unwrap();
+    clock.advance(Duration::from_nanos(u64::MAX - 2 * MAX_TICK.as_nanos() as u64));
+    let now = cache.now();
+    let fact =
+        idemcache::Known::Unknown { marked_at: now, expires_at: now.saturating_add(secs(7200)) };
+    cache.insert(&key("late"), fp("r"), fact).unwrap();
+    let Ok(Claim::Unknown { expires_at, .. }) = cache.claim(&key("late"), fp("r")) else {
+        panic!("expected the inserted mark")
+    };
+    assert_eq!(expires_at, now.saturating_add(MAX_TICK));
+    clock.advance(MAX_TICK);
+    let too_late = idemcache::Known::Unknown {
+        marked_at: cache.now(),
+        expires_at: cache.now().saturating_add(secs(5)),
+    };
+    assert_eq!(
+        cache.insert(&key("later"), fp("r"), too_late),
+        Err(idemcache::InsertError::Expired)
+    );
+    cache.run_pending();
+    assert_eq!(cache.stats().entries, 0);
+}
+
+// The wheel's validator rejected a state the wheel allows: a bounded sweep stopping part
+// way through cascading a higher slot (a false failure for every test that validates).
+#[test]
+fn a_sweep_stopped_mid_cascade_leaves_a_valid_wheel_and_finishes_later() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).shards(1).completed_ttl(secs(100)).build().unwrap();
+    for i in 0..40 {
+        acquire(&cache, &key(&format!("k{i}")), fp("r")).complete(&b"x"[..]).unwrap();
+    }
+    clock.advance(secs(300));
+    // This claim's bounded sweep (16 moves) stops among the 40 due entries.
+    acquire(&cache, &key("sweeper"), fp("r")).release().unwrap();
+    assert!(cache.stats().entries > 0, "the sweep was meant to stop part way");
+    cache.debug_validate();
+    cache.run_pending();
+    assert_eq!((cache.stats().entries, cache.stats().bytes), (0, 0));
+    cache.debug_validate();
+}
