@@ -85,6 +85,9 @@ fn small_caches_get_fewer_shards_a_power_of_two_that_fits_each_floor() {
     // Bytes: 64 KiB per shard, and four results of max_result_size.
     assert_eq!(build(b().max_bytes(5 * 64 * 1024).max_result_size(1024)), Ok(4));
     assert_eq!(build(b().max_bytes(8 * 64 * 1024)), Ok(2));
+    // The default: four per core, rounded up to a power of two.
+    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+    assert_eq!(build(Cache::builder()), Ok((cores * 4).next_power_of_two()));
     // The requested count is rounded up to a power of two, then lowered.
     assert_eq!(build(Cache::builder().shards(5)), Ok(8));
 }
