@@ -284,20 +284,8 @@ impl Shard {
             self.counters.capacity_refusals += 1;
             return Err(full);
         }
-        let token = self.next_token();
-        let slot = self.insert(
-            hash,
-            Entry {
-                key: key.clone(),
-                fingerprint,
-                state: State::Processing,
-                token,
-                since: now,
-                deadline: lease_ends_at,
-                body: None,
-                hash: hash as u32,
-            },
-        );
+        let (slot, token) =
+            self.insert_new(hash, key, fingerprint, State::Processing, now, lease_ends_at);
         self.counters.acquired += 1;
         // Reclaim a little of what has expired; the new entry is live, so it is not due.
         self.sweep(now, SWEEP_WORK_PER_INSERT);
@@ -566,20 +554,9 @@ impl Shard {
         }
         self.make_room(now, 1, Entry::charge_for(key, None))
             .map_err(|_| InsertError::CapacityExhausted)?;
-        let token = self.next_token();
-        let slot = self.insert(
-            hash,
-            Entry {
-                key: key.clone(),
-                fingerprint,
-                state: State::Unknown,
-                token,
-                since,
-                deadline,
-                body: None,
-                hash: hash as u32,
-            },
-        );
+        // UNKNOWN until its body is settled below (`keep_result` may evict, and an
+        // UNKNOWN entry is never evicted).
+        let (slot, _) = self.insert_new(hash, key, fingerprint, State::Unknown, since, deadline);
         match known {
             Known::Completed { body, .. } => {
                 // Chunks hold results that expire together: pack only a fact that
@@ -732,6 +709,30 @@ impl Shard {
             self.counters.evictions += 1;
         }
         self.counters.max_eviction_pause = self.counters.max_eviction_pause.max(started.elapsed());
+    }
+
+    /// Files a new entry without a body under a fresh token; returns its slot and token.
+    fn insert_new(
+        &mut self,
+        hash: u64,
+        key: &Key,
+        fingerprint: Fingerprint,
+        state: State,
+        since: Timestamp,
+        deadline: Timestamp,
+    ) -> (u32, u64) {
+        let token = self.next_token();
+        let entry = Entry {
+            key: key.clone(),
+            fingerprint,
+            state,
+            token,
+            since,
+            deadline,
+            body: None,
+            hash: hash as u32,
+        };
+        (self.insert(hash, entry), token)
     }
 
     fn insert(&mut self, hash: u64, entry: Entry) -> u32 {
