@@ -147,7 +147,9 @@ impl FingerprintBuilder {
     }
 
     fn part(mut self, tag: u8, fields: &[&[u8]]) -> Self {
-        close_body(&mut self.hasher, self.body.take());
+        if let Some(body) = self.body.take() {
+            close_body(&mut self.hasher, &body);
+        }
         write_part(&mut self.hasher, tag, fields);
         self
     }
@@ -158,7 +160,7 @@ impl FingerprintBuilder {
             None => Fingerprint::from_u128(self.hasher.digest128()),
             Some(body) => {
                 let mut hasher = self.hasher.clone();
-                close_body(&mut hasher, Some(body.clone()));
+                close_body(&mut hasher, body);
                 Fingerprint::from_u128(hasher.digest128())
             }
         }
@@ -174,10 +176,8 @@ fn write_part(hasher: &mut Xxh3Default, tag: u8, fields: &[&[u8]]) {
 }
 
 /// Writes an open body's part: its digest as the one field.
-fn close_body(hasher: &mut Xxh3Default, body: Option<Box<Xxh3Default>>) {
-    if let Some(body) = body {
-        write_part(hasher, b'B', &[&body.digest128().to_be_bytes()]);
-    }
+fn close_body(hasher: &mut Xxh3Default, body: &Xxh3Default) {
+    write_part(hasher, b'B', &[&body.digest128().to_be_bytes()]);
 }
 
 #[cfg(test)]
