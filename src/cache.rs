@@ -542,11 +542,9 @@ pub enum SweeperError {
 impl fmt::Display for SweeperError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SweeperError::InvalidInterval(d) => write!(
-                f,
-                "sweeper interval of {d:?} refused: it must be positive and at most {:?}",
-                crate::MAX_DURATION
-            ),
+            SweeperError::InvalidInterval(d) => {
+                crate::error::invalid_duration(f, "sweeper interval", *d)
+            }
             SweeperError::Spawn(e) => write!(f, "could not start the sweeper thread: {e}"),
         }
     }

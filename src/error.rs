@@ -3,6 +3,11 @@
 use std::fmt;
 use std::time::Duration;
 
+/// The one wording of a duration refused by `config::check_duration`.
+pub(crate) fn invalid_duration(f: &mut fmt::Formatter<'_>, what: &str, d: Duration) -> fmt::Result {
+    write!(f, "{what} of {d:?} refused: it must be positive and at most {:?}", crate::MAX_DURATION)
+}
+
 /// Why [`Cache::claim`](crate::Cache::claim) could not give an answer.
 ///
 /// A claim error means "do not execute": the cache fails closed.
@@ -67,13 +72,7 @@ impl fmt::Display for ExtendLeaseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ExtendLeaseError::LeaseLost => LeaseLost.fmt(f),
-            ExtendLeaseError::InvalidDuration(d) => {
-                write!(
-                    f,
-                    "lease of {d:?} refused: it must be positive and at most {:?}",
-                    crate::MAX_DURATION
-                )
-            }
+            ExtendLeaseError::InvalidDuration(d) => invalid_duration(f, "lease", *d),
         }
     }
 }
@@ -144,11 +143,7 @@ impl fmt::Display for BuildError {
             BuildError::Shards(n) => {
                 write!(f, "shard count {n} refused: it must be between 1 and {}", crate::MAX_SHARDS)
             }
-            BuildError::Duration { setting, value } => write!(
-                f,
-                "{setting} of {value:?} refused: it must be positive and at most {:?}",
-                crate::MAX_DURATION
-            ),
+            BuildError::Duration { setting, value } => invalid_duration(f, setting, *value),
             BuildError::MaxResultSize(n) => write!(
                 f,
                 "max_result_size {n} refused: it must be between 1 and {} bytes",
@@ -189,11 +184,7 @@ pub enum SetResultTtlError {
 impl fmt::Display for SetResultTtlError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SetResultTtlError::InvalidDuration(d) => write!(
-                f,
-                "result TTL of {d:?} refused: it must be positive and at most {:?}",
-                crate::MAX_DURATION
-            ),
+            SetResultTtlError::InvalidDuration(d) => invalid_duration(f, "result TTL", *d),
         }
     }
 }
