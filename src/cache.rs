@@ -21,6 +21,7 @@
 
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::task::Waker;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
@@ -31,6 +32,7 @@ use crate::shard::{Limits, Shard, FREE_BATCH};
 use crate::sync::{
     Arc, AtomicU64, CachePadded, Condvar, Mutex, Ordering, RwLock, RwLockWriteGuard,
 };
+use crate::wait::WaitForClaim;
 use crate::{
     CacheBuilder, Claim, ClaimError, Clock, EntrySnapshot, Fingerprint, InsertError, Key, Known,
     RemovalCause, ResolveError, Stats, Timestamp, UnknownEntry,
@@ -228,14 +230,21 @@ impl Cache {
     #[cold]
     #[inline(never)]
     fn epilogue(&self, mut guard: RwLockWriteGuard<'_, Shard>, cell: &ShardCell) {
-        if std::mem::take(&mut guard.left_processing) && guard.waiters > 0 {
-            let _sleeping = cell.sleep.lock();
-            cell.changed.notify_all();
+        let mut woken = Vec::new();
+        if std::mem::take(&mut guard.left_processing) {
+            if guard.waiters > 0 {
+                let _sleeping = cell.sleep.lock();
+                cell.changed.notify_all();
+            }
+            woken = guard.wakers.take_all();
         }
         let freed: [Option<Bytes>; FREE_BATCH] = std::array::from_fn(|_| guard.graveyard.pop());
         let removed = std::mem::take(&mut guard.removed);
         drop(guard);
         drop(freed);
+        for (_, waker) in woken {
+            waker.wake();
+        }
         self.tell(removed);
     }
 
@@ -295,7 +304,8 @@ impl Cache {
     ///
     /// **This blocks the calling thread** for up to `timeout`. Do not call it on an
     /// async runtime's worker thread: on a current-thread runtime the owner cannot run
-    /// while the waiter holds the only thread, so the wait always times out.
+    /// while the waiter holds the only thread, so the wait always times out. Async code
+    /// uses [`Cache::claim_wait_async`].
     ///
     /// `timeout` is real time (the thread really sleeps); lease ends are read on the
     /// cache's clock. A waiter sleeps on its shard's condvar, so it costs nothing while it
@@ -348,6 +358,84 @@ impl Cache {
             guard = cell.shard.write();
             guard.waiters -= 1;
         }
+    }
+
+    /// Claims `key`, waiting asynchronously while another caller is executing it: the
+    /// async counterpart of [`Cache::claim_wait`], for async services.
+    ///
+    /// The future resolves to what a fresh claim returns once the key leaves PROCESSING
+    /// (the owner completed, released or marked it unknown, or it was removed) or its
+    /// owner's lease lapsed (the future then takes the key over: [`Claim::Acquired`]).
+    /// It wakes on the same transitions as `claim_wait`, with no thread blocked.
+    ///
+    /// The core has no runtime: `sleep` is your runtime's sleep, used only to look again
+    /// when the lease seen last should have lapsed (no transition announces a lapse), e.g.
+    /// `tokio::time::sleep`. Bound the wait with your runtime's timeout; dropping the
+    /// future there is safe (it withdraws its waker, and never holds a claim):
+    ///
+    /// ```
+    /// # use idemcache::{Cache, Claim, Fingerprint, Key};
+    /// # use std::time::Duration;
+    /// # async fn handler(cache: &Cache, key: &Key, fp: Fingerprint) -> Result<(), Box<dyn std::error::Error>> {
+    /// // with tokio:
+    /// // let waited = tokio::time::timeout(Duration::from_secs(3),
+    /// //     cache.claim_wait_async(key, fp, tokio::time::sleep)).await;
+    /// // any runtime-free sleep works for the lapse, e.g. one that never ends:
+    /// let claim = cache.claim_wait_async(key, fp, |_| std::future::pending::<()>()).await?;
+    /// # let _ = claim; Ok(()) }
+    /// ```
+    ///
+    /// Counts in [`Stats`] the one answer it resolves to (none if dropped before), and is
+    /// counted in [`Stats::waiting`] while it waits. Waking is per shard: a future is
+    /// woken when any entry of its shard leaves PROCESSING, and looks again.
+    pub fn claim_wait_async<F, S>(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        sleep: F,
+    ) -> WaitForClaim<F, S>
+    where
+        F: FnMut(Duration) -> S,
+        S: std::future::Future,
+    {
+        WaitForClaim::new(self.clone(), key.clone(), fingerprint, sleep)
+    }
+
+    /// [`WaitForClaim`]'s look: claims as [`Cache::claim`] does, under the write lock; if
+    /// the key is still PROCESSING, files `waker` under that same lock (so the transition
+    /// that ends PROCESSING wakes it) and un-counts the answer, which is not the last;
+    /// otherwise withdraws the future's waker. Wakers replaced or withdrawn, and an
+    /// unused clone, are dropped after unlocking.
+    pub(crate) fn claim_or_file(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        filed: &mut Option<u64>,
+        waker: Waker,
+    ) -> Result<Claim, ClaimError> {
+        let (hash, shard) = self.locate(key);
+        let mut waker = Some(waker);
+        let (claim, unfiled) = self.with_shard(shard, |s, now, cfg| {
+            let claim = s.claim(hash, key, fingerprint, now, cfg, |slot, token, lease_ends_at| {
+                self.guard(shard, slot, token, lease_ends_at)
+            });
+            let unfiled = if let Ok(Claim::InProgress { .. }) = claim {
+                s.counters.in_progress -= 1;
+                s.wakers.file(filed, waker.take().expect("taken once"))
+            } else {
+                filed.take().and_then(|id| s.wakers.withdraw(id))
+            };
+            (claim, unfiled)
+        });
+        drop((waker, unfiled));
+        claim
+    }
+
+    /// Takes a dropped [`WaitForClaim`]'s waker out of its shard's list.
+    pub(crate) fn withdraw_waker(&self, key: &Key, id: u64) {
+        let (_, shard) = self.locate(key);
+        let unfiled = self.with_shard(shard, |s, _, _| s.wakers.withdraw(id));
+        drop(unfiled);
     }
 
     /// Records the result of an UNKNOWN entry after checking the authority:
@@ -485,7 +573,8 @@ impl Cache {
         let mut stats = Stats::default();
         for cell in self.inner.shards.iter() {
             let shard = cell.shard.read();
-            stats.add(&shard.counters, shard.entries(), shard.bytes(), shard.waiters);
+            let waiting = shard.waiters + shard.wakers.len();
+            stats.add(&shard.counters, shard.entries(), shard.bytes(), waiting);
             stats.replayed += cell.replayed.load(Ordering::Relaxed);
         }
         stats.listener_panics = self.inner.listener_panics.load(Ordering::Relaxed);

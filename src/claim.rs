@@ -19,7 +19,8 @@ pub enum Claim {
     /// Another caller is executing the intent right now (HTTP 409, with a `Retry-After`
     /// of [`Cache::time_until`](crate::Cache::time_until)`(lease_ends_at)`). Retry later,
     /// or wait with [`Cache::claim_wait`](crate::Cache::claim_wait), which blocks the
-    /// calling thread (not for an async runtime's worker threads).
+    /// calling thread (not for an async runtime's worker threads), or with
+    /// [`Cache::claim_wait_async`](crate::Cache::claim_wait_async), which does not.
     InProgress {
         /// When the current owner claimed the key.
         started_at: Timestamp,

@@ -13,9 +13,11 @@
 //! | `evict.rs` | the capacity policy and the age list | only COMPLETED entries are evictable, oldest first |
 //! | `arena.rs` | small results, packed into per-shard chunks | a packed result is an exact copy, never overwritten |
 //! | `cache.rs` | locks, hashing, `claim_wait` | one shard lock per operation, never two |
+//! | `wait.rs` | [`WaitForClaim`](crate::WaitForClaim), the async wait, and each shard's wakers | a waiting future's waker is filed under the lock it looked under |
 //! | `guard.rs` | [`ClaimGuard`](crate::ClaimGuard) | a guard acts only under its own fencing token |
 //! | `claim.rs`, `error.rs`, `stats.rs`, `config.rs` | public values, errors, counters, settings | a built config is valid |
 //! | `sync.rs` | the loom shim | every lock and atomic is imported from here |
+//! | `layer/` (feature `tower`) | the HTTP layer: header, stored responses, problem answers, the service | a guarded request reaches the handler only holding its claim; it uses only the public API |
 //!
 //! **Where does a claim become PROCESSING?** `Shard::acquire` in `src/shard.rs`, called
 //! from `Shard::claim` when the key is absent or its entry is dead. Every other
@@ -193,3 +195,14 @@
 //!
 //! Only the answer a call returns is counted in [`Stats`](crate::Stats): its looks at
 //! the key still in progress before it slept are not answers.
+//!
+//! `claim_wait_async` is the same loop as a future, with no thread blocked: each poll
+//! claims under the shard's write lock and, if the key is still PROCESSING, files the
+//! task's waker in the shard's list under that same lock; the epilogue of every
+//! transition out of PROCESSING takes the list under the lock and wakes it after
+//! unlocking (loom model 9). Wakers are cloned before locking and woken or dropped after
+//! it: they are an executor's code. The core has no timer, and no transition announces a
+//! lapse, so the caller passes its runtime's sleep and the future looks again when the
+//! lease it saw should have ended; a timeout is the caller's runtime's too. Dropping the
+//! future withdraws its waker; it never holds a claim (an `Acquired` is handed out by the
+//! poll that made it).

@@ -94,9 +94,12 @@ mod fingerprint;
 mod guard;
 pub mod implementation;
 mod key;
+#[cfg(feature = "tower")]
+pub mod layer;
 mod shard;
 mod stats;
 mod sync;
+mod wait;
 mod wheel;
 
 /// The byte buffer results are stored and replayed as, re-exported so that naming it
@@ -121,3 +124,4 @@ pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use guard::ClaimGuard;
 pub use key::{Key, KeyError, MAX_CLIENT_KEY_LEN, MAX_SCOPE_AND_TENANT_LEN};
 pub use stats::Stats;
+pub use wait::WaitForClaim;

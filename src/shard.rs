@@ -35,6 +35,7 @@ use crate::config::Config;
 use crate::entry::{Entry, State};
 use crate::evict::{self, AgeLinks, AgeList};
 use crate::stats::Counters;
+use crate::wait::Wakers;
 use crate::wheel::Wheel;
 use crate::{
     Claim, ClaimError, EntrySnapshot, Fingerprint, InsertError, Key, Known, LeaseLost,
@@ -126,6 +127,8 @@ pub(crate) struct Shard {
     pub(crate) counters: Counters,
     /// Threads sleeping in `claim_wait` on this shard; notifying is skipped when zero.
     pub(crate) waiters: usize,
+    /// Futures of `claim_wait_async` waiting on this shard, woken with the threads.
+    pub(crate) wakers: Wakers,
     /// Set when an entry left PROCESSING; the cache wakes waiters and clears it.
     pub(crate) left_processing: bool,
     /// Results of entries that left (evicted, expired, removed), not yet freed; the
@@ -167,6 +170,7 @@ impl Shard {
             limits,
             counters: Counters::default(),
             waiters: 0,
+            wakers: Wakers::default(),
             left_processing: false,
             graveyard: Vec::new(),
             results: ResultArena::default(),

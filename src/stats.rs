@@ -63,7 +63,9 @@ pub struct Stats {
     /// Calls of the removal listener that panicked. The panic is caught: the cache did
     /// what it did regardless, and the listener still hears every other removal.
     pub listener_panics: u64,
-    /// Threads waiting in [`Cache::claim_wait`](crate::Cache::claim_wait) right now.
+    /// Threads waiting in [`Cache::claim_wait`](crate::Cache::claim_wait), and futures of
+    /// [`Cache::claim_wait_async`](crate::Cache::claim_wait_async) filed to be woken,
+    /// right now.
     pub waiting: u64,
     /// The longest single eviction step (removing a tenth of a shard's completed entries).
     pub max_eviction_pause: std::time::Duration,

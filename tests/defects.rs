@@ -433,3 +433,19 @@ fn a_sweep_stopped_mid_cascade_leaves_a_valid_wheel_and_finishes_later() {
     assert_eq!((cache.stats().entries, cache.stats().bytes), (0, 0));
     cache.debug_validate();
 }
+
+// D4's boundary: the last deadline is reachable. A lease that ends exactly there is
+// granted; one nanosecond later it could not run its length.
+#[test]
+fn a_lease_ending_exactly_at_the_last_deadline_is_granted_and_not_a_nanosecond_later() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).build().unwrap();
+    let latest = u64::MAX - MAX_TICK.as_nanos() as u64 - LEASE.as_nanos() as u64;
+    clock.advance(Duration::from_nanos(latest));
+    let guard = acquire(&cache, &key("a"), fp("r"));
+    assert_eq!(guard.lease_ends_at().as_nanos(), u64::MAX - MAX_TICK.as_nanos() as u64);
+    clock.advance(Duration::from_nanos(1));
+    assert!(matches!(cache.claim(&key("b"), fp("r")), Err(ClaimError::ClockOutOfRange { .. })));
+    guard.complete(&b"r"[..]).unwrap();
+    cache.debug_validate();
+}

@@ -107,6 +107,37 @@ fn insert_refuses_nonsense_times_and_changes_nothing() {
 }
 
 #[test]
+fn an_insert_living_exactly_max_duration_is_accepted() {
+    let (cache, clock) = cache();
+    clock.advance(secs(100));
+    let exactly = at(100).saturating_add(MAX_DURATION);
+    cache.insert(&key("t"), fp("r"), completed(b"x", at(1), exactly)).unwrap();
+    assert_eq!(replay(&cache, &key("t"), fp("r")).expires_at, exactly);
+}
+
+/// Small results completed now share chunks with others expiring together; a fact with
+/// the same deadline joins them, one with any other deadline is kept as given.
+#[test]
+fn a_fact_expiring_with_fresh_results_is_packed_and_any_other_is_kept_as_given() {
+    let (cache, clock) = cache();
+    clock.advance(secs(1000));
+    let now = clock_now(&cache);
+    let body = Bytes::from(vec![7u8; 8]);
+    let fact = |expires_at| Known::Completed {
+        body: Some(body.clone()),
+        completed_at: at(900),
+        expires_at,
+    };
+    cache.insert(&key("a"), fp("r"), fact(now.saturating_add(COMPLETED_TTL))).unwrap();
+    cache.insert(&key("b"), fp("r"), fact(now.saturating_add(secs(50)))).unwrap();
+    let packed = replay(&cache, &key("a"), fp("r")).body.unwrap();
+    let as_given = replay(&cache, &key("b"), fp("r")).body.unwrap();
+    assert_eq!((&packed[..], &as_given[..]), (&body[..], &body[..]));
+    assert_ne!(packed.as_ptr(), body.as_ptr(), "copied into the shard's chunk");
+    assert_eq!(as_given.as_ptr(), body.as_ptr(), "the caller's bytes, not a copy");
+}
+
+#[test]
 fn an_inserted_result_over_the_size_limit_is_kept_without_its_body() {
     let (cache, _clock) = cache();
     let big = Known::Completed {

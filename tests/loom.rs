@@ -15,7 +15,8 @@
 //! check-then-insert in `Cache::claim`, 2 on a two-step `complete`, 3 on `owned` without
 //! the token check, 5 on a lookup reading a dead entry as live, 6 on evicting the oldest
 //! entry of any state, 7 (as a loom deadlock) on `release` not waking waiters; 8 on an
-//! insert split into a locked look and a locked write).
+//! insert split into a locked look and a locked write; 9, as a deadlock, on the async
+//! wait filing its waker in a second locked section after its look).
 #![cfg(idemcache_loom)]
 
 use std::time::Duration;
@@ -325,4 +326,40 @@ fn insert_racing_a_claim_one_takes_the_key() {
         assert_eq!(stored(&cache, &k).unwrap(), expected);
         cache.debug_validate();
     });
+}
+
+/// 9. `claim_wait_async` racing a completion and, separately, a release: the future is
+/// always woken (loom's `block_on` parks on the waker; a lost wake-up is a deadlock loom
+/// reports) and resolves to the stored result, or the key itself after a release. Its
+/// sleep never ends, so only the cache's wake-up can finish it.
+///
+/// Catches: filing the waker after the shard lock is released (a completion between the
+/// look and the filing wakes nobody), or not waking the shard's wakers on a transition.
+#[test]
+fn claim_wait_async_is_woken_by_complete_and_release() {
+    for release in [false, true] {
+        loom::model(move || {
+            let (cache, _clock) = cache(64);
+            let k = key("k");
+            let owner = acquire(&cache, &k);
+            let waiter = {
+                let (cache, k) = (cache.clone(), k.clone());
+                thread::spawn(move || {
+                    let never = |_| std::future::pending::<()>();
+                    loom::future::block_on(cache.claim_wait_async(&k, fp(), never)).unwrap()
+                })
+            };
+            if release {
+                owner.release().unwrap();
+            } else {
+                owner.complete(&b"result"[..]).unwrap();
+            }
+            match (release, waiter.join().unwrap()) {
+                (false, Claim::Completed(replay)) => assert_eq!(replay.body.unwrap(), "result"),
+                (true, Claim::Acquired(guard)) => drop(guard),
+                (_, other) => panic!("release={release}: unexpected {other:?}"),
+            }
+            assert_eq!(cache.stats().waiting, 0, "no waker left filed");
+        });
+    }
 }

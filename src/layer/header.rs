@@ -1,0 +1,132 @@
+//! Reading the `Idempotency-Key` request header: the IETF draft's structured-field string
+//! (`"8e03978e-40d5"`) and the bare token most clients send.
+//!
+//! Invariant: a value is accepted only if it decodes to one client key the core's [`Key`]
+//! rules could accept character by character; everything else is a [`KeyHeaderError`]
+//! naming the rule it broke, answered with 400 before anything is read or claimed.
+//!
+//! [`Key`]: crate::Key
+
+use std::fmt;
+
+use http::HeaderMap;
+
+/// The header's name, as the IETF httpapi draft spells it (matched case-insensitively).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Why an `Idempotency-Key` header was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyHeaderError {
+    /// The method requires a key and the request has none.
+    Missing,
+    /// More than one `Idempotency-Key` field.
+    Repeated,
+    /// A quoted value without its closing quote, or a backslash escaping something other
+    /// than `"` or `\`.
+    MalformedString,
+    /// The key is empty.
+    Empty,
+    /// A byte outside visible ASCII (`!` to `~`): spaces and control characters included.
+    NotVisibleAscii,
+}
+
+impl fmt::Display for KeyHeaderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KeyHeaderError::Missing => "this request requires an Idempotency-Key header",
+            KeyHeaderError::Repeated => "send exactly one Idempotency-Key header",
+            KeyHeaderError::MalformedString => {
+                "a quoted Idempotency-Key must be a structured-field string: \
+                 \"...\" with only \\\" and \\\\ escaped"
+            }
+            KeyHeaderError::Empty => "the Idempotency-Key is empty",
+            KeyHeaderError::NotVisibleAscii => {
+                "the Idempotency-Key may contain only visible ASCII characters (! to ~)"
+            }
+        })
+    }
+}
+
+impl std::error::Error for KeyHeaderError {}
+
+/// The client key the request carries: `Ok(None)` if it has no `Idempotency-Key`.
+pub fn client_key(headers: &HeaderMap) -> Result<Option<String>, KeyHeaderError> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else { return Ok(None) };
+    if values.next().is_some() {
+        return Err(KeyHeaderError::Repeated);
+    }
+    parse(value.as_bytes()).map(Some)
+}
+
+/// One field value: an sf-string if it starts with a quote, else the bare key. Optional
+/// whitespace around the value is not part of it.
+fn parse(raw: &[u8]) -> Result<String, KeyHeaderError> {
+    let raw = raw.trim_ascii();
+    let key = match raw.strip_prefix(b"\"") {
+        Some(quoted) => unquote(quoted)?,
+        None => raw.to_vec(),
+    };
+    if key.is_empty() {
+        return Err(KeyHeaderError::Empty);
+    }
+    if !key.iter().all(|b| (b'!'..=b'~').contains(b)) {
+        return Err(KeyHeaderError::NotVisibleAscii);
+    }
+    // Visible ASCII only: always UTF-8.
+    Ok(String::from_utf8(key).expect("ASCII is UTF-8"))
+}
+
+/// The inside of an sf-string (RFC 8941 §3.3.3), after its opening quote.
+fn unquote(rest: &[u8]) -> Result<Vec<u8>, KeyHeaderError> {
+    let mut out = Vec::with_capacity(rest.len());
+    let mut bytes = rest.iter();
+    while let Some(&b) = bytes.next() {
+        match b {
+            b'"' if bytes.as_slice().is_empty() => return Ok(out),
+            b'"' => return Err(KeyHeaderError::MalformedString),
+            b'\\' => match bytes.next() {
+                Some(&c @ (b'"' | b'\\')) => out.push(c),
+                _ => return Err(KeyHeaderError::MalformedString),
+            },
+            _ => out.push(b),
+        }
+    }
+    Err(KeyHeaderError::MalformedString)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(value: &[u8]) -> Result<Option<String>, KeyHeaderError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(IDEMPOTENCY_KEY, http::HeaderValue::from_bytes(value).unwrap());
+        client_key(&headers)
+    }
+
+    #[test]
+    fn bare_and_quoted_forms_give_the_same_key() {
+        assert_eq!(one(b"8e03978e-40d5").unwrap().unwrap(), "8e03978e-40d5");
+        assert_eq!(one(b"\"8e03978e-40d5\"").unwrap().unwrap(), "8e03978e-40d5");
+        assert_eq!(one(b"  abc ").unwrap().unwrap(), "abc");
+        assert_eq!(one(br#""a\"b\\c""#).unwrap().unwrap(), r#"a"b\c"#);
+    }
+
+    #[test]
+    fn each_rule_is_named() {
+        assert_eq!(client_key(&HeaderMap::new()), Ok(None));
+        assert_eq!(one(b"\"abc"), Err(KeyHeaderError::MalformedString));
+        assert_eq!(one(b"\"a\"b\""), Err(KeyHeaderError::MalformedString));
+        assert_eq!(one(br#""a\nb""#), Err(KeyHeaderError::MalformedString));
+        assert_eq!(one(b"\"\""), Err(KeyHeaderError::Empty));
+        assert_eq!(one(b"\"a b\""), Err(KeyHeaderError::NotVisibleAscii));
+        assert_eq!(one(b"a\tb"), Err(KeyHeaderError::NotVisibleAscii));
+        assert_eq!(one("clé".as_bytes()), Err(KeyHeaderError::NotVisibleAscii));
+        let mut headers = HeaderMap::new();
+        headers.append(IDEMPOTENCY_KEY, "a".parse().unwrap());
+        headers.append(IDEMPOTENCY_KEY, "b".parse().unwrap());
+        assert_eq!(client_key(&headers), Err(KeyHeaderError::Repeated));
+    }
+}

@@ -1,0 +1,164 @@
+//! A stored response: status, the headers a replay may repeat, and the body, as the one
+//! byte string the cache keeps.
+//!
+//! Invariant: [`decode`] returns exactly what [`encode`] was given after [`keep_header`]'s
+//! filter — the status, every kept field in order with its raw bytes (two `Set-Cookie`
+//! stay two), and the body — and refuses anything else with `None`, never panicking:
+//! the cache may hold a value some other writer put under the same key.
+//!
+//! Layout: `b"IDR1"`, status (u16 BE), field count (u16 BE), then per field: name length
+//! (u16 BE), name, value length (u32 BE), value; the rest is the body.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::StatusCode;
+
+const MAGIC: &[u8; 4] = b"IDR1";
+
+/// Fields never stored: hop-by-hop (RFC 9110 §7.6.1) and per-message framing, which the
+/// server writes afresh for each response, and `Date`, which would lie on a replay.
+const NEVER_STORED: [HeaderName; 10] = [
+    header::CONNECTION,
+    header::CONTENT_LENGTH,
+    header::DATE,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    HeaderName::from_static("keep-alive"),
+];
+
+/// Whether a response field is stored for replays. `Set-Cookie` is left out unless
+/// allowed: a session cookie replayed to whoever retries would hand the session over.
+/// Fields the response's own `Connection` names are hop-by-hop too.
+pub(crate) fn keep_header(name: &HeaderName, headers: &HeaderMap, set_cookie: bool) -> bool {
+    if NEVER_STORED.contains(name) || (*name == header::SET_COOKIE && !set_cookie) {
+        return false;
+    }
+    !headers.get_all(header::CONNECTION).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|list| list.split(',').any(|t| t.trim().eq_ignore_ascii_case(name.as_str())))
+    })
+}
+
+/// The stored form of a response.
+pub(crate) fn encode(
+    status: StatusCode,
+    headers: &HeaderMap,
+    set_cookie: bool,
+    body: &[u8],
+) -> Bytes {
+    let kept: Vec<_> =
+        headers.iter().filter(|(n, _)| keep_header(n, headers, set_cookie)).collect();
+    let size = 8 + kept.iter().map(|(n, v)| 6 + n.as_str().len() + v.len()).sum::<usize>();
+    let mut out = BytesMut::with_capacity(size + body.len());
+    out.put_slice(MAGIC);
+    out.put_u16(status.as_u16());
+    // A response has far fewer than 65,536 fields (servers cap them at ~100).
+    out.put_u16(u16::try_from(kept.len()).unwrap_or(u16::MAX));
+    for (name, value) in kept.into_iter().take(usize::from(u16::MAX)) {
+        // Header names are short tokens; values are capped by servers far below 4 GiB.
+        out.put_u16(name.as_str().len() as u16);
+        out.put_slice(name.as_str().as_bytes());
+        out.put_u32(value.len() as u32);
+        out.put_slice(value.as_bytes());
+    }
+    out.put_slice(body);
+    out.freeze()
+}
+
+/// A stored response taken apart again.
+#[derive(Debug)]
+pub(crate) struct Stored {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+}
+
+/// The response [`encode`] stored, or `None` if `stored` is not one.
+pub(crate) fn decode(stored: &Bytes) -> Option<Stored> {
+    let mut rest: &[u8] = stored.strip_prefix(MAGIC)?;
+    let status =
+        StatusCode::from_u16(u16::from_be_bytes(take(&mut rest, 2)?.try_into().ok()?)).ok()?;
+    let count = u16::from_be_bytes(take(&mut rest, 2)?.try_into().ok()?);
+    let mut headers = HeaderMap::with_capacity(usize::from(count));
+    for _ in 0..count {
+        let len = u16::from_be_bytes(take(&mut rest, 2)?.try_into().ok()?);
+        let name = HeaderName::from_bytes(take(&mut rest, usize::from(len))?).ok()?;
+        let len = u32::from_be_bytes(take(&mut rest, 4)?.try_into().ok()?);
+        let value = HeaderValue::from_bytes(take(&mut rest, len as usize)?).ok()?;
+        headers.append(name, value);
+    }
+    let body = stored.slice(stored.len() - rest.len()..);
+    Some(Stored { status, headers, body })
+}
+
+fn take<'a>(rest: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+    if rest.len() < n {
+        return None;
+    }
+    let (head, tail) = rest.split_at(n);
+    *rest = tail;
+    Some(head)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(fields: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (n, v) in fields {
+            map.append(
+                HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn round_trip_keeps_order_repeats_and_raw_bytes() {
+        let mut sent = headers(&[("x-a", "1"), ("link", "<a>"), ("link", "<b>")]);
+        sent.append("x-raw", HeaderValue::from_bytes(b"caf\xe9").unwrap());
+        let stored = encode(StatusCode::CREATED, &sent, false, b"{\"id\":1}");
+        let back = decode(&stored).unwrap();
+        assert_eq!(back.status, StatusCode::CREATED);
+        assert_eq!(back.headers, sent);
+        let links: Vec<_> = back.headers.get_all("link").iter().collect();
+        assert_eq!(links, ["<a>", "<b>"]);
+        assert_eq!(&back.body[..], b"{\"id\":1}");
+    }
+
+    #[test]
+    fn framing_hop_by_hop_date_and_cookies_are_not_stored() {
+        let sent = headers(&[
+            ("content-length", "3"),
+            ("transfer-encoding", "chunked"),
+            ("date", "Mon, 30 Nov 2026 10:00:00 GMT"),
+            ("connection", "x-hop"),
+            ("x-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("set-cookie", "a=1"),
+            ("set-cookie", "b=2"),
+            ("content-type", "application/json"),
+        ]);
+        let kept = decode(&encode(StatusCode::OK, &sent, false, b"abc")).unwrap().headers;
+        assert_eq!(kept, headers(&[("content-type", "application/json")]));
+        let with_cookies = decode(&encode(StatusCode::OK, &sent, true, b"abc")).unwrap().headers;
+        assert_eq!(with_cookies.get_all("set-cookie").iter().count(), 2);
+    }
+
+    #[test]
+    fn anything_else_is_refused_without_panicking() {
+        let good = encode(StatusCode::OK, &headers(&[("x-a", "1")]), false, b"body");
+        for cut in 0..good.len() - 4 {
+            // Cut inside the header section: refused. (Cutting the body is a shorter body.)
+            assert!(decode(&good.slice(..cut)).is_none(), "cut at {cut}");
+        }
+        assert!(decode(&Bytes::from_static(b"plain result")).is_none());
+        assert!(decode(&Bytes::from_static(b"IDR1\x00\x00\x00\x00")).is_none(), "status 0");
+    }
+}

@@ -1,0 +1,322 @@
+//! [`Idempotency`]: one request's way through the layer, from header to stored response.
+//!
+//! Invariant: a guarded request reaches the handler only holding the key's claim
+//! ([`Claim::Acquired`]), and that claim always ends in exactly one of complete (the
+//! response is stored), release (5xx or a handler error: a retry runs again), mark
+//! unknown (the response body failed mid-way: the effect may have happened), or the
+//! cache's drop policy (the handler panicked). The handler and the settling of its
+//! claim run in one spawned task, so a dropped request future (a client gone) changes
+//! neither.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_LENGTH};
+use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_service::Service;
+
+use super::problem::Refusal;
+use super::{header, record, Settings, IDEMPOTENCY_EXPIRES, IDEMPOTENT_REPLAYED};
+use crate::{Claim, ClaimError, ClaimGuard, Fingerprint, Key, Replay};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One event per decision, when the `tracing` feature is on; nothing otherwise.
+macro_rules! decided {
+    ($decision:literal, $key:expr) => {
+        #[cfg(feature = "tracing")]
+        tracing::debug!(target: "idemcache::layer", decision = $decision, key = ?$key);
+        #[cfg(not(feature = "tracing"))]
+        let _ = &$key;
+    };
+}
+
+/// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around yours.
+#[derive(Clone)]
+pub struct Idempotency<S> {
+    inner: S,
+    settings: Arc<Settings>,
+}
+
+impl<S> Idempotency<S> {
+    pub(crate) fn new(inner: S, settings: Arc<Settings>) -> Self {
+        Idempotency { inner, settings }
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for Idempotency<S>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body + From<Bytes> + Send + 'static,
+    ResB::Data: Send,
+{
+    type Response = Response<ResB>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResB>, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqB>) -> Self::Future {
+        // The instance polled ready serves this request; a clone waits for the next.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(guarded(self.settings.clone(), inner, request))
+    }
+}
+
+/// The layer's own answer, in the handler's body type.
+fn refuse<ResB: From<Bytes>, E>(
+    refusal: Refusal,
+    detail: &str,
+    retry_after: Option<std::time::Duration>,
+) -> Result<Response<ResB>, E> {
+    Ok(refusal.answer(detail, retry_after).map(ResB::from))
+}
+
+async fn guarded<S, ReqB, ResB>(
+    settings: Arc<Settings>,
+    mut inner: S,
+    request: Request<ReqB>,
+) -> Result<Response<ResB>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body + From<Bytes> + Send + 'static,
+    ResB::Data: Send,
+{
+    if !settings.methods.contains(request.method()) {
+        return inner.call(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let tenant = match &settings.tenant {
+        Some(tenant) => match tenant(&parts) {
+            Some(t) => Some(t),
+            None => return refuse(Refusal::NoTenant, "this request needs credentials", None),
+        },
+        None => None,
+    };
+    let client_key = match header::client_key(&parts.headers) {
+        Ok(Some(k)) => k,
+        Ok(None) if !settings.require_key => {
+            return inner.call(Request::from_parts(parts, body)).await;
+        }
+        Ok(None) => {
+            let missing = header::KeyHeaderError::Missing.to_string();
+            return refuse(Refusal::MissingKey, &missing, None);
+        }
+        Err(e) => return refuse(Refusal::InvalidKey, &e.to_string(), None),
+    };
+    let scope = (settings.scope)(&parts);
+    let key = match &tenant {
+        Some(tenant) => Key::new(&scope, tenant, &client_key),
+        None => Key::without_tenant(&scope, &client_key),
+    };
+    let key = match key {
+        Ok(key) => key,
+        Err(e) => return refuse(Refusal::InvalidKey, &e.to_string(), None),
+    };
+    let body = match read_body(&parts, body, settings.max_request_body).await {
+        Ok(body) => body,
+        Err(refusal) => {
+            let detail = match refusal {
+                Refusal::BodyTooLarge => {
+                    format!("the request body exceeds {} bytes", settings.max_request_body)
+                }
+                _ => "the request body could not be read".to_owned(),
+            };
+            return refuse(refusal, &detail, None);
+        }
+    };
+    let fingerprint = fingerprint(&settings, &parts, &body);
+    let cache = &settings.cache;
+    let claim = match settings.wait {
+        None => cache.claim(&key, fingerprint),
+        Some(timeout) => {
+            let waiting = cache.claim_wait_async(&key, fingerprint, tokio::time::sleep);
+            match tokio::time::timeout(timeout, waiting).await {
+                Ok(claim) => claim,
+                // Waited long enough: answer what the key is now (409 + Retry-After).
+                Err(_elapsed) => cache.claim(&key, fingerprint),
+            }
+        }
+    };
+    match claim {
+        Ok(Claim::Acquired(guard)) => {
+            decided!("acquired", key);
+            let request = Request::from_parts(parts, ReqB::from(body));
+            let run = tokio::spawn(execute(settings.clone(), inner, request, guard, key));
+            match run.await {
+                Ok(response) => response,
+                Err(_panicked_or_shut_down) => refuse(
+                    Refusal::Internal,
+                    "the handler did not finish; the cache's drop policy settled the key",
+                    None,
+                ),
+            }
+        }
+        Ok(Claim::Completed(replay)) => {
+            decided!("replayed", key);
+            replayed(&settings, replay)
+        }
+        Ok(Claim::InProgress { lease_ends_at, .. }) => {
+            decided!("in_progress", key);
+            let detail = "a request with this key is executing; retry after it finishes";
+            refuse(Refusal::InProgress, detail, Some(cache.time_until(lease_ends_at)))
+        }
+        Ok(Claim::Unknown { .. }) => {
+            decided!("unknown", key);
+            let detail = "an earlier request with this key has an unknown outcome; it is being \
+                          checked and will not be executed again blindly";
+            refuse(Refusal::OutcomeUnknown, detail, None)
+        }
+        Ok(Claim::Mismatch) => {
+            decided!("mismatch", key);
+            let detail = "this key was used for a different request (method, path, headers \
+                          or body differ)";
+            refuse(Refusal::Mismatch, detail, None)
+        }
+        Err(ClaimError::CapacityExhausted) => {
+            decided!("cache_full", key);
+            let detail = "too many requests are executing; not executed";
+            refuse(Refusal::CacheFull, detail, Some(std::time::Duration::from_secs(1)))
+        }
+        Err(e) => {
+            decided!("refused", key);
+            refuse(Refusal::Internal, &e.to_string(), None)
+        }
+    }
+}
+
+/// The request body, whole: refused with 413 if `Content-Length` says it is over `limit`
+/// (before reading), or if it turns out to be while reading.
+async fn read_body<B>(parts: &Parts, body: B, limit: usize) -> Result<Bytes, Refusal>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let declared = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
+    if declared.is_some_and(|len: u64| len > limit as u64) {
+        return Err(Refusal::BodyTooLarge);
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(Refusal::BodyTooLarge),
+        Err(_) => Err(Refusal::BodyUnreadable),
+    }
+}
+
+/// Method, path and query, the selected headers (every value, in order) and the body.
+fn fingerprint(settings: &Settings, parts: &Parts, body: &[u8]) -> Fingerprint {
+    let target = parts.uri.path_and_query().map_or(parts.uri.path(), |pq| pq.as_str());
+    let mut builder = Fingerprint::builder().method(parts.method.as_str()).path(target);
+    for name in &settings.fingerprint_headers {
+        for value in parts.headers.get_all(name) {
+            builder = builder.header(name.as_str(), value.as_bytes());
+        }
+    }
+    builder.body(body).finish()
+}
+
+/// Runs the handler holding `guard` and settles the claim by the response; in its own
+/// task, so it finishes whatever happens to the request that started it.
+async fn execute<S, ReqB, ResB>(
+    settings: Arc<Settings>,
+    mut inner: S,
+    request: Request<ReqB>,
+    guard: ClaimGuard,
+    key: Key,
+) -> Result<Response<ResB>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: Body + From<Bytes>,
+{
+    let response = match inner.call(request).await {
+        Ok(response) => response,
+        Err(e) => {
+            decided!("released", key);
+            let _ = guard.release();
+            return Err(e);
+        }
+    };
+    let (parts, body) = response.into_parts();
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(_) => {
+            // The handler answered, so its effect may have happened: never re-run blindly.
+            decided!("marked_unknown", key);
+            let _ = guard.mark_unknown();
+            let detail = "the response failed while being sent; its outcome is unknown";
+            return refuse(Refusal::Internal, detail, None);
+        }
+    };
+    if (settings.store)(parts.status) {
+        let stored =
+            record::encode(parts.status, &parts.headers, settings.replay_set_cookie, &body);
+        match guard.complete(stored) {
+            Ok(()) => {
+                decided!("completed", key);
+            }
+            Err(_lease_lost) => {
+                // Ran past its lease and someone else owns the key now: answer this
+                // client, record nothing (the new owner's outcome stands).
+                decided!("lease_lost", key);
+            }
+        }
+    } else {
+        decided!("released", key);
+        let _ = guard.release();
+    }
+    Ok(Response::from_parts(parts, ResB::from(body)))
+}
+
+/// A stored response as it was first sent, marked as a replay.
+fn replayed<ResB: From<Bytes>, E>(
+    settings: &Settings,
+    replay: Replay,
+) -> Result<Response<ResB>, E> {
+    let Some(body) = &replay.body else {
+        let detail = "a request with this key completed, but its response was too large to \
+                      keep; it was not executed again";
+        return refuse(Refusal::ResponseNotKept, detail, None);
+    };
+    let Some(stored) = record::decode(body) else {
+        let detail = "the result stored under this key is not a stored HTTP response";
+        return refuse(Refusal::Internal, detail, None);
+    };
+    let mut response = Response::new(ResB::from(stored.body));
+    *response.status_mut() = stored.status;
+    *response.headers_mut() = stored.headers;
+    let headers = response.headers_mut();
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    let expires = httpdate::fmt_http_date(settings.cache.system_time(replay.expires_at));
+    if let Ok(expires) = HeaderValue::from_str(&expires) {
+        headers.insert(IDEMPOTENCY_EXPIRES, expires);
+    }
+    Ok(response)
+}

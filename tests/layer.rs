@@ -1,0 +1,524 @@
+//! The tower layer over real HTTP: an axum server on 127.0.0.1 and a client that writes
+//! HTTP/1.1 on a TCP socket (so a test can also hang up mid-request). Handlers that
+//! must be caught in the act wait on a gate the test opens; nothing waits on time.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use idemcache::layer::IdempotencyLayer;
+use idemcache::{Cache, Claim, Fingerprint, Key};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+
+/// What every handler shares: how often it ran, and a gate it passes before answering.
+#[derive(Clone)]
+struct Handler {
+    runs: Arc<AtomicUsize>,
+    gate: Arc<Semaphore>,
+}
+
+impl Handler {
+    fn open() -> Self {
+        Handler { runs: Arc::default(), gate: Arc::new(Semaphore::new(Semaphore::MAX_PERMITS)) }
+    }
+    fn closed() -> Self {
+        Handler { runs: Arc::default(), gate: Arc::new(Semaphore::new(0)) }
+    }
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+/// Counts the run, passes the gate, and answers by the request: `x-answer: 500` for a
+/// server error, `panic` to panic; otherwise 201 with the run number and body length.
+async fn handle(State(h): State<Handler>, headers: HeaderMap, body: Bytes) -> Response {
+    let run = h.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    h.gate.acquire().await.unwrap().forget();
+    match headers.get("x-answer").map(|v| v.to_str().unwrap()) {
+        Some("500") => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        Some("panic") => panic!("the handler panicked, as asked"),
+        _ => {}
+    }
+    Response::builder()
+        .status(StatusCode::CREATED)
+        .header("x-run", run.to_string())
+        .header("set-cookie", "session=secret")
+        .header("set-cookie", "theme=dark")
+        .header("link", "</a>")
+        .header("link", "</b>")
+        .body(Body::from(format!("{{\"run\":{run},\"len\":{}}}", body.len())))
+        .unwrap()
+}
+
+fn bearer(request: &axum::http::request::Parts) -> Option<String> {
+    let auth = request.headers.get("authorization")?.to_str().ok()?;
+    auth.strip_prefix("Bearer ").map(str::to_owned)
+}
+
+async fn serve(layer: IdempotencyLayer, handler: Handler) -> SocketAddr {
+    serve_probed(layer, handler, Arc::default()).await
+}
+
+/// Serves with a probe outside the layer counting request futures the server dropped
+/// before they finished (what it does when a client hangs up).
+async fn serve_probed(
+    layer: IdempotencyLayer,
+    handler: Handler,
+    dropped: Arc<AtomicUsize>,
+) -> SocketAddr {
+    let router = Router::new()
+        .route("/orders", post(handle))
+        .route_layer(layer)
+        .with_state(handler)
+        .layer(tower::layer::layer_fn(move |inner| Probe { inner, dropped: dropped.clone() }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    addr
+}
+
+#[derive(Clone)]
+struct Probe<S> {
+    inner: S,
+    dropped: Arc<AtomicUsize>,
+}
+
+impl<S: tower::Service<R>, R> tower::Service<R> for Probe<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Probed<S::Future>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        Probed {
+            future: Box::pin(self.inner.call(request)),
+            done: false,
+            dropped: self.dropped.clone(),
+        }
+    }
+}
+
+struct Probed<F> {
+    future: std::pin::Pin<Box<F>>,
+    done: bool,
+    dropped: Arc<AtomicUsize>,
+}
+
+impl<F: std::future::Future> std::future::Future for Probed<F> {
+    type Output = F::Output;
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let out = self.future.as_mut().poll(cx);
+        self.done = out.is_ready();
+        out
+    }
+}
+
+impl<F> Drop for Probed<F> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn layer(cache: &Cache) -> IdempotencyLayer {
+    IdempotencyLayer::new(cache.clone()).tenant(bearer).max_request_body(1024)
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+    fn all(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+    fn code(&self) -> &str {
+        let at = self.body.find("\"code\":\"").expect("a problem body") + 8;
+        &self.body[at..at + self.body[at..].find('"').unwrap()]
+    }
+}
+
+/// A request as a user's client sends it.
+struct Req<'a> {
+    key: Option<&'a str>,
+    user: Option<&'a str>,
+    body: &'a str,
+    extra: Vec<(&'a str, &'a str)>,
+}
+
+fn req<'a>(key: &'a str, body: &'a str) -> Req<'a> {
+    Req { key: Some(key), user: Some("alice"), body, extra: vec![] }
+}
+
+impl Req<'_> {
+    fn bytes(&self) -> Vec<u8> {
+        let mut head = String::from("POST /orders HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
+        head.push_str("Content-Type: application/json\r\n");
+        if let Some(k) = self.key {
+            head.push_str(&format!("Idempotency-Key: {k}\r\n"));
+        }
+        if let Some(u) = self.user {
+            head.push_str(&format!("Authorization: Bearer {u}\r\n"));
+        }
+        for (n, v) in &self.extra {
+            head.push_str(&format!("{n}: {v}\r\n"));
+        }
+        if !self.extra.iter().any(|(n, _)| n.eq_ignore_ascii_case("transfer-encoding")) {
+            head.push_str(&format!("Content-Length: {}\r\n", self.body.len()));
+        }
+        head.push_str("\r\n");
+        head.push_str(self.body);
+        head.into_bytes()
+    }
+
+    async fn send(&self, addr: SocketAddr) -> Reply {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(&self.bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.unwrap();
+        parse(&raw)
+    }
+}
+
+fn parse(raw: &[u8]) -> Reply {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n").expect("a whole response");
+    let mut lines = head.split("\r\n");
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .map(|l| l.split_once(": ").unwrap())
+        .map(|(n, v)| (n.to_ascii_lowercase(), v.to_owned()))
+        .collect();
+    let chunked = headers.iter().any(|(n, v)| n == "transfer-encoding" && v == "chunked");
+    let body = if chunked { unchunk(body) } else { body.to_owned() };
+    Reply { status, headers, body }
+}
+
+fn unchunk(mut s: &str) -> String {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = s.split_once("\r\n").unwrap();
+        let size = usize::from_str_radix(size.trim(), 16).unwrap();
+        if size == 0 {
+            return out;
+        }
+        out.push_str(&rest[..size]);
+        s = &rest[size + 2..];
+    }
+}
+
+/// Waits (yielding, bounded) until `done` holds: for a state another task reaches.
+async fn until(mut done: impl FnMut() -> bool) {
+    for _ in 0..10_000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the condition never held");
+}
+
+#[tokio::test]
+async fn a_repeat_replays_status_headers_and_body_exactly() {
+    let cache = Cache::builder().build().unwrap();
+    let handler = Handler::open();
+    let addr = serve(layer(&cache), handler.clone()).await;
+
+    let first = req("k1", "{\"qty\":1}").send(addr).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(
+        first.all("set-cookie"),
+        ["session=secret", "theme=dark"],
+        "the first answer is untouched"
+    );
+    assert_eq!(first.header("idempotent-replayed"), None);
+
+    // The draft's sf-string form names the same key as the bare form.
+    let again = req("\"k1\"", "{\"qty\":1}").send(addr).await;
+    assert_eq!(handler.runs(), 1);
+    assert_eq!(again.status, 201);
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.header("x-run"), Some("1"));
+    assert_eq!(again.all("link"), ["</a>", "</b>"], "repeated fields stay repeated, in order");
+    assert_eq!(again.all("set-cookie"), Vec::<&str>::new(), "cookies are not replayed");
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    let expires = httpdate::parse_http_date(again.header("idempotency-expires").unwrap()).unwrap();
+    let ttl = expires.duration_since(std::time::SystemTime::now()).unwrap();
+    assert!(
+        ttl > Duration::from_secs(23 * 3600) && ttl <= Duration::from_secs(24 * 3600),
+        "{ttl:?}"
+    );
+    assert!(again.header("date").is_some(), "the server dates the replay afresh");
+}
+
+#[tokio::test]
+async fn set_cookie_is_replayed_when_allowed() {
+    let cache = Cache::builder().build().unwrap();
+    let addr = serve(layer(&cache).replay_set_cookie(true), Handler::open()).await;
+    req("k", "{}").send(addr).await;
+    let again = req("k", "{}").send(addr).await;
+    assert_eq!(again.all("set-cookie"), ["session=secret", "theme=dark"]);
+}
+
+#[tokio::test]
+async fn fifty_concurrent_duplicates_execute_once_and_share_one_body_when_waiting() {
+    let cache = Cache::builder().build().unwrap();
+    let handler = Handler::closed();
+    let addr = serve(layer(&cache).wait(Duration::from_secs(60)), handler.clone()).await;
+    let clients: Vec<_> = (0..50)
+        .map(|_| tokio::spawn(async move { req("same", "{\"qty\":2}").send(addr).await }))
+        .collect();
+    // One executes (held at the gate), forty-nine wait on the cache.
+    until(|| handler.runs() == 1 && cache.stats().waiting == 49).await;
+    handler.gate.add_permits(1);
+    let mut replies = Vec::new();
+    for c in clients {
+        replies.push(c.await.unwrap());
+    }
+    assert_eq!(handler.runs(), 1);
+    assert!(replies.iter().all(|r| r.status == 201 && r.body == replies[0].body));
+    assert_eq!(replies.iter().filter(|r| r.header("idempotent-replayed").is_some()).count(), 49);
+}
+
+#[tokio::test]
+async fn without_waiting_duplicates_get_409_with_retry_after() {
+    let cache = Cache::builder().lease(Duration::from_secs(30)).build().unwrap();
+    let handler = Handler::closed();
+    let addr = serve(layer(&cache), handler.clone()).await;
+    let first = tokio::spawn(async move { req("k", "{}").send(addr).await });
+    until(|| handler.runs() == 1).await;
+    let clients: Vec<_> =
+        (0..20).map(|_| tokio::spawn(async move { req("k", "{}").send(addr).await })).collect();
+    for c in clients {
+        let r = c.await.unwrap();
+        assert_eq!((r.status, r.code()), (409, "request_in_progress"));
+        let after: u64 = r.header("retry-after").unwrap().parse().unwrap();
+        assert!((1..=30).contains(&after), "{after}");
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    }
+    handler.gate.add_permits(1);
+    assert_eq!(first.await.unwrap().status, 201);
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test]
+async fn refusals_name_their_rule_and_never_run_the_handler() {
+    let cache = Cache::builder().build().unwrap();
+    let handler = Handler::open();
+    let addr = serve(layer(&cache), handler.clone()).await;
+
+    let missing = Req { key: None, ..req("", "{}") }.send(addr).await;
+    assert_eq!((missing.status, missing.code()), (400, "missing_idempotency_key"));
+    let spaced = req("\"a b\"", "{}").send(addr).await;
+    assert_eq!((spaced.status, spaced.code()), (400, "invalid_idempotency_key"));
+    assert!(spaced.body.contains("visible ASCII"), "{}", spaced.body);
+    let long = "k".repeat(300);
+    let too_long = req(&long, "{}").send(addr).await;
+    assert_eq!((too_long.status, too_long.code()), (400, "invalid_idempotency_key"));
+    let anonymous = Req { user: None, ..req("k", "{}") }.send(addr).await;
+    assert_eq!((anonymous.status, anonymous.code()), (401, "unauthenticated"));
+    assert_eq!(handler.runs(), 0);
+    assert_eq!(cache.stats().entries, 0, "nothing was claimed");
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_get_413_by_length_or_as_read_and_the_handler_gets_whole_bodies() {
+    let cache = Cache::builder().build().unwrap();
+    let handler = Handler::open();
+    let addr = serve(layer(&cache), handler.clone()).await;
+
+    let big = "x".repeat(1025);
+    let declared = req("a", &big).send(addr).await;
+    assert_eq!((declared.status, declared.code()), (413, "request_body_too_large"));
+    // Chunked: no Content-Length to check first, so the limit bites while reading.
+    let chunked_body = format!("401\r\n{big}\r\n0\r\n\r\n", big = &big[..1025]);
+    let chunked = Req { extra: vec![("Transfer-Encoding", "chunked")], ..req("b", &chunked_body) };
+    let streamed = chunked.send(addr).await;
+    assert_eq!((streamed.status, streamed.code()), (413, "request_body_too_large"));
+    assert_eq!(handler.runs(), 0);
+
+    let fits = "y".repeat(1024);
+    let ok = req("c", &fits).send(addr).await;
+    assert_eq!(ok.status, 201);
+    assert!(ok.body.contains("\"len\":1024"), "{}", ok.body);
+}
+
+#[tokio::test]
+async fn the_same_key_with_another_body_is_a_422() {
+    let cache = Cache::builder().build().unwrap();
+    let handler = Handler::open();
+    let addr = serve(layer(&cache), handler.clone()).await;
+    assert_eq!(req("k", "{\"qty\":1}").send(addr).await.status, 201);
+    let other = req("k", "{\"qty\":9}").send(addr).await;
+    assert_eq!((other.status, other.code()), (422, "idempotency_key_reused"));
+    let other_type = Req { extra: vec![("Content-Type", "text/plain")], ..req("k", "{\"qty\":1}") };
+    // Two Content-Type fields differ from one: still a mismatch, not a replay.
+    assert_eq!(other_type.send(addr).await.status, 422);
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test]
+async fn a_full_cache_answers_503_and_never_runs_unguarded() {
+    let cache = Cache::builder().shards(1).max_entries(64).build().unwrap();
+    let handler = Handler::open();
+    let addr = serve(layer(&cache), handler.clone()).await;
+    let held: Vec<_> = (0..64)
+        .map(|i| {
+            let k = Key::new("elsewhere", "x", &format!("k{i}")).unwrap();
+            match cache.claim(&k, Fingerprint::of(b"")).unwrap() {
+                Claim::Acquired(guard) => guard,
+                other => panic!("{other:?}"),
+            }
+        })
+        .collect();
+    let full = req("k", "{}").send(addr).await;
+    assert_eq!((full.status, full.code()), (503, "idempotency_cache_full"));
+    assert_eq!(full.header("retry-after"), Some("1"));
+    assert_eq!(handler.runs(), 0);
+    drop(held);
+    assert_eq!(req("k", "{}").send(addr).await.status, 201);
+}
+
+#[tokio::test]
+async fn a_5xx_or_a_panic_releases_the_key_so_a_retry_runs_again() {
+    let cache = Cache::builder().build().unwrap();
+    let handler = Handler::open();
+    let addr = serve(layer(&cache), handler.clone()).await;
+
+    let failed = Req { extra: vec![("x-answer", "500")], ..req("k", "{}") };
+    assert_eq!(failed.send(addr).await.status, 500);
+    let panicked = Req { extra: vec![("x-answer", "panic")], ..req("k", "{}") };
+    let answer = panicked.send(addr).await;
+    assert_eq!((answer.status, answer.code()), (500, "internal_error"));
+    // x-answer is not a fingerprinted header: the retry is the same request.
+    let retried = req("k", "{}").send(addr).await;
+    assert_eq!(retried.status, 201);
+    assert_eq!(handler.runs(), 3, "each attempt ran: nothing was stored before the 201");
+    let replay = req("k", "{}").send(addr).await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(handler.runs(), 3);
+}
+
+#[tokio::test]
+async fn equal_keys_of_two_tenants_never_meet() {
+    let cache = Cache::builder().build().unwrap();
+    let handler = Handler::open();
+    let addr = serve(layer(&cache), handler.clone()).await;
+    let alice = req("shared", "{}").send(addr).await;
+    let bob = Req { user: Some("bob"), ..req("shared", "{}") }.send(addr).await;
+    assert_eq!((alice.status, bob.status), (201, 201));
+    assert_eq!(handler.runs(), 2);
+    assert_ne!(alice.body, bob.body);
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_mid_request_neither_wedges_the_key_nor_loses_the_completion() {
+    let cache = Cache::builder().build().unwrap();
+    let handler = Handler::closed();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let addr = serve_probed(layer(&cache), handler.clone(), dropped.clone()).await;
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    // Keep-alive, as browsers and pools send: the server keeps reading the connection
+    // while the handler runs, sees the hang-up, and drops the request's future.
+    let keep_alive = String::from_utf8(req("k", "{\"qty\":3}").bytes()).unwrap();
+    let keep_alive = keep_alive.replace("Connection: close\r\n", "");
+    stream.write_all(keep_alive.as_bytes()).await.unwrap();
+    until(|| handler.runs() == 1).await;
+    drop(stream); // the client is gone while the handler executes
+    until(|| dropped.load(Ordering::SeqCst) == 1).await; // and the server gave up on it
+    handler.gate.add_permits(1);
+    // The handler finishes in its own task and its response is stored.
+    until(|| cache.stats().completions == 1).await;
+    let retry = req("k", "{\"qty\":3}").send(addr).await;
+    assert_eq!(retry.status, 201);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(handler.runs(), 1);
+}
+
+#[tokio::test]
+async fn a_response_too_large_to_keep_is_passed_through_and_never_executed_again() {
+    let cache = Cache::builder().max_result_size(64).build().unwrap();
+    let handler = Handler::open();
+    let addr = serve(layer(&cache), handler.clone()).await;
+    // The stored form (status, headers, body) exceeds 64 bytes.
+    let first = req("k", "{}").send(addr).await;
+    assert_eq!(first.status, 201);
+    assert!(first.body.starts_with("{\"run\":1"));
+    let again = req("k", "{}").send(addr).await;
+    assert_eq!((again.status, again.code()), (409, "response_not_kept"));
+    assert_eq!(handler.runs(), 1);
+    assert_eq!(cache.stats().oversized, 1);
+}
+
+#[tokio::test]
+async fn unguarded_methods_and_keyless_requests_pass_through_when_allowed() {
+    let cache = Cache::builder().build().unwrap();
+    let handler = Handler::open();
+    let addr = serve(layer(&cache).require_key(false), handler.clone()).await;
+    for _ in 0..2 {
+        let r = Req { key: None, ..req("", "{}") }.send(addr).await;
+        assert_eq!(r.status, 201);
+    }
+    assert_eq!(handler.runs(), 2);
+    assert_eq!(cache.stats().entries, 0);
+}
+
+/// The layer's own service errors (here a service that fails) release the key.
+#[tokio::test]
+async fn a_handler_error_releases_the_key() {
+    use tower::{Layer, Service, ServiceExt};
+    let cache = Cache::builder().build().unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let inner = tower::service_fn(move |_: axum::http::Request<Body>| {
+        let run = counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if run == 0 {
+                Err::<Response<Body>, &str>("database down")
+            } else {
+                Ok(Response::new(Body::from("ok")))
+            }
+        }
+    });
+    let mut service = IdempotencyLayer::new(cache.clone()).layer(inner);
+    let request = || {
+        axum::http::Request::post("/x")
+            .header("idempotency-key", "k")
+            .body(Body::from("b"))
+            .unwrap()
+    };
+    let err = service.ready().await.unwrap().call(request()).await.unwrap_err();
+    assert_eq!(err, "database down");
+    let ok = service.ready().await.unwrap().call(request()).await.unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}

@@ -1,0 +1,206 @@
+//! `Cache::claim_wait_async`: the future wakes on the transitions that end PROCESSING,
+//! notices a lapse through the caller's sleep, withdraws its waker when dropped, counts
+//! one answer, and (the case `claim_wait` cannot serve) lets an owner on the same
+//! current-thread runtime finish.
+
+mod common;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use common::*;
+use idemcache::{Claim, EntryState};
+
+/// A waker that counts its wake-ups.
+#[derive(Default)]
+struct Counter(AtomicUsize);
+
+impl Wake for Counter {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Counter {
+    fn woken(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A sleep the test ends by hand, recording the durations it was asked for.
+#[derive(Clone, Default)]
+struct HandSleep {
+    over: Arc<AtomicBool>,
+    asked: Arc<Mutex<Vec<Duration>>>,
+}
+
+struct Nap(Arc<AtomicBool>);
+
+impl Future for Nap {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+        if self.0.load(Ordering::SeqCst) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl HandSleep {
+    fn sleep(&self) -> impl FnMut(Duration) -> Nap {
+        let (over, asked) = (self.over.clone(), self.asked.clone());
+        move |d| {
+            asked.lock().unwrap().push(d);
+            Nap(over.clone())
+        }
+    }
+}
+
+fn never(_: Duration) -> std::future::Pending<()> {
+    std::future::pending()
+}
+
+fn poll<F: Future + Unpin>(future: &mut F, waker: &Arc<Counter>) -> Poll<F::Output> {
+    let waker = Waker::from(waker.clone());
+    Pin::new(future).poll(&mut Context::from_waker(&waker))
+}
+
+#[test]
+fn completion_wakes_the_future_and_it_replays() {
+    let (cache, _clock) = cache();
+    let k = key("k");
+    let owner = acquire(&cache, &k, fp("a"));
+    let waker = Arc::new(Counter::default());
+    let mut waiting = cache.claim_wait_async(&k, fp("a"), never);
+    assert!(poll(&mut waiting, &waker).is_pending());
+    assert_eq!(cache.stats().waiting, 1);
+    assert_eq!(cache.stats().in_progress, 0, "an intermediate look is not an answer");
+
+    owner.complete(&b"done"[..]).unwrap();
+    assert_eq!(waker.woken(), 1, "completion wakes the filed waker");
+    assert_eq!(cache.stats().waiting, 0, "a wake-up takes the waker out");
+    match poll(&mut waiting, &waker) {
+        Poll::Ready(Ok(Claim::Completed(replay))) => assert_eq!(replay.body.unwrap(), "done"),
+        other => panic!("expected the replay, got {other:?}"),
+    }
+    assert_eq!(cache.stats().replayed, 1);
+}
+
+#[test]
+fn release_mark_unknown_and_remove_each_wake_it() {
+    let (cache, _clock) = cache();
+    type End = fn(&idemcache::Cache, &idemcache::Key, idemcache::ClaimGuard);
+    let ends: [(End, &str); 3] = [
+        (|_, _, g| g.release().unwrap(), "acquired"),
+        (|_, _, g| g.mark_unknown().unwrap(), "unknown"),
+        (
+            |c, k, g| {
+                c.remove(k).unwrap();
+                drop(g);
+            },
+            "acquired",
+        ),
+    ];
+    for (i, (end, expected)) in ends.into_iter().enumerate() {
+        let k = key(&format!("k{i}"));
+        let owner = acquire(&cache, &k, fp("a"));
+        let waker = Arc::new(Counter::default());
+        let mut waiting = cache.claim_wait_async(&k, fp("a"), never);
+        assert!(poll(&mut waiting, &waker).is_pending());
+        end(&cache, &k, owner);
+        assert!(waker.woken() >= 1, "case {i}");
+        let got = match poll(&mut waiting, &waker) {
+            Poll::Ready(Ok(Claim::Acquired(_))) => "acquired",
+            Poll::Ready(Ok(Claim::Unknown { .. })) => "unknown",
+            other => panic!("case {i}: {other:?}"),
+        };
+        assert_eq!(got, expected, "case {i}");
+    }
+    cache.debug_validate();
+}
+
+#[test]
+fn a_mismatch_and_an_absent_key_answer_at_once() {
+    let (cache, _clock) = cache();
+    let k = key("k");
+    let _owner = acquire(&cache, &k, fp("a"));
+    let waker = Arc::new(Counter::default());
+    let mut other_request = cache.claim_wait_async(&k, fp("b"), never);
+    assert!(matches!(poll(&mut other_request, &waker), Poll::Ready(Ok(Claim::Mismatch))));
+    let mut fresh = cache.claim_wait_async(&key("fresh"), fp("a"), never);
+    assert!(matches!(poll(&mut fresh, &waker), Poll::Ready(Ok(Claim::Acquired(_)))));
+    assert_eq!(cache.stats().waiting, 0);
+}
+
+#[test]
+fn dropping_the_future_withdraws_its_waker_and_counts_nothing() {
+    let (cache, _clock) = cache();
+    let k = key("k");
+    let owner = acquire(&cache, &k, fp("a"));
+    let waker = Arc::new(Counter::default());
+    let mut waiting = cache.claim_wait_async(&k, fp("a"), never);
+    assert!(poll(&mut waiting, &waker).is_pending());
+    assert!(poll(&mut waiting, &waker).is_pending(), "a second poll refiles, not adds");
+    assert_eq!(cache.stats().waiting, 1);
+    drop(waiting);
+    assert_eq!(cache.stats().waiting, 0);
+    owner.complete(&b"done"[..]).unwrap();
+    assert_eq!(waker.woken(), 0, "a dropped future is not woken");
+    let stats = cache.stats();
+    assert_eq!((stats.in_progress, stats.replayed, stats.acquired), (0, 0, 1));
+}
+
+#[test]
+fn a_lapse_is_noticed_through_the_callers_sleep_and_taken_over() {
+    let (cache, clock) = cache();
+    let k = key("k");
+    let mut stale = acquire(&cache, &k, fp("a"));
+    let sleep = HandSleep::default();
+    let waker = Arc::new(Counter::default());
+    let mut waiting = cache.claim_wait_async(&k, fp("a"), sleep.sleep());
+    assert!(poll(&mut waiting, &waker).is_pending());
+    assert_eq!(*sleep.asked.lock().unwrap(), [LEASE], "sleeps until the lease ends");
+
+    // The owner extends: the next look sleeps until the new end.
+    clock.advance(secs(4));
+    stale.extend_lease(secs(20)).unwrap();
+    assert!(poll(&mut waiting, &waker).is_pending());
+    assert_eq!(sleep.asked.lock().unwrap()[1], secs(20));
+
+    clock.advance(secs(21));
+    sleep.over.store(true, Ordering::SeqCst);
+    match poll(&mut waiting, &waker) {
+        Poll::Ready(Ok(Claim::Acquired(guard))) => guard.complete(&b"new"[..]).unwrap(),
+        other => panic!("expected the takeover, got {other:?}"),
+    }
+    assert!(stale.release().is_err(), "the stale owner is fenced off");
+    match cache.peek(&k).unwrap().state {
+        EntryState::Completed(replay) => assert_eq!(replay.body.unwrap(), "new"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(cache.stats().takeovers, 1);
+}
+
+/// The report: `claim_wait` on a current-thread runtime blocks the only thread,
+/// so the owner cannot finish. The async wait yields it.
+#[tokio::test(flavor = "current_thread")]
+async fn on_a_current_thread_runtime_the_owner_finishes_and_the_waiter_replays() {
+    let (cache, _clock) = cache();
+    let k = key("k");
+    let owner = acquire(&cache, &k, fp("a"));
+    let owner_task = tokio::spawn(async move {
+        tokio::task::yield_now().await;
+        owner.complete(&b"done"[..]).unwrap();
+    });
+    let waited = cache.claim_wait_async(&k, fp("a"), tokio::time::sleep).await;
+    match waited {
+        Ok(Claim::Completed(replay)) => assert_eq!(replay.body.unwrap(), "done"),
+        other => panic!("expected the replay, got {other:?}"),
+    }
+    owner_task.await.unwrap();
+}
