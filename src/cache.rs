@@ -201,6 +201,12 @@ impl Cache {
         }
     }
 
+    /// The largest result kept with its body (`max_result_size`): a larger one is
+    /// recorded as completed-without-body.
+    pub fn max_result_size(&self) -> usize {
+        self.inner.config.max_result_size
+    }
+
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
     }
@@ -368,26 +374,30 @@ impl Cache {
     /// owner's lease lapsed (the future then takes the key over: [`Claim::Acquired`]).
     /// It wakes on the same transitions as `claim_wait`, with no thread blocked.
     ///
-    /// The core has no runtime: `sleep` is your runtime's sleep, used only to look again
-    /// when the lease seen last should have lapsed (no transition announces a lapse), e.g.
-    /// `tokio::time::sleep`. Bound the wait with your runtime's timeout; dropping the
-    /// future there is safe (it withdraws its waker, and never holds a claim):
+    /// The core has no runtime: `sleep` is your runtime's sleep (`tokio::time::sleep`,
+    /// or any `FnMut(Duration) -> impl Future`), used only to look again when the lease
+    /// seen last should have lapsed: no transition announces a lapse, so with a sleep that
+    /// never ends a lapse is noticed only when something else wakes the future. Bound the
+    /// wait with your runtime's timeout; dropping the future there is safe (it withdraws
+    /// its waker, and never holds a claim):
     ///
-    /// ```
-    /// # use idemcache::{Cache, Claim, Fingerprint, Key};
-    /// # use std::time::Duration;
-    /// # async fn handler(cache: &Cache, key: &Key, fp: Fingerprint) -> Result<(), Box<dyn std::error::Error>> {
+    /// ```ignore
     /// // with tokio:
-    /// // let waited = tokio::time::timeout(Duration::from_secs(3),
-    /// //     cache.claim_wait_async(key, fp, tokio::time::sleep)).await;
-    /// // any runtime-free sleep works for the lapse, e.g. one that never ends:
-    /// let claim = cache.claim_wait_async(key, fp, |_| std::future::pending::<()>()).await?;
-    /// # let _ = claim; Ok(()) }
+    /// let waited = tokio::time::timeout(
+    ///     Duration::from_secs(3),
+    ///     cache.claim_wait_async(&key, fp, tokio::time::sleep),
+    /// )
+    /// .await;
+    /// let claim = match waited {
+    ///     Ok(claim) => claim?,
+    ///     Err(_elapsed) => cache.claim(&key, fp)?, // still in progress: 409 + Retry-After
+    /// };
     /// ```
     ///
     /// Counts in [`Stats`] the one answer it resolves to (none if dropped before), and is
-    /// counted in [`Stats::waiting`] while it waits. Waking is per shard: a future is
-    /// woken when any entry of its shard leaves PROCESSING, and looks again.
+    /// counted in [`Stats::waiting`] while its waker is filed (between a wake-up and its
+    /// next poll it is not). Waking is per shard: a future is woken when any entry of its
+    /// shard leaves PROCESSING, and looks again.
     pub fn claim_wait_async<F, S>(
         &self,
         key: &Key,

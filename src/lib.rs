@@ -98,6 +98,8 @@ mod key;
 pub mod layer;
 mod shard;
 mod stats;
+#[cfg(feature = "store")]
+pub mod store;
 mod sync;
 mod wait;
 mod wheel;

@@ -72,6 +72,11 @@ impl Wakers {
 /// Cancel-safe: dropping it (a timeout, a `select!`, a client gone) withdraws its waker
 /// and changes nothing else; it never holds a claim, since a [`Claim::Acquired`] is
 /// handed out in the same poll that makes it.
+///
+/// # Panics
+///
+/// If polled again after it resolved (as `async fn` futures do): that look would count a
+/// second answer, or wait on the key the first answer handed its caller.
 #[must_use = "futures do nothing unless awaited"]
 pub struct WaitForClaim<F, S> {
     cache: Cache,
@@ -83,6 +88,8 @@ pub struct WaitForClaim<F, S> {
     lapse: Option<(Timestamp, Pin<Box<S>>)>,
     /// This future's id in its shard's [`Wakers`], once filed.
     filed: Option<u64>,
+    /// Resolved: polling again is a caller's bug, refused rather than claiming again.
+    done: bool,
 }
 
 // Nothing is pinned structurally: the sleep is boxed, the rest is moved freely.
@@ -100,7 +107,7 @@ impl<F, S> fmt::Debug for WaitForClaim<F, S> {
 
 impl<F, S> WaitForClaim<F, S> {
     pub(crate) fn new(cache: Cache, key: Key, fingerprint: Fingerprint, sleep: F) -> Self {
-        WaitForClaim { cache, key, fingerprint, sleep, lapse: None, filed: None }
+        WaitForClaim { cache, key, fingerprint, sleep, lapse: None, filed: None, done: false }
     }
 }
 
@@ -113,6 +120,9 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        // A second look after the answer would count a second answer, or file the
+        // future on the key its own caller now owns.
+        assert!(!this.done, "WaitForClaim polled after it resolved");
         loop {
             let claim = this.cache.claim_or_file(
                 &this.key,
@@ -124,6 +134,7 @@ where
                 Ok(Claim::InProgress { lease_ends_at, .. }) => lease_ends_at,
                 other => {
                     this.lapse = None;
+                    this.done = true;
                     return Poll::Ready(other);
                 }
             };

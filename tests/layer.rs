@@ -2,6 +2,7 @@
 //! HTTP/1.1 on a TCP socket (so a test can also hang up mid-request). Handlers that
 //! must be caught in the act wait on a gate the test opens; nothing waits on time.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -521,4 +522,136 @@ async fn a_handler_error_releases_the_key() {
     let ok = service.ready().await.unwrap().call(request()).await.unwrap();
     assert_eq!(ok.status(), 200);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn an_empty_tenant_is_unauthenticated_and_a_long_path_is_not_blamed_on_the_key() {
+    let cache = Cache::builder().build().unwrap();
+    let handler = Handler::open();
+    let addr = serve(layer(&cache), handler.clone()).await;
+    let mut bytes = String::from_utf8(req("k", "{}").bytes()).unwrap();
+    bytes = bytes.replace("Authorization: Bearer alice", "Authorization: Bearer ");
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(bytes.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let reply = parse(&raw);
+    assert_eq!((reply.status, reply.code()), (401, "unauthenticated"));
+
+    // The default scope is method + path: a very long path overflows it, not the key.
+    let long = IdempotencyLayer::new(cache.clone());
+    let service = {
+        use tower::Layer;
+        long.layer(tower::service_fn(|_: axum::http::Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Body::from("ran")))
+        }))
+    };
+    let path = format!("/{}", "p".repeat(1100));
+    let request =
+        axum::http::Request::post(path).header("idempotency-key", "k").body(Body::empty()).unwrap();
+    let response = tower::ServiceExt::oneshot(service, request).await.unwrap();
+    assert_eq!(response.status(), 414);
+    assert_eq!(handler.runs(), 0);
+}
+
+/// A body that sends its data, then trailers (as gRPC does with its status).
+struct WithTrailers {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl http_body::Body for WithTrailers {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        let frame = match self.data.take() {
+            Some(data) => Some(http_body::Frame::data(data)),
+            None => self.trailers.take().map(http_body::Frame::trailers),
+        };
+        std::task::Poll::Ready(frame.map(Ok))
+    }
+}
+
+#[tokio::test]
+async fn trailers_reach_the_client_first_and_on_every_replay() {
+    use http_body_util::BodyExt;
+    use tower::{Layer, ServiceExt};
+    let cache = Cache::builder().build().unwrap();
+    let inner = tower::service_fn(|_: axum::http::Request<Body>| async {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        let body =
+            WithTrailers { data: Some(Bytes::from_static(b"reply")), trailers: Some(trailers) };
+        Ok::<_, Infallible>(Response::new(body))
+    });
+    let service = IdempotencyLayer::new(cache).layer(inner);
+    for attempt in 0..2 {
+        let request = axum::http::Request::post("/rpc")
+            .header("idempotency-key", "k")
+            .body(Body::from("q"))
+            .unwrap();
+        let response = service.clone().oneshot(request).await.unwrap();
+        assert_eq!(response.headers().contains_key("idempotent-replayed"), attempt == 1);
+        let collected = response.into_body().collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["grpc-status"], "0", "attempt {attempt}");
+        assert_eq!(collected.to_bytes(), "reply");
+    }
+}
+
+/// The cache's clock follows tokio's, so paused tokio time moves both.
+#[derive(Debug)]
+struct TokioClock(tokio::time::Instant);
+
+impl idemcache::Clock for TokioClock {
+    fn now(&self) -> idemcache::Timestamp {
+        idemcache::Timestamp::from_nanos(self.0.elapsed().as_nanos() as u64)
+    }
+}
+
+/// A handler slower than its lease keeps the key: the layer renews the lease while the
+/// handler runs, so no duplicate takes it over and runs it a second time.
+#[tokio::test(start_paused = true)]
+async fn a_handler_slower_than_its_lease_is_never_taken_over() {
+    use tower::{Layer, ServiceExt};
+    let lease = Duration::from_secs(10);
+    let cache = Cache::builder()
+        .clock(TokioClock(tokio::time::Instant::now()))
+        .lease(lease)
+        .build()
+        .unwrap();
+    let gate = Arc::new(Semaphore::new(0));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (g, r) = (gate.clone(), runs.clone());
+    let inner = tower::service_fn(move |_: axum::http::Request<Body>| {
+        let (gate, runs) = (g.clone(), r.clone());
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            gate.acquire().await.unwrap().forget();
+            Ok::<_, Infallible>(Response::new(Body::from("slow")))
+        }
+    });
+    let service = IdempotencyLayer::new(cache.clone()).layer(inner);
+    let request = || {
+        axum::http::Request::post("/slow")
+            .header("idempotency-key", "k")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let first = tokio::spawn(service.clone().oneshot(request()));
+    until(|| runs.load(Ordering::SeqCst) == 1).await;
+    tokio::time::sleep(lease * 5).await; // five leases, in paused (virtual) time
+                                         // The duplicate the layer would see: same key, same fingerprint.
+    let k = Key::without_tenant("POST /slow", "k").unwrap();
+    let same = Fingerprint::builder().method("POST").path("/slow").body(b"").finish();
+    match cache.claim(&k, same) {
+        Ok(Claim::InProgress { .. }) => {}
+        other => panic!("expected the first run still in progress, got {other:?}"),
+    }
+    gate.add_permits(1);
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

@@ -204,3 +204,16 @@ async fn on_a_current_thread_runtime_the_owner_finishes_and_the_waiter_replays()
     }
     owner_task.await.unwrap();
 }
+
+#[test]
+#[should_panic(expected = "polled after it resolved")]
+fn polling_after_the_answer_is_refused_not_counted_twice() {
+    let (cache, _clock) = cache();
+    let k = key("k");
+    let waker = Arc::new(Counter::default());
+    let mut waiting = cache.claim_wait_async(&k, fp("a"), never);
+    let Poll::Ready(Ok(Claim::Acquired(_guard))) = poll(&mut waiting, &waker) else {
+        panic!("a free key is acquired at once")
+    };
+    let _ = poll(&mut waiting, &waker);
+}

@@ -78,14 +78,20 @@ fn parse(raw: &[u8]) -> Result<String, KeyHeaderError> {
     Ok(String::from_utf8(key).expect("ASCII is UTF-8"))
 }
 
-/// The inside of an sf-string (RFC 8941 §3.3.3), after its opening quote.
+/// The inside of an sf-string (RFC 8941 §3.3.3), after its opening quote. The Item may
+/// carry parameters after the closing quote (`"k1";a=1`): they are not part of the key.
 fn unquote(rest: &[u8]) -> Result<Vec<u8>, KeyHeaderError> {
     let mut out = Vec::with_capacity(rest.len());
     let mut bytes = rest.iter();
     while let Some(&b) = bytes.next() {
         match b {
-            b'"' if bytes.as_slice().is_empty() => return Ok(out),
-            b'"' => return Err(KeyHeaderError::MalformedString),
+            b'"' => {
+                let after = bytes.as_slice();
+                return match after.first() {
+                    None | Some(b';') => Ok(out),
+                    Some(_) => Err(KeyHeaderError::MalformedString),
+                };
+            }
             b'\\' => match bytes.next() {
                 Some(&c @ (b'"' | b'\\')) => out.push(c),
                 _ => return Err(KeyHeaderError::MalformedString),
@@ -112,6 +118,7 @@ mod tests {
         assert_eq!(one(b"\"8e03978e-40d5\"").unwrap().unwrap(), "8e03978e-40d5");
         assert_eq!(one(b"  abc ").unwrap().unwrap(), "abc");
         assert_eq!(one(br#""a\"b\\c""#).unwrap().unwrap(), r#"a"b\c"#);
+        assert_eq!(one(b"\"k1\";x=1;y").unwrap().unwrap(), "k1", "parameters are not the key");
     }
 
     #[test]

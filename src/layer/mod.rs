@@ -8,7 +8,8 @@
 //! |---|---|
 //! | a configured method (default POST, PATCH) without a key | 400 `missing_idempotency_key` |
 //! | a key that is not one sf-string or bare token of visible ASCII | 400 `invalid_idempotency_key` |
-//! | no tenant, when a tenant extractor is set | 401 `unauthenticated` |
+//! | no tenant (or an empty one), when a tenant extractor is set | 401 `unauthenticated` |
+//! | a scope (default: method and path) and tenant over 1024 bytes together | 414 `request_scope_too_long` |
 //! | a body over the limit (`Content-Length` first, then as read) | 413 `request_body_too_large` |
 //! | first of its key | the handler runs; 2xx and 4xx are stored, 5xx and errors release the key |
 //! | a repeat of a stored response | status, headers and body replayed, plus `Idempotent-Replayed: true` and `Idempotency-Expires` |
@@ -30,7 +31,12 @@
 //! neither wedges the key nor loses a completion: the handler finishes, its response is
 //! stored, and the client's retry gets the replay. A handler that panics drops its claim,
 //! which the cache's [`DropPolicy`](crate::DropPolicy) settles (the default releases the
-//! key). Responses are buffered whole to be stored.
+//! key). While the handler runs, its lease is renewed every third of its length, so a
+//! slow handler is never taken over and run twice (a handler that never finishes holds
+//! its key: bound it with a timeout inside this layer). Responses are buffered whole to
+//! be stored, trailers included, and answered as a [`LayerBody`]; a response whose body
+//! fails mid-way marks the key UNKNOWN (its effect may have happened): 409
+//! `outcome_unknown` until the authority is checked.
 //!
 //! This module uses the core's public API only, like any user of the crate.
 //!
@@ -50,6 +56,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod body;
 mod header;
 mod problem;
 mod record;
@@ -63,6 +70,7 @@ use http::header::{HeaderName, CONTENT_TYPE};
 use http::request::Parts;
 use http::{Method, StatusCode};
 
+pub use body::LayerBody;
 pub use header::{client_key, KeyHeaderError, IDEMPOTENCY_KEY};
 pub use service::Idempotency;
 

@@ -15,6 +15,7 @@ use http::{Response, StatusCode};
 pub(crate) enum Refusal {
     MissingKey,
     InvalidKey,
+    ScopeTooLong,
     NoTenant,
     BodyTooLarge,
     BodyUnreadable,
@@ -31,6 +32,7 @@ impl Refusal {
         match self {
             Refusal::MissingKey => (StatusCode::BAD_REQUEST, "missing_idempotency_key"),
             Refusal::InvalidKey => (StatusCode::BAD_REQUEST, "invalid_idempotency_key"),
+            Refusal::ScopeTooLong => (StatusCode::URI_TOO_LONG, "request_scope_too_long"),
             Refusal::NoTenant => (StatusCode::UNAUTHORIZED, "unauthenticated"),
             Refusal::BodyTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "request_body_too_large"),
             Refusal::BodyUnreadable => (StatusCode::BAD_REQUEST, "request_body_unreadable"),

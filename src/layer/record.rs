@@ -6,8 +6,9 @@
 //! stay two), and the body — and refuses anything else with `None`, never panicking:
 //! the cache may hold a value some other writer put under the same key.
 //!
-//! Layout: `b"IDR1"`, status (u16 BE), field count (u16 BE), then per field: name length
-//! (u16 BE), name, value length (u32 BE), value; the rest is the body.
+//! Layout: `b"IDR1"`, status (u16 BE), the header fields, the trailer fields, then the
+//! body to the end. Fields are a count (u16 BE), then per field: name length (u16 BE),
+//! name, value length (u32 BE), value.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -43,30 +44,41 @@ pub(crate) fn keep_header(name: &HeaderName, headers: &HeaderMap, set_cookie: bo
     })
 }
 
-/// The stored form of a response.
+/// The stored form of a response: its status, the headers a replay may repeat, its
+/// trailers (all of them: they are end-to-end) and its body.
 pub(crate) fn encode(
     status: StatusCode,
     headers: &HeaderMap,
     set_cookie: bool,
     body: &[u8],
+    trailers: Option<&HeaderMap>,
 ) -> Bytes {
     let kept: Vec<_> =
         headers.iter().filter(|(n, _)| keep_header(n, headers, set_cookie)).collect();
-    let size = 8 + kept.iter().map(|(n, v)| 6 + n.as_str().len() + v.len()).sum::<usize>();
-    let mut out = BytesMut::with_capacity(size + body.len());
+    let trailing: Vec<_> = trailers.into_iter().flatten().collect();
+    let size = |fields: &[(&HeaderName, &HeaderValue)]| {
+        2 + fields.iter().map(|(n, v)| 6 + n.as_str().len() + v.len()).sum::<usize>()
+    };
+    let mut out = BytesMut::with_capacity(6 + size(&kept) + size(&trailing) + body.len());
     out.put_slice(MAGIC);
     out.put_u16(status.as_u16());
-    // A response has far fewer than 65,536 fields (servers cap them at ~100).
-    out.put_u16(u16::try_from(kept.len()).unwrap_or(u16::MAX));
-    for (name, value) in kept.into_iter().take(usize::from(u16::MAX)) {
-        // Header names are short tokens; values are capped by servers far below 4 GiB.
+    put_fields(&mut out, &kept);
+    put_fields(&mut out, &trailing);
+    out.put_slice(body);
+    out.freeze()
+}
+
+fn put_fields(out: &mut BytesMut, fields: &[(&HeaderName, &HeaderValue)]) {
+    // A response has far fewer than 65,536 fields (servers cap them near 100); names are
+    // short tokens, and values are capped by servers far below 4 GiB.
+    let fields = &fields[..fields.len().min(usize::from(u16::MAX))];
+    out.put_u16(fields.len() as u16);
+    for (name, value) in fields {
         out.put_u16(name.as_str().len() as u16);
         out.put_slice(name.as_str().as_bytes());
         out.put_u32(value.len() as u32);
         out.put_slice(value.as_bytes());
     }
-    out.put_slice(body);
-    out.freeze()
 }
 
 /// A stored response taken apart again.
@@ -74,6 +86,7 @@ pub(crate) fn encode(
 pub(crate) struct Stored {
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
+    pub(crate) trailers: Option<HeaderMap>,
     pub(crate) body: Bytes,
 }
 
@@ -82,17 +95,24 @@ pub(crate) fn decode(stored: &Bytes) -> Option<Stored> {
     let mut rest: &[u8] = stored.strip_prefix(MAGIC)?;
     let status =
         StatusCode::from_u16(u16::from_be_bytes(take(&mut rest, 2)?.try_into().ok()?)).ok()?;
-    let count = u16::from_be_bytes(take(&mut rest, 2)?.try_into().ok()?);
-    let mut headers = HeaderMap::with_capacity(usize::from(count));
-    for _ in 0..count {
-        let len = u16::from_be_bytes(take(&mut rest, 2)?.try_into().ok()?);
-        let name = HeaderName::from_bytes(take(&mut rest, usize::from(len))?).ok()?;
-        let len = u32::from_be_bytes(take(&mut rest, 4)?.try_into().ok()?);
-        let value = HeaderValue::from_bytes(take(&mut rest, len as usize)?).ok()?;
-        headers.append(name, value);
-    }
+    let headers = fields(&mut rest)?;
+    let trailers = fields(&mut rest)?;
+    let trailers = (!trailers.is_empty()).then_some(trailers);
     let body = stored.slice(stored.len() - rest.len()..);
-    Some(Stored { status, headers, body })
+    Some(Stored { status, headers, trailers, body })
+}
+
+fn fields(rest: &mut &[u8]) -> Option<HeaderMap> {
+    let count = u16::from_be_bytes(take(rest, 2)?.try_into().ok()?);
+    let mut map = HeaderMap::with_capacity(usize::from(count));
+    for _ in 0..count {
+        let len = u16::from_be_bytes(take(rest, 2)?.try_into().ok()?);
+        let name = HeaderName::from_bytes(take(rest, usize::from(len))?).ok()?;
+        let len = u32::from_be_bytes(take(rest, 4)?.try_into().ok()?);
+        let value = HeaderValue::from_bytes(take(rest, len as usize)?).ok()?;
+        map.append(name, value);
+    }
+    Some(map)
 }
 
 fn take<'a>(rest: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
@@ -123,10 +143,16 @@ mod tests {
     fn round_trip_keeps_order_repeats_and_raw_bytes() {
         let mut sent = headers(&[("x-a", "1"), ("link", "<a>"), ("link", "<b>")]);
         sent.append("x-raw", HeaderValue::from_bytes(b"caf\xe9").unwrap());
-        let stored = encode(StatusCode::CREATED, &sent, false, b"{\"id\":1}");
+        let trailers = headers(&[("grpc-status", "0"), ("grpc-message", "ok")]);
+        let stored = encode(StatusCode::CREATED, &sent, false, b"{\"id\":1}", Some(&trailers));
         let back = decode(&stored).unwrap();
         assert_eq!(back.status, StatusCode::CREATED);
         assert_eq!(back.headers, sent);
+        assert_eq!(back.trailers, Some(trailers));
+        assert!(decode(&encode(StatusCode::OK, &sent, false, b"", None))
+            .unwrap()
+            .trailers
+            .is_none());
         let links: Vec<_> = back.headers.get_all("link").iter().collect();
         assert_eq!(links, ["<a>", "<b>"]);
         assert_eq!(&back.body[..], b"{\"id\":1}");
@@ -145,20 +171,21 @@ mod tests {
             ("set-cookie", "b=2"),
             ("content-type", "application/json"),
         ]);
-        let kept = decode(&encode(StatusCode::OK, &sent, false, b"abc")).unwrap().headers;
+        let kept = decode(&encode(StatusCode::OK, &sent, false, b"abc", None)).unwrap().headers;
         assert_eq!(kept, headers(&[("content-type", "application/json")]));
-        let with_cookies = decode(&encode(StatusCode::OK, &sent, true, b"abc")).unwrap().headers;
+        let with_cookies =
+            decode(&encode(StatusCode::OK, &sent, true, b"abc", None)).unwrap().headers;
         assert_eq!(with_cookies.get_all("set-cookie").iter().count(), 2);
     }
 
     #[test]
     fn anything_else_is_refused_without_panicking() {
-        let good = encode(StatusCode::OK, &headers(&[("x-a", "1")]), false, b"body");
+        let good = encode(StatusCode::OK, &headers(&[("x-a", "1")]), false, b"body", None);
         for cut in 0..good.len() - 4 {
             // Cut inside the header section: refused. (Cutting the body is a shorter body.)
             assert!(decode(&good.slice(..cut)).is_none(), "cut at {cut}");
         }
         assert!(decode(&Bytes::from_static(b"plain result")).is_none());
-        assert!(decode(&Bytes::from_static(b"IDR1\x00\x00\x00\x00")).is_none(), "status 0");
+        assert!(decode(&Bytes::from_static(b"IDR1\x00\x00\x00\x00\x00\x00")).is_none(), "status 0");
     }
 }

@@ -21,9 +21,10 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 
+use super::body::LayerBody;
 use super::problem::Refusal;
 use super::{header, record, Settings, IDEMPOTENCY_EXPIRES, IDEMPOTENT_REPLAYED};
-use crate::{Claim, ClaimError, ClaimGuard, Fingerprint, Key, Replay};
+use crate::{Claim, ClaimError, ClaimGuard, Fingerprint, Key, KeyError, Replay};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -67,12 +68,11 @@ where
     ReqB: Body + From<Bytes> + Send + 'static,
     ReqB::Data: Send,
     ReqB::Error: Into<BoxError>,
-    ResB: Body + From<Bytes> + Send + 'static,
-    ResB::Data: Send,
+    ResB: Body<Data = Bytes> + Send + 'static,
 {
-    type Response = Response<ResB>;
+    type Response = Response<LayerBody<ResB>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ResB>, S::Error>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -86,20 +86,31 @@ where
     }
 }
 
-/// The layer's own answer, in the handler's body type.
-fn refuse<ResB: From<Bytes>, E>(
+/// The layer's own answer.
+fn refuse<ResB, E>(
     refusal: Refusal,
     detail: &str,
     retry_after: Option<std::time::Duration>,
-) -> Result<Response<ResB>, E> {
-    Ok(refusal.answer(detail, retry_after).map(ResB::from))
+) -> Result<Response<LayerBody<ResB>>, E> {
+    Ok(refusal.answer(detail, retry_after).map(|body| LayerBody::buffered(body, None)))
+}
+
+/// The handler's answer to a request the layer does not guard, frame by frame.
+async fn passed<S, ReqB, ResB>(
+    mut inner: S,
+    request: Request<ReqB>,
+) -> Result<Response<LayerBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    Ok(inner.call(request).await?.map(LayerBody::passed))
 }
 
 async fn guarded<S, ReqB, ResB>(
     settings: Arc<Settings>,
-    mut inner: S,
+    inner: S,
     request: Request<ReqB>,
-) -> Result<Response<ResB>, S::Error>
+) -> Result<Response<LayerBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
@@ -107,15 +118,15 @@ where
     ReqB: Body + From<Bytes> + Send + 'static,
     ReqB::Data: Send,
     ReqB::Error: Into<BoxError>,
-    ResB: Body + From<Bytes> + Send + 'static,
-    ResB::Data: Send,
+    ResB: Body<Data = Bytes> + Send + 'static,
 {
     if !settings.methods.contains(request.method()) {
-        return inner.call(request).await;
+        return passed(inner, request).await;
     }
     let (parts, body) = request.into_parts();
     let tenant = match &settings.tenant {
-        Some(tenant) => match tenant(&parts) {
+        // An empty tenant names nobody: unauthenticated, like none.
+        Some(tenant) => match tenant(&parts).filter(|t| !t.is_empty()) {
             Some(t) => Some(t),
             None => return refuse(Refusal::NoTenant, "this request needs credentials", None),
         },
@@ -124,7 +135,7 @@ where
     let client_key = match header::client_key(&parts.headers) {
         Ok(Some(k)) => k,
         Ok(None) if !settings.require_key => {
-            return inner.call(Request::from_parts(parts, body)).await;
+            return passed(inner, Request::from_parts(parts, body)).await;
         }
         Ok(None) => {
             let missing = header::KeyHeaderError::Missing.to_string();
@@ -139,6 +150,17 @@ where
     };
     let key = match key {
         Ok(key) => key,
+        // The scope (method and route or path) and tenant are the request's, not the
+        // client key's: a path too long for a scope is not the key's fault.
+        Err(KeyError::ScopeAndTenantTooLong { len }) => {
+            let detail = format!(
+                "the request's scope (method and path) and tenant are {len} bytes together; \
+                 at most {} are accepted",
+                crate::MAX_SCOPE_AND_TENANT_LEN
+            );
+            return refuse(Refusal::ScopeTooLong, &detail, None);
+        }
+        Err(e @ KeyError::EmptyScope) => return refuse(Refusal::Internal, &e.to_string(), None),
         Err(e) => return refuse(Refusal::InvalidKey, &e.to_string(), None),
     };
     let body = match read_body(&parts, body, settings.max_request_body).await {
@@ -245,18 +267,34 @@ fn fingerprint(settings: &Settings, parts: &Parts, body: &[u8]) -> Fingerprint {
 
 /// Runs the handler holding `guard` and settles the claim by the response; in its own
 /// task, so it finishes whatever happens to the request that started it.
+///
+/// While the handler runs, the lease is renewed every third of its length: a slow
+/// handler is never taken over and run a second time by a duplicate. (A handler that
+/// never finishes therefore holds its key; bound it with a timeout inside the layer.)
 async fn execute<S, ReqB, ResB>(
     settings: Arc<Settings>,
     mut inner: S,
     request: Request<ReqB>,
-    guard: ClaimGuard,
+    mut guard: ClaimGuard,
     key: Key,
-) -> Result<Response<ResB>, S::Error>
+) -> Result<Response<LayerBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
-    ResB: Body + From<Bytes>,
+    ResB: Body<Data = Bytes>,
 {
-    let response = match inner.call(request).await {
+    let lease = settings.cache.time_until(guard.lease_ends_at());
+    let beat = (lease / 3).max(std::time::Duration::from_millis(1));
+    let mut handler = std::pin::pin!(inner.call(request));
+    let mut renewing = true;
+    let response = loop {
+        match tokio::time::timeout(beat, handler.as_mut()).await {
+            Ok(response) => break response,
+            // Lost (taken over, removed): nothing to renew; its outcome will not be kept.
+            Err(_beat) if renewing => renewing = guard.extend_lease(lease).is_ok(),
+            Err(_beat) => {}
+        }
+    };
+    let response = match response {
         Ok(response) => response,
         Err(e) => {
             decided!("released", key);
@@ -265,8 +303,11 @@ where
         }
     };
     let (parts, body) = response.into_parts();
-    let body = match body.collect().await {
-        Ok(collected) => collected.to_bytes(),
+    let (body, trailers) = match body.collect().await {
+        Ok(collected) => {
+            let trailers = collected.trailers().cloned();
+            (collected.to_bytes(), trailers)
+        }
         Err(_) => {
             // The handler answered, so its effect may have happened: never re-run blindly.
             decided!("marked_unknown", key);
@@ -276,8 +317,9 @@ where
         }
     };
     if (settings.store)(parts.status) {
+        let set_cookie = settings.replay_set_cookie;
         let stored =
-            record::encode(parts.status, &parts.headers, settings.replay_set_cookie, &body);
+            record::encode(parts.status, &parts.headers, set_cookie, &body, trailers.as_ref());
         match guard.complete(stored) {
             Ok(()) => {
                 decided!("completed", key);
@@ -292,14 +334,11 @@ where
         decided!("released", key);
         let _ = guard.release();
     }
-    Ok(Response::from_parts(parts, ResB::from(body)))
+    Ok(Response::from_parts(parts, LayerBody::buffered(body, trailers)))
 }
 
 /// A stored response as it was first sent, marked as a replay.
-fn replayed<ResB: From<Bytes>, E>(
-    settings: &Settings,
-    replay: Replay,
-) -> Result<Response<ResB>, E> {
+fn replayed<ResB, E>(settings: &Settings, replay: Replay) -> Result<Response<LayerBody<ResB>>, E> {
     let Some(body) = &replay.body else {
         let detail = "a request with this key completed, but its response was too large to \
                       keep; it was not executed again";
@@ -309,7 +348,7 @@ fn replayed<ResB: From<Bytes>, E>(
         let detail = "the result stored under this key is not a stored HTTP response";
         return refuse(Refusal::Internal, detail, None);
     };
-    let mut response = Response::new(ResB::from(stored.body));
+    let mut response = Response::new(LayerBody::buffered(stored.body, stored.trailers));
     *response.status_mut() = stored.status;
     *response.headers_mut() = stored.headers;
     let headers = response.headers_mut();

@@ -1,0 +1,323 @@
+//! [`PostgresStore`]: idempotency records in PostgreSQL, through a pool of tokio-postgres
+//! connections (deadpool).
+//!
+//! Invariant: every operation is one statement, judged by the server's clock
+//! (`clock_timestamp()`, read once per statement). A claim is one
+//! `INSERT ... ON CONFLICT DO UPDATE ... WHERE <the holder is dead>` that also reads the
+//! live holder in the same statement, so a claim is one round trip and a claim plus its
+//! completion two; every later write names its token in its `WHERE`, so a stale owner's
+//! write matches no row. Tokens come from a sequence: they increase across processes and
+//! restarts.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::NoTls;
+
+use super::{
+    check_duration, from_micros, micros, Store, StoreClaim, StoreError, StoredResult, UnknownRecord,
+};
+use crate::{Fingerprint, Key};
+
+/// The schema [`PostgresStore::ensure_schema`] creates (idempotent, and safe to run from
+/// several processes at once: it holds an advisory lock). Columns as in SQLite's:
+/// `state` 1 PROCESSING, 2 COMPLETED, 3 UNKNOWN; `expires_at` the lease's end while
+/// PROCESSING, the TTL's after; times in microseconds since the epoch (server clock).
+pub const POSTGRES_SCHEMA: &str = "
+CREATE SEQUENCE IF NOT EXISTS idemcache_tokens;
+CREATE TABLE IF NOT EXISTS idemcache_records (
+    key         BYTEA PRIMARY KEY,
+    fingerprint BYTEA NOT NULL,
+    state       SMALLINT NOT NULL CHECK (state IN (1, 2, 3)),
+    token       BIGINT NOT NULL,
+    body        BYTEA,
+    started_at  BIGINT NOT NULL,
+    settled_at  BIGINT,
+    expires_at  BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idemcache_records_expiry ON idemcache_records (expires_at);
+";
+
+/// "Now" on the server's clock, in microseconds, as a one-row CTE named `now`.
+const NOW: &str = "now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)";
+
+/// Idempotency records in PostgreSQL. See the module docs for the guarantees.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: Pool,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore").field("pool", &self.pool.status()).finish()
+    }
+}
+
+fn backend(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::Backend(Box::new(e))
+}
+
+fn fingerprint_of(bytes: Vec<u8>) -> Result<Fingerprint, StoreError> {
+    let raw: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| StoreError::Corrupt("a fingerprint is not 16 bytes".into()))?;
+    Ok(Fingerprint::from_bytes(raw))
+}
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl PostgresStore {
+    /// A store over a pool of up to `max_connections` connections to `url`
+    /// (`postgres://user@host:port/db`, no TLS). Connects lazily: an unreachable server
+    /// shows as [`StoreError::Backend`] from the first operation.
+    pub fn connect(url: &str, max_connections: usize) -> Result<PostgresStore, StoreError> {
+        let config: tokio_postgres::Config = url.parse().map_err(backend)?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig { recycling_method: RecyclingMethod::Fast },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(max_connections.max(1))
+            .runtime(Runtime::Tokio1)
+            .create_timeout(Some(Duration::from_secs(5)))
+            .wait_timeout(Some(Duration::from_secs(5)))
+            .build()
+            .map_err(backend)?;
+        Ok(PostgresStore { pool })
+    }
+
+    /// Creates the sequence, table and index of [`POSTGRES_SCHEMA`] if missing.
+    pub async fn ensure_schema(&self) -> Result<(), StoreError> {
+        let mut client = self.pool.get().await.map_err(backend)?;
+        let tx = client.transaction().await.map_err(backend)?;
+        // Concurrent CREATE ... IF NOT EXISTS can still collide; one at a time.
+        tx.execute("SELECT pg_advisory_xact_lock(7315993121)", &[]).await.map_err(backend)?;
+        tx.batch_execute(POSTGRES_SCHEMA).await.map_err(backend)?;
+        tx.commit().await.map_err(backend)
+    }
+
+    /// Runs one statement (prepared once per connection) and returns its rows.
+    async fn rows(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+        let client = self.pool.get().await.map_err(backend)?;
+        let statement = client.prepare_cached(sql).await.map_err(backend)?;
+        client.query(&statement, params).await.map_err(backend)
+    }
+
+    /// A settling write returning `settled_at, expires_at` of the one row it changed.
+    async fn settle(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        missing: StoreError,
+    ) -> Result<(i64, i64), StoreError> {
+        let rows = self.rows(sql, params).await?;
+        let row = rows.first().ok_or(missing)?;
+        Ok((row.get(0), row.get(1)))
+    }
+}
+
+/// The claim: take the key if absent or dead, else read its live holder; one statement.
+fn claim_sql() -> String {
+    format!(
+        "WITH {NOW},
+         taken AS (
+             INSERT INTO idemcache_records AS r
+                 (key, fingerprint, state, token, body, started_at, settled_at, expires_at)
+             SELECT $1, $2, 1, nextval('idemcache_tokens'), NULL, now.us, NULL, now.us + $3 FROM now
+             ON CONFLICT (key) DO UPDATE SET
+                 fingerprint = EXCLUDED.fingerprint, state = 1, token = EXCLUDED.token,
+                 body = NULL, started_at = EXCLUDED.started_at, settled_at = NULL,
+                 expires_at = EXCLUDED.expires_at
+             WHERE r.expires_at <= EXCLUDED.started_at
+             RETURNING token, expires_at
+         )
+         SELECT 0::smallint, token, NULL::bytea, NULL::bytea, NULL::bigint, expires_at, true FROM taken
+         UNION ALL
+         SELECT r.state, r.token, r.fingerprint, r.body, r.settled_at, r.expires_at, r.expires_at > now.us
+         FROM idemcache_records r, now
+         WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+    )
+}
+
+impl Store for PostgresStore {
+    fn claim(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        async move {
+            check_duration("lease", lease)?;
+            let fp = fingerprint.to_bytes().to_vec();
+            let sql = claim_sql();
+            // A holder committed after this statement's snapshot was taken blocks the
+            // insert but is not yet visible to the read: no row. Look again.
+            for _ in 0..16 {
+                let rows = self.rows(&sql, &[&key, &fp, &micros(lease)]).await?;
+                let Some(row) = rows.first() else { continue };
+                let state: i16 = row.get(0);
+                let expires_at: i64 = row.get(5);
+                let live: bool = row.get(6);
+                if state == 0 {
+                    let token: i64 = row.get(1);
+                    return Ok(StoreClaim::Acquired {
+                        token: token as u64,
+                        lease_ends_at: from_micros(expires_at),
+                    });
+                }
+                if !live {
+                    continue;
+                }
+                if fingerprint_of(row.get(2))? != fingerprint {
+                    return Ok(StoreClaim::Mismatch);
+                }
+                let settled = from_micros(row.get::<_, Option<i64>>(4).unwrap_or(expires_at));
+                return Ok(match state {
+                    1 => StoreClaim::InProgress { lease_ends_at: from_micros(expires_at) },
+                    2 => StoreClaim::Completed(StoredResult {
+                        body: row.get::<_, Option<Vec<u8>>>(3).map(Bytes::from),
+                        completed_at: settled,
+                        expires_at: from_micros(expires_at),
+                    }),
+                    3 => StoreClaim::Unknown { marked_at: settled },
+                    other => return Err(StoreError::Corrupt(format!("state {other}"))),
+                });
+            }
+            Err(StoreError::Backend("the claim kept racing a concurrent writer".into()))
+        }
+    }
+
+    fn complete(
+        &self,
+        key: &Key,
+        token: u64,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        async move {
+            check_duration("result TTL", ttl)?;
+            let sql = format!(
+                "WITH {NOW} UPDATE idemcache_records r
+                 SET state = 2, body = $3, settled_at = now.us, expires_at = now.us + $4 FROM now
+                 WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
+                 RETURNING r.settled_at, r.expires_at"
+            );
+            let stored = body.as_deref();
+            let params: [&(dyn ToSql + Sync); 4] = [&key, &(token as i64), &stored, &micros(ttl)];
+            let (at, until) = self.settle(&sql, &params, StoreError::LeaseLost).await?;
+            Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+        }
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        token: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        async move {
+            let sql = format!(
+                "WITH {NOW} DELETE FROM idemcache_records r USING now
+                 WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
+                 RETURNING r.started_at, r.expires_at"
+            );
+            self.settle(&sql, &[&key, &(token as i64)], StoreError::LeaseLost).await.map(drop)
+        }
+    }
+
+    fn mark_unknown(
+        &self,
+        key: &Key,
+        token: u64,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        async move {
+            check_duration("unknown TTL", ttl)?;
+            let sql = format!(
+                "WITH {NOW} UPDATE idemcache_records r
+                 SET state = 3, settled_at = now.us, expires_at = now.us + $3 FROM now
+                 WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
+                 RETURNING r.settled_at, r.expires_at"
+            );
+            let params: [&(dyn ToSql + Sync); 3] = [&key, &(token as i64), &micros(ttl)];
+            self.settle(&sql, &params, StoreError::LeaseLost).await.map(drop)
+        }
+    }
+
+    fn resolve(
+        &self,
+        key: &Key,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        async move {
+            check_duration("result TTL", ttl)?;
+            let sql = format!(
+                "WITH {NOW} UPDATE idemcache_records r
+                 SET state = 2, body = $2, settled_at = now.us, expires_at = now.us + $3 FROM now
+                 WHERE r.key = $1 AND r.state = 3 AND r.expires_at > now.us
+                 RETURNING r.settled_at, r.expires_at"
+            );
+            let stored = body.as_deref();
+            let params: [&(dyn ToSql + Sync); 3] = [&key, &stored, &micros(ttl)];
+            let (at, until) = self.settle(&sql, &params, StoreError::NotUnknown).await?;
+            Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+        }
+    }
+
+    fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        async move {
+            let sql = format!(
+                "WITH {NOW} DELETE FROM idemcache_records r USING now
+                 WHERE r.key = $1 AND r.state = 3 AND r.expires_at > now.us
+                 RETURNING r.started_at, r.expires_at"
+            );
+            self.settle(&sql, &[&key], StoreError::NotUnknown).await.map(drop)
+        }
+    }
+
+    async fn unknown(&self, n: usize) -> Result<Vec<UnknownRecord>, StoreError> {
+        let sql = format!(
+            "WITH {NOW} SELECT r.key, r.fingerprint, r.settled_at FROM idemcache_records r, now
+             WHERE r.state = 3 AND r.expires_at > now.us ORDER BY r.settled_at, r.key LIMIT $1"
+        );
+        let mut out = Vec::new();
+        for row in self.rows(&sql, &[&limit(n)]).await? {
+            let key: Vec<u8> = row.get(0);
+            out.push(UnknownRecord {
+                key: Key::from_stored(&key).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                fingerprint: fingerprint_of(row.get(1))?,
+                marked_at: from_micros(row.get(2)),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn purge_expired(&self, n: usize) -> Result<usize, StoreError> {
+        // SKIP LOCKED: two purgers never wait on each other's batch.
+        let sql = format!(
+            "WITH {NOW}, doomed AS (
+                 SELECT r.key FROM idemcache_records r, now WHERE r.expires_at <= now.us
+                 LIMIT $1 FOR UPDATE SKIP LOCKED
+             )
+             DELETE FROM idemcache_records r USING doomed, now
+             WHERE r.key = doomed.key AND r.expires_at <= now.us RETURNING r.key"
+        );
+        Ok(self.rows(&sql, &[&limit(n)]).await?.len())
+    }
+}

@@ -1,0 +1,426 @@
+//! [`SqliteStore`]: idempotency records in SQLite (bundled), a file or in memory.
+//!
+//! Invariant: every operation is one transaction on one connection owned by the store's
+//! worker thread; a claim is a `BEGIN IMMEDIATE` transaction (it takes the database's
+//! write lock before it reads), so a look and the write it decides on cannot be split by
+//! another connection or process, and its "now" is SQLite's clock. Several processes may
+//! share one file: WAL mode, and a busy timeout instead of `SQLITE_BUSY`.
+//!
+//! The worker thread keeps blocking SQLite calls off async runtimes' threads; the
+//! futures it answers need no runtime, so synchronous code runs them with
+//! [`block_on`](super::block_on).
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{mpsc, Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use super::{
+    check_duration, from_micros, micros, Store, StoreClaim, StoreError, StoredResult, UnknownRecord,
+};
+use crate::{Fingerprint, Key};
+
+/// The schema [`SqliteStore::ensure_schema`] creates (idempotent).
+///
+/// `state` is 1 PROCESSING, 2 COMPLETED, 3 UNKNOWN; `expires_at` is the lease's end while
+/// PROCESSING and the TTL's end after; `settled_at` is when it completed or was marked
+/// unknown; times are microseconds since the Unix epoch on SQLite's clock.
+pub const SQLITE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS idemcache_records (
+    key         BLOB PRIMARY KEY,
+    fingerprint BLOB NOT NULL,
+    state       INTEGER NOT NULL CHECK (state IN (1, 2, 3)),
+    token       INTEGER NOT NULL,
+    body        BLOB,
+    started_at  INTEGER NOT NULL,
+    settled_at  INTEGER,
+    expires_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idemcache_records_expiry ON idemcache_records (expires_at);
+CREATE TABLE IF NOT EXISTS idemcache_tokens (
+    id   INTEGER PRIMARY KEY CHECK (id = 1),
+    last INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO idemcache_tokens (id, last) VALUES (1, 0);
+";
+
+/// "Now" on SQLite's clock, in microseconds since the epoch.
+const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+
+const PROCESSING: i64 = 1;
+const COMPLETED: i64 = 2;
+const UNKNOWN: i64 = 3;
+
+type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// Idempotency records in SQLite. See the module docs for the guarantees.
+///
+/// ```
+/// use idemcache::store::{block_on, SqliteStore, Store, StoreClaim};
+/// use idemcache::{Fingerprint, Key};
+/// use std::time::Duration;
+///
+/// let store = SqliteStore::open_in_memory()?;
+/// block_on(store.ensure_schema())?;
+/// let key = Key::new("POST /charges", "user:1", "k1")?;
+/// let claim = block_on(store.claim(&key, Fingerprint::of(b"req"), Duration::from_secs(30)))?;
+/// assert!(matches!(claim, StoreClaim::Acquired { .. }));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct SqliteStore {
+    jobs: Mutex<mpsc::Sender<Job>>,
+}
+
+fn backend(e: rusqlite::Error) -> StoreError {
+    StoreError::Backend(Box::new(e))
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file at `path`, in WAL mode with a 10 s
+    /// busy timeout, so several processes can share it.
+    pub fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let db = Connection::open(path).map_err(backend)?;
+        db.pragma_update(None, "journal_mode", "WAL").map_err(backend)?;
+        db.busy_timeout(Duration::from_secs(10)).map_err(backend)?;
+        Self::start(db)
+    }
+
+    /// A private in-memory database (gone when the store is dropped): for tests and CLIs.
+    pub fn open_in_memory() -> Result<SqliteStore, StoreError> {
+        Self::start(Connection::open_in_memory().map_err(backend)?)
+    }
+
+    fn start(mut db: Connection) -> Result<SqliteStore, StoreError> {
+        let (jobs, inbox) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("idemcache-sqlite".into())
+            .spawn(move || {
+                // Ends when the store (the only sender) is dropped.
+                for job in inbox {
+                    job(&mut db);
+                }
+            })
+            .map_err(|e| StoreError::Backend(Box::new(e)))?;
+        Ok(SqliteStore { jobs: Mutex::new(jobs) })
+    }
+
+    /// Creates the tables and index of [`SQLITE_SCHEMA`] if they are missing.
+    pub fn ensure_schema(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.run(|db| db.execute_batch(SQLITE_SCHEMA).map_err(backend))
+    }
+
+    /// Runs `op` on the worker thread; the future resolves with its result.
+    fn run<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Answer<T> {
+        let slot = Arc::new(Mutex::new(Slot { value: None, waker: None }));
+        let reply = Reply(slot.clone());
+        let job: Job = Box::new(move |db| reply.send(op(db)));
+        // If the worker is gone, the job comes back in the error and is dropped here:
+        // its `Reply` then answers the slot with an error.
+        drop(self.jobs.lock().unwrap_or_else(|p| p.into_inner()).send(job));
+        Answer(slot)
+    }
+}
+
+struct Slot<T> {
+    value: Option<Result<T, StoreError>>,
+    waker: Option<Waker>,
+}
+
+/// The worker's half: answers once; dropped unanswered (the worker died), it answers
+/// with an error so no caller waits forever.
+struct Reply<T>(Arc<Mutex<Slot<T>>>);
+
+impl<T> Reply<T> {
+    fn send(self, value: Result<T, StoreError>) {
+        self.put(value);
+    }
+
+    fn put(&self, value: Result<T, StoreError>) {
+        let waker = {
+            let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.value.is_some() {
+                return;
+            }
+            slot.value = Some(value);
+            slot.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+impl<T> Drop for Reply<T> {
+    fn drop(&mut self) {
+        let gone = "the SQLite worker thread is gone".to_owned();
+        self.put(Err(StoreError::Backend(gone.into())));
+    }
+}
+
+/// The caller's half: a future of the worker's answer.
+struct Answer<T>(Arc<Mutex<Slot<T>>>);
+
+impl<T> Future for Answer<T> {
+    type Output = Result<T, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match slot.value.take() {
+            Some(value) => Poll::Ready(value),
+            None => {
+                slot.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+fn fingerprint_of(bytes: Vec<u8>) -> Result<Fingerprint, StoreError> {
+    let raw: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| StoreError::Corrupt("a fingerprint is not 16 bytes".into()))?;
+    Ok(Fingerprint::from_bytes(raw))
+}
+
+/// A row as a claim sees it.
+struct Row {
+    fingerprint: Vec<u8>,
+    state: i64,
+    body: Option<Vec<u8>>,
+    settled_at: Option<i64>,
+    expires_at: i64,
+}
+
+fn claim(
+    db: &mut Connection,
+    key: Vec<u8>,
+    fp: Fingerprint,
+    lease: i64,
+) -> Result<StoreClaim, StoreError> {
+    let tx = db.transaction_with_behavior(TransactionBehavior::Immediate).map_err(backend)?;
+    let now: i64 = tx.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0)).map_err(backend)?;
+    let row = tx
+        .query_row(
+            "SELECT fingerprint, state, body, settled_at, expires_at FROM idemcache_records WHERE key = ?1",
+            params![key],
+            |r| {
+                Ok(Row {
+                    fingerprint: r.get(0)?,
+                    state: r.get(1)?,
+                    body: r.get(2)?,
+                    settled_at: r.get(3)?,
+                    expires_at: r.get(4)?,
+                })
+            },
+        )
+        .optional()
+        .map_err(backend)?;
+    if let Some(row) = row.filter(|row| row.expires_at > now) {
+        // Live: answer without writing (the transaction ends unchanged).
+        if fingerprint_of(row.fingerprint)? != fp {
+            return Ok(StoreClaim::Mismatch);
+        }
+        let settled = || from_micros(row.settled_at.unwrap_or(row.expires_at));
+        return Ok(match row.state {
+            PROCESSING => StoreClaim::InProgress { lease_ends_at: from_micros(row.expires_at) },
+            COMPLETED => StoreClaim::Completed(StoredResult {
+                body: row.body.map(Bytes::from),
+                completed_at: settled(),
+                expires_at: from_micros(row.expires_at),
+            }),
+            UNKNOWN => StoreClaim::Unknown { marked_at: settled() },
+            other => return Err(StoreError::Corrupt(format!("state {other}"))),
+        });
+    }
+    let token: i64 = tx
+        .query_row(
+            "UPDATE idemcache_tokens SET last = last + 1 WHERE id = 1 RETURNING last",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(backend)?;
+    let lease_ends_at = now.saturating_add(lease);
+    tx.execute(
+        "INSERT OR REPLACE INTO idemcache_records
+             (key, fingerprint, state, token, body, started_at, settled_at, expires_at)
+         VALUES (?1, ?2, 1, ?3, NULL, ?4, NULL, ?5)",
+        params![key, fp.to_bytes().to_vec(), token, now, lease_ends_at],
+    )
+    .map_err(backend)?;
+    tx.commit().map_err(backend)?;
+    Ok(StoreClaim::Acquired { token: token as u64, lease_ends_at: from_micros(lease_ends_at) })
+}
+
+/// A settling write: `sql` updates the live row in `state` (and under the token, if
+/// the statement names `?2`), returning `settled_at, expires_at`; no row is `missing`.
+fn settle(
+    db: &mut Connection,
+    sql: &str,
+    args: &[&dyn rusqlite::ToSql],
+    missing: StoreError,
+) -> Result<(i64, i64), StoreError> {
+    db.query_row(sql, args, |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
+        .map_err(backend)?
+        .ok_or(missing)
+}
+
+impl Store for SqliteStore {
+    fn claim(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        let checked = check_duration("lease", lease);
+        self.run(move |db| {
+            checked?;
+            claim(db, key, fingerprint, micros(lease))
+        })
+    }
+
+    fn complete(
+        &self,
+        key: &Key,
+        token: u64,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        let checked = check_duration("result TTL", ttl);
+        self.run(move |db| {
+            checked?;
+            let sql = format!(
+                "UPDATE idemcache_records SET state = 2, body = ?3, settled_at = {NOW}, expires_at = {NOW} + ?4
+                 WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > {NOW}
+                 RETURNING settled_at, expires_at"
+            );
+            let stored = body.as_deref().map(<[u8]>::to_vec);
+            let (at, until) =
+                settle(db, &sql, &[&key, &(token as i64), &stored, &micros(ttl)], StoreError::LeaseLost)?;
+            Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+        })
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        token: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        self.run(move |db| {
+            let sql = format!(
+                "DELETE FROM idemcache_records WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > {NOW}"
+            );
+            match db.execute(&sql, params![key, token as i64]).map_err(backend)? {
+                0 => Err(StoreError::LeaseLost),
+                _ => Ok(()),
+            }
+        })
+    }
+
+    fn mark_unknown(
+        &self,
+        key: &Key,
+        token: u64,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        let checked = check_duration("unknown TTL", ttl);
+        self.run(move |db| {
+            checked?;
+            let sql = format!(
+                "UPDATE idemcache_records SET state = 3, settled_at = {NOW}, expires_at = {NOW} + ?3
+                 WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > {NOW}
+                 RETURNING settled_at, expires_at"
+            );
+            settle(db, &sql, &[&key, &(token as i64), &micros(ttl)], StoreError::LeaseLost)
+                .map(drop)
+        })
+    }
+
+    fn resolve(
+        &self,
+        key: &Key,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        let checked = check_duration("result TTL", ttl);
+        self.run(move |db| {
+            checked?;
+            let sql = format!(
+                "UPDATE idemcache_records SET state = 2, body = ?2, settled_at = {NOW}, expires_at = {NOW} + ?3
+                 WHERE key = ?1 AND state = 3 AND expires_at > {NOW}
+                 RETURNING settled_at, expires_at"
+            );
+            let stored = body.as_deref().map(<[u8]>::to_vec);
+            let (at, until) = settle(db, &sql, &[&key, &stored, &micros(ttl)], StoreError::NotUnknown)?;
+            Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+        })
+    }
+
+    fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        self.run(move |db| {
+            let sql = format!(
+                "DELETE FROM idemcache_records WHERE key = ?1 AND state = 3 AND expires_at > {NOW}"
+            );
+            match db.execute(&sql, params![key]).map_err(backend)? {
+                0 => Err(StoreError::NotUnknown),
+                _ => Ok(()),
+            }
+        })
+    }
+
+    fn unknown(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<UnknownRecord>, StoreError>> + Send {
+        self.run(move |db| {
+            let sql = format!(
+                "SELECT key, fingerprint, settled_at FROM idemcache_records
+                 WHERE state = 3 AND expires_at > {NOW} ORDER BY settled_at, key LIMIT ?1"
+            );
+            let mut statement = db.prepare(&sql).map_err(backend)?;
+            let rows = statement
+                .query_map(params![i64::try_from(limit).unwrap_or(i64::MAX)], |r| {
+                    Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1)?, r.get::<_, i64>(2)?))
+                })
+                .map_err(backend)?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (key, fingerprint, marked_at) = row.map_err(backend)?;
+                out.push(UnknownRecord {
+                    key: Key::from_stored(&key).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    fingerprint: fingerprint_of(fingerprint)?,
+                    marked_at: from_micros(marked_at),
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    fn purge_expired(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<usize, StoreError>> + Send {
+        self.run(move |db| {
+            let sql = format!(
+                "DELETE FROM idemcache_records WHERE key IN
+                     (SELECT key FROM idemcache_records WHERE expires_at <= {NOW} LIMIT ?1)"
+            );
+            db.execute(&sql, params![i64::try_from(limit).unwrap_or(i64::MAX)]).map_err(backend)
+        })
+    }
+}

@@ -1,0 +1,433 @@
+//! One conformance suite for every `Store`, and `Tiered` over it. SQLite always (in
+//! memory and on a file shared by two stores, as two processes would); other stores when
+//! their URL is in the environment.
+//!
+//! Stores judge time by their own clock, so the tests of lapses and expiry use short
+//! leases and TTLs and wait (bounded) until the store says the time has passed; nothing
+//! asserts a duration.
+
+use std::time::{Duration, SystemTime};
+
+use idemcache::store::{SqliteStore, Store, StoreClaim, StoreError, Tiered, TieredClaim};
+use idemcache::{Bytes, Cache, Fingerprint, Key};
+
+const LEASE: Duration = Duration::from_secs(30);
+const TTL: Duration = Duration::from_secs(3600);
+
+/// Keys are per test run (a tenant of their own), so records a shared database kept
+/// from an earlier run never meet this one's.
+fn key(k: &str) -> Key {
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let run = RUN.get_or_init(|| {
+        let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
+        format!("run-{}-{nanos}", std::process::id())
+    });
+    Key::new("POST /orders", run, k).unwrap()
+}
+
+fn fp(r: &str) -> Fingerprint {
+    Fingerprint::of(r.as_bytes())
+}
+
+async fn acquire<S: Store>(store: &S, k: &Key) -> u64 {
+    match store.claim(k, fp("r"), LEASE).await.unwrap() {
+        StoreClaim::Acquired { token, lease_ends_at } => {
+            assert!(lease_ends_at > SystemTime::now() + LEASE - Duration::from_secs(5));
+            token
+        }
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+/// Claims until the store's clock has passed `what` (a lease or TTL a few ms long).
+async fn until_acquired<S: Store>(store: &S, k: &Key, r: &str) -> u64 {
+    for _ in 0..2000 {
+        match store.claim(k, fp(r), LEASE).await.unwrap() {
+            StoreClaim::Acquired { token, .. } => return token,
+            _ => tokio::time::sleep(Duration::from_millis(2)).await,
+        }
+    }
+    panic!("the store never let the key go");
+}
+
+/// The state table: absent → PROCESSING → COMPLETED / absent / UNKNOWN → COMPLETED /
+/// absent, with the answers a repeat and a different request get in each.
+async fn state_table<S: Store>(store: &S) {
+    let k = key("states");
+    let token = acquire(store, &k).await;
+    assert!(matches!(
+        store.claim(&k, fp("r"), LEASE).await.unwrap(),
+        StoreClaim::InProgress { .. }
+    ));
+    assert_eq!(store.claim(&k, fp("other"), LEASE).await.unwrap(), StoreClaim::Mismatch);
+    let record =
+        store.complete(&k, token, Some(Bytes::from_static(b"receipt")), TTL).await.unwrap();
+    assert_eq!(record.body.as_deref(), Some(&b"receipt"[..]));
+    assert!(record.expires_at > record.completed_at + TTL - Duration::from_secs(1));
+    match store.claim(&k, fp("r"), LEASE).await.unwrap() {
+        StoreClaim::Completed(replay) => assert_eq!(replay, record),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.claim(&k, fp("other"), LEASE).await.unwrap(), StoreClaim::Mismatch);
+
+    let k = key("released");
+    let token = acquire(store, &k).await;
+    store.release(&k, token).await.unwrap();
+    let again = acquire(store, &k).await;
+    assert!(again > token, "tokens increase: {again} after {token}");
+
+    let k = key("unknown");
+    let token = acquire(store, &k).await;
+    store.mark_unknown(&k, token, TTL).await.unwrap();
+    assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Unknown { .. }));
+    let listed = store.unknown(10).await.unwrap();
+    assert!(listed.iter().any(|u| u.key == k && u.fingerprint == fp("r")));
+    store.resolve(&k, None, TTL).await.unwrap();
+    match store.claim(&k, fp("r"), LEASE).await.unwrap() {
+        StoreClaim::Completed(replay) => assert_eq!(replay.body, None, "completed without a body"),
+        other => panic!("{other:?}"),
+    }
+
+    let k = key("forgotten");
+    let token = acquire(store, &k).await;
+    store.mark_unknown(&k, token, TTL).await.unwrap();
+    store.forget(&k).await.unwrap();
+    acquire(store, &k).await;
+}
+
+/// Every write names its token; a stale or wrong one changes nothing.
+async fn fencing<S: Store>(store: &S) {
+    let k = key("fenced");
+    let token = acquire(store, &k).await;
+    let body = || Some(Bytes::from_static(b"x"));
+    assert!(matches!(store.complete(&k, token + 1, body(), TTL).await, Err(StoreError::LeaseLost)));
+    assert!(matches!(store.release(&k, token.wrapping_sub(1)).await, Err(StoreError::LeaseLost)));
+    assert!(matches!(store.mark_unknown(&k, 0, TTL).await, Err(StoreError::LeaseLost)));
+    assert!(matches!(
+        store.claim(&k, fp("r"), LEASE).await.unwrap(),
+        StoreClaim::InProgress { .. }
+    ));
+    store.complete(&k, token, body(), TTL).await.unwrap();
+    // Settled: the same token cannot settle it again.
+    assert!(matches!(store.release(&k, token).await, Err(StoreError::LeaseLost)));
+    assert!(matches!(store.complete(&k, token, body(), TTL).await, Err(StoreError::LeaseLost)));
+    assert!(matches!(store.resolve(&k, body(), TTL).await, Err(StoreError::NotUnknown)));
+    assert!(matches!(store.forget(&k).await, Err(StoreError::NotUnknown)));
+}
+
+/// A lapsed lease is taken over with a larger token; the stale owner is refused.
+async fn takeover<S: Store>(store: &S) {
+    let k = key("lapsed");
+    let stale = match store.claim(&k, fp("r"), Duration::from_millis(20)).await.unwrap() {
+        StoreClaim::Acquired { token, .. } => token,
+        other => panic!("{other:?}"),
+    };
+    let fresh = until_acquired(store, &k, "r").await;
+    assert!(fresh > stale);
+    let late = store.complete(&k, stale, Some(Bytes::from_static(b"stale")), TTL).await;
+    assert!(matches!(late, Err(StoreError::LeaseLost)), "{late:?}");
+    store.complete(&k, fresh, Some(Bytes::from_static(b"fresh")), TTL).await.unwrap();
+    match store.claim(&k, fp("r"), LEASE).await.unwrap() {
+        StoreClaim::Completed(replay) => assert_eq!(replay.body.unwrap(), "fresh"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Expired records read as absent and are purged in bounded batches.
+async fn expiry<S: Store>(store: &S) {
+    for i in 0..5 {
+        let k = key(&format!("short{i}"));
+        let token = acquire(store, &k).await;
+        store
+            .complete(&k, token, Some(Bytes::from_static(b"x")), Duration::from_millis(10))
+            .await
+            .unwrap();
+    }
+    // The last one expires: a claim of a different request then acquires (absent).
+    until_acquired(store, &key("short4"), "another request").await;
+    let mut purged = 0;
+    loop {
+        let n = store.purge_expired(2).await.unwrap();
+        assert!(n <= 2, "a batch is bounded");
+        purged += n;
+        if n < 2 {
+            break;
+        }
+    }
+    assert!(purged >= 4, "the four other expired records were purged, got {purged}");
+    assert!(matches!(
+        store.claim(&key("short4"), fp("r"), LEASE).await.unwrap(),
+        StoreClaim::Mismatch
+    ));
+}
+
+/// Bad input is refused with a typed error and changes nothing.
+async fn bad_input<S: Store>(store: &S) {
+    let k = key("bad");
+    let zero = store.claim(&k, fp("r"), Duration::ZERO).await;
+    assert!(matches!(zero, Err(StoreError::InvalidInput(_))), "{zero:?}");
+    let token = acquire(store, &k).await;
+    let forever = store.complete(&k, token, None, Duration::MAX).await;
+    assert!(matches!(forever, Err(StoreError::InvalidInput(_))), "{forever:?}");
+    assert!(matches!(
+        store.claim(&k, fp("r"), LEASE).await.unwrap(),
+        StoreClaim::InProgress { .. }
+    ));
+    store.complete(&k, token, None, TTL).await.unwrap();
+}
+
+async fn conformance<S: Store>(store: &S) {
+    state_table(store).await;
+    fencing(store).await;
+    takeover(store).await;
+    expiry(store).await;
+    bad_input(store).await;
+}
+
+async fn sqlite_memory() -> SqliteStore {
+    let store = SqliteStore::open_in_memory().unwrap();
+    store.ensure_schema().await.unwrap();
+    store.ensure_schema().await.unwrap(); // idempotent
+    store
+}
+
+#[tokio::test]
+async fn sqlite_in_memory_conforms() {
+    conformance(&sqlite_memory().await).await;
+}
+
+#[tokio::test]
+async fn two_sqlite_stores_on_one_file_share_records_and_tokens() {
+    let dir = std::env::temp_dir().join(format!("idemcache-store-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("records.db");
+    let _ = std::fs::remove_file(&path);
+    let (a, b) = (SqliteStore::open(&path).unwrap(), SqliteStore::open(&path).unwrap());
+    a.ensure_schema().await.unwrap();
+    b.ensure_schema().await.unwrap();
+    conformance(&a).await;
+    let k = key("shared");
+    let token = acquire(&a, &k).await;
+    assert!(matches!(b.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::InProgress { .. }));
+    a.complete(&k, token, Some(Bytes::from_static(b"once")), TTL).await.unwrap();
+    match b.claim(&k, fp("r"), LEASE).await.unwrap() {
+        StoreClaim::Completed(replay) => assert_eq!(replay.body.unwrap(), "once"),
+        other => panic!("{other:?}"),
+    }
+    // A restarted store (a new connection) replays and issues larger tokens.
+    drop((a, b));
+    let restarted = SqliteStore::open(&path).unwrap();
+    assert!(matches!(restarted.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Completed(_)));
+    assert!(acquire(&restarted, &key("after-restart")).await > token);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn sync_code_runs_a_sqlite_store_with_block_on() {
+    use idemcache::store::block_on;
+    let store = SqliteStore::open_in_memory().unwrap();
+    block_on(store.ensure_schema()).unwrap();
+    let k = key("sync");
+    let token = block_on(acquire(&store, &k));
+    block_on(store.complete(&k, token, Some(Bytes::from_static(b"done")), TTL)).unwrap();
+}
+
+#[tokio::test]
+async fn tiered_answers_completed_repeats_from_memory_and_reads_through_otherwise() {
+    let store = sqlite_memory().await;
+    let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
+    let k = key("tiered");
+    let guard = match tiered.claim(&k, fp("r")).await.unwrap() {
+        TieredClaim::Acquired(guard) => guard,
+        other => panic!("{other:?}"),
+    };
+    // A local duplicate is answered by the cache while the store holds the claim.
+    assert!(matches!(tiered.claim(&k, fp("r")).await.unwrap(), TieredClaim::InProgress { .. }));
+    let record = guard.complete(&b"receipt"[..]).await.unwrap();
+    // The durable fact is there.
+    assert!(matches!(
+        tiered.store().claim(&k, fp("r"), LEASE).await.unwrap(),
+        StoreClaim::Completed(_)
+    ));
+    // The repeat is answered from memory: the cache counts a replay.
+    let before = tiered.cache().stats().replayed;
+    match tiered.claim(&k, fp("r")).await.unwrap() {
+        TieredClaim::Completed(replay) => assert_eq!(replay.body, record.body),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(tiered.cache().stats().replayed, before + 1);
+    assert!(matches!(tiered.claim(&k, fp("other")).await.unwrap(), TieredClaim::Mismatch));
+}
+
+#[tokio::test]
+async fn tiered_instances_over_one_store_execute_once_and_a_new_one_reads_through() {
+    let dir = std::env::temp_dir().join(format!("idemcache-tiered-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("records.db");
+    let _ = std::fs::remove_file(&path);
+    let open = || {
+        let store = SqliteStore::open(&path).unwrap();
+        Tiered::new(Cache::builder().build().unwrap(), store)
+    };
+    let (one, two) = (open(), open());
+    one.store().ensure_schema().await.unwrap();
+    let k = key("across");
+    let guard = match one.claim(&k, fp("r")).await.unwrap() {
+        TieredClaim::Acquired(guard) => guard,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(two.claim(&k, fp("r")).await.unwrap(), TieredClaim::InProgress { .. }));
+    guard.complete(&b"once"[..]).await.unwrap();
+    for tiered in [&two, &open()] {
+        match tiered.claim(&k, fp("r")).await.unwrap() {
+            TieredClaim::Completed(replay) => assert_eq!(replay.body.unwrap(), "once"),
+            other => panic!("{other:?}"),
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn an_unreachable_store_is_a_typed_error_and_nothing_executes() {
+    // A file in a directory that does not exist: the store cannot open it.
+    let missing = std::env::temp_dir().join("idemcache-no-such-dir/x/records.db");
+    assert!(matches!(SqliteStore::open(&missing), Err(StoreError::Backend(_))));
+    // A store without its schema fails every claim with a backend error, and the
+    // cache in front lets the key go (the next claim asks the store again).
+    let bare = SqliteStore::open_in_memory().unwrap();
+    let tiered = Tiered::new(Cache::builder().build().unwrap(), bare);
+    let k = key("down");
+    for _ in 0..2 {
+        match tiered.claim(&k, fp("r")).await {
+            Err(idemcache::store::TieredError::Store(StoreError::Backend(_))) => {}
+            other => panic!("expected a backend error, got {other:?}"),
+        }
+    }
+    assert_eq!(tiered.cache().stats().entries, 0);
+}
+
+/// PostgreSQL, when `IDEMCACHE_POSTGRES_URL` names a server (CI sets it).
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::*;
+    use idemcache::store::PostgresStore;
+
+    async fn store() -> Option<PostgresStore> {
+        let Ok(url) = std::env::var("IDEMCACHE_POSTGRES_URL") else {
+            eprintln!(
+                "skipped: set IDEMCACHE_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) \
+                 to run the PostgreSQL tests"
+            );
+            return None;
+        };
+        let store = PostgresStore::connect(&url, 8).unwrap();
+        store.ensure_schema().await.unwrap();
+        Some(store)
+    }
+
+    #[tokio::test]
+    async fn postgres_conforms() {
+        let Some(store) = store().await else { return };
+        conformance(&store).await;
+    }
+
+    #[tokio::test]
+    async fn concurrent_schema_creation_from_several_processes_is_safe() {
+        let Some(store) = store().await else { return };
+        let runs: Vec<_> = (0..4).map(|_| store.ensure_schema()).collect();
+        for run in runs {
+            run.await.unwrap();
+        }
+    }
+
+    /// Two `Tiered` instances (separate caches, separate pools: two processes' worth)
+    /// over one PostgreSQL, hammered with concurrent duplicates: each key runs once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_tiered_instances_execute_each_key_exactly_once() {
+        let Some(first) = store().await else { return };
+        let url = std::env::var("IDEMCACHE_POSTGRES_URL").unwrap();
+        let second = PostgresStore::connect(&url, 8).unwrap();
+        let instances = [
+            std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), first)),
+            std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), second)),
+        ];
+        let executed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..64 {
+            let tiered = instances[i % 2].clone();
+            let executed = executed.clone();
+            tasks.push(tokio::spawn(async move {
+                let k = key(&format!("hammer{}", i % 8));
+                loop {
+                    match tiered.claim(&k, fp("r")).await.unwrap() {
+                        TieredClaim::Acquired(guard) => {
+                            executed.lock().unwrap().push(k.client_key().to_owned());
+                            let body = format!("done {}", k.client_key());
+                            guard.complete(body).await.unwrap();
+                        }
+                        TieredClaim::InProgress { .. } => {
+                            tokio::task::yield_now().await;
+                            continue;
+                        }
+                        TieredClaim::Completed(replay) => {
+                            assert_eq!(replay.body.unwrap(), format!("done {}", k.client_key()));
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                    return;
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let mut executed = executed.lock().unwrap().clone();
+        executed.sort();
+        let expected: Vec<_> = (0..8).map(|i| format!("hammer{i}")).collect();
+        assert_eq!(executed, expected, "each key executed exactly once");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_postgres_is_a_typed_error_and_nothing_executes() {
+        // A port nobody listens on.
+        let store = PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 2).unwrap();
+        let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
+        match tiered.claim(&key("down"), fp("r")).await {
+            Err(idemcache::store::TieredError::Store(StoreError::Backend(_))) => {}
+            other => panic!("expected a backend error, got {other:?}"),
+        }
+        assert_eq!(tiered.cache().stats().entries, 0);
+    }
+
+    #[tokio::test]
+    async fn unique_violations_are_classified_against_the_real_engine() {
+        use idemcache::store::unique::is_unique_violation_postgres;
+        let Ok(url) = std::env::var("IDEMCACHE_POSTGRES_URL") else { return };
+        let (client, connection) =
+            tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let table = format!("idemcache_unique_{}", std::process::id());
+        client
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {table};
+                 CREATE TABLE {table} (id INT PRIMARY KEY, u TEXT UNIQUE, n TEXT NOT NULL);
+                 INSERT INTO {table} VALUES (1, 'a', 'x');"
+            ))
+            .await
+            .unwrap();
+        let fails = |sql: String| {
+            let client = &client;
+            async move { client.execute(&sql, &[]).await.unwrap_err() }
+        };
+        assert!(is_unique_violation_postgres(
+            &fails(format!("INSERT INTO {table} VALUES (2, 'a', 'x')")).await
+        ));
+        assert!(is_unique_violation_postgres(
+            &fails(format!("INSERT INTO {table} VALUES (1, 'b', 'x')")).await
+        ));
+        assert!(!is_unique_violation_postgres(
+            &fails(format!("INSERT INTO {table} VALUES (3, 'c', NULL)")).await
+        ));
+        client.batch_execute(&format!("DROP TABLE {table}")).await.unwrap();
+    }
+}
