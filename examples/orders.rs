@@ -30,8 +30,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idemcache::layer::{client_key, IdempotencyLayer};
+use idemcache::store::unique::is_unique_violation_rusqlite;
 use idemcache::Cache;
-use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
+use rusqlite::{params, Connection};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -99,41 +100,56 @@ async fn create_order(
         tokio::time::sleep(app.delay).await;
     }
     let db = app.db.clone();
-    let created = tokio::task::spawn_blocking(move || -> rusqlite::Result<(i64, String, i64)> {
+    let created = tokio::task::spawn_blocking(move || -> rusqlite::Result<Created> {
         let db = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let inserted = db.execute(
             "INSERT INTO orders (user, idempotency_key, item, qty) VALUES (?1, ?2, ?3, ?4)",
             params![user, key, order.item, order.qty],
         );
         match inserted {
-            Ok(_) => Ok((db.last_insert_rowid(), order.item, order.qty)),
-            // The backstop: this key already created an order (another process, or the
-            // cache forgot it). Answer with that order; never create a second one.
-            Err(rusqlite::Error::SqliteFailure(e, _))
-                if e.code == ErrorCode::ConstraintViolation =>
-            {
-                db.query_row(
+            Ok(_) => Ok(Created::New(db.last_insert_rowid(), order.item, order.qty)),
+            // The backstop: this key already created an order (in another process, or
+            // one whose cache forgot it). Never a second row: the same order is answered
+            // as created, a different one under the same key is refused.
+            Err(e) if is_unique_violation_rusqlite(&e) => {
+                let (id, item, qty): (i64, String, i64) = db.query_row(
                     "SELECT id, item, qty FROM orders WHERE user = ?1 AND idempotency_key = ?2",
                     params![user, key],
                     |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
-                )
-                .optional()?
-                .ok_or(rusqlite::Error::QueryReturnedNoRows)
+                )?;
+                Ok(if (&item, qty) == (&order.item, order.qty) {
+                    Created::New(id, item, qty)
+                } else {
+                    Created::KeyReused
+                })
             }
             Err(e) => Err(e),
         }
     })
     .await;
     match created {
-        Ok(Ok((id, item, qty))) => (
+        Ok(Ok(Created::New(id, item, qty))) => (
             StatusCode::CREATED,
             [(header::LOCATION, format!("/orders/{id}"))],
             Json(json!({ "id": id, "item": item, "qty": qty })),
         )
             .into_response(),
+        Ok(Ok(Created::KeyReused)) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({ "error": "this Idempotency-Key created a different order" })),
+        )
+            .into_response(),
         // A 5xx releases the key: the client's retry runs again.
         _ => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
+}
+
+/// What the insert found.
+enum Created {
+    /// The order's row: inserted now, or by an earlier execution of this same request.
+    New(i64, String, i64),
+    /// The key's row is a different order.
+    KeyReused,
 }
 
 async fn count_orders(State(app): State<App>) -> Response {
