@@ -236,3 +236,27 @@ fn a_sweeper_interval_out_of_range_is_refused_with_a_reason() {
     assert!(std::error::Error::source(&err).is_none());
     assert!(cache.spawn_sweeper(idemcache::MAX_DURATION + Duration::from_secs(1)).is_err());
 }
+
+/// The epilogue runs for every reason it has: here a removal with nothing else to do (an
+/// UNKNOWN entry forgotten: no body, not PROCESSING) is told before `forget` returns.
+#[test]
+fn the_listener_hears_a_forget_before_it_returns() {
+    let clock = ManualClock::new();
+    let (cache, heard) = listening(&clock);
+    acquire(&cache, &key("u"), fp("r")).mark_unknown().unwrap();
+    cache.forget(&key("u")).unwrap();
+    assert_eq!(heard.lock().unwrap().len(), 1, "{:?}", heard.lock().unwrap());
+    assert_eq!(heard.lock().unwrap()[0].0, "u");
+}
+
+/// ... and here a departed result with no listener and nothing else to do is freed by
+/// the operation that removed it, not by some later one.
+#[test]
+fn a_removed_result_is_freed_by_the_removal_itself() {
+    let clock = ManualClock::new();
+    let cache = roomy_builder(&clock).build().unwrap();
+    let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    acquire(&cache, &key("k"), fp("r")).complete(tracked_body(&drops)).unwrap();
+    cache.remove(&key("k")).unwrap();
+    assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

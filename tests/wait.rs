@@ -217,3 +217,30 @@ fn polling_after_the_answer_is_refused_not_counted_twice() {
     };
     let _ = poll(&mut waiting, &waker);
 }
+
+/// Futures on one shard each keep their own place: a completion wakes every one of them
+/// (two on one key, one on another key of the same shard).
+#[test]
+fn every_future_filed_on_a_shard_is_woken() {
+    let clock = idemcache::ManualClock::new();
+    let cache = builder(&clock).shards(1).build().unwrap();
+    let (a, b) = (key("a"), key("b"));
+    let (owner_a, _owner_b) = (acquire(&cache, &a, fp("r")), acquire(&cache, &b, fp("r")));
+    let wakers: Vec<_> = (0..3).map(|_| Arc::new(Counter::default())).collect();
+    let mut futures = [
+        cache.claim_wait_async(&a, fp("r"), never),
+        cache.claim_wait_async(&a, fp("r"), never),
+        cache.claim_wait_async(&b, fp("r"), never),
+    ];
+    for (future, waker) in futures.iter_mut().zip(&wakers) {
+        assert!(poll(future, waker).is_pending());
+    }
+    assert_eq!(cache.stats().waiting, 3);
+    assert!(format!("{:?}", futures[2]).contains("WaitForClaim"));
+    owner_a.complete(&b"done"[..]).unwrap();
+    assert_eq!(wakers.iter().map(|w| w.woken()).collect::<Vec<_>>(), [1, 1, 1]);
+    for future in &mut futures[..2] {
+        assert!(matches!(poll(future, &wakers[0]), Poll::Ready(Ok(Claim::Completed(_)))));
+    }
+    assert!(poll(&mut futures[2], &wakers[2]).is_pending(), "b is still in progress: filed again");
+}
