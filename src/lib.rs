@@ -72,7 +72,10 @@
 //! # Where things are
 //!
 //! See [`implementation`] for the design notes: how shards, slots and fencing tokens fit
-//! together, and where each transition lives.
+//! together, and where each transition lives. Built on the public API, behind features:
+//! `layer` (feature `tower`: an HTTP layer speaking `Idempotency-Key`) and `store`
+//! (features `store`, `sqlite`, `postgres`, `redis`: durable records, and [`Cache`] in
+//! front of them). Async code waits with [`Cache::claim_wait_async`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]

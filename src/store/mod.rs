@@ -19,6 +19,8 @@
 
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod tiered;
@@ -32,6 +34,8 @@ use bytes::Bytes;
 
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, POSTGRES_SCHEMA};
+#[cfg(feature = "redis")]
+pub use redis::RedisStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SQLITE_SCHEMA};
 pub use tiered::{Tiered, TieredClaim, TieredError, TieredGuard};

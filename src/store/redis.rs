@@ -1,0 +1,414 @@
+//! [`RedisStore`]: idempotency records in Redis, one hash per key.
+//!
+//! Invariant: every claim and every settling write is one Lua script (one round trip,
+//! atomic on the server) that reads the time from Redis (`TIME`) and, for a settling
+//! write, checks the record is still PROCESSING under the caller's token. A record's key
+//! expires with the record (`PEXPIREAT`), so Redis purges what is dead by itself.
+//!
+//! Keys are `idemcache:{<hex of the stored key>}`: the braces are a hash tag, so each
+//! script touches one slot and the store works on Redis Cluster. The index of UNKNOWN
+//! records (`idemcache:unknown`, a sorted set by mark time) lives in its own slot and is
+//! written by a second command after the script: a process that dies between the two
+//! leaves an UNKNOWN record that blocks claims but is not listed until it expires.
+//!
+//! Tokens are `max(previous token + 1, Redis's time in µs)`: larger than any earlier
+//! token of the key while its record lives, and after it expired as long as Redis's
+//! clock does not step back.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script};
+
+use super::{
+    check_duration, from_micros, micros, Store, StoreClaim, StoreError, StoredResult, UnknownRecord,
+};
+use crate::{Fingerprint, Key};
+
+const UNKNOWN_INDEX: &str = "idemcache:unknown";
+
+/// The time on Redis's clock in µs, and `fmt` for writing integers without exponents.
+const PRELUDE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local function fmt(x) return string.format('%.0f', x) end
+";
+
+const CLAIM: &str = r"
+local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'token', 'body', 'settled', 'expires')
+local state, expires = tonumber(r[1]), tonumber(r[6])
+if state and expires and expires > now then
+  return {state, r[2], tonumber(r[3]), r[4], tonumber(r[5]) or false, expires}
+end
+local token = math.max((tonumber(r[3]) or 0) + 1, now)
+local ends = now + tonumber(ARGV[2])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'state', 1, 'fp', ARGV[1], 'token', fmt(token), 'started', fmt(now), 'expires', fmt(ends))
+redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
+return {0, false, token, false, false, ends}
+";
+
+/// ARGV: token, TTL in µs, then the body if there is one.
+const COMPLETE: &str = r"
+local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires')
+if tonumber(r[1]) ~= 1 or tonumber(r[2]) ~= tonumber(ARGV[1]) or tonumber(r[3]) <= now then
+  return false
+end
+local ends = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'state', 2, 'settled', fmt(now), 'expires', fmt(ends))
+if #ARGV >= 3 then redis.call('HSET', KEYS[1], 'body', ARGV[3]) else redis.call('HDEL', KEYS[1], 'body') end
+redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
+return {now, ends}
+";
+
+/// ARGV: token.
+const RELEASE: &str = r"
+local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires')
+if tonumber(r[1]) ~= 1 or tonumber(r[2]) ~= tonumber(ARGV[1]) or tonumber(r[3]) <= now then
+  return false
+end
+redis.call('DEL', KEYS[1])
+return {now, now}
+";
+
+/// ARGV: token, TTL in µs.
+const MARK_UNKNOWN: &str = r"
+local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires')
+if tonumber(r[1]) ~= 1 or tonumber(r[2]) ~= tonumber(ARGV[1]) or tonumber(r[3]) <= now then
+  return false
+end
+local ends = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'state', 3, 'settled', fmt(now), 'expires', fmt(ends))
+redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
+return {now, ends}
+";
+
+/// ARGV: TTL in µs, then the body if there is one.
+const RESOLVE: &str = r"
+local r = redis.call('HMGET', KEYS[1], 'state', 'expires')
+if tonumber(r[1]) ~= 3 or tonumber(r[2]) <= now then
+  return false
+end
+local ends = now + tonumber(ARGV[1])
+redis.call('HSET', KEYS[1], 'state', 2, 'settled', fmt(now), 'expires', fmt(ends))
+if #ARGV >= 2 then redis.call('HSET', KEYS[1], 'body', ARGV[2]) else redis.call('HDEL', KEYS[1], 'body') end
+redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
+return {now, ends}
+";
+
+const FORGET: &str = r"
+local r = redis.call('HMGET', KEYS[1], 'state', 'expires')
+if tonumber(r[1]) ~= 3 or tonumber(r[2]) <= now then
+  return false
+end
+redis.call('DEL', KEYS[1])
+return {now, now}
+";
+
+/// ARGV: the index's members to check. Returns those whose record is a live UNKNOWN,
+/// with its fingerprint and mark time.
+const LIST_UNKNOWN: &str = r"
+local out = {}
+for i, member in ipairs(ARGV) do
+  local r = redis.call('HMGET', 'idemcache:{' .. member .. '}', 'state', 'fp', 'settled', 'expires')
+  if tonumber(r[1]) == 3 and tonumber(r[4]) > now then
+    table.insert(out, {member, r[2], tonumber(r[3])})
+  end
+end
+return out
+";
+
+/// Idempotency records in Redis. See the module docs for the guarantees.
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: ConnectionManager,
+    scripts: std::sync::Arc<Scripts>,
+}
+
+struct Scripts {
+    claim: Script,
+    complete: Script,
+    release: Script,
+    mark_unknown: Script,
+    resolve: Script,
+    forget: Script,
+    list_unknown: Script,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore").finish_non_exhaustive()
+    }
+}
+
+fn backend(e: redis::RedisError) -> StoreError {
+    StoreError::Backend(Box::new(e))
+}
+
+fn record_key(key: &Key) -> String {
+    format!("idemcache:{{{}}}", hex(key.as_bytes()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (s.len() % 2 == 0)
+        .then(|| {
+            (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+        })
+        .flatten()
+}
+
+fn fingerprint_of(bytes: Vec<u8>) -> Result<Fingerprint, StoreError> {
+    let raw: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| StoreError::Corrupt("a fingerprint is not 16 bytes".into()))?;
+    Ok(Fingerprint::from_bytes(raw))
+}
+
+impl RedisStore {
+    /// Connects to `url` (`redis://host:port/db`); reconnects by itself afterwards. An
+    /// unreachable server is [`StoreError::Backend`], here or from any later operation.
+    pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
+        let client = redis::Client::open(url).map_err(backend)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Duration::from_secs(5))
+            .set_response_timeout(Duration::from_secs(5))
+            .set_number_of_retries(1);
+        let connection =
+            client.get_connection_manager_with_config(config).await.map_err(backend)?;
+        let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        let scripts = Scripts {
+            claim: script(CLAIM),
+            complete: script(COMPLETE),
+            release: script(RELEASE),
+            mark_unknown: script(MARK_UNKNOWN),
+            resolve: script(RESOLVE),
+            forget: script(FORGET),
+            list_unknown: script(LIST_UNKNOWN),
+        };
+        Ok(RedisStore { connection, scripts: std::sync::Arc::new(scripts) })
+    }
+
+    /// Runs a settling script; `None` from it is `missing`.
+    async fn settle(
+        &self,
+        script: &Script,
+        key: &Key,
+        args: Vec<Vec<u8>>,
+        missing: StoreError,
+    ) -> Result<(i64, i64), StoreError> {
+        let mut invocation = script.key(record_key(key));
+        for arg in args {
+            invocation.arg(arg);
+        }
+        let mut connection = self.connection.clone();
+        let done: Option<(i64, i64)> =
+            invocation.invoke_async(&mut connection).await.map_err(backend)?;
+        done.ok_or(missing)
+    }
+}
+
+fn number(n: impl ToString) -> Vec<u8> {
+    n.to_string().into_bytes()
+}
+
+type ClaimReply = (i64, Option<Vec<u8>>, i64, Option<Vec<u8>>, Option<i64>, i64);
+
+impl Store for RedisStore {
+    fn claim(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
+        let record = record_key(key);
+        async move {
+            check_duration("lease", lease)?;
+            let mut connection = self.connection.clone();
+            let reply: ClaimReply = self
+                .scripts
+                .claim
+                .key(record)
+                .arg(fingerprint.to_bytes().to_vec())
+                .arg(micros(lease))
+                .invoke_async(&mut connection)
+                .await
+                .map_err(backend)?;
+            let (state, fp, token, body, settled, expires) = reply;
+            if state == 0 {
+                return Ok(StoreClaim::Acquired {
+                    token: token as u64,
+                    lease_ends_at: from_micros(expires),
+                });
+            }
+            let fp =
+                fp.ok_or_else(|| StoreError::Corrupt("a record without a fingerprint".into()))?;
+            if fingerprint_of(fp)? != fingerprint {
+                return Ok(StoreClaim::Mismatch);
+            }
+            let settled = from_micros(settled.unwrap_or(expires));
+            Ok(match state {
+                1 => StoreClaim::InProgress { lease_ends_at: from_micros(expires) },
+                2 => StoreClaim::Completed(StoredResult {
+                    body: body.map(Bytes::from),
+                    completed_at: settled,
+                    expires_at: from_micros(expires),
+                }),
+                3 => StoreClaim::Unknown { marked_at: settled },
+                other => return Err(StoreError::Corrupt(format!("state {other}"))),
+            })
+        }
+    }
+
+    fn complete(
+        &self,
+        key: &Key,
+        token: u64,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            check_duration("result TTL", ttl)?;
+            let mut args = vec![number(token), number(micros(ttl))];
+            args.extend(body.as_deref().map(<[u8]>::to_vec));
+            let (at, until) =
+                self.settle(&self.scripts.complete, &key, args, StoreError::LeaseLost).await?;
+            Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+        }
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        token: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            let args = vec![number(token)];
+            self.settle(&self.scripts.release, &key, args, StoreError::LeaseLost).await.map(drop)
+        }
+    }
+
+    fn mark_unknown(
+        &self,
+        key: &Key,
+        token: u64,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            check_duration("unknown TTL", ttl)?;
+            let args = vec![number(token), number(micros(ttl))];
+            let (at, _) =
+                self.settle(&self.scripts.mark_unknown, &key, args, StoreError::LeaseLost).await?;
+            let mut connection = self.connection.clone();
+            let _: () =
+                connection.zadd(UNKNOWN_INDEX, hex(key.as_bytes()), at).await.map_err(backend)?;
+            Ok(())
+        }
+    }
+
+    fn resolve(
+        &self,
+        key: &Key,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            check_duration("result TTL", ttl)?;
+            let mut args = vec![number(micros(ttl))];
+            args.extend(body.as_deref().map(<[u8]>::to_vec));
+            let (at, until) =
+                self.settle(&self.scripts.resolve, &key, args, StoreError::NotUnknown).await?;
+            let mut connection = self.connection.clone();
+            let _: () =
+                connection.zrem(UNKNOWN_INDEX, hex(key.as_bytes())).await.map_err(backend)?;
+            Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+        }
+    }
+
+    fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            self.settle(&self.scripts.forget, &key, vec![], StoreError::NotUnknown).await?;
+            let mut connection = self.connection.clone();
+            let _: () =
+                connection.zrem(UNKNOWN_INDEX, hex(key.as_bytes())).await.map_err(backend)?;
+            Ok(())
+        }
+    }
+
+    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
+        let mut out = Vec::new();
+        // Members may be stale (resolved elsewhere, expired): each batch's stale ones are
+        // trimmed, so the next batch from the front holds new ones.
+        while out.len() < limit {
+            let batch = self.index_batch(limit.max(16)).await?;
+            let full = batch.members == limit.max(16);
+            for (member, fp, marked_at) in batch.live {
+                if out.len() == limit {
+                    break;
+                }
+                let stored =
+                    unhex(&member).ok_or_else(|| StoreError::Corrupt("an index member".into()))?;
+                out.push(UnknownRecord {
+                    key: Key::from_stored(&stored)
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+                    fingerprint: fingerprint_of(fp)?,
+                    marked_at: from_micros(marked_at),
+                });
+            }
+            if !full || batch.trimmed == 0 {
+                break;
+            }
+            out.clear(); // the next batch starts from the front again
+        }
+        Ok(out)
+    }
+
+    /// Redis expires records by itself; this trims up to `limit` members of the UNKNOWN
+    /// index whose record is gone or no longer UNKNOWN, and returns how many.
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        Ok(self.index_batch(limit).await?.trimmed)
+    }
+}
+
+/// The first members of the UNKNOWN index, checked.
+struct IndexBatch {
+    members: usize,
+    live: Vec<(String, Vec<u8>, i64)>,
+    trimmed: usize,
+}
+
+impl RedisStore {
+    /// Reads the first `n` members of the UNKNOWN index, keeps the live ones (oldest mark
+    /// first) and removes the stale ones from the index.
+    async fn index_batch(&self, n: usize) -> Result<IndexBatch, StoreError> {
+        let mut connection = self.connection.clone();
+        let end = isize::try_from(n).unwrap_or(isize::MAX) - 1;
+        let members: Vec<String> =
+            connection.zrange(UNKNOWN_INDEX, 0, end).await.map_err(backend)?;
+        if members.is_empty() {
+            return Ok(IndexBatch { members: 0, live: Vec::new(), trimmed: 0 });
+        }
+        let mut invocation = self.scripts.list_unknown.prepare_invoke();
+        for member in &members {
+            invocation.arg(member);
+        }
+        let live: Vec<(String, Vec<u8>, i64)> =
+            invocation.invoke_async(&mut connection).await.map_err(backend)?;
+        let stale: Vec<&String> =
+            members.iter().filter(|m| !live.iter().any(|(l, _, _)| l == *m)).collect();
+        if !stale.is_empty() {
+            let _: () = connection.zrem(UNKNOWN_INDEX, &stale).await.map_err(backend)?;
+        }
+        Ok(IndexBatch { members: members.len(), trimmed: stale.len(), live })
+    }
+}
