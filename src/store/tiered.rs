@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 use super::{Store, StoreClaim, StoreError, StoredResult};
-use crate::{Cache, Claim, ClaimError, ClaimGuard, Fingerprint, Key, Known};
+use crate::{Cache, Claim, ClaimError, ClaimGuard, Fingerprint, Key, Known, Timestamp};
 
 /// A [`Cache`] in front of a [`Store`]. Cheap to share behind an `Arc`.
 #[derive(Debug)]
@@ -125,31 +125,64 @@ impl<S: Store> Tiered<S> {
     }
 
     /// Claims `key`: from memory if it completed here, else through the store.
+    ///
+    /// The store's part runs in a boxed future of its own, so the memory answer does not
+    /// build (and move) the store's future, which can be kilobytes.
     pub async fn claim(
         &self,
         key: &Key,
         fingerprint: Fingerprint,
     ) -> Result<TieredClaim<'_, S>, TieredError> {
-        let local = match self.cache.claim(key, fingerprint).map_err(TieredError::Cache)? {
-            Claim::Acquired(local) => local,
+        match self.answer_in_memory(key, fingerprint)? {
+            Ok(answer) => Ok(answer),
+            Err(local) => Box::pin(self.read_through(key, fingerprint, local)).await,
+        }
+    }
+
+    /// The cache's answer, or its claim held while the store is asked.
+    #[allow(clippy::type_complexity)]
+    fn answer_in_memory(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+    ) -> Result<Result<TieredClaim<'_, S>, ClaimGuard>, TieredError> {
+        Ok(Ok(match self.cache.claim(key, fingerprint).map_err(TieredError::Cache)? {
+            Claim::Acquired(local) => return Ok(Err(local)),
             Claim::Completed(replay) => {
-                return Ok(TieredClaim::Completed(StoredResult {
+                // The hot path: one reading of each clock for both times.
+                let (now, wall) = (self.cache.now(), SystemTime::now());
+                let on_wall = |at: Timestamp| {
+                    let moved = if at >= now {
+                        wall.checked_add(at.saturating_duration_since(now))
+                    } else {
+                        wall.checked_sub(now.saturating_duration_since(at))
+                    };
+                    moved.unwrap_or(wall)
+                };
+                TieredClaim::Completed(StoredResult {
                     body: replay.body,
-                    completed_at: self.cache.system_time(replay.completed_at),
-                    expires_at: self.cache.system_time(replay.expires_at),
-                }))
+                    completed_at: on_wall(replay.completed_at),
+                    expires_at: on_wall(replay.expires_at),
+                })
             }
             Claim::InProgress { lease_ends_at, .. } => {
-                let lease_ends_at = self.cache.system_time(lease_ends_at);
-                return Ok(TieredClaim::InProgress { lease_ends_at });
+                TieredClaim::InProgress { lease_ends_at: self.cache.system_time(lease_ends_at) }
             }
             Claim::Unknown { marked_at, .. } => {
-                let marked_at = self.cache.system_time(marked_at);
-                return Ok(TieredClaim::Unknown { marked_at });
+                TieredClaim::Unknown { marked_at: self.cache.system_time(marked_at) }
             }
-            Claim::Mismatch => return Ok(TieredClaim::Mismatch),
-        };
-        // Held here while the store decides: local duplicates wait on memory.
+            Claim::Mismatch => TieredClaim::Mismatch,
+        }))
+    }
+
+    /// Asks the store, holding the cache's claim `local` so local duplicates wait on
+    /// memory, and settles `local` by the store's answer.
+    async fn read_through(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        local: ClaimGuard,
+    ) -> Result<TieredClaim<'_, S>, TieredError> {
         let durable = match self.store.claim(key, fingerprint, self.lease).await {
             Ok(durable) => durable,
             Err(e) => {
