@@ -199,6 +199,49 @@ async fn conformance_of<S: Store>(store: &S, purges_itself: bool) {
     bad_input(store).await;
 }
 
+/// Two `Tiered` instances (separate caches, separate connections: two processes' worth)
+/// over one store, hammered with 64 concurrent claims of 8 keys: each key runs once and
+/// every other claim replays its result.
+async fn hammer_two_tiered<S: Store + std::fmt::Debug>(first: S, second: S, prefix: &str) {
+    let instances = [
+        std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), first)),
+        std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), second)),
+    ];
+    let executed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let tiered = instances[i % 2].clone();
+        let executed = executed.clone();
+        let k = key(&format!("{prefix}{}", i % 8));
+        tasks.push(tokio::spawn(async move {
+            loop {
+                match tiered.claim(&k, fp("r")).await.unwrap() {
+                    TieredClaim::Acquired(guard) => {
+                        executed.lock().unwrap().push(k.client_key().to_owned());
+                        guard.complete(format!("done {}", k.client_key())).await.unwrap();
+                    }
+                    TieredClaim::InProgress { .. } => {
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    TieredClaim::Completed(replay) => {
+                        assert_eq!(replay.body.unwrap(), format!("done {}", k.client_key()));
+                    }
+                    other => panic!("{other:?}"),
+                }
+                return;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let mut executed = executed.lock().unwrap().clone();
+    executed.sort();
+    let expected: Vec<_> = (0..8).map(|i| format!("{prefix}{i}")).collect();
+    assert_eq!(executed, expected, "each key executed exactly once");
+}
+
 async fn sqlite_memory() -> SqliteStore {
     let store = SqliteStore::open_in_memory().unwrap();
     store.ensure_schema().await.unwrap();
@@ -360,46 +403,9 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_tiered_instances_execute_each_key_exactly_once() {
         let Some(first) = store().await else { return };
-        let url = std::env::var("IDEMCACHE_POSTGRES_URL").unwrap();
-        let second = PostgresStore::connect(&url, 8).unwrap();
-        let instances = [
-            std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), first)),
-            std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), second)),
-        ];
-        let executed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for i in 0..64 {
-            let tiered = instances[i % 2].clone();
-            let executed = executed.clone();
-            tasks.push(tokio::spawn(async move {
-                let k = key(&format!("hammer{}", i % 8));
-                loop {
-                    match tiered.claim(&k, fp("r")).await.unwrap() {
-                        TieredClaim::Acquired(guard) => {
-                            executed.lock().unwrap().push(k.client_key().to_owned());
-                            let body = format!("done {}", k.client_key());
-                            guard.complete(body).await.unwrap();
-                        }
-                        TieredClaim::InProgress { .. } => {
-                            tokio::task::yield_now().await;
-                            continue;
-                        }
-                        TieredClaim::Completed(replay) => {
-                            assert_eq!(replay.body.unwrap(), format!("done {}", k.client_key()));
-                        }
-                        other => panic!("{other:?}"),
-                    }
-                    return;
-                }
-            }));
-        }
-        for task in tasks {
-            task.await.unwrap();
-        }
-        let mut executed = executed.lock().unwrap().clone();
-        executed.sort();
-        let expected: Vec<_> = (0..8).map(|i| format!("hammer{i}")).collect();
-        assert_eq!(executed, expected, "each key executed exactly once");
+        let second =
+            PostgresStore::connect(&std::env::var("IDEMCACHE_POSTGRES_URL").unwrap(), 8).unwrap();
+        hammer_two_tiered(first, second, "pg-hammer").await;
     }
 
     #[tokio::test]
@@ -482,42 +488,6 @@ mod redis_store {
     async fn two_tiered_instances_over_redis_execute_each_key_exactly_once() {
         let Some(first) = store().await else { return };
         let second = store().await.unwrap();
-        let instances = [
-            std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), first)),
-            std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), second)),
-        ];
-        let executed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for i in 0..64 {
-            let tiered = instances[i % 2].clone();
-            let executed = executed.clone();
-            tasks.push(tokio::spawn(async move {
-                let k = key(&format!("redis-hammer{}", i % 8));
-                loop {
-                    match tiered.claim(&k, fp("r")).await.unwrap() {
-                        TieredClaim::Acquired(guard) => {
-                            executed.lock().unwrap().push(k.client_key().to_owned());
-                            guard.complete(format!("done {}", k.client_key())).await.unwrap();
-                        }
-                        TieredClaim::InProgress { .. } => {
-                            tokio::task::yield_now().await;
-                            continue;
-                        }
-                        TieredClaim::Completed(replay) => {
-                            assert_eq!(replay.body.unwrap(), format!("done {}", k.client_key()));
-                        }
-                        other => panic!("{other:?}"),
-                    }
-                    return;
-                }
-            }));
-        }
-        for task in tasks {
-            task.await.unwrap();
-        }
-        let mut executed = executed.lock().unwrap().clone();
-        executed.sort();
-        let expected: Vec<_> = (0..8).map(|i| format!("redis-hammer{i}")).collect();
-        assert_eq!(executed, expected, "each key executed exactly once");
+        hammer_two_tiered(first, second, "redis-hammer").await;
     }
 }

@@ -224,6 +224,14 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
     }
 }
 
+/// A stored fingerprint's 16 bytes, or [`StoreError::Corrupt`].
+pub(crate) fn fingerprint_of(bytes: Vec<u8>) -> Result<Fingerprint, StoreError> {
+    let raw: [u8; 16] = bytes
+        .try_into()
+        .map_err(|_| StoreError::Corrupt("a fingerprint is not 16 bytes".into()))?;
+    Ok(Fingerprint::from_bytes(raw))
+}
+
 /// Microseconds since the Unix epoch, as stores keep times.
 pub(crate) fn from_micros(us: i64) -> SystemTime {
     if us >= 0 {

@@ -18,7 +18,8 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
 
 use super::{
-    check_duration, from_micros, micros, Store, StoreClaim, StoreError, StoredResult, UnknownRecord,
+    check_duration, fingerprint_of, from_micros, micros, Store, StoreClaim, StoreError,
+    StoredResult, UnknownRecord,
 };
 use crate::{Fingerprint, Key};
 
@@ -58,13 +59,6 @@ impl std::fmt::Debug for PostgresStore {
 
 fn backend(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
     StoreError::Backend(Box::new(e))
-}
-
-fn fingerprint_of(bytes: Vec<u8>) -> Result<Fingerprint, StoreError> {
-    let raw: [u8; 16] = bytes
-        .try_into()
-        .map_err(|_| StoreError::Corrupt("a fingerprint is not 16 bytes".into()))?;
-    Ok(Fingerprint::from_bytes(raw))
 }
 
 fn limit(n: usize) -> i64 {

@@ -23,17 +23,28 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 
 use super::{
-    check_duration, from_micros, micros, Store, StoreClaim, StoreError, StoredResult, UnknownRecord,
+    check_duration, fingerprint_of, from_micros, micros, Store, StoreClaim, StoreError,
+    StoredResult, UnknownRecord,
 };
 use crate::{Fingerprint, Key};
 
 const UNKNOWN_INDEX: &str = "idemcache:unknown";
 
-/// The time on Redis's clock in µs, and `fmt` for writing integers without exponents.
+/// The time on Redis's clock in µs; `fmt` for writing integers without exponents;
+/// `owned(token)`: KEYS[1] is live PROCESSING under `token`; `unknown()`: it is a live
+/// UNKNOWN.
 const PRELUDE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local function fmt(x) return string.format('%.0f', x) end
+local function owned(token)
+  local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires')
+  return tonumber(r[1]) == 1 and tonumber(r[2]) == tonumber(token) and tonumber(r[3]) > now
+end
+local function unknown()
+  local r = redis.call('HMGET', KEYS[1], 'state', 'expires')
+  return tonumber(r[1]) == 3 and tonumber(r[2]) > now
+end
 ";
 
 const CLAIM: &str = r"
@@ -52,10 +63,7 @@ return {0, false, token, false, false, ends}
 
 /// ARGV: token, TTL in µs, then the body if there is one.
 const COMPLETE: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires')
-if tonumber(r[1]) ~= 1 or tonumber(r[2]) ~= tonumber(ARGV[1]) or tonumber(r[3]) <= now then
-  return false
-end
+if not owned(ARGV[1]) then return false end
 local ends = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'state', 2, 'settled', fmt(now), 'expires', fmt(ends))
 if #ARGV >= 3 then redis.call('HSET', KEYS[1], 'body', ARGV[3]) else redis.call('HDEL', KEYS[1], 'body') end
@@ -65,20 +73,14 @@ return {now, ends}
 
 /// ARGV: token.
 const RELEASE: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires')
-if tonumber(r[1]) ~= 1 or tonumber(r[2]) ~= tonumber(ARGV[1]) or tonumber(r[3]) <= now then
-  return false
-end
+if not owned(ARGV[1]) then return false end
 redis.call('DEL', KEYS[1])
 return {now, now}
 ";
 
 /// ARGV: token, TTL in µs.
 const MARK_UNKNOWN: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires')
-if tonumber(r[1]) ~= 1 or tonumber(r[2]) ~= tonumber(ARGV[1]) or tonumber(r[3]) <= now then
-  return false
-end
+if not owned(ARGV[1]) then return false end
 local ends = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'state', 3, 'settled', fmt(now), 'expires', fmt(ends))
 redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
@@ -87,10 +89,7 @@ return {now, ends}
 
 /// ARGV: TTL in µs, then the body if there is one.
 const RESOLVE: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'state', 'expires')
-if tonumber(r[1]) ~= 3 or tonumber(r[2]) <= now then
-  return false
-end
+if not unknown() then return false end
 local ends = now + tonumber(ARGV[1])
 redis.call('HSET', KEYS[1], 'state', 2, 'settled', fmt(now), 'expires', fmt(ends))
 if #ARGV >= 2 then redis.call('HSET', KEYS[1], 'body', ARGV[2]) else redis.call('HDEL', KEYS[1], 'body') end
@@ -99,10 +98,7 @@ return {now, ends}
 ";
 
 const FORGET: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'state', 'expires')
-if tonumber(r[1]) ~= 3 or tonumber(r[2]) <= now then
-  return false
-end
+if not unknown() then return false end
 redis.call('DEL', KEYS[1])
 return {now, now}
 ";
@@ -161,13 +157,6 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
             (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
         })
         .flatten()
-}
-
-fn fingerprint_of(bytes: Vec<u8>) -> Result<Fingerprint, StoreError> {
-    let raw: [u8; 16] = bytes
-        .try_into()
-        .map_err(|_| StoreError::Corrupt("a fingerprint is not 16 bytes".into()))?;
-    Ok(Fingerprint::from_bytes(raw))
 }
 
 impl RedisStore {

@@ -21,7 +21,8 @@ use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
-    check_duration, from_micros, micros, Store, StoreClaim, StoreError, StoredResult, UnknownRecord,
+    check_duration, fingerprint_of, from_micros, micros, Store, StoreClaim, StoreError,
+    StoredResult, UnknownRecord,
 };
 use crate::{Fingerprint, Key};
 
@@ -182,13 +183,6 @@ impl<T> Future for Answer<T> {
             }
         }
     }
-}
-
-fn fingerprint_of(bytes: Vec<u8>) -> Result<Fingerprint, StoreError> {
-    let raw: [u8; 16] = bytes
-        .try_into()
-        .map_err(|_| StoreError::Corrupt("a fingerprint is not 16 bytes".into()))?;
-    Ok(Fingerprint::from_bytes(raw))
 }
 
 /// A row as a claim sees it.
