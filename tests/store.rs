@@ -103,16 +103,20 @@ async fn fencing<S: Store>(store: &S) {
     assert!(matches!(store.complete(&k, token + 1, body(), TTL).await, Err(StoreError::LeaseLost)));
     assert!(matches!(store.release(&k, token.wrapping_sub(1)).await, Err(StoreError::LeaseLost)));
     assert!(matches!(store.mark_unknown(&k, 0, TTL).await, Err(StoreError::LeaseLost)));
-    assert!(matches!(
-        store.claim(&k, fp("r"), LEASE).await.unwrap(),
-        StoreClaim::InProgress { .. }
-    ));
+    assert!(matches!(store.extend_lease(&k, token + 1, LEASE).await, Err(StoreError::LeaseLost)));
+    let longer = store.extend_lease(&k, token, 4 * LEASE).await.unwrap();
+    assert!(longer > SystemTime::now() + 3 * LEASE, "the lease now ends later: {longer:?}");
+    match store.claim(&k, fp("r"), LEASE).await.unwrap() {
+        StoreClaim::InProgress { lease_ends_at } => assert_eq!(lease_ends_at, longer),
+        other => panic!("{other:?}"),
+    }
     store.complete(&k, token, body(), TTL).await.unwrap();
     // Settled: the same token cannot settle it again.
     assert!(matches!(store.release(&k, token).await, Err(StoreError::LeaseLost)));
     assert!(matches!(store.complete(&k, token, body(), TTL).await, Err(StoreError::LeaseLost)));
     assert!(matches!(store.resolve(&k, body(), TTL).await, Err(StoreError::NotUnknown)));
     assert!(matches!(store.forget(&k).await, Err(StoreError::NotUnknown)));
+    assert!(matches!(store.extend_lease(&k, token, LEASE).await, Err(StoreError::LeaseLost)));
 }
 
 /// A lapsed lease is taken over with a larger token; the stale owner is refused.
@@ -124,6 +128,8 @@ async fn takeover<S: Store>(store: &S) {
     };
     let fresh = until_acquired(store, &k, "r").await;
     assert!(fresh > stale);
+    let renewed = store.extend_lease(&k, stale, LEASE).await;
+    assert!(matches!(renewed, Err(StoreError::LeaseLost)), "{renewed:?}");
     let late = store.complete(&k, stale, Some(Bytes::from_static(b"stale")), TTL).await;
     assert!(matches!(late, Err(StoreError::LeaseLost)), "{late:?}");
     store.complete(&k, fresh, Some(Bytes::from_static(b"fresh")), TTL).await.unwrap();
@@ -180,6 +186,8 @@ async fn bad_input<S: Store>(store: &S) {
     let token = acquire(store, &k).await;
     let forever = store.complete(&k, token, None, Duration::MAX).await;
     assert!(matches!(forever, Err(StoreError::InvalidInput(_))), "{forever:?}");
+    let zero = store.extend_lease(&k, token, Duration::ZERO).await;
+    assert!(matches!(zero, Err(StoreError::InvalidInput(_))), "{zero:?}");
     assert!(matches!(
         store.claim(&k, fp("r"), LEASE).await.unwrap(),
         StoreClaim::InProgress { .. }
@@ -202,7 +210,15 @@ async fn conformance_of<S: Store>(store: &S, purges_itself: bool) {
 /// Two `Tiered` instances (separate caches, separate connections: two processes' worth)
 /// over one store, hammered with 64 concurrent claims of 8 keys: each key runs once and
 /// every other claim replays its result.
-async fn hammer_two_tiered<S: Store + std::fmt::Debug>(first: S, second: S, prefix: &str) {
+///
+/// Then a restarted instance (a new cache over `restarted`, a new connection) replays
+/// every key's result from the store.
+async fn hammer_two_tiered<S: Store + std::fmt::Debug>(
+    first: S,
+    second: S,
+    restarted: S,
+    prefix: &str,
+) {
     let instances = [
         std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), first)),
         std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), second)),
@@ -240,6 +256,17 @@ async fn hammer_two_tiered<S: Store + std::fmt::Debug>(first: S, second: S, pref
     executed.sort();
     let expected: Vec<_> = (0..8).map(|i| format!("{prefix}{i}")).collect();
     assert_eq!(executed, expected, "each key executed exactly once");
+    drop(instances);
+    let restarted = Tiered::new(Cache::builder().build().unwrap(), restarted);
+    for i in 0..8 {
+        let k = key(&format!("{prefix}{i}"));
+        match restarted.claim(&k, fp("r")).await.unwrap() {
+            TieredClaim::Completed(replay) => {
+                assert_eq!(replay.body.unwrap(), format!("done {}", k.client_key()));
+            }
+            other => panic!("a restarted instance must replay, got {other:?}"),
+        }
+    }
 }
 
 async fn sqlite_memory() -> SqliteStore {
@@ -310,7 +337,8 @@ async fn tiered_answers_completed_repeats_from_memory_and_reads_through_otherwis
     // The repeat is answered from memory: the cache counts a replay.
     let before = tiered.cache().stats().replayed;
     match tiered.claim(&k, fp("r")).await.unwrap() {
-        TieredClaim::Completed(replay) => assert_eq!(replay.body, record.body),
+        // The store's own record, times and all, not the cache's idea of them.
+        TieredClaim::Completed(replay) => assert_eq!(replay, record),
         other => panic!("{other:?}"),
     }
     assert_eq!(tiered.cache().stats().replayed, before + 1);
@@ -403,9 +431,10 @@ mod postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_tiered_instances_execute_each_key_exactly_once() {
         let Some(first) = store().await else { return };
-        let second =
-            PostgresStore::connect(&std::env::var("IDEMCACHE_POSTGRES_URL").unwrap(), 8).unwrap();
-        hammer_two_tiered(first, second, "pg-hammer").await;
+        let url = std::env::var("IDEMCACHE_POSTGRES_URL").unwrap();
+        let second = PostgresStore::connect(&url, 8).unwrap();
+        let restarted = PostgresStore::connect(&url, 2).unwrap();
+        hammer_two_tiered(first, second, restarted, "pg-hammer").await;
     }
 
     #[tokio::test]
@@ -487,7 +516,36 @@ mod redis_store {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_tiered_instances_over_redis_execute_each_key_exactly_once() {
         let Some(first) = store().await else { return };
-        let second = store().await.unwrap();
-        hammer_two_tiered(first, second, "redis-hammer").await;
+        let (second, restarted) = (store().await.unwrap(), store().await.unwrap());
+        hammer_two_tiered(first, second, restarted, "redis-hammer").await;
     }
+}
+
+/// A guard owns what it needs, so the execution can run in a task of its own; its lease
+/// is renewed in the store while it runs. Dropped unsettled, it lets the cache's claim go
+/// whatever the cache's drop policy, and the store's record stays held.
+#[tokio::test]
+async fn a_tiered_guard_moves_into_a_task_renews_its_lease_and_drops_cleanly() {
+    let cache = Cache::builder().drop_policy(idemcache::DropPolicy::MarkUnknown).build().unwrap();
+    let tiered = Tiered::new(cache, sqlite_memory().await).lease(Duration::from_secs(5));
+    let k = key("spawned");
+    let TieredClaim::Acquired(mut guard) = tiered.claim(&k, fp("r")).await.unwrap() else {
+        panic!("expected Acquired");
+    };
+    let first_end = guard.lease_ends_at();
+    let renewed = tokio::spawn(async move {
+        let ends = guard.extend_lease(LEASE).await.unwrap();
+        (guard, ends)
+    });
+    let (guard, ends) = renewed.await.unwrap();
+    assert!(ends > first_end + Duration::from_secs(20), "{ends:?} after {first_end:?}");
+    match tiered.store().claim(&k, fp("r"), LEASE).await.unwrap() {
+        StoreClaim::InProgress { lease_ends_at } => assert_eq!(lease_ends_at, ends),
+        other => panic!("{other:?}"),
+    }
+    drop(guard);
+    // Not UNKNOWN in memory (the drop released the cache's claim): the store still holds
+    // the key, so a repeat is in progress, not re-run and not unknown.
+    assert_eq!(tiered.cache().stats().entries, 0);
+    assert!(matches!(tiered.claim(&k, fp("r")).await.unwrap(), TieredClaim::InProgress { .. }));
 }

@@ -154,6 +154,16 @@ pub trait Store: Send + Sync + 'static {
         ttl: Duration,
     ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send;
 
+    /// Renews the lease of the PROCESSING record under `token` to end `lease` from the
+    /// store's now, for executions that run long; returns the new end. Refused with
+    /// [`StoreError::LeaseLost`] if the lease already lapsed or the key moved on.
+    fn extend_lease(
+        &self,
+        key: &Key,
+        token: u64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send;
+
     /// PROCESSING → absent under `token`: a retry executes again.
     fn release(&self, key: &Key, token: u64)
         -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -238,6 +248,14 @@ pub(crate) fn from_micros(us: i64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_micros(us as u64)
     } else {
         SystemTime::UNIX_EPOCH - Duration::from_micros(us.unsigned_abs())
+    }
+}
+
+/// Microseconds since the Unix epoch of `at` (the inverse of [`from_micros`]).
+pub(crate) fn micros_since_epoch(at: SystemTime) -> i64 {
+    match at.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
+        Err(before) => i64::try_from(before.duration().as_micros()).map_or(i64::MIN, |us| -us),
     }
 }
 

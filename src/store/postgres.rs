@@ -10,7 +10,7 @@
 //! restarts.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -212,6 +212,26 @@ impl Store for PostgresStore {
             let params: [&(dyn ToSql + Sync); 4] = [&key, &(token as i64), &stored, &micros(ttl)];
             let (at, until) = self.settle(&sql, &params, StoreError::LeaseLost).await?;
             Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+        }
+    }
+
+    fn extend_lease(
+        &self,
+        key: &Key,
+        token: u64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        async move {
+            check_duration("lease", lease)?;
+            let sql = format!(
+                "WITH {NOW} UPDATE idemcache_records r SET expires_at = now.us + $3 FROM now
+                 WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
+                 RETURNING r.started_at, r.expires_at"
+            );
+            let params: [&(dyn ToSql + Sync); 3] = [&key, &(token as i64), &micros(lease)];
+            let (_, until) = self.settle(&sql, &params, StoreError::LeaseLost).await?;
+            Ok(from_micros(until))
         }
     }
 

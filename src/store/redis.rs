@@ -16,7 +16,7 @@
 //! clock does not step back.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use redis::aio::ConnectionManager;
@@ -67,6 +67,15 @@ if not owned(ARGV[1]) then return false end
 local ends = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'state', 2, 'settled', fmt(now), 'expires', fmt(ends))
 if #ARGV >= 3 then redis.call('HSET', KEYS[1], 'body', ARGV[3]) else redis.call('HDEL', KEYS[1], 'body') end
+redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
+return {now, ends}
+";
+
+/// ARGV: token, lease in µs.
+const EXTEND_LEASE: &str = r"
+if not owned(ARGV[1]) then return false end
+local ends = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'expires', fmt(ends))
 redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
 return {now, ends}
 ";
@@ -126,6 +135,7 @@ pub struct RedisStore {
 struct Scripts {
     claim: Script,
     complete: Script,
+    extend_lease: Script,
     release: Script,
     mark_unknown: Script,
     resolve: Script,
@@ -174,6 +184,7 @@ impl RedisStore {
         let scripts = Scripts {
             claim: script(CLAIM),
             complete: script(COMPLETE),
+            extend_lease: script(EXTEND_LEASE),
             release: script(RELEASE),
             mark_unknown: script(MARK_UNKNOWN),
             resolve: script(RESOLVE),
@@ -269,6 +280,22 @@ impl Store for RedisStore {
             let (at, until) =
                 self.settle(&self.scripts.complete, &key, args, StoreError::LeaseLost).await?;
             Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+        }
+    }
+
+    fn extend_lease(
+        &self,
+        key: &Key,
+        token: u64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            check_duration("lease", lease)?;
+            let args = vec![number(token), number(micros(lease))];
+            let (_, until) =
+                self.settle(&self.scripts.extend_lease, &key, args, StoreError::LeaseLost).await?;
+            Ok(from_micros(until))
         }
     }
 

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::{mpsc, Arc, Mutex};
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
@@ -303,6 +303,27 @@ impl Store for SqliteStore {
             let (at, until) =
                 settle(db, &sql, &[&key, &(token as i64), &stored, &micros(ttl)], StoreError::LeaseLost)?;
             Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+        })
+    }
+
+    fn extend_lease(
+        &self,
+        key: &Key,
+        token: u64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        let checked = check_duration("lease", lease);
+        self.run(move |db| {
+            checked?;
+            let sql = format!(
+                "UPDATE idemcache_records SET expires_at = {NOW} + ?3
+                 WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > {NOW}
+                 RETURNING started_at, expires_at"
+            );
+            let (_, until) =
+                settle(db, &sql, &[&key, &(token as i64), &micros(lease)], StoreError::LeaseLost)?;
+            Ok(from_micros(until))
         })
     }
 

@@ -10,28 +10,49 @@
 //! The cache also holds a claim while the store's is taken, so concurrent duplicates in
 //! this process are answered "in progress" from memory instead of each asking the store.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 
-use super::{Store, StoreClaim, StoreError, StoredResult};
-use crate::{Cache, Claim, ClaimError, ClaimGuard, Fingerprint, Key, Known, Timestamp};
+use super::{from_micros, micros_since_epoch, Store, StoreClaim, StoreError, StoredResult};
+use crate::{Cache, Claim, ClaimError, ClaimGuard, Fingerprint, Key, Known};
 
-/// A [`Cache`] in front of a [`Store`]. Cheap to share behind an `Arc`.
+/// The bytes in front of a body in the hot tier: the store's `completed_at` and
+/// `expires_at` (µs since the epoch, big-endian), so a replay from memory answers the
+/// store's own times without reading or converting a clock.
+const TIMES: usize = 16;
+
+/// A [`Cache`] in front of a [`Store`]. Cheap to clone (the store is shared).
+///
+/// The cache is `Tiered`'s own: it keeps results in its own format there, so claim its
+/// keys through `Tiered` only.
 #[derive(Debug)]
 pub struct Tiered<S> {
     cache: Cache,
-    store: S,
+    store: Arc<S>,
     lease: Duration,
     completed_ttl: Duration,
     unknown_ttl: Duration,
 }
 
+impl<S> Clone for Tiered<S> {
+    fn clone(&self) -> Self {
+        Tiered {
+            cache: self.cache.clone(),
+            store: self.store.clone(),
+            lease: self.lease,
+            completed_ttl: self.completed_ttl,
+            unknown_ttl: self.unknown_ttl,
+        }
+    }
+}
+
 /// What [`Tiered::claim`] found.
 #[derive(Debug)]
-pub enum TieredClaim<'a, S: Store> {
+pub enum TieredClaim<S: Store> {
     /// Absent in the store too: execute, then [`TieredGuard::complete`].
-    Acquired(TieredGuard<'a, S>),
+    Acquired(TieredGuard<S>),
     /// Completed before (from memory or from the store): replay.
     Completed(StoredResult),
     /// Executing, here or in another process.
@@ -89,7 +110,7 @@ impl<S: Store> Tiered<S> {
         let day = Duration::from_secs(24 * 3600);
         Tiered {
             cache,
-            store,
+            store: Arc::new(store),
             lease: Duration::from_secs(60),
             completed_ttl: day,
             unknown_ttl: day,
@@ -124,6 +145,11 @@ impl<S: Store> Tiered<S> {
         &self.cache
     }
 
+    /// The lease each claim takes in the store.
+    pub fn lease_length(&self) -> Duration {
+        self.lease
+    }
+
     /// Claims `key`: from memory if it completed here, else through the store.
     ///
     /// The store's part runs in a boxed future of its own, so the memory answer does not
@@ -132,39 +158,28 @@ impl<S: Store> Tiered<S> {
         &self,
         key: &Key,
         fingerprint: Fingerprint,
-    ) -> Result<TieredClaim<'_, S>, TieredError> {
+    ) -> Result<TieredClaim<S>, TieredError> {
         match self.answer_in_memory(key, fingerprint)? {
             Ok(answer) => Ok(answer),
             Err(local) => Box::pin(self.read_through(key, fingerprint, local)).await,
         }
     }
 
-    /// The cache's answer, or its claim held while the store is asked.
+    /// The cache's answer; or, to ask the store, its claim held meanwhile (`None` when
+    /// the cache holds something it cannot answer with).
     #[allow(clippy::type_complexity)]
     fn answer_in_memory(
         &self,
         key: &Key,
         fingerprint: Fingerprint,
-    ) -> Result<Result<TieredClaim<'_, S>, ClaimGuard>, TieredError> {
+    ) -> Result<Result<TieredClaim<S>, Option<ClaimGuard>>, TieredError> {
         Ok(Ok(match self.cache.claim(key, fingerprint).map_err(TieredError::Cache)? {
-            Claim::Acquired(local) => return Ok(Err(local)),
-            Claim::Completed(replay) => {
-                // The hot path: one reading of each clock for both times.
-                let (now, wall) = (self.cache.now(), SystemTime::now());
-                let on_wall = |at: Timestamp| {
-                    let moved = if at >= now {
-                        wall.checked_add(at.saturating_duration_since(now))
-                    } else {
-                        wall.checked_sub(now.saturating_duration_since(at))
-                    };
-                    moved.unwrap_or(wall)
-                };
-                TieredClaim::Completed(StoredResult {
-                    body: replay.body,
-                    completed_at: on_wall(replay.completed_at),
-                    expires_at: on_wall(replay.expires_at),
-                })
-            }
+            Claim::Acquired(local) => return Ok(Err(Some(local))),
+            // The hot path: the store's times were kept in front of the body.
+            Claim::Completed(replay) => match replay.body.and_then(unpack) {
+                Some(record) => TieredClaim::Completed(record),
+                None => return Ok(Err(None)),
+            },
             Claim::InProgress { lease_ends_at, .. } => {
                 TieredClaim::InProgress { lease_ends_at: self.cache.system_time(lease_ends_at) }
             }
@@ -175,78 +190,78 @@ impl<S: Store> Tiered<S> {
         }))
     }
 
-    /// Asks the store, holding the cache's claim `local` so local duplicates wait on
-    /// memory, and settles `local` by the store's answer.
+    /// Asks the store, holding the cache's claim `local` (if any) so local duplicates
+    /// wait on memory, and settles `local` by the store's answer.
     async fn read_through(
         &self,
         key: &Key,
         fingerprint: Fingerprint,
-        local: ClaimGuard,
-    ) -> Result<TieredClaim<'_, S>, TieredError> {
+        local: Option<ClaimGuard>,
+    ) -> Result<TieredClaim<S>, TieredError> {
         let durable = match self.store.claim(key, fingerprint, self.lease).await {
             Ok(durable) => durable,
             Err(e) => {
-                let _ = local.release();
+                let_go(local);
                 return Err(e.into());
             }
         };
-        Ok(match durable {
-            StoreClaim::Acquired { token, lease_ends_at } => TieredClaim::Acquired(TieredGuard {
-                tiered: self,
+        if let StoreClaim::Acquired { token, lease_ends_at } = durable {
+            return Ok(TieredClaim::Acquired(TieredGuard {
+                tiered: self.clone(),
                 key: key.clone(),
                 token,
                 lease_ends_at,
-                local: Some(local),
-            }),
+                local,
+            }));
+        }
+        let_go(local);
+        Ok(match durable {
+            StoreClaim::Acquired { .. } => unreachable!("answered above"),
             StoreClaim::Completed(record) => {
-                let _ = local.release();
                 self.remember(key, fingerprint, &record);
                 TieredClaim::Completed(record)
             }
-            StoreClaim::InProgress { lease_ends_at } => {
-                let _ = local.release();
-                TieredClaim::InProgress { lease_ends_at }
-            }
-            StoreClaim::Unknown { marked_at } => {
-                let _ = local.release();
-                TieredClaim::Unknown { marked_at }
-            }
-            StoreClaim::Mismatch => {
-                let _ = local.release();
-                TieredClaim::Mismatch
-            }
+            StoreClaim::InProgress { lease_ends_at } => TieredClaim::InProgress { lease_ends_at },
+            StoreClaim::Unknown { marked_at } => TieredClaim::Unknown { marked_at },
+            StoreClaim::Mismatch => TieredClaim::Mismatch,
         })
     }
 
-    /// Whether the hot tier can hold `record` whole: one it would keep without its body
-    /// stays in the store only (a repeat reads it through, body and all).
-    fn fits(&self, record: &StoredResult) -> bool {
-        record.body.as_ref().is_some_and(|b| b.len() <= self.cache.max_result_size())
+    /// The record as the hot tier keeps it, if it can: a record it would keep without
+    /// its body stays in the store only (a repeat reads it through, body and all).
+    fn packed(&self, record: &StoredResult) -> Option<Bytes> {
+        let body = record.body.as_ref()?;
+        if body.len() + TIMES > self.cache.max_result_size() {
+            return None;
+        }
+        let mut packed = BytesMut::with_capacity(TIMES + body.len());
+        packed.put_i64(micros_since_epoch(record.completed_at));
+        packed.put_i64(micros_since_epoch(record.expires_at));
+        packed.put_slice(body);
+        Some(packed.freeze())
     }
 
     /// Puts a committed record into the hot tier with its own times (so never longer
     /// than the store keeps it). A refusal (the key got busy, the cache is full) only
     /// means the next repeat reads through.
     fn remember(&self, key: &Key, fingerprint: Fingerprint, record: &StoredResult) {
-        if !self.fits(record) {
-            return;
-        }
+        let Some(packed) = self.packed(record) else { return };
         let known = Known::Completed {
-            body: record.body.clone(),
+            body: Some(packed),
             completed_at: self.cache.timestamp_at(record.completed_at),
             expires_at: self.cache.timestamp_at(record.expires_at),
         };
         let _ = self.cache.insert(key, fingerprint, known);
     }
 
-    /// Completes the cache's claim with a record the store committed, for no longer than
+/// Completes the cache's claim with a record the store committed, for no longer than
     /// the store keeps it; or lets it go if the record does not fit.
     fn keep(&self, local: Option<ClaimGuard>, record: &StoredResult) {
         let Some(mut local) = local else { return };
         let left = record.expires_at.duration_since(SystemTime::now()).unwrap_or_default();
-        match &record.body {
-            Some(body) if self.fits(record) && local.set_result_ttl(left).is_ok() => {
-                let _ = local.complete(body.clone());
+        match self.packed(record) {
+            Some(packed) if local.set_result_ttl(left).is_ok() => {
+                let _ = local.complete(packed);
             }
             _ => {
                 let _ = local.release();
@@ -255,60 +270,102 @@ impl<S: Store> Tiered<S> {
     }
 }
 
+/// A record the hot tier kept ([`Tiered::packed`]'s format); `None` if it is not one.
+fn unpack(packed: Bytes) -> Option<StoredResult> {
+    let times = packed.get(..TIMES)?;
+    let at = |i: usize| {
+        let raw: [u8; 8] = times[i..i + 8].try_into().expect("8 bytes");
+        from_micros(i64::from_be_bytes(raw))
+    };
+    Some(StoredResult {
+        completed_at: at(0),
+        expires_at: at(8),
+        body: Some(packed.slice(TIMES..)),
+    })
+}
+
 /// A claim held in the store (and in the cache, for local duplicates). Settle it with
 /// [`complete`](TieredGuard::complete), [`release`](TieredGuard::release) or
-/// [`mark_unknown`](TieredGuard::mark_unknown).
+/// [`mark_unknown`](TieredGuard::mark_unknown); renew its lease with
+/// [`extend_lease`](TieredGuard::extend_lease) while a long execution runs. It owns what
+/// it needs (no borrow of the [`Tiered`]), so it can move into a spawned task.
 ///
 /// Dropped unsettled (an early return, a panic), it lets go of the cache's claim only:
 /// the store's record stays PROCESSING until its lease lapses, so nobody re-executes
 /// before then (a drop cannot wait for the store).
 #[derive(Debug)]
-pub struct TieredGuard<'a, S> {
-    tiered: &'a Tiered<S>,
+pub struct TieredGuard<S> {
+    tiered: Tiered<S>,
     key: Key,
     token: u64,
     lease_ends_at: SystemTime,
     local: Option<ClaimGuard>,
 }
 
-impl<S: Store> TieredGuard<'_, S> {
+impl<S: Store> TieredGuard<S> {
     /// The store's fencing token for this claim: carry it into your own writes.
     pub fn token(&self) -> u64 {
         self.token
     }
 
-    /// When the store's lease lapses.
+    /// When the store's lease lapses (the store's clock).
     pub fn lease_ends_at(&self) -> SystemTime {
         self.lease_ends_at
+    }
+
+    /// Renews the lease in the store (and in the cache) to end `lease` from the store's
+    /// now. Refused with [`StoreError::LeaseLost`] if the key has moved on.
+    pub async fn extend_lease(&mut self, lease: Duration) -> Result<SystemTime, TieredError> {
+        let ends = self.tiered.store.extend_lease(&self.key, self.token, lease).await?;
+        self.lease_ends_at = ends;
+        if let Some(local) = &mut self.local {
+            // The cache's claim only answers local duplicates; losing it loses nothing.
+            let _ = local.extend_lease(lease);
+        }
+        Ok(ends)
     }
 
     /// PROCESSING → COMPLETED: written to the store first, then cached. A store error
     /// leaves the outcome to the store (the write may have committed): the cache lets the
     /// key go, so the next claim asks the store.
     pub async fn complete(mut self, result: impl Into<Bytes>) -> Result<StoredResult, TieredError> {
-        let tiered = self.tiered;
+        let tiered = &self.tiered;
         let body = Some(result.into());
         let outcome =
             tiered.store.complete(&self.key, self.token, body, tiered.completed_ttl).await;
         let local = self.local.take();
         match &outcome {
             Ok(record) => tiered.keep(local, record),
-            Err(_) => drop(local),
+            Err(_) => let_go(local),
         }
         Ok(outcome?)
     }
 
     /// PROCESSING → absent in the store and here: a retry executes again.
     pub async fn release(mut self) -> Result<(), TieredError> {
-        drop(self.local.take());
+        let_go(self.local.take());
         Ok(self.tiered.store.release(&self.key, self.token).await?)
     }
 
     /// PROCESSING → UNKNOWN in the store; repeats read it through.
     pub async fn mark_unknown(mut self) -> Result<(), TieredError> {
-        let tiered = self.tiered;
+        let tiered = &self.tiered;
         let outcome = tiered.store.mark_unknown(&self.key, self.token, tiered.unknown_ttl).await;
-        drop(self.local.take());
+        let_go(self.local.take());
         Ok(outcome?)
+    }
+}
+
+impl<S> Drop for TieredGuard<S> {
+    fn drop(&mut self) {
+        let_go(self.local.take());
+    }
+}
+
+/// Releases the cache's claim whatever the cache's drop policy: the store, not the hot
+/// tier, records what happened, and the next claim asks it.
+fn let_go(local: Option<ClaimGuard>) {
+    if let Some(local) = local {
+        let _ = local.release();
     }
 }
