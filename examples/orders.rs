@@ -16,6 +16,19 @@
 //! - `ORDER_DELAY_MS`: sleep this long inside the handler, to widen races (default 0).
 //! - `IDEMPOTENCY_WAIT_MS`: how long a duplicate waits for the first request to finish
 //!   and gets its replay (default 10000); `0` answers 409 with `Retry-After` at once.
+//! - `IDEMPOTENCY_STORE`: the durable tier behind the cache (default: none, the cache
+//!   alone): `sqlite:PATH`, `postgres://user@host:port/db` (build with `--features
+//!   tower,sqlite,postgres`) or `redis://host:port/db` (`--features tower,sqlite,redis`).
+//!   Instances over one store execute each key once between them, and a restarted one
+//!   replays what they stored.
+//!
+//! Two instances over one PostgreSQL, sharing one SQLite file for the orders:
+//!
+//! ```sh
+//! export IDEMPOTENCY_STORE=postgres://postgres@127.0.0.1:5432/test ORDERS_DB=/tmp/orders.db
+//! PORT=3001 cargo run --release --example orders --features tower,sqlite,postgres &
+//! PORT=3002 cargo run --release --example orders --features tower,sqlite,postgres &
+//! ```
 //!
 //! Routes: `POST /orders` (`{"item": string, "qty": integer}`, `Authorization: Bearer
 //! <user>` as the tenant, 401 without it) answers 201 with `{"id", "item", "qty"}` and
@@ -31,6 +44,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use idemcache::layer::{client_key, IdempotencyLayer};
 use idemcache::store::unique::is_unique_violation_rusqlite;
+use idemcache::store::{SqliteStore, Tiered};
 use idemcache::Cache;
 use rusqlite::{params, Connection};
 use serde::Deserialize;
@@ -165,6 +179,45 @@ async fn count_orders(State(app): State<App>) -> Response {
     }
 }
 
+/// The layer over the cache alone, or over the tier `IDEMPOTENCY_STORE` names.
+async fn idempotency_layer() -> Result<IdempotencyLayer, Box<dyn std::error::Error>> {
+    let cache = Cache::builder().build()?;
+    let spec = std::env::var("IDEMPOTENCY_STORE").unwrap_or_default();
+    if spec.is_empty() {
+        return Ok(IdempotencyLayer::new(cache));
+    }
+    if let Some(path) = spec.strip_prefix("sqlite:") {
+        let store = SqliteStore::open(path)?;
+        store.ensure_schema().await?;
+        return Ok(IdempotencyLayer::tiered(Tiered::new(cache, store)));
+    }
+    if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+        #[cfg(feature = "postgres")]
+        {
+            let store = idemcache::store::PostgresStore::connect(&spec, 16)?;
+            store.ensure_schema().await?;
+            return Ok(IdempotencyLayer::tiered(Tiered::new(cache, store)));
+        }
+        #[cfg(not(feature = "postgres"))]
+        return Err(
+            "IDEMPOTENCY_STORE names PostgreSQL: run with --features tower,sqlite,postgres".into(),
+        );
+    }
+    if spec.starts_with("redis://") || spec.starts_with("rediss://") {
+        #[cfg(feature = "redis")]
+        {
+            let store = idemcache::store::RedisStore::connect(&spec).await?;
+            return Ok(IdempotencyLayer::tiered(Tiered::new(cache, store)));
+        }
+        #[cfg(not(feature = "redis"))]
+        return Err("IDEMPOTENCY_STORE names Redis: run with --features tower,sqlite,redis".into());
+    }
+    Err(format!(
+        "IDEMPOTENCY_STORE must be sqlite:PATH, postgres://... or redis://..., got {spec:?}"
+    )
+    .into())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let port =
@@ -173,9 +226,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let wait = Duration::from_millis(env_number("IDEMPOTENCY_WAIT_MS", 10_000)?);
     let app = App { db: Arc::new(Mutex::new(open_db()?)), delay };
 
-    let cache = Cache::builder().build()?;
     let mut idempotency =
-        IdempotencyLayer::new(cache).tenant(|request| bearer(&request.headers)).scope(|request| {
+        idempotency_layer().await?.tenant(|request| bearer(&request.headers)).scope(|request| {
             let route = request.extensions.get::<MatchedPath>().map_or("", |m| m.as_str());
             format!("{} {route}", request.method)
         });

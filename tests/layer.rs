@@ -655,3 +655,101 @@ async fn a_handler_slower_than_its_lease_is_never_taken_over() {
     assert_eq!(first.await.unwrap().unwrap().status(), 200);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// The layer over a durable store (`IdempotencyLayer::tiered`): two instances with
+/// separate caches and connections, as two processes would run, over one SQLite file.
+#[cfg(feature = "sqlite")]
+mod over_a_store {
+    use super::*;
+    use idemcache::store::{SqliteStore, Tiered};
+
+    fn tiered(path: &std::path::Path) -> Tiered<SqliteStore> {
+        Tiered::new(Cache::builder().build().unwrap(), SqliteStore::open(path).unwrap())
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("idemcache-layer-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("records.db")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn duplicates_across_two_instances_execute_once_and_all_get_the_one_response() {
+        let path = scratch("two");
+        let (one, two) = (tiered(&path), tiered(&path));
+        one.store().ensure_schema().await.unwrap();
+        let handler = Handler::closed();
+        let wait = Duration::from_secs(30);
+        let a =
+            serve(IdempotencyLayer::tiered(one).tenant(bearer).wait(wait), handler.clone()).await;
+        let b =
+            serve(IdempotencyLayer::tiered(two).tenant(bearer).wait(wait), handler.clone()).await;
+        let mut replies = Vec::new();
+        for i in 0..20 {
+            let addr = if i % 2 == 0 { a } else { b };
+            replies.push(tokio::spawn(async move { req("shared", "{}").send(addr).await }));
+        }
+        until(|| handler.runs() == 1).await;
+        handler.gate.add_permits(100);
+        let replies: Vec<Reply> =
+            futures_join(replies).await.into_iter().map(Result::unwrap).collect();
+        assert_eq!(handler.runs(), 1, "one execution across both instances");
+        assert!(replies.iter().all(|r| r.status == 201), "{replies:?}");
+        assert!(replies.iter().all(|r| r.body == replies[0].body));
+        let replayed = replies.iter().filter(|r| r.header("idempotent-replayed").is_some()).count();
+        assert_eq!(replayed, 19, "every duplicate is a replay");
+        // A third instance (a restart: a fresh cache) replays from the store.
+        let c =
+            serve(IdempotencyLayer::tiered(tiered(&path)).tenant(bearer), handler.clone()).await;
+        let again = req("shared", "{}").send(c).await;
+        assert_eq!((again.status, again.body.as_str()), (201, replies[0].body.as_str()));
+        assert_eq!(again.header("idempotent-replayed"), Some("true"));
+        assert!(again.header("idempotency-expires").is_some());
+        // The same key for another request is refused by the store, not executed.
+        assert_eq!(req("shared", "{\"other\":1}").send(c).await.status, 422);
+        assert_eq!(handler.runs(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_unavailable_store_answers_503_and_never_runs_the_handler() {
+        // A store without its schema fails every claim with a backend error.
+        let broken =
+            Tiered::new(Cache::builder().build().unwrap(), SqliteStore::open_in_memory().unwrap());
+        let handler = Handler::open();
+        let addr = serve(IdempotencyLayer::tiered(broken).tenant(bearer), handler.clone()).await;
+        let reply = req("k", "{}").send(addr).await;
+        assert_eq!(reply.status, 503);
+        assert_eq!(reply.code(), "idempotency_store_unavailable");
+        assert!(reply.header("retry-after").is_some());
+        assert_eq!(handler.runs(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_5xx_over_a_store_releases_the_key_there_too() {
+        let path = scratch("release");
+        let one = tiered(&path);
+        one.store().ensure_schema().await.unwrap();
+        let handler = Handler::open();
+        let addr = serve(IdempotencyLayer::tiered(one).tenant(bearer), handler.clone()).await;
+        let mut failing = req("k5", "{}");
+        failing.extra.push(("x-answer", "500"));
+        assert_eq!(failing.send(addr).await.status, 500);
+        // Another instance runs the retry: the store let the key go.
+        let other =
+            serve(IdempotencyLayer::tiered(tiered(&path)).tenant(bearer), handler.clone()).await;
+        assert_eq!(req("k5", "{}").send(other).await.status, 201);
+        assert_eq!(handler.runs(), 2);
+    }
+
+    async fn futures_join<T>(
+        handles: Vec<tokio::task::JoinHandle<T>>,
+    ) -> Vec<Result<T, tokio::task::JoinError>> {
+        let mut out = Vec::new();
+        for h in handles {
+            out.push(h.await);
+        }
+        out
+    }
+}

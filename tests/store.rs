@@ -256,6 +256,18 @@ async fn hammer_two_tiered<S: Store + std::fmt::Debug>(
     executed.sort();
     let expected: Vec<_> = (0..8).map(|i| format!("{prefix}{i}")).collect();
     assert_eq!(executed, expected, "each key executed exactly once");
+    // A lease lapsed in one instance is taken over by the other; the stale owner is fenced.
+    let (one, two) = (instances[0].store(), instances[1].store());
+    let k = key(&format!("{prefix}-lapsed"));
+    let StoreClaim::Acquired { token: stale, .. } =
+        one.claim(&k, fp("r"), Duration::from_millis(20)).await.unwrap()
+    else {
+        panic!("expected Acquired");
+    };
+    let fresh = until_acquired(two, &k, "r").await;
+    assert!(fresh > stale);
+    let late = one.complete(&k, stale, Some(Bytes::from_static(b"stale")), TTL).await;
+    assert!(matches!(late, Err(StoreError::LeaseLost)), "{late:?}");
     drop(instances);
     let restarted = Tiered::new(Cache::builder().build().unwrap(), restarted);
     for i in 0..8 {

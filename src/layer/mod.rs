@@ -1,5 +1,7 @@
 //! An HTTP layer ([`tower`](https://docs.rs/tower) `Layer`) that makes unsafe requests
-//! idempotent by their `Idempotency-Key` header, on top of a [`Cache`]. Feature `tower`.
+//! idempotent by their `Idempotency-Key` header, on top of a [`Cache`] (one process) or of
+//! a [`Tiered`](crate::store::Tiered) durable store (several processes, restarts).
+//! Feature `tower`.
 //!
 //! It follows the IETF httpapi draft "The Idempotency-Key HTTP Header Field" and payment
 //! APIs' practice:
@@ -18,6 +20,7 @@
 //! | a repeat of a request whose response was too large to keep | 409 `response_not_kept` (never a second execution) |
 //! | a repeat of a request whose outcome is unknown | 409 `outcome_unknown` |
 //! | the cache full of in-flight work | 503 `idempotency_cache_full` with `Retry-After` (never executed unguarded) |
+//! | over a durable store ([`IdempotencyLayer::tiered`]): the store unreachable | 503 `idempotency_store_unavailable` with `Retry-After` (never executed unguarded) |
 //!
 //! Refusals are `application/problem+json` (RFC 9457) with a `code` member.
 //!
@@ -60,6 +63,7 @@ mod body;
 mod header;
 mod problem;
 mod record;
+mod records;
 mod service;
 
 use std::fmt;
@@ -75,6 +79,7 @@ pub use header::{client_key, KeyHeaderError, IDEMPOTENCY_KEY};
 pub use service::Idempotency;
 
 use crate::Cache;
+use records::Records;
 
 /// Response header set on every replay.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
@@ -96,7 +101,7 @@ pub struct IdempotencyLayer {
 
 #[derive(Clone)]
 pub(crate) struct Settings {
-    pub(crate) cache: Cache,
+    pub(crate) records: Records,
     pub(crate) methods: Vec<Method>,
     pub(crate) require_key: bool,
     pub(crate) max_request_body: usize,
@@ -113,9 +118,30 @@ impl IdempotencyLayer {
     /// request bodies; `Content-Type` in the fingerprint; no waiting (409 at once); scope
     /// = method + path; one tenant; 2xx and 4xx stored; `Set-Cookie` never replayed.
     pub fn new(cache: Cache) -> Self {
+        Self::over(Records::Memory(cache))
+    }
+
+    /// A layer over a [`Tiered`](crate::store::Tiered) store (the cache in front of a
+    /// durable store), with [`new`](IdempotencyLayer::new)'s defaults: exactly-once
+    /// across processes and restarts. Feature `store` (with a store's feature).
+    ///
+    /// What changes against a cache alone: a duplicate executing in another process is
+    /// looked at again every 10 ms (doubling to 250 ms) while [`wait`](Self::wait)ing, as
+    /// a store cannot tell a waiter when a key settles; the store unreachable is 503
+    /// `idempotency_store_unavailable` (never executed unguarded); the lease is the
+    /// `Tiered`'s, renewed in the store while the handler runs; and a completion the
+    /// store fails to record is answered to its client and marked UNKNOWN if the store
+    /// answers again, else its record stays PROCESSING until its lease lapses (keep a
+    /// `UNIQUE` backstop in your own tables for that window).
+    #[cfg(feature = "store")]
+    pub fn tiered<S: crate::store::Store>(tiered: crate::store::Tiered<S>) -> Self {
+        Self::over(Records::Durable(Arc::new(tiered)))
+    }
+
+    fn over(records: Records) -> Self {
         IdempotencyLayer {
             settings: Arc::new(Settings {
-                cache,
+                records,
                 methods: vec![Method::POST, Method::PATCH],
                 require_key: true,
                 max_request_body: DEFAULT_MAX_REQUEST_BODY,

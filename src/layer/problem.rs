@@ -24,6 +24,7 @@ pub(crate) enum Refusal {
     Mismatch,
     ResponseNotKept,
     CacheFull,
+    StoreUnavailable,
     Internal,
 }
 
@@ -41,6 +42,9 @@ impl Refusal {
             Refusal::Mismatch => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused"),
             Refusal::ResponseNotKept => (StatusCode::CONFLICT, "response_not_kept"),
             Refusal::CacheFull => (StatusCode::SERVICE_UNAVAILABLE, "idempotency_cache_full"),
+            Refusal::StoreUnavailable => {
+                (StatusCode::SERVICE_UNAVAILABLE, "idempotency_store_unavailable")
+            }
             Refusal::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
         }
     }

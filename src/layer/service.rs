@@ -1,10 +1,10 @@
 //! [`Idempotency`]: one request's way through the layer, from header to stored response.
 //!
 //! Invariant: a guarded request reaches the handler only holding the key's claim
-//! ([`Claim::Acquired`]), and that claim always ends in exactly one of complete (the
+//! ([`Found::Acquired`]), and that claim always ends in exactly one of complete (the
 //! response is stored), release (5xx or a handler error: a retry runs again), mark
-//! unknown (the response body failed mid-way: the effect may have happened), or the
-//! cache's drop policy (the handler panicked). The handler and the settling of its
+//! unknown (the response body failed mid-way: the effect may have happened), or its
+//! backend's drop rule (the handler panicked). The handler and the settling of its
 //! claim run in one spawned task, so a dropped request future (a client gone) changes
 //! neither.
 
@@ -23,8 +23,9 @@ use tower_service::Service;
 
 use super::body::LayerBody;
 use super::problem::Refusal;
+use super::records::{Found, Held, Settled};
 use super::{header, record, Settings, IDEMPOTENCY_EXPIRES, IDEMPOTENT_REPLAYED};
-use crate::{Claim, ClaimError, ClaimGuard, Fingerprint, Key, KeyError, Replay};
+use crate::{Fingerprint, Key, KeyError};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -176,61 +177,54 @@ where
         }
     };
     let fingerprint = fingerprint(&settings, &parts, &body);
-    let cache = &settings.cache;
-    let claim = match settings.wait {
-        None => cache.claim(&key, fingerprint),
-        Some(timeout) => {
-            let waiting = cache.claim_wait_async(&key, fingerprint, tokio::time::sleep);
-            match tokio::time::timeout(timeout, waiting).await {
-                Ok(claim) => claim,
-                // Waited long enough: answer what the key is now (409 + Retry-After).
-                Err(_elapsed) => cache.claim(&key, fingerprint),
-            }
-        }
-    };
-    match claim {
-        Ok(Claim::Acquired(guard)) => {
+    match settings.records.claim(&key, fingerprint, settings.wait).await {
+        Found::Acquired(held) => {
             decided!("acquired", key);
             let request = Request::from_parts(parts, ReqB::from(body));
-            let run = tokio::spawn(execute(settings.clone(), inner, request, guard, key));
+            let run = tokio::spawn(execute(settings.clone(), inner, request, held, key));
             match run.await {
                 Ok(response) => response,
                 Err(_panicked_or_shut_down) => refuse(
                     Refusal::Internal,
-                    "the handler did not finish; the cache's drop policy settled the key",
+                    "the handler did not finish; the key was settled by its drop rule",
                     None,
                 ),
             }
         }
-        Ok(Claim::Completed(replay)) => {
+        Found::Completed { body, expires_at } => {
             decided!("replayed", key);
-            replayed(&settings, replay)
+            replayed(body, expires_at)
         }
-        Ok(Claim::InProgress { lease_ends_at, .. }) => {
+        Found::InProgress { retry_after } => {
             decided!("in_progress", key);
             let detail = "a request with this key is executing; retry after it finishes";
-            refuse(Refusal::InProgress, detail, Some(cache.time_until(lease_ends_at)))
+            refuse(Refusal::InProgress, detail, Some(retry_after))
         }
-        Ok(Claim::Unknown { .. }) => {
+        Found::Unknown => {
             decided!("unknown", key);
             let detail = "an earlier request with this key has an unknown outcome; it is being \
                           checked and will not be executed again blindly";
             refuse(Refusal::OutcomeUnknown, detail, None)
         }
-        Ok(Claim::Mismatch) => {
+        Found::Mismatch => {
             decided!("mismatch", key);
             let detail = "this key was used for a different request (method, path, headers \
                           or body differ)";
             refuse(Refusal::Mismatch, detail, None)
         }
-        Err(ClaimError::CapacityExhausted) => {
+        Found::Full => {
             decided!("cache_full", key);
             let detail = "too many requests are executing; not executed";
             refuse(Refusal::CacheFull, detail, Some(std::time::Duration::from_secs(1)))
         }
-        Err(e) => {
+        Found::Unavailable(why) => {
+            decided!("store_unavailable", key);
+            let detail = format!("the idempotency store is unavailable; not executed: {why}");
+            refuse(Refusal::StoreUnavailable, &detail, Some(std::time::Duration::from_secs(1)))
+        }
+        Found::Refused(why) => {
             decided!("refused", key);
-            refuse(Refusal::Internal, &e.to_string(), None)
+            refuse(Refusal::Internal, &why, None)
         }
     }
 }
@@ -275,14 +269,14 @@ async fn execute<S, ReqB, ResB>(
     settings: Arc<Settings>,
     mut inner: S,
     request: Request<ReqB>,
-    mut guard: ClaimGuard,
+    mut held: Held,
     key: Key,
 ) -> Result<Response<LayerBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     ResB: Body<Data = Bytes>,
 {
-    let lease = settings.cache.time_until(guard.lease_ends_at());
+    let lease = held.lease_left();
     let beat = (lease / 3).max(std::time::Duration::from_millis(1));
     let mut handler = std::pin::pin!(inner.call(request));
     let mut renewing = true;
@@ -290,7 +284,7 @@ where
         match tokio::time::timeout(beat, handler.as_mut()).await {
             Ok(response) => break response,
             // Lost (taken over, removed): nothing to renew; its outcome will not be kept.
-            Err(_beat) if renewing => renewing = guard.extend_lease(lease).is_ok(),
+            Err(_beat) if renewing => renewing = held.extend_lease(lease).await,
             Err(_beat) => {}
         }
     };
@@ -298,20 +292,21 @@ where
         Ok(response) => response,
         Err(e) => {
             decided!("released", key);
-            let _ = guard.release();
+            held.release().await;
             return Err(e);
         }
     };
     let (parts, body) = response.into_parts();
-    let (body, trailers) = match body.collect().await {
-        Ok(collected) => {
+    // `.ok()`: the body's error need not be `Send`, and settling awaits.
+    let (body, trailers) = match body.collect().await.ok() {
+        Some(collected) => {
             let trailers = collected.trailers().cloned();
             (collected.to_bytes(), trailers)
         }
-        Err(_) => {
+        None => {
             // The handler answered, so its effect may have happened: never re-run blindly.
             decided!("marked_unknown", key);
-            let _ = guard.mark_unknown();
+            held.mark_unknown().await;
             let detail = "the response failed while being sent; its outcome is unknown";
             return refuse(Refusal::Internal, detail, None);
         }
@@ -320,26 +315,34 @@ where
         let set_cookie = settings.replay_set_cookie;
         let stored =
             record::encode(parts.status, &parts.headers, set_cookie, &body, trailers.as_ref());
-        match guard.complete(stored) {
-            Ok(()) => {
+        match held.complete(stored).await {
+            Settled::Recorded => {
                 decided!("completed", key);
             }
-            Err(_lease_lost) => {
-                // Ran past its lease and someone else owns the key now: answer this
-                // client, record nothing (the new owner's outcome stands).
+            // Ran past its lease and someone else owns the key now: answer this client,
+            // record nothing (the new owner's outcome stands).
+            Settled::LeaseLost => {
                 decided!("lease_lost", key);
+            }
+            // The store failed to record it: answer this client (the effect happened);
+            // the store keeps the key from running again (see the module docs).
+            Settled::Failed => {
+                decided!("not_recorded", key);
             }
         }
     } else {
         decided!("released", key);
-        let _ = guard.release();
+        held.release().await;
     }
     Ok(Response::from_parts(parts, LayerBody::buffered(body, trailers)))
 }
 
 /// A stored response as it was first sent, marked as a replay.
-fn replayed<ResB, E>(settings: &Settings, replay: Replay) -> Result<Response<LayerBody<ResB>>, E> {
-    let Some(body) = &replay.body else {
+fn replayed<ResB, E>(
+    body: Option<Bytes>,
+    expires_at: std::time::SystemTime,
+) -> Result<Response<LayerBody<ResB>>, E> {
+    let Some(body) = &body else {
         let detail = "a request with this key completed, but its response was too large to \
                       keep; it was not executed again";
         return refuse(Refusal::ResponseNotKept, detail, None);
@@ -353,8 +356,7 @@ fn replayed<ResB, E>(settings: &Settings, replay: Replay) -> Result<Response<Lay
     *response.headers_mut() = stored.headers;
     let headers = response.headers_mut();
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    let expires = httpdate::fmt_http_date(settings.cache.system_time(replay.expires_at));
-    if let Ok(expires) = HeaderValue::from_str(&expires) {
+    if let Ok(expires) = HeaderValue::from_str(&httpdate::fmt_http_date(expires_at)) {
         headers.insert(IDEMPOTENCY_EXPIRES, expires);
     }
     Ok(response)

@@ -254,7 +254,7 @@ impl<S: Store> Tiered<S> {
         let _ = self.cache.insert(key, fingerprint, known);
     }
 
-/// Completes the cache's claim with a record the store committed, for no longer than
+    /// Completes the cache's claim with a record the store committed, for no longer than
     /// the store keeps it; or lets it go if the record does not fit.
     fn keep(&self, local: Option<ClaimGuard>, record: &StoredResult) {
         let Some(mut local) = local else { return };
@@ -277,11 +277,7 @@ fn unpack(packed: Bytes) -> Option<StoredResult> {
         let raw: [u8; 8] = times[i..i + 8].try_into().expect("8 bytes");
         from_micros(i64::from_be_bytes(raw))
     };
-    Some(StoredResult {
-        completed_at: at(0),
-        expires_at: at(8),
-        body: Some(packed.slice(TIMES..)),
-    })
+    Some(StoredResult { completed_at: at(0), expires_at: at(8), body: Some(packed.slice(TIMES..)) })
 }
 
 /// A claim held in the store (and in the cache, for local duplicates). Settle it with
@@ -327,7 +323,8 @@ impl<S: Store> TieredGuard<S> {
 
     /// PROCESSING → COMPLETED: written to the store first, then cached. A store error
     /// leaves the outcome to the store (the write may have committed): the cache lets the
-    /// key go, so the next claim asks the store.
+    /// key go, so the next claim asks the store, and after a backend error the record is
+    /// marked UNKNOWN if the store answers that (a completion that did commit stays).
     pub async fn complete(mut self, result: impl Into<Bytes>) -> Result<StoredResult, TieredError> {
         let tiered = &self.tiered;
         let body = Some(result.into());
@@ -336,7 +333,17 @@ impl<S: Store> TieredGuard<S> {
         let local = self.local.take();
         match &outcome {
             Ok(record) => tiered.keep(local, record),
-            Err(_) => let_go(local),
+            Err(e) => {
+                let_go(local);
+                if matches!(e, StoreError::Backend(_)) {
+                    // The write may not have committed, and the effect has happened: mark
+                    // it UNKNOWN if the store answers again (refused, harmlessly, if the
+                    // completion did commit). Still down, the record stays PROCESSING
+                    // until its lease lapses.
+                    let (key, token, ttl) = (&self.key, self.token, tiered.unknown_ttl);
+                    let _ = tiered.store.mark_unknown(key, token, ttl).await;
+                }
+            }
         }
         Ok(outcome?)
     }

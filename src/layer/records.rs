@@ -1,0 +1,264 @@
+//! Where the layer's claims live: the in-process [`Cache`] alone, or a
+//! [`Tiered`](crate::store::Tiered) store (feature `store`), behind one small interface.
+//!
+//! Invariant: both backends answer a claim with one [`Found`], and a [`Held`] claim ends
+//! in exactly one of complete, release or mark unknown (or its backend's drop rule), so
+//! the service's state machine is written once. The cache path stays free of boxing and
+//! dynamic calls: it is the hot one.
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+
+use crate::{Cache, Claim, ClaimError, ClaimGuard, Fingerprint, Key};
+
+/// What a claim found, in the terms the layer answers in.
+pub(crate) enum Found {
+    /// Execute, holding this claim.
+    Acquired(Held),
+    /// Replay `body` (`None`: completed, but kept without its body).
+    Completed { body: Option<Bytes>, expires_at: SystemTime },
+    /// Executing elsewhere; it may be taken over after `retry_after`.
+    InProgress { retry_after: Duration },
+    /// An earlier execution's outcome is unknown.
+    Unknown,
+    /// The key was used for a different request.
+    Mismatch,
+    /// The cache is full of in-flight work.
+    Full,
+    /// The durable store could not be reached: nothing executes.
+    #[cfg_attr(not(feature = "store"), allow(dead_code))]
+    Unavailable(String),
+    /// Any other refusal.
+    Refused(String),
+}
+
+/// A claim the handler runs under.
+pub(crate) enum Held {
+    Memory(ClaimGuard, Cache),
+    #[cfg(feature = "store")]
+    Durable(Box<dyn durable::DurableHeld>),
+}
+
+/// How [`Held::complete`] ended.
+pub(crate) enum Settled {
+    /// Recorded: repeats replay it.
+    Recorded,
+    /// The lease was lost (another owner took the key): nothing recorded.
+    LeaseLost,
+    /// The store failed to record it; its outcome is the store's (see the layer docs).
+    #[cfg_attr(not(feature = "store"), allow(dead_code))]
+    Failed,
+}
+
+/// The layer's backend.
+#[derive(Clone)]
+pub(crate) enum Records {
+    Memory(Cache),
+    #[cfg(feature = "store")]
+    Durable(std::sync::Arc<dyn durable::Durable>),
+}
+
+impl Records {
+    /// Claims `key`, waiting up to `wait` for an executing duplicate to finish.
+    pub(crate) async fn claim(&self, key: &Key, fp: Fingerprint, wait: Option<Duration>) -> Found {
+        match self {
+            Records::Memory(cache) => {
+                let claim = match wait {
+                    None => cache.claim(key, fp),
+                    Some(timeout) => {
+                        let waiting = cache.claim_wait_async(key, fp, tokio::time::sleep);
+                        match tokio::time::timeout(timeout, waiting).await {
+                            Ok(claim) => claim,
+                            // Waited long enough: answer what the key is now.
+                            Err(_elapsed) => cache.claim(key, fp),
+                        }
+                    }
+                };
+                from_cache(cache, claim)
+            }
+            #[cfg(feature = "store")]
+            Records::Durable(durable) => durable::claim_polling(&**durable, key, fp, wait).await,
+        }
+    }
+}
+
+fn from_cache(cache: &Cache, claim: Result<Claim, ClaimError>) -> Found {
+    match claim {
+        Ok(Claim::Acquired(guard)) => Found::Acquired(Held::Memory(guard, cache.clone())),
+        Ok(Claim::Completed(replay)) => {
+            Found::Completed { body: replay.body, expires_at: cache.system_time(replay.expires_at) }
+        }
+        Ok(Claim::InProgress { lease_ends_at, .. }) => {
+            Found::InProgress { retry_after: cache.time_until(lease_ends_at) }
+        }
+        Ok(Claim::Unknown { .. }) => Found::Unknown,
+        Ok(Claim::Mismatch) => Found::Mismatch,
+        Err(ClaimError::CapacityExhausted) => Found::Full,
+        Err(e) => Found::Refused(e.to_string()),
+    }
+}
+
+impl Held {
+    /// How long until the lease lapses.
+    pub(crate) fn lease_left(&self) -> Duration {
+        match self {
+            Held::Memory(guard, cache) => cache.time_until(guard.lease_ends_at()),
+            #[cfg(feature = "store")]
+            Held::Durable(held) => {
+                held.lease_ends_at().duration_since(SystemTime::now()).unwrap_or_default()
+            }
+        }
+    }
+
+    /// Renews the lease to end `lease` from now; `false` if it was lost.
+    pub(crate) async fn extend_lease(&mut self, lease: Duration) -> bool {
+        match self {
+            Held::Memory(guard, _) => guard.extend_lease(lease).is_ok(),
+            #[cfg(feature = "store")]
+            Held::Durable(held) => held.extend_lease(lease).await,
+        }
+    }
+
+    /// Records `body` as the key's result.
+    pub(crate) async fn complete(self, body: Bytes) -> Settled {
+        match self {
+            Held::Memory(guard, _) => match guard.complete(body) {
+                Ok(()) => Settled::Recorded,
+                Err(_) => Settled::LeaseLost,
+            },
+            #[cfg(feature = "store")]
+            Held::Durable(held) => held.complete(body).await,
+        }
+    }
+
+    /// Lets the key go: a retry executes again.
+    pub(crate) async fn release(self) {
+        match self {
+            Held::Memory(guard, _) => drop(guard.release()),
+            #[cfg(feature = "store")]
+            Held::Durable(held) => held.release().await,
+        }
+    }
+
+    /// Marks the outcome unknown: never re-run blindly.
+    pub(crate) async fn mark_unknown(self) {
+        match self {
+            Held::Memory(guard, _) => drop(guard.mark_unknown()),
+            #[cfg(feature = "store")]
+            Held::Durable(held) => held.mark_unknown().await,
+        }
+    }
+}
+
+#[cfg(feature = "store")]
+pub(crate) mod durable {
+    //! [`Tiered`] behind object-safe traits, so the layer (and its settings) need not be
+    //! generic over the store.
+
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::time::{Duration, SystemTime};
+
+    use bytes::Bytes;
+
+    use super::{Found, Held, Settled};
+    use crate::store::{Store, StoreError, Tiered, TieredClaim, TieredError, TieredGuard};
+    use crate::{ClaimError, Fingerprint, Key};
+
+    type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+    /// The first pause between looks at a duplicate executing in the store; it doubles
+    /// up to [`LONGEST_PAUSE`]. The store has no way to tell a waiter when a key settles.
+    const FIRST_PAUSE: Duration = Duration::from_millis(10);
+    const LONGEST_PAUSE: Duration = Duration::from_millis(250);
+
+    pub(crate) trait Durable: Send + Sync {
+        fn claim<'a>(&'a self, key: &'a Key, fp: Fingerprint) -> BoxFuture<'a, Found>;
+    }
+
+    pub(crate) trait DurableHeld: Send {
+        fn lease_ends_at(&self) -> SystemTime;
+        fn extend_lease(&mut self, lease: Duration) -> BoxFuture<'_, bool>;
+        fn complete(self: Box<Self>, body: Bytes) -> BoxFuture<'static, Settled>;
+        fn release(self: Box<Self>) -> BoxFuture<'static, ()>;
+        fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()>;
+    }
+
+    impl<S: Store> Durable for Tiered<S> {
+        fn claim<'a>(&'a self, key: &'a Key, fp: Fingerprint) -> BoxFuture<'a, Found> {
+            Box::pin(async move {
+                match Tiered::claim(self, key, fp).await {
+                    Ok(TieredClaim::Acquired(guard)) => {
+                        Found::Acquired(Held::Durable(Box::new(guard)))
+                    }
+                    Ok(TieredClaim::Completed(record)) => {
+                        Found::Completed { body: record.body, expires_at: record.expires_at }
+                    }
+                    Ok(TieredClaim::InProgress { lease_ends_at }) => Found::InProgress {
+                        retry_after: lease_ends_at
+                            .duration_since(SystemTime::now())
+                            .unwrap_or_default(),
+                    },
+                    Ok(TieredClaim::Unknown { .. }) => Found::Unknown,
+                    Ok(TieredClaim::Mismatch) => Found::Mismatch,
+                    Err(TieredError::Cache(ClaimError::CapacityExhausted)) => Found::Full,
+                    Err(TieredError::Store(e @ StoreError::Backend(_))) => {
+                        Found::Unavailable(e.to_string())
+                    }
+                    Err(e) => Found::Refused(e.to_string()),
+                }
+            })
+        }
+    }
+
+    impl<S: Store> DurableHeld for TieredGuard<S> {
+        fn lease_ends_at(&self) -> SystemTime {
+            TieredGuard::lease_ends_at(self)
+        }
+
+        fn extend_lease(&mut self, lease: Duration) -> BoxFuture<'_, bool> {
+            Box::pin(async move { TieredGuard::extend_lease(self, lease).await.is_ok() })
+        }
+
+        fn complete(self: Box<Self>, body: Bytes) -> BoxFuture<'static, Settled> {
+            Box::pin(async move {
+                match TieredGuard::complete(*self, body).await {
+                    Ok(_) => Settled::Recorded,
+                    Err(TieredError::Store(StoreError::LeaseLost)) => Settled::LeaseLost,
+                    Err(_) => Settled::Failed,
+                }
+            })
+        }
+
+        fn release(self: Box<Self>) -> BoxFuture<'static, ()> {
+            Box::pin(async move { drop(TieredGuard::release(*self).await) })
+        }
+
+        fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()> {
+            Box::pin(async move { drop(TieredGuard::mark_unknown(*self).await) })
+        }
+    }
+
+    /// Claims through the store; with `wait`, looks again (pausing 10 ms, doubling to
+    /// 250 ms) while a duplicate executes, until it settles or `wait` is spent.
+    pub(crate) async fn claim_polling(
+        durable: &dyn Durable,
+        key: &Key,
+        fp: Fingerprint,
+        wait: Option<Duration>,
+    ) -> Found {
+        let Some(wait) = wait else { return durable.claim(key, fp).await };
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut pause = FIRST_PAUSE;
+        loop {
+            let found = durable.claim(key, fp).await;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if !matches!(found, Found::InProgress { .. }) || left.is_zero() {
+                return found;
+            }
+            tokio::time::sleep(pause.min(left)).await;
+            pause = (pause * 2).min(LONGEST_PAUSE);
+        }
+    }
+}
