@@ -461,6 +461,26 @@ mod postgres {
         assert_eq!(tiered.cache().stats().entries, 0);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_postgres_killed_mid_request_is_a_typed_error_and_nothing_runs_twice() {
+        let Some(_schema) = store().await else { return };
+        let url: tokio_postgres::Config =
+            std::env::var("IDEMCACHE_POSTGRES_URL").unwrap().parse().unwrap();
+        let host = match &url.get_hosts()[0] {
+            tokio_postgres::config::Host::Tcp(host) => host.clone(),
+            other => panic!("a TCP host, got {other:?}"),
+        };
+        let port = url.get_ports().first().copied().unwrap_or(5432);
+        let upstream =
+            tokio::net::lookup_host((host.as_str(), port)).await.unwrap().next().unwrap();
+        let relay = super::relay::Relay::start(upstream).await;
+        let user = url.get_user().unwrap_or("postgres");
+        let db = url.get_dbname().unwrap_or("test");
+        let through = format!("postgres://{user}@{}/{db}", relay.addr);
+        let store = PostgresStore::connect(&through, 2).unwrap();
+        killed_mid_request(store, &relay, "pg").await;
+    }
+
     #[tokio::test]
     async fn unique_violations_are_classified_against_the_real_engine() {
         use idemcache::store::unique::is_unique_violation_postgres;
@@ -526,6 +546,23 @@ mod redis_store {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_redis_killed_mid_request_is_a_typed_error_and_nothing_runs_twice() {
+        let Some(_direct) = store().await else { return };
+        let url = std::env::var("IDEMCACHE_REDIS_STORE_URL").unwrap();
+        let info: redis::ConnectionInfo =
+            redis::IntoConnectionInfo::into_connection_info(url.as_str()).unwrap();
+        let redis::ConnectionAddr::Tcp(host, port) = info.addr.clone() else {
+            panic!("a TCP address, got {:?}", info.addr);
+        };
+        let upstream =
+            tokio::net::lookup_host((host.as_str(), port)).await.unwrap().next().unwrap();
+        let relay = super::relay::Relay::start(upstream).await;
+        let through = format!("redis://{}/{}", relay.addr, info.redis.db);
+        let store = RedisStore::connect(&through).await.unwrap();
+        killed_mid_request(store, &relay, "redis").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_tiered_instances_over_redis_execute_each_key_exactly_once() {
         let Some(first) = store().await else { return };
         let (second, restarted) = (store().await.unwrap(), store().await.unwrap());
@@ -560,4 +597,105 @@ async fn a_tiered_guard_moves_into_a_task_renews_its_lease_and_drops_cleanly() {
     // the key, so a repeat is in progress, not re-run and not unknown.
     assert_eq!(tiered.cache().stats().entries, 0);
     assert!(matches!(tiered.claim(&k, fp("r")).await.unwrap(), TieredClaim::InProgress { .. }));
+}
+
+/// A TCP relay to a real server that a test can cut (every connection dropped, nobody
+/// listening) and restore on the same port: the store killed mid-request, then back.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod relay {
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+    use tokio::task::JoinHandle;
+
+    pub struct Relay {
+        pub addr: SocketAddr,
+        upstream: SocketAddr,
+        tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    }
+
+    impl Relay {
+        pub async fn start(upstream: SocketAddr) -> Relay {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let relay =
+                Relay { addr: listener.local_addr().unwrap(), upstream, tasks: Arc::default() };
+            relay.serve(listener);
+            relay
+        }
+
+        fn serve(&self, listener: tokio::net::TcpListener) {
+            let (upstream, tasks) = (self.upstream, self.tasks.clone());
+            let accept = tokio::spawn(async move {
+                loop {
+                    let Ok((mut client, _)) = listener.accept().await else { return };
+                    let pipe = tokio::spawn(async move {
+                        let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+                            return;
+                        };
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    });
+                    tasks.lock().unwrap().push(pipe);
+                }
+            });
+            self.tasks.lock().unwrap().push(accept);
+        }
+
+        /// Drops every connection and stops listening.
+        pub fn cut(&self) {
+            for task in self.tasks.lock().unwrap().drain(..) {
+                task.abort();
+            }
+        }
+
+        /// Listens again on the same port.
+        pub async fn restore(&self) {
+            for _ in 0..100 {
+                // The aborted listener's socket closes once its task is dropped.
+                if let Ok(listener) = tokio::net::TcpListener::bind(self.addr).await {
+                    self.serve(listener);
+                    return;
+                }
+                tokio::task::yield_now().await;
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            panic!("could not listen on {} again", self.addr);
+        }
+    }
+}
+
+/// The store killed mid-request: a claim is taken, then the store goes away before the
+/// completion. Every operation is then a typed backend error and nothing executes; when
+/// the store is back, the key is still held (the lease has not lapsed): not executed again.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+async fn killed_mid_request<S: Store + std::fmt::Debug>(
+    store: S,
+    relay: &relay::Relay,
+    prefix: &str,
+) {
+    use idemcache::store::TieredError;
+    let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
+    let k = key(&format!("{prefix}-killed"));
+    let TieredClaim::Acquired(guard) = tiered.claim(&k, fp("r")).await.unwrap() else {
+        panic!("expected Acquired");
+    };
+    relay.cut();
+    let completed = guard.complete(&b"effect happened"[..]).await;
+    assert!(matches!(completed, Err(TieredError::Store(StoreError::Backend(_)))), "{completed:?}");
+    let again = tiered.claim(&k, fp("r")).await;
+    assert!(matches!(again, Err(TieredError::Store(StoreError::Backend(_)))), "{again:?}");
+    let other = tiered.claim(&key(&format!("{prefix}-during")), fp("r")).await;
+    assert!(matches!(other, Err(TieredError::Store(StoreError::Backend(_)))), "{other:?}");
+    relay.restore().await;
+    let mut answer = tiered.claim(&k, fp("r")).await;
+    for _ in 0..200 {
+        // A pool or connection manager may hand out one dead connection first.
+        if !matches!(answer, Err(TieredError::Store(StoreError::Backend(_)))) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        answer = tiered.claim(&k, fp("r")).await;
+    }
+    assert!(
+        matches!(answer, Ok(TieredClaim::InProgress { .. })),
+        "held until its lease lapses, never executed again: {answer:?}"
+    );
 }
