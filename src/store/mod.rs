@@ -199,6 +199,7 @@ pub trait Store: Send + Sync + 'static {
         -> impl Future<Output = Result<usize, StoreError>> + Send;
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 /// Checks a lease or TTL as the cache does: more than zero, at most
 /// [`MAX_DURATION`](crate::MAX_DURATION).
 pub(crate) fn check_duration(what: &str, d: Duration) -> Result<(), StoreError> {
@@ -234,6 +235,7 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 /// A stored fingerprint's 16 bytes, or [`StoreError::Corrupt`].
 pub(crate) fn fingerprint_of(bytes: Vec<u8>) -> Result<Fingerprint, StoreError> {
     let raw: [u8; 16] = bytes
@@ -259,6 +261,7 @@ pub(crate) fn micros_since_epoch(at: SystemTime) -> i64 {
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 /// A duration in whole microseconds (rounded up, so a lease never shrinks to zero).
 pub(crate) fn micros(d: Duration) -> i64 {
     let us = d.as_nanos().div_ceil(1000);

@@ -50,6 +50,20 @@ pub fn is_unique_violation_postgres(error: &tokio_postgres::Error) -> bool {
     error.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
 }
 
+/// Whether a sqlx error (any database) is a uniqueness violation, by sqlx's own
+/// `ErrorKind::UniqueViolation`. For MySQL/MariaDB this is the right test: sqlx-mysql's
+/// `code()` is the SQLSTATE `23000`, which other integrity errors share.
+#[cfg(feature = "sqlx")]
+pub fn is_unique_violation_sqlx(error: &sqlx::Error) -> bool {
+    error.as_database_error().is_some_and(|e| e.kind() == sqlx::error::ErrorKind::UniqueViolation)
+}
+
+/// Whether a mysql_async error is a duplicate key (server error 1062).
+#[cfg(feature = "mysql_async")]
+pub fn is_unique_violation_mysql_async(error: &mysql_async::Error) -> bool {
+    matches!(error, mysql_async::Error::Server(e) if is_unique_mysql_code(e.code))
+}
+
 #[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
