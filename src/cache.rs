@@ -207,6 +207,12 @@ impl Cache {
         self.inner.config.max_result_size
     }
 
+    /// What a [`ClaimGuard`] dropped without an outcome does ([`DropPolicy`]): for layers
+    /// that settle an abandoned execution the way the cache would.
+    pub fn drop_policy(&self) -> crate::DropPolicy {
+        self.inner.config.drop_policy
+    }
+
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
     }

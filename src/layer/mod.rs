@@ -32,9 +32,11 @@
 //!
 //! **The handler runs in a spawned tokio task**, so a client that disconnects mid-request
 //! neither wedges the key nor loses a completion: the handler finishes, its response is
-//! stored, and the client's retry gets the replay. A handler that panics drops its claim,
-//! which the cache's [`DropPolicy`](crate::DropPolicy) settles (the default releases the
-//! key). While the handler runs, its lease is renewed every third of its length, so a
+//! stored, and the client's retry gets the replay. (Over a durable store the claim runs
+//! in that task too: a store commits a claim before its answer arrives.) A handler that
+//! panics is caught, and its claim settled as the cache's
+//! [`DropPolicy`](crate::DropPolicy) settles a dropped guard (the default releases the
+//! key; over a store, in the store too): the answer is a 500. While the handler runs, its lease is renewed every third of its length, so a
 //! slow handler is never taken over and run twice (a handler that never finishes holds
 //! its key: bound it with a timeout inside this layer). Responses are buffered whole to
 //! be stored, trailers included, and answered as a [`LayerBody`]; a response whose body
@@ -129,10 +131,13 @@ impl IdempotencyLayer {
     /// looked at again every 10 ms (doubling to 250 ms) while [`wait`](Self::wait)ing, as
     /// a store cannot tell a waiter when a key settles; the store unreachable is 503
     /// `idempotency_store_unavailable` (never executed unguarded); the lease is the
-    /// `Tiered`'s, renewed in the store while the handler runs; and a completion the
-    /// store fails to record is answered to its client and marked UNKNOWN if the store
-    /// answers again, else its record stays PROCESSING until its lease lapses (keep a
-    /// `UNIQUE` backstop in your own tables for that window).
+    /// `Tiered`'s, renewed in the store while the handler runs (a renewal the store fails
+    /// is tried again at the next beat); a `Tiered` whose lease or TTLs the store would
+    /// refuse answers 500 before anything runs; and a completion the store fails to
+    /// record is answered to its client and marked UNKNOWN if the store answers again,
+    /// else its record stays PROCESSING until its lease lapses (keep a `UNIQUE` backstop
+    /// in your own tables for that window). A store that never answers holds its request
+    /// (and key) as long: give its client or pool a timeout.
     #[cfg(feature = "store")]
     pub fn tiered<S: crate::store::Store>(tiered: crate::store::Tiered<S>) -> Self {
         Self::over(Records::Durable(Arc::new(tiered)))

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
-use crate::{Cache, Claim, ClaimError, ClaimGuard, Fingerprint, Key};
+use crate::{Cache, Claim, ClaimError, ClaimGuard, DropPolicy, Fingerprint, Key};
 
 /// What a claim found, in the terms the layer answers in.
 pub(crate) enum Found {
@@ -47,6 +47,16 @@ pub(crate) enum Settled {
     /// The lease was lost (another owner took the key): nothing recorded.
     LeaseLost,
     /// The store failed to record it; its outcome is the store's (see the layer docs).
+    #[cfg_attr(not(feature = "store"), allow(dead_code))]
+    Failed,
+}
+
+/// How [`Held::extend_lease`] ended.
+pub(crate) enum Renewal {
+    Renewed,
+    /// The key moved on: stop renewing.
+    Lost,
+    /// The store failed this time: try again at the next beat.
     #[cfg_attr(not(feature = "store"), allow(dead_code))]
     Failed,
 }
@@ -100,21 +110,23 @@ fn from_cache(cache: &Cache, claim: Result<Claim, ClaimError>) -> Found {
 }
 
 impl Held {
-    /// How long until the lease lapses.
-    pub(crate) fn lease_left(&self) -> Duration {
+    /// The lease each renewal asks for: the one the claim was taken with (a duration,
+    /// never a remainder computed against another machine's clock).
+    pub(crate) fn lease(&self) -> Duration {
         match self {
             Held::Memory(guard, cache) => cache.time_until(guard.lease_ends_at()),
             #[cfg(feature = "store")]
-            Held::Durable(held) => {
-                held.lease_ends_at().duration_since(SystemTime::now()).unwrap_or_default()
-            }
+            Held::Durable(held) => held.lease(),
         }
     }
 
-    /// Renews the lease to end `lease` from now; `false` if it was lost.
-    pub(crate) async fn extend_lease(&mut self, lease: Duration) -> bool {
+    /// Renews the lease to end `lease` from now.
+    pub(crate) async fn extend_lease(&mut self, lease: Duration) -> Renewal {
         match self {
-            Held::Memory(guard, _) => guard.extend_lease(lease).is_ok(),
+            Held::Memory(guard, _) => match guard.extend_lease(lease) {
+                Ok(_) => Renewal::Renewed,
+                Err(_) => Renewal::Lost,
+            },
             #[cfg(feature = "store")]
             Held::Durable(held) => held.extend_lease(lease).await,
         }
@@ -149,6 +161,20 @@ impl Held {
             Held::Durable(held) => held.mark_unknown().await,
         }
     }
+
+    /// The handler panicked: settle the key as the cache's [`DropPolicy`] says a dropped
+    /// guard is settled (the default releases it), in the store too.
+    pub(crate) async fn abandon(self) {
+        let policy = match &self {
+            Held::Memory(_, cache) => cache.drop_policy(),
+            #[cfg(feature = "store")]
+            Held::Durable(held) => held.drop_policy(),
+        };
+        match policy {
+            DropPolicy::Release => self.release().await,
+            DropPolicy::MarkUnknown => self.mark_unknown().await,
+        }
+    }
 }
 
 #[cfg(feature = "store")]
@@ -162,9 +188,9 @@ pub(crate) mod durable {
 
     use bytes::Bytes;
 
-    use super::{Found, Held, Settled};
+    use super::{Found, Held, Renewal, Settled};
     use crate::store::{Store, StoreError, Tiered, TieredClaim, TieredError, TieredGuard};
-    use crate::{ClaimError, Fingerprint, Key};
+    use crate::{ClaimError, DropPolicy, Fingerprint, Key};
 
     type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -178,11 +204,19 @@ pub(crate) mod durable {
     }
 
     pub(crate) trait DurableHeld: Send {
-        fn lease_ends_at(&self) -> SystemTime;
-        fn extend_lease(&mut self, lease: Duration) -> BoxFuture<'_, bool>;
+        fn lease(&self) -> Duration;
+        fn drop_policy(&self) -> DropPolicy;
+        fn extend_lease(&mut self, lease: Duration) -> BoxFuture<'_, Renewal>;
         fn complete(self: Box<Self>, body: Bytes) -> BoxFuture<'static, Settled>;
         fn release(self: Box<Self>) -> BoxFuture<'static, ()>;
         fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()>;
+    }
+
+    /// A [`TieredGuard`] with what the layer needs from its `Tiered`.
+    struct Guard<S> {
+        guard: TieredGuard<S>,
+        lease: Duration,
+        drop_policy: DropPolicy,
     }
 
     impl<S: Store> Durable for Tiered<S> {
@@ -190,7 +224,11 @@ pub(crate) mod durable {
             Box::pin(async move {
                 match Tiered::claim(self, key, fp).await {
                     Ok(TieredClaim::Acquired(guard)) => {
-                        Found::Acquired(Held::Durable(Box::new(guard)))
+                        Found::Acquired(Held::Durable(Box::new(Guard {
+                            guard,
+                            lease: self.lease_length(),
+                            drop_policy: self.cache().drop_policy(),
+                        })))
                     }
                     Ok(TieredClaim::Completed(record)) => {
                         Found::Completed { body: record.body, expires_at: record.expires_at }
@@ -212,18 +250,28 @@ pub(crate) mod durable {
         }
     }
 
-    impl<S: Store> DurableHeld for TieredGuard<S> {
-        fn lease_ends_at(&self) -> SystemTime {
-            TieredGuard::lease_ends_at(self)
+    impl<S: Store> DurableHeld for Guard<S> {
+        fn lease(&self) -> Duration {
+            self.lease
         }
 
-        fn extend_lease(&mut self, lease: Duration) -> BoxFuture<'_, bool> {
-            Box::pin(async move { TieredGuard::extend_lease(self, lease).await.is_ok() })
+        fn drop_policy(&self) -> DropPolicy {
+            self.drop_policy
+        }
+
+        fn extend_lease(&mut self, lease: Duration) -> BoxFuture<'_, Renewal> {
+            Box::pin(async move {
+                match self.guard.extend_lease(lease).await {
+                    Ok(_) => Renewal::Renewed,
+                    Err(TieredError::Store(StoreError::LeaseLost)) => Renewal::Lost,
+                    Err(_) => Renewal::Failed,
+                }
+            })
         }
 
         fn complete(self: Box<Self>, body: Bytes) -> BoxFuture<'static, Settled> {
             Box::pin(async move {
-                match TieredGuard::complete(*self, body).await {
+                match self.guard.complete(body).await {
                     Ok(_) => Settled::Recorded,
                     Err(TieredError::Store(StoreError::LeaseLost)) => Settled::LeaseLost,
                     Err(_) => Settled::Failed,
@@ -232,11 +280,11 @@ pub(crate) mod durable {
         }
 
         fn release(self: Box<Self>) -> BoxFuture<'static, ()> {
-            Box::pin(async move { drop(TieredGuard::release(*self).await) })
+            Box::pin(async move { drop(self.guard.release().await) })
         }
 
         fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()> {
-            Box::pin(async move { drop(TieredGuard::mark_unknown(*self).await) })
+            Box::pin(async move { drop(self.guard.mark_unknown().await) })
         }
     }
 

@@ -23,7 +23,7 @@ use tower_service::Service;
 
 use super::body::LayerBody;
 use super::problem::Refusal;
-use super::records::{Found, Held, Settled};
+use super::records::{Found, Held, Records, Renewal, Settled};
 use super::{header, record, Settings, IDEMPOTENCY_EXPIRES, IDEMPOTENT_REPLAYED};
 use crate::{Fingerprint, Key, KeyError};
 
@@ -177,19 +177,53 @@ where
         }
     };
     let fingerprint = fingerprint(&settings, &parts, &body);
+    let request = Request::from_parts(parts, ReqB::from(body));
+    match &settings.records {
+        // Cancelling the cache's claim is safe (it is synchronous, or a wait that
+        // withdraws); the handler gets a task of its own once the key is held.
+        Records::Memory(_) => {
+            decide(settings.clone(), inner, request, key, fingerprint, true).await
+        }
+        // A store commits a claim before its answer arrives: a request future dropped in
+        // between (a client gone) would leave the key held with nobody to run it. The
+        // claim and the handler run in one task.
+        #[cfg(feature = "store")]
+        Records::Durable(_) => {
+            let decided = decide(settings.clone(), inner, request, key, fingerprint, false);
+            tokio::spawn(decided).await.unwrap_or_else(|_shut_down| {
+                refuse(Refusal::Internal, "the runtime shut down mid-request", None)
+            })
+        }
+    }
+}
+
+/// Claims `key` and answers: the handler's response (run in a task of its own if
+/// `spawn`), a replay, or a refusal.
+async fn decide<S, ReqB, ResB>(
+    settings: Arc<Settings>,
+    inner: S,
+    request: Request<ReqB>,
+    key: Key,
+    fingerprint: Fingerprint,
+    spawn: bool,
+) -> Result<Response<LayerBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+{
     match settings.records.claim(&key, fingerprint, settings.wait).await {
         Found::Acquired(held) => {
             decided!("acquired", key);
-            let request = Request::from_parts(parts, ReqB::from(body));
-            let run = tokio::spawn(execute(settings.clone(), inner, request, held, key));
-            match run.await {
-                Ok(response) => response,
-                Err(_panicked_or_shut_down) => refuse(
-                    Refusal::Internal,
-                    "the handler did not finish; the key was settled by its drop rule",
-                    None,
-                ),
+            let run = execute(settings.clone(), inner, request, held, key);
+            if !spawn {
+                return run.await;
             }
+            tokio::spawn(run).await.unwrap_or_else(|_shut_down| {
+                refuse(Refusal::Internal, "the runtime shut down mid-request", None)
+            })
         }
         Found::Completed { body, expires_at } => {
             decided!("replayed", key);
@@ -276,21 +310,31 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     ResB: Body<Data = Bytes>,
 {
-    let lease = held.lease_left();
+    let lease = held.lease();
     let beat = (lease / 3).max(std::time::Duration::from_millis(1));
     let mut handler = std::pin::pin!(inner.call(request));
     let mut renewing = true;
     let response = loop {
-        match tokio::time::timeout(beat, handler.as_mut()).await {
+        match tokio::time::timeout(beat, caught(handler.as_mut())).await {
             Ok(response) => break response,
             // Lost (taken over, removed): nothing to renew; its outcome will not be kept.
-            Err(_beat) if renewing => renewing = held.extend_lease(lease).await,
+            // A store that failed this once is asked again at the next beat.
+            Err(_beat) if renewing => {
+                renewing = !matches!(held.extend_lease(lease).await, Renewal::Lost);
+            }
             Err(_beat) => {}
         }
     };
     let response = match response {
-        Ok(response) => response,
-        Err(e) => {
+        Ok(Ok(response)) => response,
+        Err(_panicked) => {
+            decided!("panicked", key);
+            held.abandon().await;
+            let detail = "the handler did not finish; the key was settled as the cache's drop \
+                          policy settles an abandoned claim";
+            return refuse(Refusal::Internal, detail, None);
+        }
+        Ok(Err(e)) => {
             decided!("released", key);
             held.release().await;
             return Err(e);
@@ -335,6 +379,20 @@ where
         held.release().await;
     }
     Ok(Response::from_parts(parts, LayerBody::buffered(body, trailers)))
+}
+
+/// Polls `future`, answering a panic as `Err` instead of unwinding through the layer:
+/// the claim is then settled (in the store too) before the 500 goes out.
+fn caught<F: Future>(
+    mut future: Pin<&mut F>,
+) -> impl Future<Output = std::thread::Result<F::Output>> + '_ {
+    std::future::poll_fn(move |cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    })
 }
 
 /// A stored response as it was first sent, marked as a replay.

@@ -199,7 +199,6 @@ pub trait Store: Send + Sync + 'static {
         -> impl Future<Output = Result<usize, StoreError>> + Send;
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 /// Checks a lease or TTL as the cache does: more than zero, at most
 /// [`MAX_DURATION`](crate::MAX_DURATION).
 pub(crate) fn check_duration(what: &str, d: Duration) -> Result<(), StoreError> {

@@ -15,8 +15,10 @@ use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::{from_micros, micros_since_epoch, Store, StoreClaim, StoreError, StoredResult};
-use crate::{Cache, Claim, ClaimError, ClaimGuard, Fingerprint, Key, Known};
+use super::{
+    check_duration, from_micros, micros_since_epoch, Store, StoreClaim, StoreError, StoredResult,
+};
+use crate::{Cache, Claim, ClaimError, ClaimGuard, Fingerprint, Key, Known, Timestamp};
 
 /// The bytes in front of a body in the hot tier: the store's `completed_at` and
 /// `expires_at` (µs since the epoch, big-endian), so a replay from memory answers the
@@ -198,26 +200,31 @@ impl<S: Store> Tiered<S> {
         fingerprint: Fingerprint,
         local: Option<ClaimGuard>,
     ) -> Result<TieredClaim<S>, TieredError> {
-        let durable = match self.store.claim(key, fingerprint, self.lease).await {
-            Ok(durable) => durable,
-            Err(e) => {
-                let_go(local);
-                return Err(e.into());
-            }
-        };
-        if let StoreClaim::Acquired { token, lease_ends_at } = durable {
-            return Ok(TieredClaim::Acquired(TieredGuard {
-                tiered: self.clone(),
-                key: key.clone(),
-                token,
-                lease_ends_at,
-                local,
-            }));
-        }
-        let_go(local);
+        // Dropped with this future, whenever: a claim cancelled mid-way (a timeout, a
+        // client gone) leaves nothing in the hot tier that the store did not record.
+        let mut local = Local(local);
+        // Refused before anything is taken, not after the caller has executed.
+        check_duration("lease", self.lease)?;
+        check_duration("result TTL", self.completed_ttl)?;
+        check_duration("unknown TTL", self.unknown_ttl)?;
+        let durable = self.store.claim(key, fingerprint, self.lease).await?;
         Ok(match durable {
-            StoreClaim::Acquired { .. } => unreachable!("answered above"),
+            StoreClaim::Acquired { token, lease_ends_at } => {
+                let mut local = local.0.take();
+                if let Some(local) = &mut local {
+                    // Local duplicates' `Retry-After` is the store's lease, not the cache's.
+                    let _ = local.extend_lease(self.lease);
+                }
+                TieredClaim::Acquired(TieredGuard {
+                    tiered: self.clone(),
+                    key: key.clone(),
+                    token,
+                    lease_ends_at,
+                    local,
+                })
+            }
             StoreClaim::Completed(record) => {
+                drop(local);
                 self.remember(key, fingerprint, &record);
                 TieredClaim::Completed(record)
             }
@@ -241,24 +248,35 @@ impl<S: Store> Tiered<S> {
         Some(packed.freeze())
     }
 
-    /// Puts a committed record into the hot tier with its own times (so never longer
-    /// than the store keeps it). A refusal (the key got busy, the cache is full) only
-    /// means the next repeat reads through.
+    /// Puts a committed record read from the store into the hot tier with its own
+    /// times, so it expires here no later than there. A refusal (the key got busy, the
+    /// cache is full) only means the next repeat reads through.
+    ///
+    /// The remaining time is the store's expiry read on this machine's clock, and never
+    /// more than the record's whole TTL (`expires_at - completed_at`, the store's clock):
+    /// with clocks `d` apart, a record read through may outlive the store's by up to `d`,
+    /// bounded by that TTL. (Completions are exact: see [`Tiered::keep`].)
     fn remember(&self, key: &Key, fingerprint: Fingerprint, record: &StoredResult) {
         let Some(packed) = self.packed(record) else { return };
+        let whole = record.expires_at.duration_since(record.completed_at).unwrap_or_default();
+        let left = record.expires_at.duration_since(SystemTime::now()).unwrap_or_default();
+        let now = self.cache.now();
         let known = Known::Completed {
             body: Some(packed),
-            completed_at: self.cache.timestamp_at(record.completed_at),
-            expires_at: self.cache.timestamp_at(record.expires_at),
+            completed_at: now.saturating_sub(whole.saturating_sub(left)),
+            expires_at: now.saturating_add(left.min(whole)),
         };
         let _ = self.cache.insert(key, fingerprint, known);
     }
 
-    /// Completes the cache's claim with a record the store committed, for no longer than
-    /// the store keeps it; or lets it go if the record does not fit.
-    fn keep(&self, local: Option<ClaimGuard>, record: &StoredResult) {
+    /// Completes the cache's claim with a record the store committed (asked at `asked`
+    /// on the cache's clock), for no longer than the store keeps it: the store's TTL as
+    /// its own clock counted it, less the time the answer took here. Or lets the claim go
+    /// if the record does not fit.
+    fn keep(&self, local: Option<ClaimGuard>, record: &StoredResult, asked: Timestamp) {
         let Some(mut local) = local else { return };
-        let left = record.expires_at.duration_since(SystemTime::now()).unwrap_or_default();
+        let ttl = record.expires_at.duration_since(record.completed_at).unwrap_or_default();
+        let left = ttl.saturating_sub(self.cache.now().saturating_duration_since(asked));
         match self.packed(record) {
             Some(packed) if local.set_result_ttl(left).is_ok() => {
                 let _ = local.complete(packed);
@@ -267,6 +285,16 @@ impl<S: Store> Tiered<S> {
                 let _ = local.release();
             }
         }
+    }
+}
+
+/// The cache's claim while the store is asked: released when dropped, whatever the
+/// cache's drop policy.
+struct Local(Option<ClaimGuard>);
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        let_go(self.0.take());
     }
 }
 
@@ -324,26 +352,26 @@ impl<S: Store> TieredGuard<S> {
 
     /// PROCESSING → COMPLETED: written to the store first, then cached. A store error
     /// leaves the outcome to the store (the write may have committed): the cache lets the
-    /// key go, so the next claim asks the store, and after a backend error the record is
-    /// marked UNKNOWN if the store answers that (a completion that did commit stays).
+    /// key go, so the next claim asks the store; and unless the lease was lost, the record
+    /// is marked UNKNOWN if the store answers that (a completion that did commit stays).
     pub async fn complete(mut self, result: impl Into<Bytes>) -> Result<StoredResult, TieredError> {
         let tiered = &self.tiered;
         let body = Some(result.into());
+        let asked = tiered.cache.now();
         let outcome =
             tiered.store.complete(&self.key, self.token, body, tiered.completed_ttl).await;
         let local = self.local.take();
         match &outcome {
-            Ok(record) => tiered.keep(local, record),
-            Err(e) => {
+            Ok(record) => tiered.keep(local, record, asked),
+            Err(StoreError::LeaseLost) => let_go(local),
+            Err(_) => {
                 let_go(local);
-                if matches!(e, StoreError::Backend(_)) {
-                    // The write may not have committed, and the effect has happened: mark
-                    // it UNKNOWN if the store answers again (refused, harmlessly, if the
-                    // completion did commit). Still down, the record stays PROCESSING
-                    // until its lease lapses.
-                    let (key, token, ttl) = (&self.key, self.token, tiered.unknown_ttl);
-                    let _ = tiered.store.mark_unknown(key, token, ttl).await;
-                }
+                // Not recorded (a body the store refuses), or maybe not (the store failed
+                // mid-way), and the effect has happened: mark it UNKNOWN, never to be
+                // re-run blindly. Refused, harmlessly, if the completion did commit; with
+                // the store still down, the record stays PROCESSING until its lease lapses.
+                let (key, token, ttl) = (&self.key, self.token, tiered.unknown_ttl);
+                let _ = tiered.store.mark_unknown(key, token, ttl).await;
             }
         }
         Ok(outcome?)

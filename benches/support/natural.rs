@@ -1,0 +1,216 @@
+//! The same claim-or-return job with each peer keyed the way its own users key it: a
+//! request arrives as a 16-byte id (a parsed UUID) and its 32-character hex header; a
+//! dashmap, quick_cache or moka user keys by the `[u8; 16]` (ahash) or by the header's
+//! `String`, and stores the request's fingerprint computed elsewhere; an idemcache user
+//! builds its `Key` (scope, tenant, the header) and the request's `Fingerprint` on every
+//! call, inside the timing. Shared by `benches/natural.rs`, `bench_report` and
+//! `instructions` (callgrind counts).
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use ahash::RandomState;
+use bytes::Bytes;
+use idemcache::{Cache, Claim, Fingerprint, Key};
+
+pub const TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// The request's body, hashed into idemcache's fingerprint on every call.
+pub const REQUEST: &[u8] = br#"{"item":"book","qty":2,"currency":"EUR","amount":1999}"#;
+
+/// One request: its id, and the same id as the client's header sent it.
+#[derive(Clone)]
+pub struct Ask {
+    pub id: [u8; 16],
+    pub header: String,
+}
+
+/// The request numbered `i` (ids are scattered, as UUIDs are).
+pub fn ask(i: u64) -> Ask {
+    let hi = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let id = ((u128::from(hi) << 64) | u128::from(i)).to_be_bytes();
+    let mut header = String::with_capacity(32);
+    for b in id {
+        use std::fmt::Write;
+        let _ = write!(header, "{b:02x}");
+    }
+    Ask { id, header }
+}
+
+/// A 128-byte result in its own allocation, as a real response body is.
+pub fn result(i: u64) -> Bytes {
+    let mut body = vec![b'r'; 128];
+    body[..8].copy_from_slice(&i.to_le_bytes());
+    Bytes::from(body)
+}
+
+/// What a claim found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Executed,
+    Replayed(Bytes),
+    Busy,
+}
+
+/// What the map peers store: the marker, or the result, with the request's fingerprint.
+#[derive(Clone)]
+pub enum Slot {
+    Processing(u128),
+    Completed(u128, Bytes),
+}
+
+/// The fingerprint the map peers store: computed by their users once, elsewhere.
+const STORED_FP: u128 = 0x5eed;
+
+pub trait NaturalPeer: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn claim_complete(&self, ask: &Ask, execute: &dyn Fn() -> Bytes) -> Outcome;
+}
+
+pub const NATURAL: [&str; 7] = [
+    "idemcache (Key + Fingerprint per call)",
+    "dashmap [u8; 16]",
+    "dashmap String",
+    "quick_cache [u8; 16]",
+    "quick_cache String",
+    "moka [u8; 16]",
+    "moka String",
+];
+
+pub fn build(name: &str, capacity: usize) -> Box<dyn NaturalPeer> {
+    match name {
+        "idemcache (Key + Fingerprint per call)" => Box::new(Idemcache(
+            Cache::builder()
+                .max_entries(capacity)
+                .max_bytes(usize::MAX / 2)
+                .completed_ttl(TTL)
+                .build()
+                .unwrap(),
+        )),
+        "dashmap [u8; 16]" => Box::new(DashMapPeer::<[u8; 16]>(
+            dashmap::DashMap::with_hasher(RandomState::new()),
+            "dashmap [u8; 16]",
+        )),
+        "dashmap String" => Box::new(DashMapPeer::<String>(
+            dashmap::DashMap::with_hasher(RandomState::new()),
+            "dashmap String",
+        )),
+        "quick_cache [u8; 16]" => Box::new(QuickCachePeer::<[u8; 16]>(
+            quick_cache::sync::Cache::new(capacity),
+            "quick_cache [u8; 16]",
+        )),
+        "quick_cache String" => Box::new(QuickCachePeer::<String>(
+            quick_cache::sync::Cache::new(capacity),
+            "quick_cache String",
+        )),
+        "moka [u8; 16]" => Box::new(MokaPeer::<[u8; 16]>(
+            moka::sync::Cache::builder().max_capacity(capacity as u64).time_to_live(TTL).build(),
+            "moka [u8; 16]",
+        )),
+        "moka String" => Box::new(MokaPeer::<String>(
+            moka::sync::Cache::builder().max_capacity(capacity as u64).time_to_live(TTL).build(),
+            "moka String",
+        )),
+        other => panic!("unknown peer {other}"),
+    }
+}
+
+/// How each map peer's user turns a request into its key.
+pub trait NaturalKey: std::hash::Hash + Eq + Clone + Send + Sync + 'static {
+    fn of(ask: &Ask) -> Self;
+}
+
+impl NaturalKey for [u8; 16] {
+    fn of(ask: &Ask) -> Self {
+        ask.id
+    }
+}
+
+impl NaturalKey for String {
+    fn of(ask: &Ask) -> Self {
+        ask.header.clone()
+    }
+}
+
+struct Idemcache(Cache);
+
+impl NaturalPeer for Idemcache {
+    fn name(&self) -> &'static str {
+        "idemcache (Key + Fingerprint per call)"
+    }
+    fn claim_complete(&self, ask: &Ask, execute: &dyn Fn() -> Bytes) -> Outcome {
+        let key = Key::new("POST /v1/orders", "user:42", &ask.header).unwrap();
+        let fp = Fingerprint::of(REQUEST);
+        match self.0.claim(&key, fp).expect("benchmarks never fill the cache with in-flight work") {
+            Claim::Acquired(guard) => {
+                guard.complete(execute()).unwrap();
+                Outcome::Executed
+            }
+            Claim::Completed(replay) => Outcome::Replayed(replay.body.unwrap_or_default()),
+            _ => Outcome::Busy,
+        }
+    }
+}
+
+struct DashMapPeer<K>(dashmap::DashMap<K, Slot, RandomState>, &'static str);
+
+impl<K: NaturalKey> NaturalPeer for DashMapPeer<K> {
+    fn name(&self) -> &'static str {
+        self.1
+    }
+    fn claim_complete(&self, ask: &Ask, execute: &dyn Fn() -> Bytes) -> Outcome {
+        use dashmap::mapref::entry::Entry;
+        let key = K::of(ask);
+        match self.0.entry(key.clone()) {
+            Entry::Occupied(e) => match e.get() {
+                Slot::Completed(_, body) => return Outcome::Replayed(body.clone()),
+                Slot::Processing(_) => return Outcome::Busy,
+            },
+            Entry::Vacant(v) => {
+                v.insert(Slot::Processing(STORED_FP));
+            }
+        }
+        self.0.insert(key, Slot::Completed(STORED_FP, execute()));
+        Outcome::Executed
+    }
+}
+
+struct QuickCachePeer<K>(quick_cache::sync::Cache<K, Slot>, &'static str);
+
+impl<K: NaturalKey> NaturalPeer for QuickCachePeer<K> {
+    fn name(&self) -> &'static str {
+        self.1
+    }
+    fn claim_complete(&self, ask: &Ask, execute: &dyn Fn() -> Bytes) -> Outcome {
+        match self.0.get_value_or_guard(&K::of(ask), Some(Duration::ZERO)) {
+            quick_cache::sync::GuardResult::Guard(guard) => {
+                let _ = guard.insert(Slot::Completed(STORED_FP, execute()));
+                Outcome::Executed
+            }
+            quick_cache::sync::GuardResult::Value(Slot::Completed(_, body)) => {
+                Outcome::Replayed(body)
+            }
+            _ => Outcome::Busy,
+        }
+    }
+}
+
+struct MokaPeer<K>(moka::sync::Cache<K, Slot>, &'static str);
+
+impl<K: NaturalKey> NaturalPeer for MokaPeer<K> {
+    fn name(&self) -> &'static str {
+        self.1
+    }
+    fn claim_complete(&self, ask: &Ask, execute: &dyn Fn() -> Bytes) -> Outcome {
+        let key = K::of(ask);
+        let entry = self.0.entry(key.clone()).or_insert_with(|| Slot::Processing(STORED_FP));
+        if entry.is_fresh() {
+            self.0.insert(key, Slot::Completed(STORED_FP, execute()));
+            return Outcome::Executed;
+        }
+        match entry.into_value() {
+            Slot::Completed(_, body) => Outcome::Replayed(body),
+            Slot::Processing(_) => Outcome::Busy,
+        }
+    }
+}

@@ -1,0 +1,782 @@
+//! The durable tier and the layer over it under faults: cancelled claims, clients gone
+//! mid-claim, store blips during renewal, skewed store clocks, settings the store refuses,
+//! panicking handlers. Most run over SQLite through `Faulty`, a wrapper that injects a
+//! fault into a real store. Lapses are waited for by bounded polling on the store's clock;
+//! nothing asserts a duration.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::body::Body;
+use axum::http::{Request, Response};
+use bytes::Bytes;
+use idemcache::layer::IdempotencyLayer;
+use idemcache::store::{
+    SqliteStore, Store, StoreClaim, StoreError, StoredResult, Tiered, TieredClaim, TieredError,
+    UnknownRecord,
+};
+use idemcache::{Cache, DropPolicy, Fingerprint, Key};
+use tokio::sync::{Notify, Semaphore};
+use tower::{Layer, ServiceExt};
+
+// ---------------------------------------------------------------- a faulty store wrapper
+
+#[derive(Default)]
+struct Faults {
+    /// Pend forever before asking the inner store (the claim never reaches it).
+    hang_before_claim: AtomicBool,
+    /// How many completions are refused with `InvalidInput` (a body the store refuses).
+    refused_completions: AtomicUsize,
+    /// Notified when a hanging claim reached its hang point.
+    hung: Notify,
+    /// How many extend_lease calls fail with a Backend error (a blip).
+    failing_extends: AtomicUsize,
+    /// Every extend_lease's requested lease.
+    extends: Mutex<Vec<Duration>>,
+    /// Seconds added to every time the store reports (its clock vs ours).
+    skew_secs: AtomicI64,
+}
+
+struct Faulty<S> {
+    inner: S,
+    f: Arc<Faults>,
+}
+
+impl<S> std::fmt::Debug for Faulty<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Faulty")
+    }
+}
+
+impl<S> Faulty<S> {
+    fn t(&self, at: SystemTime) -> SystemTime {
+        let s = self.f.skew_secs.load(Ordering::SeqCst);
+        if s >= 0 {
+            at + Duration::from_secs(s as u64)
+        } else {
+            at - Duration::from_secs((-s) as u64)
+        }
+    }
+    fn r(&self, mut r: StoredResult) -> StoredResult {
+        r.completed_at = self.t(r.completed_at);
+        r.expires_at = self.t(r.expires_at);
+        r
+    }
+}
+
+impl<S: Store> Store for Faulty<S> {
+    async fn claim(
+        &self,
+        key: &Key,
+        fp: Fingerprint,
+        lease: Duration,
+    ) -> Result<StoreClaim, StoreError> {
+        if self.f.hang_before_claim.load(Ordering::SeqCst) {
+            self.f.hung.notify_one();
+            std::future::pending::<()>().await;
+        }
+        let c = self.inner.claim(key, fp, lease).await?;
+        Ok(match c {
+            StoreClaim::Acquired { token, lease_ends_at } => {
+                StoreClaim::Acquired { token, lease_ends_at: self.t(lease_ends_at) }
+            }
+            StoreClaim::Completed(r) => StoreClaim::Completed(self.r(r)),
+            StoreClaim::InProgress { lease_ends_at } => {
+                StoreClaim::InProgress { lease_ends_at: self.t(lease_ends_at) }
+            }
+            StoreClaim::Unknown { marked_at } => {
+                StoreClaim::Unknown { marked_at: self.t(marked_at) }
+            }
+            StoreClaim::Mismatch => StoreClaim::Mismatch,
+        })
+    }
+    async fn complete(
+        &self,
+        key: &Key,
+        token: u64,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> Result<StoredResult, StoreError> {
+        let refused = self.f.refused_completions.load(Ordering::SeqCst);
+        if refused > 0 {
+            self.f.refused_completions.store(refused - 1, Ordering::SeqCst);
+            return Err(StoreError::InvalidInput("a body too large for this store".into()));
+        }
+        self.inner.complete(key, token, body, ttl).await.map(|r| self.r(r))
+    }
+    async fn extend_lease(
+        &self,
+        key: &Key,
+        token: u64,
+        lease: Duration,
+    ) -> Result<SystemTime, StoreError> {
+        self.f.extends.lock().unwrap().push(lease);
+        let failing = self.f.failing_extends.load(Ordering::SeqCst);
+        if failing > 0 {
+            self.f.failing_extends.store(failing - 1, Ordering::SeqCst);
+            return Err(StoreError::Backend("a transient blip".into()));
+        }
+        self.inner.extend_lease(key, token, lease).await.map(|t| self.t(t))
+    }
+    async fn release(&self, key: &Key, token: u64) -> Result<(), StoreError> {
+        self.inner.release(key, token).await
+    }
+    async fn mark_unknown(&self, key: &Key, token: u64, ttl: Duration) -> Result<(), StoreError> {
+        self.inner.mark_unknown(key, token, ttl).await
+    }
+    async fn resolve(
+        &self,
+        key: &Key,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> Result<StoredResult, StoreError> {
+        self.inner.resolve(key, body, ttl).await
+    }
+    async fn forget(&self, key: &Key) -> Result<(), StoreError> {
+        self.inner.forget(key).await
+    }
+    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
+        self.inner.unknown(limit).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+}
+
+// ---------------------------------------------------------------- helpers
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("idemcache-faults-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("records.db")
+}
+
+async fn faulty(path: &std::path::Path) -> (Faulty<SqliteStore>, Arc<Faults>) {
+    let inner = SqliteStore::open(path).unwrap();
+    inner.ensure_schema().await.unwrap();
+    let f = Arc::new(Faults::default());
+    (Faulty { inner, f: f.clone() }, f)
+}
+
+fn fp(r: &str) -> Fingerprint {
+    Fingerprint::of(r.as_bytes())
+}
+
+fn key(k: &str) -> Key {
+    Key::without_tenant("POST /x", k).unwrap()
+}
+
+fn request(k: &str) -> Request<Body> {
+    Request::post("/x").header("idempotency-key", k).body(Body::empty()).unwrap()
+}
+
+/// A service counting runs; it waits on `gate` (if closed) and panics if asked.
+#[derive(Clone)]
+struct H {
+    runs: Arc<AtomicUsize>,
+    gate: Arc<Semaphore>,
+}
+
+impl H {
+    fn new(permits: usize) -> Self {
+        H { runs: Arc::default(), gate: Arc::new(Semaphore::new(permits)) }
+    }
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+    fn service(
+        &self,
+        layer: &IdempotencyLayer,
+    ) -> impl tower::Service<
+        Request<Body>,
+        Response = Response<idemcache::layer::LayerBody<Body>>,
+        Error = Infallible,
+        Future = impl Send,
+    > + Clone
+           + Send {
+        let h = self.clone();
+        layer.layer(tower::service_fn(move |req: Request<Body>| {
+            let h = h.clone();
+            async move {
+                h.runs.fetch_add(1, Ordering::SeqCst);
+                h.gate.acquire().await.unwrap().forget();
+                if req.headers().contains_key("x-panic") {
+                    panic!("asked to panic");
+                }
+                Ok::<_, Infallible>(
+                    Response::builder().status(201).body(Body::from("made")).unwrap(),
+                )
+            }
+        }))
+    }
+}
+
+async fn until(mut done: impl FnMut() -> bool) {
+    for _ in 0..5000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("never held");
+}
+
+/// Sends `k` to `svc` until the answer is not 409 request_in_progress (the store's lease
+/// lapsed), bounded.
+async fn until_not_in_progress<S>(svc: &S, k: &str) -> Response<idemcache::layer::LayerBody<Body>>
+where
+    S: tower::Service<
+            Request<Body>,
+            Response = Response<idemcache::layer::LayerBody<Body>>,
+            Error = Infallible,
+        > + Clone,
+{
+    for _ in 0..1000 {
+        let r = svc.clone().oneshot(request(k)).await.unwrap();
+        if r.status() != 409 {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("always 409");
+}
+
+// ---------------------------------------------------------------- cancellation
+
+/// A `Tiered::claim` future dropped while the store is asked (a timeout, a client gone)
+/// leaves nothing in the hot tier, even with `DropPolicy::MarkUnknown`: the store never
+/// saw the key, so the next claim acquires.
+#[tokio::test]
+async fn a_cancelled_claim_leaves_nothing_in_the_hot_tier() {
+    let path = scratch("f1");
+    let (store, f) = faulty(&path).await;
+    let cache = Cache::builder().drop_policy(DropPolicy::MarkUnknown).build().unwrap();
+    let tiered = Tiered::new(cache, store);
+    let k = key("f1");
+    f.hang_before_claim.store(true, Ordering::SeqCst);
+    tokio::select! {
+        _ = tiered.claim(&k, fp("r")) => unreachable!(),
+        _ = f.hung.notified() => {} // the claim future is dropped here
+    }
+    f.hang_before_claim.store(false, Ordering::SeqCst);
+    // The store never saw the key: a fresh Tiered over it acquires.
+    let other = Tiered::new(Cache::builder().build().unwrap(), SqliteStore::open(&path).unwrap());
+    let fresh = other.claim(&key("f1-other"), fp("r")).await.unwrap();
+    assert!(matches!(fresh, TieredClaim::Acquired(_)));
+    let again = tiered.claim(&k, fp("r")).await.unwrap();
+    assert!(
+        matches!(again, TieredClaim::Acquired(_)),
+        "the store has nothing for this key, but the hot tier answers {again:?}"
+    );
+}
+
+/// A renewal the store fails once (a blip) is tried again at the next beat: the lease
+/// never lapses while the handler runs, and another instance never runs it a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_renewal_is_retried_and_the_request_never_runs_twice() {
+    let path = scratch("f3");
+    let lease = Duration::from_millis(900);
+    let (store_a, fa) = faulty(&path).await;
+    let (store_b, _) = faulty(&path).await;
+    let a = IdempotencyLayer::tiered(
+        Tiered::new(Cache::builder().build().unwrap(), store_a).lease(lease),
+    );
+    let b = IdempotencyLayer::tiered(
+        Tiered::new(Cache::builder().build().unwrap(), store_b).lease(lease),
+    );
+    let h = H::new(0);
+    let (sa, sb) = (h.service(&a), h.service(&b));
+    fa.failing_extends.store(1, Ordering::SeqCst);
+    let first = tokio::spawn(sa.oneshot(request("f3")));
+    until(|| h.runs() == 1).await;
+    until(|| !fa.extends.lock().unwrap().is_empty()).await; // the blip happened
+                                                            // B asks until A's lease lapses (or forever 409 if A kept renewing; bounded).
+    let mut b_runs = false;
+    // ~3 s of asking (each ask is answered at once, then 20 ms): three leases, long
+    // enough for a lapse to show.
+    for _ in 0..120 {
+        let r = tokio::spawn(sb.clone().oneshot(request("f3")));
+        let _ = tokio::time::timeout(Duration::from_millis(50), r).await;
+        if h.runs() == 2 {
+            b_runs = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    h.gate.add_permits(10);
+    let _ = first.await;
+    let extends = fa.extends.lock().unwrap().len();
+    assert!(
+        !b_runs,
+        "a second execution after one failed renewal; A renewed {extends} times in all"
+    );
+}
+
+/// Renewals ask for the `Tiered`'s lease, never a remainder computed against this
+/// machine's clock: a store whose clock is an hour behind still gets its lease renewed,
+/// and the request never runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_ignores_a_store_clock_behind_ours() {
+    let path = scratch("f4");
+    let lease = Duration::from_millis(900);
+    let (store_a, fa) = faulty(&path).await;
+    fa.skew_secs.store(-3600, Ordering::SeqCst); // the DB server's clock is 1 h behind
+    let (store_b, _) = faulty(&path).await;
+    let a = IdempotencyLayer::tiered(
+        Tiered::new(Cache::builder().build().unwrap(), store_a).lease(lease),
+    );
+    let b = IdempotencyLayer::tiered(
+        Tiered::new(Cache::builder().build().unwrap(), store_b).lease(lease),
+    );
+    let h = H::new(0);
+    let (sa, sb) = (h.service(&a), h.service(&b));
+    let first = tokio::spawn(sa.oneshot(request("f4")));
+    until(|| h.runs() == 1).await;
+    until(|| !fa.extends.lock().unwrap().is_empty()).await;
+    let mut b_runs = false;
+    // ~3 s of asking (each ask is answered at once, then 20 ms): three leases, long
+    // enough for a lapse to show.
+    for _ in 0..120 {
+        let r = tokio::spawn(sb.clone().oneshot(request("f4")));
+        let _ = tokio::time::timeout(Duration::from_millis(50), r).await;
+        if h.runs() == 2 {
+            b_runs = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    h.gate.add_permits(10);
+    let _ = first.await;
+    let extends = fa.extends.lock().unwrap().clone();
+    assert!(!b_runs, "run twice; the leases A asked to renew with: {extends:?}");
+    assert!(extends.iter().all(|&l| l == lease), "{extends:?}");
+}
+
+/// A TTL the store would refuse (zero, over `MAX_DURATION`) is refused before anything
+/// is claimed: the handler never runs, rather than running and then failing to record.
+#[tokio::test]
+async fn a_ttl_the_store_refuses_is_refused_before_executing() {
+    let path = scratch("f5");
+    for ttl in [Duration::ZERO, idemcache::MAX_DURATION + Duration::from_secs(1)] {
+        let (store, _) = faulty(&path).await;
+        let tiered = Tiered::new(Cache::builder().build().unwrap(), store).completed_ttl(ttl);
+        let claimed = tiered.claim(&key("f5"), fp("r")).await;
+        assert!(
+            matches!(claimed, Err(TieredError::Store(StoreError::InvalidInput(_)))),
+            "{claimed:?}"
+        );
+        let h = H::new(Semaphore::MAX_PERMITS);
+        let svc = h.service(&IdempotencyLayer::tiered(tiered));
+        assert_eq!(svc.clone().oneshot(request("f5")).await.unwrap().status(), 500);
+        assert_eq!(h.runs(), 0);
+    }
+}
+
+/// A completion the store refuses (a body too large for it) after the effect happened
+/// marks the record UNKNOWN: never re-run blindly, and listed for a reconciler.
+#[tokio::test]
+async fn a_completion_the_store_refuses_is_marked_unknown() {
+    let path = scratch("f5b");
+    let (store, f) = faulty(&path).await;
+    let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
+    let k = key("f5b");
+    let TieredClaim::Acquired(g) = tiered.claim(&k, fp("r")).await.unwrap() else { panic!() };
+    f.refused_completions.store(1, Ordering::SeqCst);
+    let done = g.complete(&b"effect"[..]).await;
+    assert!(matches!(done, Err(TieredError::Store(StoreError::InvalidInput(_)))), "{done:?}");
+    let answer = tiered.claim(&k, fp("r")).await.unwrap();
+    assert!(matches!(answer, TieredClaim::Unknown { .. }), "{answer:?}");
+    assert!(tiered.store().unknown(10).await.unwrap().iter().any(|u| u.key == k));
+}
+
+/// A handler that panics over a store: the panic is caught and the key settled as the
+/// cache's drop policy says (the default releases it), in the store too, so the retry runs.
+#[tokio::test]
+async fn a_panicking_handler_over_a_store_releases_the_key() {
+    let path = scratch("f6");
+    let (store, _) = faulty(&path).await;
+    let layer = IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), store));
+    let h = H::new(Semaphore::MAX_PERMITS);
+    let svc = h.service(&layer);
+    let mut panicking = request("f6");
+    panicking.headers_mut().insert("x-panic", "1".parse().unwrap());
+    assert_eq!(svc.clone().oneshot(panicking).await.unwrap().status(), 500);
+    let retry = svc.clone().oneshot(request("f6")).await.unwrap();
+    let ra = retry.headers().get("retry-after").cloned();
+    assert_eq!(retry.status(), 201, "retry after a panic: {} retry-after {ra:?}", retry.status());
+}
+
+/// `Retry-After` for a duplicate is the store's lease whichever instance answers it (the
+/// one executing answers from memory, the other from the store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_the_stores_lease_in_every_instance() {
+    let path = scratch("f7");
+    let (store_a, _) = faulty(&path).await;
+    let (store_b, _) = faulty(&path).await;
+    let lease = Duration::from_secs(3);
+    let a = IdempotencyLayer::tiered(
+        Tiered::new(Cache::builder().build().unwrap(), store_a).lease(lease),
+    );
+    let b = IdempotencyLayer::tiered(
+        Tiered::new(Cache::builder().build().unwrap(), store_b).lease(lease),
+    );
+    let h = H::new(0);
+    let (sa, sb) = (h.service(&a), h.service(&b));
+    let first = tokio::spawn(sa.clone().oneshot(request("f7")));
+    until(|| h.runs() == 1).await;
+    let here = sa.clone().oneshot(request("f7")).await.unwrap();
+    let there = sb.clone().oneshot(request("f7")).await.unwrap();
+    let ra = |r: &Response<_>| r.headers()["retry-after"].to_str().unwrap().parse::<u64>().unwrap();
+    let (here_s, there_s) = (ra(&here), ra(&there));
+    h.gate.add_permits(10);
+    let _ = first.await;
+    assert!(
+        here_s <= 3,
+        "local duplicate Retry-After {here_s}, another instance's {there_s}, store lease 3 s"
+    );
+    assert!(there_s <= 3, "{there_s}");
+}
+
+// ---------------------------------------------------------------- boundaries
+
+#[tokio::test]
+async fn results_at_the_hot_tiers_size_boundaries_replay_exactly() {
+    let path = scratch("h1");
+    let (store, _) = faulty(&path).await;
+    let max = 1024;
+    let tiered = Tiered::new(Cache::builder().max_result_size(max).build().unwrap(), store);
+    for (name, len) in
+        [("empty", 0), ("fits", max - 16), ("over", max - 15), ("max", max), ("big", max * 4)]
+    {
+        let k = key(name);
+        let TieredClaim::Acquired(g) = tiered.claim(&k, fp("r")).await.unwrap() else { panic!() };
+        let body = Bytes::from(vec![7u8; len]);
+        let stored = g.complete(body.clone()).await.unwrap();
+        for i in 0..3 {
+            match tiered.claim(&k, fp("r")).await.unwrap() {
+                TieredClaim::Completed(r) => {
+                    assert_eq!(r.body.as_ref(), Some(&body), "{name} {i}");
+                    assert_eq!(r.completed_at, stored.completed_at, "{name} {i}");
+                    assert_eq!(r.expires_at, stored.expires_at, "{name} {i}");
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        // A fresh instance reads the same from the store.
+        let other = Tiered::new(
+            Cache::builder().max_result_size(max).build().unwrap(),
+            SqliteStore::open(&path).unwrap(),
+        );
+        match other.claim(&k, fp("r")).await.unwrap() {
+            TieredClaim::Completed(r) => {
+                assert_eq!(r.body.as_ref(), Some(&body), "{name} fresh");
+                assert_eq!(r.expires_at, stored.expires_at);
+            }
+            o => panic!("{o:?}"),
+        }
+        assert!(matches!(tiered.claim(&k, fp("other")).await.unwrap(), TieredClaim::Mismatch));
+    }
+    // A tiny cache result size (< 16) never caches but still answers.
+    let tiny = Tiered::new(
+        Cache::builder().max_result_size(1).build().unwrap(),
+        SqliteStore::open(&path).unwrap(),
+    );
+    let k = key("tiny");
+    let TieredClaim::Acquired(g) = tiny.claim(&k, fp("r")).await.unwrap() else { panic!() };
+    g.complete(Bytes::new()).await.unwrap();
+    assert!(matches!(tiny.claim(&k, fp("r")).await.unwrap(), TieredClaim::Completed(_)));
+}
+
+#[tokio::test]
+async fn a_stale_owner_is_fenced_across_instances() {
+    let path = scratch("h2");
+    let (sa, _) = faulty(&path).await;
+    let (sb, _) = faulty(&path).await;
+    let a = Tiered::new(Cache::builder().build().unwrap(), sa).lease(Duration::from_millis(100));
+    let b = Tiered::new(Cache::builder().build().unwrap(), sb).lease(Duration::from_secs(30));
+    let k = key("fence");
+    let TieredClaim::Acquired(mut ga) = a.claim(&k, fp("r")).await.unwrap() else { panic!() };
+    let gb = loop {
+        match b.claim(&k, fp("r")).await.unwrap() {
+            TieredClaim::Acquired(g) => break g,
+            _ => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    };
+    assert!(gb.token() > ga.token());
+    assert!(matches!(
+        ga.extend_lease(Duration::from_secs(30)).await,
+        Err(TieredError::Store(StoreError::LeaseLost))
+    ));
+    gb.complete(&b"B"[..]).await.unwrap();
+    assert!(matches!(ga.complete(&b"A"[..]).await, Err(TieredError::Store(StoreError::LeaseLost))));
+    for t in [&a, &b] {
+        match t.claim(&k, fp("r")).await.unwrap() {
+            TieredClaim::Completed(r) => assert_eq!(r.body.unwrap(), "B"),
+            o => panic!("{o:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn bad_durations_are_typed_errors_and_nothing_runs() {
+    let path = scratch("h3");
+    for lease in [Duration::ZERO, Duration::MAX, idemcache::MAX_DURATION + Duration::from_nanos(1)]
+    {
+        let (store, _) = faulty(&path).await;
+        let t = Tiered::new(Cache::builder().build().unwrap(), store).lease(lease);
+        let r = t.claim(&key("bad"), fp("r")).await;
+        assert!(matches!(r, Err(TieredError::Store(StoreError::InvalidInput(_)))), "{r:?}");
+        let h = H::new(Semaphore::MAX_PERMITS);
+        let svc = h.service(&IdempotencyLayer::tiered(t));
+        let resp = svc.oneshot(request("bad")).await.unwrap();
+        assert!(resp.status().is_server_error());
+        assert_eq!(h.runs(), 0);
+    }
+    let (store, _) = faulty(&path).await;
+    let t = Tiered::new(Cache::builder().build().unwrap(), store);
+    let TieredClaim::Acquired(mut g) = t.claim(&key("ext"), fp("r")).await.unwrap() else {
+        panic!()
+    };
+    for d in [Duration::ZERO, Duration::MAX] {
+        assert!(matches!(
+            g.extend_lease(d).await,
+            Err(TieredError::Store(StoreError::InvalidInput(_)))
+        ));
+    }
+    g.complete(&b"x"[..]).await.unwrap();
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn an_unreachable_postgres_is_503_and_nothing_runs() {
+    let store = idemcache::store::PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 2)
+        .unwrap();
+    let h = H::new(Semaphore::MAX_PERMITS);
+    let svc =
+        h.service(&IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), store)));
+    let r = svc.oneshot(request("pg")).await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(h.runs(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_duplicates_across_instances_replay() {
+    let path = scratch("h4");
+    let (sa, _) = faulty(&path).await;
+    let (sb, _) = faulty(&path).await;
+    let a = IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), sa))
+        .wait(Duration::from_secs(20));
+    let b = IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), sb))
+        .wait(Duration::from_secs(20));
+    let h = H::new(0);
+    let (va, vb) = (h.service(&a), h.service(&b));
+    let first = tokio::spawn(va.clone().oneshot(request("w")));
+    until(|| h.runs() == 1).await;
+    let dups: Vec<_> = (0..6)
+        .map(|i| {
+            let s = if i % 2 == 0 { va.clone() } else { vb.clone() };
+            tokio::spawn(s.oneshot(request("w")))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.gate.add_permits(100);
+    assert_eq!(first.await.unwrap().unwrap().status(), 201);
+    for d in dups {
+        let r = d.await.unwrap().unwrap();
+        assert_eq!(r.status(), 201);
+        assert_eq!(r.headers()["idempotent-replayed"], "true");
+        assert!(r.headers().contains_key("idempotency-expires"));
+    }
+    assert_eq!(h.runs(), 1);
+}
+
+/// A client gone while the store's claim is in flight (the job is on SQLite's worker and
+/// commits): the claim and the handler run in a task of their own, so the key is neither
+/// wedged nor lost: the handler runs once and the retry gets its replay.
+#[tokio::test]
+async fn a_client_gone_during_the_store_claim_neither_wedges_nor_reruns() {
+    let path = scratch("f2b");
+    let store = SqliteStore::open(&path).unwrap();
+    store.ensure_schema().await.unwrap();
+    let layer = IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), store));
+    let h = H::new(Semaphore::MAX_PERMITS);
+    let svc = h.service(&layer);
+    {
+        let mut call = std::pin::pin!(svc.clone().oneshot(request("f2b")));
+        // Poll until it waits on the store, then drop it: the client hung up.
+        assert!(futures_poll_once(call.as_mut()).await.is_none());
+    }
+    let retry = until_not_in_progress(&svc, "f2b").await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(h.runs(), 1);
+}
+
+/// The same with a cache built with `DropPolicy::MarkUnknown`: nothing is marked unknown
+/// for a request that runs to completion after its client left.
+#[tokio::test]
+async fn a_client_gone_during_the_claim_with_mark_unknown_leaves_no_unknown() {
+    let path = scratch("f1b");
+    let store = SqliteStore::open(&path).unwrap();
+    store.ensure_schema().await.unwrap();
+    let cache = Cache::builder().drop_policy(DropPolicy::MarkUnknown).build().unwrap();
+    let layer = IdempotencyLayer::tiered(Tiered::new(cache, store));
+    let h = H::new(Semaphore::MAX_PERMITS);
+    let svc = h.service(&layer);
+    {
+        let mut call = std::pin::pin!(svc.clone().oneshot(request("f1b")));
+        assert!(futures_poll_once(call.as_mut()).await.is_none());
+    }
+    let retry = until_not_in_progress(&svc, "f1b").await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(h.runs(), 1);
+}
+
+async fn futures_poll_once<F: std::future::Future + Unpin>(f: F) -> Option<F::Output> {
+    let mut f = f;
+    std::future::poll_fn(|cx| match std::pin::Pin::new(&mut f).poll(cx) {
+        std::task::Poll::Ready(v) => std::task::Poll::Ready(Some(v)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await
+}
+
+/// A store clock an hour ahead of ours: a completion is kept in the hot tier for the
+/// store's TTL as the store counted it, so never longer than the store keeps it.
+#[tokio::test]
+async fn the_hot_tier_never_outlives_the_store_when_its_clock_is_ahead() {
+    let path = scratch("f8");
+    let (store, f) = faulty(&path).await;
+    f.skew_secs.store(3600, Ordering::SeqCst);
+    let tiered = Tiered::new(Cache::builder().build().unwrap(), store)
+        .completed_ttl(Duration::from_millis(200));
+    let k = key("f8");
+    let TieredClaim::Acquired(g) = tiered.claim(&k, fp("r")).await.unwrap() else { panic!() };
+    g.complete(&b"x"[..]).await.unwrap();
+    // Wait until the store itself has dropped the record (its clock).
+    let plain = SqliteStore::open(&path).unwrap();
+    let mut gone = false;
+    for _ in 0..500 {
+        if let StoreClaim::Acquired { token, .. } =
+            plain.claim(&k, fp("r"), Duration::from_secs(30)).await.unwrap()
+        {
+            plain.release(&k, token).await.unwrap();
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(gone);
+    let here = tiered.claim(&k, fp("r")).await.unwrap();
+    assert!(
+        !matches!(here, TieredClaim::Completed(_)),
+        "the store forgot it; the hot tier still replays {here:?}"
+    );
+}
+
+#[cfg(all(feature = "postgres", feature = "redis"))]
+mod remote {
+    use super::*;
+
+    async fn prefix_over<S: Store + std::fmt::Debug, F: Fn() -> S>(make: F, tag: &str) {
+        let max = 1024;
+        let run = format!(
+            "{tag}-{}",
+            SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos()
+        );
+        let tiered = Tiered::new(Cache::builder().max_result_size(max).build().unwrap(), make());
+        for (name, len) in [("empty", 0), ("fits", max - 16), ("over", max - 15), ("big", max * 4)]
+        {
+            let k = Key::new("POST /x", &run, name).unwrap();
+            let TieredClaim::Acquired(g) = tiered.claim(&k, fp("r")).await.unwrap() else {
+                panic!()
+            };
+            let body = Bytes::from(vec![9u8; len]);
+            let stored = g.complete(body.clone()).await.unwrap();
+            for fresh in [false, true] {
+                let t2;
+                let t = if fresh {
+                    t2 =
+                        Tiered::new(Cache::builder().max_result_size(max).build().unwrap(), make());
+                    &t2
+                } else {
+                    &tiered
+                };
+                match t.claim(&k, fp("r")).await.unwrap() {
+                    TieredClaim::Completed(r) => {
+                        assert_eq!(r.body.as_ref(), Some(&body), "{tag} {name} fresh={fresh}");
+                        assert_eq!(
+                            (r.completed_at, r.expires_at),
+                            (stored.completed_at, stored.expires_at),
+                            "{tag} {name} fresh={fresh}"
+                        );
+                    }
+                    o => panic!("{tag} {name}: {o:?}"),
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn boundaries_replay_exactly_over_postgres_and_redis() {
+        let (Ok(pg), Ok(redis)) =
+            (std::env::var("IDEMCACHE_POSTGRES_URL"), std::env::var("IDEMCACHE_REDIS_STORE_URL"))
+        else {
+            eprintln!("skipped: set IDEMCACHE_POSTGRES_URL and IDEMCACHE_REDIS_STORE_URL");
+            return;
+        };
+        let pg = idemcache::store::PostgresStore::connect(&pg, 4).unwrap();
+        pg.ensure_schema().await.unwrap();
+        prefix_over(|| pg.clone(), "pg").await;
+        let rd = idemcache::store::RedisStore::connect(&redis).await.unwrap();
+        prefix_over(|| rd.clone(), "redis").await;
+    }
+}
+
+/// A response body failing mid-way over a store: UNKNOWN in the store, seen by another
+/// instance, listed for a reconciler, and resolvable.
+#[tokio::test]
+async fn a_body_failing_midway_marks_unknown_in_the_store() {
+    let path = scratch("h5");
+    let (sa, _) = faulty(&path).await;
+    let (sb, _) = faulty(&path).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r2 = runs.clone();
+    let svc = IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), sa)).layer(
+        tower::service_fn(move |_: Request<Body>| {
+            r2.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, Infallible>(Response::new(Broken(0))) }
+        }),
+    );
+    let first = svc.clone().oneshot(request("mid")).await.unwrap();
+    assert_eq!(first.status(), 500);
+    let tb = Tiered::new(Cache::builder().build().unwrap(), sb);
+    let fpr = Fingerprint::builder().method("POST").path("/x").body(b"").finish();
+    let seen = tb.claim(&key("mid"), fpr).await.unwrap();
+    assert!(matches!(seen, TieredClaim::Unknown { .. }), "{seen:?}");
+    let again = svc.clone().oneshot(request("mid")).await.unwrap();
+    assert_eq!(again.status(), 409);
+    assert_eq!(tb.store().unknown(10).await.unwrap().len(), 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+struct Broken(u8);
+impl http_body::Body for Broken {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        self.0 += 1;
+        std::task::Poll::Ready(Some(if self.0 == 1 {
+            Ok(http_body::Frame::data(Bytes::from_static(b"part")))
+        } else {
+            Err(std::io::Error::other("cut"))
+        }))
+    }
+}
