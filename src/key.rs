@@ -54,6 +54,10 @@ pub struct Key {
 /// "user:42", <16-byte key>)` is 44 bytes.
 pub(crate) const INLINE_KEY_LEN: usize = 46;
 
+/// Stored forms up to this long are encoded on the stack before being copied to the heap
+/// (a scope, a tenant and a UUID-sized client key fit).
+const STACK_KEY_LEN: usize = 128;
+
 #[derive(Clone)]
 enum Stored {
     Inline { len: u8, bytes: [u8; INLINE_KEY_LEN] },
@@ -164,12 +168,18 @@ impl Key {
         let len = 2 + scope.len() + 1 + tenant.map_or(0, |t| 2 + t.len()) + 1 + client_key.len();
         let stored = if len <= INLINE_KEY_LEN {
             let mut bytes = [0u8; INLINE_KEY_LEN];
-            encode(scope, tenant, client_key, &mut bytes[..len]);
+            encode(scope, tenant, client_key, &mut &mut bytes[..len]);
             // len <= INLINE_KEY_LEN < 256.
             Stored::Inline { len: len as u8, bytes }
+        } else if len <= STACK_KEY_LEN {
+            // Encoded on the stack, then copied into an allocation of exactly `len`: no
+            // zeroing of the heap buffer, no growth checks per part.
+            let mut bytes = [0u8; STACK_KEY_LEN];
+            encode(scope, tenant, client_key, &mut &mut bytes[..len]);
+            Stored::Heap(Box::from(&bytes[..len]))
         } else {
             let mut bytes = vec![0u8; len].into_boxed_slice();
-            encode(scope, tenant, client_key, &mut bytes);
+            encode(scope, tenant, client_key, &mut &mut bytes[..]);
             Stored::Heap(bytes)
         };
         Ok(Key { stored })
@@ -235,26 +245,33 @@ impl fmt::Debug for Key {
 
 /// Writes the stored form into `out`, which is exactly its length. The casts cannot
 /// truncate: `check_parts` bounded every length first.
-fn encode(scope: &str, tenant: Option<&str>, client_key: &str, out: &mut [u8]) {
-    fn put(out: &mut &mut [u8], bytes: &[u8]) {
-        let (head, tail) = std::mem::take(out).split_at_mut(bytes.len());
+/// Where [`encode`] writes: exactly the stored form's length of a buffer.
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for &mut [u8] {
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        let (head, tail) = std::mem::take(self).split_at_mut(bytes.len());
         head.copy_from_slice(bytes);
-        *out = tail;
+        *self = tail;
     }
-    let mut out = out;
-    put(&mut out, &(scope.len() as u16).to_be_bytes());
-    put(&mut out, scope.as_bytes());
+}
+
+fn encode(scope: &str, tenant: Option<&str>, client_key: &str, out: &mut impl Sink) {
+    out.put(&(scope.len() as u16).to_be_bytes());
+    out.put(scope.as_bytes());
     match tenant {
-        None => put(&mut out, &[TENANT_NONE]),
+        None => out.put(&[TENANT_NONE]),
         Some(t) => {
-            put(&mut out, &[TENANT_SOME]);
-            put(&mut out, &(t.len() as u16).to_be_bytes());
-            put(&mut out, t.as_bytes());
+            out.put(&[TENANT_SOME]);
+            out.put(&(t.len() as u16).to_be_bytes());
+            out.put(t.as_bytes());
         }
     }
-    put(&mut out, &[client_key.len() as u8]);
-    put(&mut out, client_key.as_bytes());
-    debug_assert!(out.is_empty(), "encode was given the exact length");
+    out.put(&[client_key.len() as u8]);
+    out.put(client_key.as_bytes());
 }
 
 fn check_parts(scope: &[u8], tenant: Option<&[u8]>, client_key: &[u8]) -> Result<(), KeyError> {
@@ -274,10 +291,31 @@ fn check_parts(scope: &[u8], tenant: Option<&[u8]>, client_key: &[u8]) -> Result
     if client_key.len() > MAX_CLIENT_KEY_LEN {
         return Err(KeyError::ClientKeyTooLong { len: client_key.len() });
     }
-    if let Some(at) = client_key.iter().position(|b| !b.is_ascii_graphic()) {
+    // Where the first bad byte is, is looked for only once one is known to be there.
+    if !all_visible_ascii(client_key) {
+        let at = client_key.iter().position(|b| !b.is_ascii_graphic()).unwrap_or(0);
         return Err(KeyError::ClientKeyNotVisibleAscii { at, byte: client_key[at] });
     }
     Ok(())
+}
+
+/// Whether every byte is visible ASCII (`!` to `~`), eight bytes per step: in a word, a
+/// byte below 0x21 or above 0x7e sets its high bit in `below` or `above` (the classic
+/// "has a byte less than / more than n" word tests, exact for n <= 128 and n <= 127).
+fn all_visible_ascii(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGH: u64 = ONES * 0x80;
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        let x = u64::from_ne_bytes(word.try_into().expect("8 bytes"));
+        let below = x.wrapping_sub(ONES * 0x21) & !x & HIGH;
+        // + (127 - 0x7e) per byte, which is ONES.
+        let above = (x.wrapping_add(ONES) | x) & HIGH;
+        if below | above != 0 {
+            return false;
+        }
+    }
+    words.remainder().iter().all(u8::is_ascii_graphic)
 }
 
 struct Parts<'a> {
@@ -320,6 +358,32 @@ fn split(bytes: &[u8]) -> Option<Parts<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The word test agrees with the byte test: every byte value in every position of a
+    /// word and of the tail, and random words rich in the boundary values.
+    #[test]
+    fn the_word_test_agrees_with_the_byte_test() {
+        let slow = |b: &[u8]| b.iter().all(u8::is_ascii_graphic);
+        for len in [1, 7, 8, 9, 16, 17] {
+            for at in 0..len {
+                for byte in 0..=255u8 {
+                    let mut key = vec![b'a'; len];
+                    key[at] = byte;
+                    assert_eq!(all_visible_ascii(&key), slow(&key), "{byte:#x} at {at} of {len}");
+                }
+            }
+        }
+        let edges = [0x00, 0x20, 0x21, 0x22, 0x7d, 0x7e, 0x7f, 0x80, 0xa1, 0xfe, 0xff, b'a'];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let word: Vec<u8> =
+                (0..16).map(|i| edges[(x >> (i * 4)) as usize % edges.len()]).collect();
+            assert_eq!(all_visible_ascii(&word), slow(&word), "{word:x?}");
+        }
+    }
 
     #[test]
     fn parts_cannot_run_into_each_other() {

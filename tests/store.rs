@@ -537,6 +537,33 @@ mod redis_store {
         conformance_of(&store, true).await;
     }
 
+    /// The UNKNOWN index names each mark by its token: a key forgotten and marked again
+    /// is listed once, under its new mark, and trimming stale members never drops it.
+    #[tokio::test]
+    async fn a_key_marked_unknown_again_is_listed_once_and_survives_trimming() {
+        let Some(store) = store().await else { return };
+        let k = key("remarked");
+        let first = acquire(&store, &k).await;
+        store.mark_unknown(&k, first, TTL).await.unwrap();
+        store.forget(&k).await.unwrap();
+        let second = acquire(&store, &k).await;
+        // A refused mark (a stale token) adds nothing listable.
+        assert!(matches!(store.mark_unknown(&k, first, TTL).await, Err(StoreError::LeaseLost)));
+        // Redis forgets its scripts (a restart, SCRIPT FLUSH): the pipelined mark loads again.
+        let url = std::env::var("IDEMCACHE_REDIS_STORE_URL").unwrap();
+        let mut admin =
+            redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut admin).await.unwrap();
+        store.mark_unknown(&k, second, TTL).await.unwrap();
+        for _ in 0..2 {
+            store.purge_expired(1000).await.unwrap();
+            let listed = store.unknown(1000).await.unwrap();
+            assert_eq!(listed.iter().filter(|u| u.key == k).count(), 1, "{listed:?}");
+        }
+        store.forget(&k).await.unwrap();
+        assert!(!store.unknown(1000).await.unwrap().iter().any(|u| u.key == k));
+    }
+
     #[tokio::test]
     async fn an_unreachable_redis_is_a_typed_error() {
         match RedisStore::connect("redis://127.0.0.1:1/0").await {

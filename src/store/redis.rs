@@ -7,9 +7,14 @@
 //!
 //! Keys are `idemcache:{<hex of the stored key>}`: the braces are a hash tag, so each
 //! script touches one slot and the store works on Redis Cluster. The index of UNKNOWN
-//! records (`idemcache:unknown`, a sorted set by mark time) lives in its own slot and is
-//! written by a second command after the script: a process that dies between the two
-//! leaves an UNKNOWN record that blocks claims but is not listed until it expires.
+//! records (`idemcache:unknown`, a sorted set by the client's mark time) lives in its own
+//! slot, so it is written by a second command pipelined behind `mark_unknown`'s script
+//! (one round trip). Its members name the record *and its token* (`<hex>:<token>`): a
+//! member is live only while that record is UNKNOWN under that token, so resolving or
+//! forgetting never has to touch the index, and a stale member (resolved, expired, or
+//! its script refused) can be trimmed by exact name without ever removing a newer mark.
+//! A process that dies between the script and the index write leaves an UNKNOWN record
+//! that blocks claims but is not listed until it expires.
 //!
 //! Tokens are `max(previous token + 1, Redis's time in µs)`: larger than any earlier
 //! token of the key while its record lives, and after it expired as long as Redis's
@@ -20,7 +25,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, Script};
+use redis::{AsyncCommands, RedisResult, Script};
 
 use super::{
     check_duration, fingerprint_of, from_micros, micros, Store, StoreClaim, StoreError,
@@ -112,14 +117,17 @@ redis.call('DEL', KEYS[1])
 return {now, now}
 ";
 
-/// ARGV: the index's members to check. Returns those whose record is a live UNKNOWN,
-/// with its fingerprint and mark time.
+/// ARGV: the index's members (`<hex>:<token>`) to check. Returns those whose record is
+/// a live UNKNOWN under that token, with its fingerprint and mark time.
 const LIST_UNKNOWN: &str = r"
 local out = {}
 for i, member in ipairs(ARGV) do
-  local r = redis.call('HMGET', 'idemcache:{' .. member .. '}', 'state', 'fp', 'settled', 'expires')
-  if tonumber(r[1]) == 3 and tonumber(r[4]) > now then
-    table.insert(out, {member, r[2], tonumber(r[3])})
+  local hex, token = string.match(member, '^(%x+):(%d+)$')
+  if hex then
+    local r = redis.call('HMGET', 'idemcache:{' .. hex .. '}', 'state', 'fp', 'settled', 'expires', 'token')
+    if tonumber(r[1]) == 3 and tonumber(r[4]) > now and tonumber(r[5]) == tonumber(token) then
+      table.insert(out, {member, r[2], tonumber(r[3])})
+    end
   end
 end
 return out
@@ -320,13 +328,26 @@ impl Store for RedisStore {
         let key = key.clone();
         async move {
             check_duration("unknown TTL", ttl)?;
-            let args = vec![number(token), number(micros(ttl))];
-            let (at, _) =
-                self.settle(&self.scripts.mark_unknown, &key, args, StoreError::LeaseLost).await?;
+            let record = record_key(&key);
+            let member = format!("{}:{token}", hex(key.as_bytes()));
+            let score = super::micros_since_epoch(std::time::SystemTime::now());
+            let script = &self.scripts.mark_unknown;
             let mut connection = self.connection.clone();
-            let _: () =
-                connection.zadd(UNKNOWN_INDEX, hex(key.as_bytes()), at).await.map_err(backend)?;
-            Ok(())
+            // The script and the index write in one round trip; the index's member is
+            // stale (and trimmed later) if the script refuses.
+            let mut pipe = redis::pipe();
+            pipe.cmd("EVALSHA").arg(script.get_hash()).arg(1).arg(&record);
+            pipe.arg(number(token)).arg(number(micros(ttl)));
+            pipe.cmd("ZADD").arg(UNKNOWN_INDEX).arg(score).arg(&member).ignore();
+            let mut done: RedisResult<(Option<(i64, i64)>,)> =
+                pipe.query_async(&mut connection).await;
+            if matches!(&done, Err(e) if e.kind() == redis::ErrorKind::NoScriptError) {
+                // Redis lost its script cache (a restart, SCRIPT FLUSH): load and again.
+                script.prepare_invoke().load_async(&mut connection).await.map_err(backend)?;
+                done = pipe.query_async(&mut connection).await;
+            }
+            let (done,) = done.map_err(backend)?;
+            done.map(drop).ok_or(StoreError::LeaseLost)
         }
     }
 
@@ -341,11 +362,9 @@ impl Store for RedisStore {
             check_duration("result TTL", ttl)?;
             let mut args = vec![number(micros(ttl))];
             args.extend(body.as_deref().map(<[u8]>::to_vec));
+            // The index's member for this mark is stale from now on (trimmed later).
             let (at, until) =
                 self.settle(&self.scripts.resolve, &key, args, StoreError::NotUnknown).await?;
-            let mut connection = self.connection.clone();
-            let _: () =
-                connection.zrem(UNKNOWN_INDEX, hex(key.as_bytes())).await.map_err(backend)?;
             Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
         }
     }
@@ -353,11 +372,8 @@ impl Store for RedisStore {
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
         let key = key.clone();
         async move {
-            self.settle(&self.scripts.forget, &key, vec![], StoreError::NotUnknown).await?;
-            let mut connection = self.connection.clone();
-            let _: () =
-                connection.zrem(UNKNOWN_INDEX, hex(key.as_bytes())).await.map_err(backend)?;
-            Ok(())
+            // The index's member for this mark is stale from now on (trimmed later).
+            self.settle(&self.scripts.forget, &key, vec![], StoreError::NotUnknown).await.map(drop)
         }
     }
 
@@ -372,8 +388,10 @@ impl Store for RedisStore {
                 if out.len() == limit {
                     break;
                 }
-                let stored =
-                    unhex(&member).ok_or_else(|| StoreError::Corrupt("an index member".into()))?;
+                let stored = member
+                    .split_once(':')
+                    .and_then(|(hex, _token)| unhex(hex))
+                    .ok_or_else(|| StoreError::Corrupt("an index member".into()))?;
                 out.push(UnknownRecord {
                     key: Key::from_stored(&stored)
                         .map_err(|e| StoreError::Corrupt(e.to_string()))?,
