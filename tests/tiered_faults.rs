@@ -25,6 +25,8 @@ use tower::{Layer, ServiceExt};
 
 #[derive(Default)]
 struct Faults {
+    /// Claims that reached the store.
+    claims: AtomicUsize,
     /// Pend forever before asking the inner store (the claim never reaches it).
     hang_before_claim: AtomicBool,
     /// How many completions are refused with `InvalidInput` (a body the store refuses).
@@ -77,6 +79,7 @@ impl<S: Store> Store for Faulty<S> {
             self.f.hung.notify_one();
             std::future::pending::<()>().await;
         }
+        self.f.claims.fetch_add(1, Ordering::SeqCst);
         let c = self.inner.claim(key, fp, lease).await?;
         Ok(match c {
             StoreClaim::Acquired { token, lease_ends_at } => {
@@ -779,4 +782,81 @@ impl http_body::Body for Broken {
             Err(std::io::Error::other("cut"))
         }))
     }
+}
+
+// ---------------------------------------------------------------- what the hot tier answers
+
+/// Which repeats the hot tier answers without asking the store: a result it keeps whole
+/// (its body and the store's 16 bytes of times within `max_result_size`, an empty body
+/// included) after a completion here or a read-through from a fresh instance; a result
+/// one byte too large is read through every time.
+#[tokio::test]
+async fn the_hot_tier_answers_what_fits_and_reads_through_what_does_not() {
+    let path = scratch("hot");
+    let max = 1024;
+    for (name, len, kept) in
+        [("empty", 0, true), ("fits", max - 16, true), ("over", max - 15, false)]
+    {
+        let (store, f) = faulty(&path).await;
+        let tiered = Tiered::new(Cache::builder().max_result_size(max).build().unwrap(), store);
+        let k = key(name);
+        let TieredClaim::Acquired(g) = tiered.claim(&k, fp("r")).await.unwrap() else { panic!() };
+        let stored = g.complete(Bytes::from(vec![7u8; len])).await.unwrap();
+        let asked = f.claims.load(Ordering::SeqCst);
+        for _ in 0..3 {
+            match tiered.claim(&k, fp("r")).await.unwrap() {
+                TieredClaim::Completed(replay) => assert_eq!(replay, stored, "{name}"),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let reads = f.claims.load(Ordering::SeqCst) - asked;
+        assert_eq!(reads, if kept { 0 } else { 3 }, "{name}: store reads for 3 repeats");
+
+        // A fresh instance (a restart) reads it through once, then keeps what fits.
+        let (store, f) = faulty(&path).await;
+        let fresh = Tiered::new(Cache::builder().max_result_size(max).build().unwrap(), store);
+        for _ in 0..3 {
+            match fresh.claim(&k, fp("r")).await.unwrap() {
+                TieredClaim::Completed(replay) => assert_eq!(replay, stored, "{name} fresh"),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let reads = f.claims.load(Ordering::SeqCst);
+        assert_eq!(reads, if kept { 1 } else { 3 }, "{name}: a fresh instance's store reads");
+        // A mismatch against a kept result is answered from memory too.
+        assert!(matches!(fresh.claim(&k, fp("other")).await.unwrap(), TieredClaim::Mismatch));
+        assert_eq!(f.claims.load(Ordering::SeqCst), reads + usize::from(!kept));
+    }
+}
+
+/// A panicking handler over a store whose cache says `DropPolicy::MarkUnknown`: the key
+/// is marked UNKNOWN in the store (its effect may have happened), not released.
+#[tokio::test]
+async fn a_panicking_handler_under_mark_unknown_marks_the_store_record_unknown() {
+    let path = scratch("panic-unknown");
+    let (store, _) = faulty(&path).await;
+    let cache = Cache::builder().drop_policy(DropPolicy::MarkUnknown).build().unwrap();
+    let layer = IdempotencyLayer::tiered(Tiered::new(cache, store));
+    let h = H::new(Semaphore::MAX_PERMITS);
+    let svc = h.service(&layer);
+    let mut panicking = request("pu");
+    panicking.headers_mut().insert("x-panic", "1".parse().unwrap());
+    assert_eq!(svc.clone().oneshot(panicking).await.unwrap().status(), 500);
+    let retry = svc.clone().oneshot(request("pu")).await.unwrap();
+    assert_eq!(retry.status(), 409);
+    let reader = SqliteStore::open(&path).unwrap();
+    assert_eq!(reader.unknown(10).await.unwrap().len(), 1);
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn tiered_errors_say_which_tier_refused_and_keep_their_cause() {
+    use std::error::Error;
+    let store = TieredError::Store(StoreError::LeaseLost);
+    assert_eq!(store.to_string(), StoreError::LeaseLost.to_string());
+    assert!(store.source().is_some_and(|e| e.to_string() == StoreError::LeaseLost.to_string()));
+    let cache = TieredError::Cache(idemcache::ClaimError::CapacityExhausted);
+    assert!(cache.to_string().starts_with("the in-process cache refused: "), "{cache}");
+    assert!(cache.source().is_some());
+    assert!(matches!(TieredError::from(StoreError::NotUnknown), TieredError::Store(_)));
 }
