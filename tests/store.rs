@@ -188,6 +188,11 @@ async fn bad_input<S: Store>(store: &S) {
     assert!(matches!(forever, Err(StoreError::InvalidInput(_))), "{forever:?}");
     let zero = store.extend_lease(&k, token, Duration::ZERO).await;
     assert!(matches!(zero, Err(StoreError::InvalidInput(_))), "{zero:?}");
+    let over =
+        store.extend_lease(&k, token, idemcache::MAX_DURATION + Duration::from_nanos(1)).await;
+    assert!(matches!(over, Err(StoreError::InvalidInput(_))), "{over:?}");
+    // The longest lease the cache allows is allowed here too.
+    store.extend_lease(&k, token, idemcache::MAX_DURATION).await.unwrap();
     assert!(matches!(
         store.claim(&k, fp("r"), LEASE).await.unwrap(),
         StoreClaim::InProgress { .. }
@@ -427,6 +432,7 @@ mod postgres {
     async fn postgres_conforms() {
         let Some(store) = store().await else { return };
         conformance(&store).await;
+        assert!(format!("{store:?}").starts_with("PostgresStore { pool: "), "{store:?}");
     }
 
     #[tokio::test]

@@ -266,3 +266,39 @@ pub(crate) fn micros(d: Duration) -> i64 {
     let us = d.as_nanos().div_ceil(1000);
     i64::try_from(us).unwrap_or(i64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_before_and_after_the_epoch_round_trip_through_micros() {
+        for us in [-1_000_000_007, -1, 0, 1, 1_700_000_000_000_000] {
+            assert_eq!(micros_since_epoch(from_micros(us)), us);
+        }
+        assert!(from_micros(-1) < SystemTime::UNIX_EPOCH);
+    }
+
+    #[test]
+    fn durations_are_checked_as_the_cache_checks_them() {
+        assert!(check_duration("lease", crate::MAX_DURATION).is_ok());
+        assert!(check_duration("lease", Duration::from_nanos(1)).is_ok());
+        for bad in [Duration::ZERO, crate::MAX_DURATION + Duration::from_nanos(1)] {
+            let err = check_duration("lease", bad).unwrap_err();
+            assert!(matches!(err, StoreError::InvalidInput(ref why) if why.starts_with("lease")));
+        }
+    }
+
+    #[test]
+    fn errors_say_what_failed_and_keep_their_cause() {
+        use std::error::Error;
+        let cause = std::io::Error::other("connection reset");
+        let backend = StoreError::Backend(Box::new(cause));
+        assert_eq!(backend.to_string(), "the idempotency store failed: connection reset");
+        assert_eq!(backend.source().unwrap().to_string(), "connection reset");
+        assert!(StoreError::LeaseLost.source().is_none());
+        assert!(StoreError::LeaseLost.to_string().contains("lease was lost"));
+        assert!(StoreError::NotUnknown.to_string().contains("no UNKNOWN record"));
+        assert!(StoreError::Corrupt("x".into()).to_string().ends_with(": x"));
+    }
+}

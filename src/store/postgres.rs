@@ -42,8 +42,13 @@ CREATE TABLE IF NOT EXISTS idemcache_records (
 CREATE INDEX IF NOT EXISTS idemcache_records_expiry ON idemcache_records (expires_at);
 ";
 
-/// "Now" on the server's clock, in microseconds, as a one-row CTE named `now`.
-const NOW: &str = "now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)";
+/// "Now" on the server's clock, in microseconds, as a one-row CTE named `now`: a macro,
+/// so every statement is one `concat!`ed constant.
+macro_rules! now {
+    () => {
+        "now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)"
+    };
+}
 
 /// Idempotency records in PostgreSQL. See the module docs for the guarantees.
 #[derive(Clone)]
@@ -121,9 +126,7 @@ impl PostgresStore {
 }
 
 /// The claim: take the key if absent or dead, else read its live holder; one statement.
-fn claim_sql() -> String {
-    format!(
-        "WITH {NOW},
+const CLAIM: &str = concat!("WITH ", now!(), ",
          taken AS (
              INSERT INTO idemcache_records AS r
                  (key, fingerprint, state, token, body, started_at, settled_at, expires_at)
@@ -140,8 +143,7 @@ fn claim_sql() -> String {
          SELECT r.state, r.token, r.fingerprint, r.body, r.settled_at, r.expires_at, r.expires_at > now.us
          FROM idemcache_records r, now
          WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
-    )
-}
+);
 
 impl Store for PostgresStore {
     fn claim(
@@ -154,7 +156,7 @@ impl Store for PostgresStore {
         async move {
             check_duration("lease", lease)?;
             let fp = fingerprint.to_bytes().to_vec();
-            let sql = claim_sql();
+            let sql = CLAIM;
             // A holder committed after this statement's snapshot was taken blocks the
             // insert but is not yet visible to the read: no row. Look again.
             for _ in 0..16 {
@@ -202,8 +204,10 @@ impl Store for PostgresStore {
         let key = key.as_bytes().to_vec();
         async move {
             check_duration("result TTL", ttl)?;
-            let sql = format!(
-                "WITH {NOW} UPDATE idemcache_records r
+            let sql = concat!(
+                "WITH ",
+                now!(),
+                " UPDATE idemcache_records r
                  SET state = 2, body = $3, settled_at = now.us, expires_at = now.us + $4 FROM now
                  WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
                  RETURNING r.settled_at, r.expires_at"
@@ -224,8 +228,10 @@ impl Store for PostgresStore {
         let key = key.as_bytes().to_vec();
         async move {
             check_duration("lease", lease)?;
-            let sql = format!(
-                "WITH {NOW} UPDATE idemcache_records r SET expires_at = now.us + $3 FROM now
+            let sql = concat!(
+                "WITH ",
+                now!(),
+                " UPDATE idemcache_records r SET expires_at = now.us + $3 FROM now
                  WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
@@ -242,8 +248,10 @@ impl Store for PostgresStore {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let key = key.as_bytes().to_vec();
         async move {
-            let sql = format!(
-                "WITH {NOW} DELETE FROM idemcache_records r USING now
+            let sql = concat!(
+                "WITH ",
+                now!(),
+                " DELETE FROM idemcache_records r USING now
                  WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
@@ -260,8 +268,10 @@ impl Store for PostgresStore {
         let key = key.as_bytes().to_vec();
         async move {
             check_duration("unknown TTL", ttl)?;
-            let sql = format!(
-                "WITH {NOW} UPDATE idemcache_records r
+            let sql = concat!(
+                "WITH ",
+                now!(),
+                " UPDATE idemcache_records r
                  SET state = 3, settled_at = now.us, expires_at = now.us + $3 FROM now
                  WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
                  RETURNING r.settled_at, r.expires_at"
@@ -280,8 +290,10 @@ impl Store for PostgresStore {
         let key = key.as_bytes().to_vec();
         async move {
             check_duration("result TTL", ttl)?;
-            let sql = format!(
-                "WITH {NOW} UPDATE idemcache_records r
+            let sql = concat!(
+                "WITH ",
+                now!(),
+                " UPDATE idemcache_records r
                  SET state = 2, body = $2, settled_at = now.us, expires_at = now.us + $3 FROM now
                  WHERE r.key = $1 AND r.state = 3 AND r.expires_at > now.us
                  RETURNING r.settled_at, r.expires_at"
@@ -296,8 +308,10 @@ impl Store for PostgresStore {
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
         let key = key.as_bytes().to_vec();
         async move {
-            let sql = format!(
-                "WITH {NOW} DELETE FROM idemcache_records r USING now
+            let sql = concat!(
+                "WITH ",
+                now!(),
+                " DELETE FROM idemcache_records r USING now
                  WHERE r.key = $1 AND r.state = 3 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
@@ -306,8 +320,10 @@ impl Store for PostgresStore {
     }
 
     async fn unknown(&self, n: usize) -> Result<Vec<UnknownRecord>, StoreError> {
-        let sql = format!(
-            "WITH {NOW} SELECT r.key, r.fingerprint, r.settled_at FROM idemcache_records r, now
+        let sql = concat!(
+            "WITH ",
+            now!(),
+            " SELECT r.key, r.fingerprint, r.settled_at FROM idemcache_records r, now
              WHERE r.state = 3 AND r.expires_at > now.us ORDER BY r.settled_at, r.key LIMIT $1"
         );
         let mut out = Vec::new();
@@ -324,8 +340,10 @@ impl Store for PostgresStore {
 
     async fn purge_expired(&self, n: usize) -> Result<usize, StoreError> {
         // SKIP LOCKED: two purgers never wait on each other's batch.
-        let sql = format!(
-            "WITH {NOW}, doomed AS (
+        let sql = concat!(
+            "WITH ",
+            now!(),
+            ", doomed AS (
                  SELECT r.key FROM idemcache_records r, now WHERE r.expires_at <= now.us
                  LIMIT $1 FOR UPDATE SKIP LOCKED
              )

@@ -50,8 +50,13 @@ CREATE TABLE IF NOT EXISTS idemcache_tokens (
 INSERT OR IGNORE INTO idemcache_tokens (id, last) VALUES (1, 0);
 ";
 
-/// "Now" on SQLite's clock, in microseconds since the epoch.
-const NOW: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+/// "Now" on SQLite's clock, in microseconds since the epoch: a macro, so every statement
+/// is one `concat!`ed constant.
+macro_rules! now {
+    () => {
+        "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
+    };
+}
 
 const PROCESSING: i64 = 1;
 const COMPLETED: i64 = 2;
@@ -201,7 +206,7 @@ fn claim(
     lease: i64,
 ) -> Result<StoreClaim, StoreError> {
     let tx = db.transaction_with_behavior(TransactionBehavior::Immediate).map_err(backend)?;
-    let now: i64 = tx.query_row(&format!("SELECT {NOW}"), [], |r| r.get(0)).map_err(backend)?;
+    let now: i64 = tx.query_row(concat!("SELECT ", now!()), [], |r| r.get(0)).map_err(backend)?;
     let row = tx
         .query_row(
             "SELECT fingerprint, state, body, settled_at, expires_at FROM idemcache_records WHERE key = ?1",
@@ -294,14 +299,24 @@ impl Store for SqliteStore {
         let checked = check_duration("result TTL", ttl);
         self.run(move |db| {
             checked?;
-            let sql = format!(
-                "UPDATE idemcache_records SET state = 2, body = ?3, settled_at = {NOW}, expires_at = {NOW} + ?4
-                 WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > {NOW}
+            let sql = concat!(
+                "UPDATE idemcache_records SET state = 2, body = ?3, settled_at = ",
+                now!(),
+                ", expires_at = ",
+                now!(),
+                " + ?4
+                 WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > ",
+                now!(),
+                "
                  RETURNING settled_at, expires_at"
             );
             let stored = body.as_deref().map(<[u8]>::to_vec);
-            let (at, until) =
-                settle(db, &sql, &[&key, &(token as i64), &stored, &micros(ttl)], StoreError::LeaseLost)?;
+            let (at, until) = settle(
+                db,
+                &sql,
+                &[&key, &(token as i64), &stored, &micros(ttl)],
+                StoreError::LeaseLost,
+            )?;
             Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
         })
     }
@@ -316,9 +331,13 @@ impl Store for SqliteStore {
         let checked = check_duration("lease", lease);
         self.run(move |db| {
             checked?;
-            let sql = format!(
-                "UPDATE idemcache_records SET expires_at = {NOW} + ?3
-                 WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > {NOW}
+            let sql = concat!(
+                "UPDATE idemcache_records SET expires_at = ",
+                now!(),
+                " + ?3
+                 WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > ",
+                now!(),
+                "
                  RETURNING started_at, expires_at"
             );
             let (_, until) =
@@ -334,9 +353,7 @@ impl Store for SqliteStore {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let key = key.as_bytes().to_vec();
         self.run(move |db| {
-            let sql = format!(
-                "DELETE FROM idemcache_records WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > {NOW}"
-            );
+            let sql = concat!("DELETE FROM idemcache_records WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > ", now!());
             match db.execute(&sql, params![key, token as i64]).map_err(backend)? {
                 0 => Err(StoreError::LeaseLost),
                 _ => Ok(()),
@@ -354,9 +371,15 @@ impl Store for SqliteStore {
         let checked = check_duration("unknown TTL", ttl);
         self.run(move |db| {
             checked?;
-            let sql = format!(
-                "UPDATE idemcache_records SET state = 3, settled_at = {NOW}, expires_at = {NOW} + ?3
-                 WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > {NOW}
+            let sql = concat!(
+                "UPDATE idemcache_records SET state = 3, settled_at = ",
+                now!(),
+                ", expires_at = ",
+                now!(),
+                " + ?3
+                 WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > ",
+                now!(),
+                "
                  RETURNING settled_at, expires_at"
             );
             settle(db, &sql, &[&key, &(token as i64), &micros(ttl)], StoreError::LeaseLost)
@@ -374,13 +397,20 @@ impl Store for SqliteStore {
         let checked = check_duration("result TTL", ttl);
         self.run(move |db| {
             checked?;
-            let sql = format!(
-                "UPDATE idemcache_records SET state = 2, body = ?2, settled_at = {NOW}, expires_at = {NOW} + ?3
-                 WHERE key = ?1 AND state = 3 AND expires_at > {NOW}
+            let sql = concat!(
+                "UPDATE idemcache_records SET state = 2, body = ?2, settled_at = ",
+                now!(),
+                ", expires_at = ",
+                now!(),
+                " + ?3
+                 WHERE key = ?1 AND state = 3 AND expires_at > ",
+                now!(),
+                "
                  RETURNING settled_at, expires_at"
             );
             let stored = body.as_deref().map(<[u8]>::to_vec);
-            let (at, until) = settle(db, &sql, &[&key, &stored, &micros(ttl)], StoreError::NotUnknown)?;
+            let (at, until) =
+                settle(db, &sql, &[&key, &stored, &micros(ttl)], StoreError::NotUnknown)?;
             Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
         })
     }
@@ -388,8 +418,9 @@ impl Store for SqliteStore {
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
         let key = key.as_bytes().to_vec();
         self.run(move |db| {
-            let sql = format!(
-                "DELETE FROM idemcache_records WHERE key = ?1 AND state = 3 AND expires_at > {NOW}"
+            let sql = concat!(
+                "DELETE FROM idemcache_records WHERE key = ?1 AND state = 3 AND expires_at > ",
+                now!()
             );
             match db.execute(&sql, params![key]).map_err(backend)? {
                 0 => Err(StoreError::NotUnknown),
@@ -403,9 +434,11 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<UnknownRecord>, StoreError>> + Send {
         self.run(move |db| {
-            let sql = format!(
+            let sql = concat!(
                 "SELECT key, fingerprint, settled_at FROM idemcache_records
-                 WHERE state = 3 AND expires_at > {NOW} ORDER BY settled_at, key LIMIT ?1"
+                 WHERE state = 3 AND expires_at > ",
+                now!(),
+                " ORDER BY settled_at, key LIMIT ?1"
             );
             let mut statement = db.prepare(&sql).map_err(backend)?;
             let rows = statement
@@ -431,9 +464,11 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send {
         self.run(move |db| {
-            let sql = format!(
+            let sql = concat!(
                 "DELETE FROM idemcache_records WHERE key IN
-                     (SELECT key FROM idemcache_records WHERE expires_at <= {NOW} LIMIT ?1)"
+                     (SELECT key FROM idemcache_records WHERE expires_at <= ",
+                now!(),
+                " LIMIT ?1)"
             );
             db.execute(&sql, params![i64::try_from(limit).unwrap_or(i64::MAX)]).map_err(backend)
         })
