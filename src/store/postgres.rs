@@ -160,7 +160,7 @@ impl Store for PostgresStore {
             // A holder committed after this statement's snapshot was taken blocks the
             // insert but is not yet visible to the read: no row. Look again.
             for _ in 0..16 {
-                let rows = self.rows(&sql, &[&key, &fp, &micros(lease)]).await?;
+                let rows = self.rows(sql, &[&key, &fp, &micros(lease)]).await?;
                 let Some(row) = rows.first() else { continue };
                 let state: i16 = row.get(0);
                 let expires_at: i64 = row.get(5);
@@ -214,7 +214,7 @@ impl Store for PostgresStore {
             );
             let stored = body.as_deref();
             let params: [&(dyn ToSql + Sync); 4] = [&key, &(token as i64), &stored, &micros(ttl)];
-            let (at, until) = self.settle(&sql, &params, StoreError::LeaseLost).await?;
+            let (at, until) = self.settle(sql, &params, StoreError::LeaseLost).await?;
             Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
         }
     }
@@ -236,7 +236,7 @@ impl Store for PostgresStore {
                  RETURNING r.started_at, r.expires_at"
             );
             let params: [&(dyn ToSql + Sync); 3] = [&key, &(token as i64), &micros(lease)];
-            let (_, until) = self.settle(&sql, &params, StoreError::LeaseLost).await?;
+            let (_, until) = self.settle(sql, &params, StoreError::LeaseLost).await?;
             Ok(from_micros(until))
         }
     }
@@ -255,7 +255,7 @@ impl Store for PostgresStore {
                  WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
-            self.settle(&sql, &[&key, &(token as i64)], StoreError::LeaseLost).await.map(drop)
+            self.settle(sql, &[&key, &(token as i64)], StoreError::LeaseLost).await.map(drop)
         }
     }
 
@@ -277,7 +277,7 @@ impl Store for PostgresStore {
                  RETURNING r.settled_at, r.expires_at"
             );
             let params: [&(dyn ToSql + Sync); 3] = [&key, &(token as i64), &micros(ttl)];
-            self.settle(&sql, &params, StoreError::LeaseLost).await.map(drop)
+            self.settle(sql, &params, StoreError::LeaseLost).await.map(drop)
         }
     }
 
@@ -300,7 +300,7 @@ impl Store for PostgresStore {
             );
             let stored = body.as_deref();
             let params: [&(dyn ToSql + Sync); 3] = [&key, &stored, &micros(ttl)];
-            let (at, until) = self.settle(&sql, &params, StoreError::NotUnknown).await?;
+            let (at, until) = self.settle(sql, &params, StoreError::NotUnknown).await?;
             Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
         }
     }
@@ -315,7 +315,7 @@ impl Store for PostgresStore {
                  WHERE r.key = $1 AND r.state = 3 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
-            self.settle(&sql, &[&key], StoreError::NotUnknown).await.map(drop)
+            self.settle(sql, &[&key], StoreError::NotUnknown).await.map(drop)
         }
     }
 
@@ -327,7 +327,7 @@ impl Store for PostgresStore {
              WHERE r.state = 3 AND r.expires_at > now.us ORDER BY r.settled_at, r.key LIMIT $1"
         );
         let mut out = Vec::new();
-        for row in self.rows(&sql, &[&limit(n)]).await? {
+        for row in self.rows(sql, &[&limit(n)]).await? {
             let key: Vec<u8> = row.get(0);
             out.push(UnknownRecord {
                 key: Key::from_stored(&key).map_err(|e| StoreError::Corrupt(e.to_string()))?,
@@ -350,6 +350,6 @@ impl Store for PostgresStore {
              DELETE FROM idemcache_records r USING doomed, now
              WHERE r.key = doomed.key AND r.expires_at <= now.us RETURNING r.key"
         );
-        Ok(self.rows(&sql, &[&limit(n)]).await?.len())
+        Ok(self.rows(sql, &[&limit(n)]).await?.len())
     }
 }

@@ -313,7 +313,7 @@ impl Store for SqliteStore {
             let stored = body.as_deref().map(<[u8]>::to_vec);
             let (at, until) = settle(
                 db,
-                &sql,
+                sql,
                 &[&key, &(token as i64), &stored, &micros(ttl)],
                 StoreError::LeaseLost,
             )?;
@@ -341,7 +341,7 @@ impl Store for SqliteStore {
                  RETURNING started_at, expires_at"
             );
             let (_, until) =
-                settle(db, &sql, &[&key, &(token as i64), &micros(lease)], StoreError::LeaseLost)?;
+                settle(db, sql, &[&key, &(token as i64), &micros(lease)], StoreError::LeaseLost)?;
             Ok(from_micros(until))
         })
     }
@@ -354,7 +354,7 @@ impl Store for SqliteStore {
         let key = key.as_bytes().to_vec();
         self.run(move |db| {
             let sql = concat!("DELETE FROM idemcache_records WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > ", now!());
-            match db.execute(&sql, params![key, token as i64]).map_err(backend)? {
+            match db.execute(sql, params![key, token as i64]).map_err(backend)? {
                 0 => Err(StoreError::LeaseLost),
                 _ => Ok(()),
             }
@@ -382,8 +382,7 @@ impl Store for SqliteStore {
                 "
                  RETURNING settled_at, expires_at"
             );
-            settle(db, &sql, &[&key, &(token as i64), &micros(ttl)], StoreError::LeaseLost)
-                .map(drop)
+            settle(db, sql, &[&key, &(token as i64), &micros(ttl)], StoreError::LeaseLost).map(drop)
         })
     }
 
@@ -410,7 +409,7 @@ impl Store for SqliteStore {
             );
             let stored = body.as_deref().map(<[u8]>::to_vec);
             let (at, until) =
-                settle(db, &sql, &[&key, &stored, &micros(ttl)], StoreError::NotUnknown)?;
+                settle(db, sql, &[&key, &stored, &micros(ttl)], StoreError::NotUnknown)?;
             Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
         })
     }
@@ -422,7 +421,7 @@ impl Store for SqliteStore {
                 "DELETE FROM idemcache_records WHERE key = ?1 AND state = 3 AND expires_at > ",
                 now!()
             );
-            match db.execute(&sql, params![key]).map_err(backend)? {
+            match db.execute(sql, params![key]).map_err(backend)? {
                 0 => Err(StoreError::NotUnknown),
                 _ => Ok(()),
             }
@@ -440,7 +439,7 @@ impl Store for SqliteStore {
                 now!(),
                 " ORDER BY settled_at, key LIMIT ?1"
             );
-            let mut statement = db.prepare(&sql).map_err(backend)?;
+            let mut statement = db.prepare(sql).map_err(backend)?;
             let rows = statement
                 .query_map(params![i64::try_from(limit).unwrap_or(i64::MAX)], |r| {
                     Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1)?, r.get::<_, i64>(2)?))
@@ -470,7 +469,7 @@ impl Store for SqliteStore {
                 now!(),
                 " LIMIT ?1)"
             );
-            db.execute(&sql, params![i64::try_from(limit).unwrap_or(i64::MAX)]).map_err(backend)
+            db.execute(sql, params![i64::try_from(limit).unwrap_or(i64::MAX)]).map_err(backend)
         })
     }
 }
