@@ -541,6 +541,7 @@ mod redis_store {
     async fn redis_conforms() {
         let Some(store) = store().await else { return };
         conformance_of(&store, true).await;
+        assert!(format!("{store:?}").starts_with("RedisStore"), "{store:?}");
     }
 
     /// The UNKNOWN index names each mark by its token: a key forgotten and marked again
