@@ -276,13 +276,18 @@ async fn a_cancelled_claim_leaves_nothing_in_the_hot_tier() {
     );
 }
 
-/// A renewal the store fails once (a blip) is tried again at the next beat: the lease
-/// never lapses while the handler runs, and another instance never runs it a second time.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_renewal_is_retried_and_the_request_never_runs_twice() {
-    let path = scratch("f3");
+/// Instance A (its store's faults set by `fault`) runs a gated request under a 900 ms
+/// lease; once A has tried to renew, instance B asks for the same request for ~3 s (each
+/// ask answered at once, then 20 ms: three leases, long enough for a lapse to show).
+/// Returns whether B ran it, and the leases A asked to renew with.
+async fn does_another_instance_run_it_while_a_renews(
+    name: &str,
+    fault: impl FnOnce(&Faults),
+) -> (bool, Vec<Duration>, Duration) {
+    let path = scratch(name);
     let lease = Duration::from_millis(900);
     let (store_a, fa) = faulty(&path).await;
+    fault(&fa);
     let (store_b, _) = faulty(&path).await;
     let a = IdempotencyLayer::tiered(
         Tiered::new(Cache::builder().build().unwrap(), store_a).lease(lease),
@@ -292,16 +297,12 @@ async fn a_failed_renewal_is_retried_and_the_request_never_runs_twice() {
     );
     let h = H::new(0);
     let (sa, sb) = (h.service(&a), h.service(&b));
-    fa.failing_extends.store(1, Ordering::SeqCst);
-    let first = tokio::spawn(sa.oneshot(request("f3")));
+    let first = tokio::spawn(sa.oneshot(request(name)));
     until(|| h.runs() == 1).await;
-    until(|| !fa.extends.lock().unwrap().is_empty()).await; // the blip happened
-                                                            // B asks until A's lease lapses (or forever 409 if A kept renewing; bounded).
+    until(|| !fa.extends.lock().unwrap().is_empty()).await;
     let mut b_runs = false;
-    // ~3 s of asking (each ask is answered at once, then 20 ms): three leases, long
-    // enough for a lapse to show.
     for _ in 0..120 {
-        let r = tokio::spawn(sb.clone().oneshot(request("f3")));
+        let r = tokio::spawn(sb.clone().oneshot(request(name)));
         let _ = tokio::time::timeout(Duration::from_millis(50), r).await;
         if h.runs() == 2 {
             b_runs = true;
@@ -311,7 +312,19 @@ async fn a_failed_renewal_is_retried_and_the_request_never_runs_twice() {
     }
     h.gate.add_permits(10);
     let _ = first.await;
-    let extends = fa.extends.lock().unwrap().len();
+    let extends = fa.extends.lock().unwrap().clone();
+    (b_runs, extends, lease)
+}
+
+/// A renewal the store fails once (a blip) is tried again at the next beat: the lease
+/// never lapses while the handler runs, and another instance never runs it a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_renewal_is_retried_and_the_request_never_runs_twice() {
+    let (b_runs, extends, _) = does_another_instance_run_it_while_a_renews("f3", |f| {
+        f.failing_extends.store(1, Ordering::SeqCst);
+    })
+    .await;
+    let extends = extends.len();
     assert!(
         !b_runs,
         "a second execution after one failed renewal; A renewed {extends} times in all"
@@ -323,37 +336,11 @@ async fn a_failed_renewal_is_retried_and_the_request_never_runs_twice() {
 /// and the request never runs twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_ignores_a_store_clock_behind_ours() {
-    let path = scratch("f4");
-    let lease = Duration::from_millis(900);
-    let (store_a, fa) = faulty(&path).await;
-    fa.skew_secs.store(-3600, Ordering::SeqCst); // the DB server's clock is 1 h behind
-    let (store_b, _) = faulty(&path).await;
-    let a = IdempotencyLayer::tiered(
-        Tiered::new(Cache::builder().build().unwrap(), store_a).lease(lease),
-    );
-    let b = IdempotencyLayer::tiered(
-        Tiered::new(Cache::builder().build().unwrap(), store_b).lease(lease),
-    );
-    let h = H::new(0);
-    let (sa, sb) = (h.service(&a), h.service(&b));
-    let first = tokio::spawn(sa.oneshot(request("f4")));
-    until(|| h.runs() == 1).await;
-    until(|| !fa.extends.lock().unwrap().is_empty()).await;
-    let mut b_runs = false;
-    // ~3 s of asking (each ask is answered at once, then 20 ms): three leases, long
-    // enough for a lapse to show.
-    for _ in 0..120 {
-        let r = tokio::spawn(sb.clone().oneshot(request("f4")));
-        let _ = tokio::time::timeout(Duration::from_millis(50), r).await;
-        if h.runs() == 2 {
-            b_runs = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    h.gate.add_permits(10);
-    let _ = first.await;
-    let extends = fa.extends.lock().unwrap().clone();
+    // The DB server's clock is 1 h behind ours.
+    let (b_runs, extends, lease) = does_another_instance_run_it_while_a_renews("f4", |f| {
+        f.skew_secs.store(-3600, Ordering::SeqCst);
+    })
+    .await;
     assert!(!b_runs, "run twice; the leases A asked to renew with: {extends:?}");
     assert!(extends.iter().all(|&l| l == lease), "{extends:?}");
 }
