@@ -203,6 +203,38 @@ fn natural_runs(name: &str, order: &[u64]) -> [f64; 3] {
     [replay, claim_complete, mix]
 }
 
+/// Each natural-key peer's best of [`ROUNDS`] interleaved rounds of [`natural_runs`].
+fn natural_rounds(uniform_order: &[u64]) -> [[f64; 3]; natural::NATURAL.len()] {
+    let mut natural_best = [[f64::INFINITY; 3]; natural::NATURAL.len()];
+    for round in 1..=ROUNDS {
+        for (name, best) in natural::NATURAL.iter().zip(&mut natural_best) {
+            eprintln!("round {round}/{ROUNDS}: {name} (natural keys)...");
+            for (b, r) in best.iter_mut().zip(natural_runs(name, uniform_order)) {
+                *b = b.min(r);
+            }
+        }
+    }
+    natural_best
+}
+
+/// The report's "Keyed as their users key them" section.
+fn natural_section(natural_best: &[[f64; 3]; natural::NATURAL.len()]) -> String {
+    let mut md = String::new();
+    writeln!(md, "\n## Keyed as their users key them\n").unwrap();
+    writeln!(md, "The same job with each peer keyed the way its own users key it (`benches/support/natural.rs`): a request arrives as a 16-byte id and its 32-character hex header; dashmap, quick_cache and moka are keyed by the `[u8; 16]` (ahash) or by the header's `String`; idemcache builds its `Key` (scope, tenant, the header: 60 bytes, inline in its map entry) and the request's `Fingerprint` (55 bytes hashed) on every call, inside the timing. 100k uniform keys; the mix is 2 threads, 90% replays, 10% new keys. Best of {ROUNDS} interleaved rounds.\n").unwrap();
+    writeln!(md, "| peer | replay hit (ns) | claim + complete (ns) | 2 threads 90/10 (M ops/s) |")
+        .unwrap();
+    writeln!(md, "|---|---|---|---|").unwrap();
+    for (name, [replay, cc, mix]) in natural::NATURAL.iter().zip(natural_best) {
+        writeln!(md, "| {name} | {replay:.0} | {cc:.0} | {:.2} |", 1e3 / mix).unwrap();
+    }
+    let nat = |n: &str| natural_best[natural::NATURAL.iter().position(|x| *x == n).unwrap()];
+    let (ours_n, dm_n, qc_n) =
+        (nat(natural::NATURAL[0]), nat("dashmap [u8; 16]"), nat("quick_cache [u8; 16]"));
+    writeln!(md, "\nidemcache against dashmap `[u8; 16]`: replay {:.2}x its time (target ≤ 2x), claim + complete {:.2}x (target ≤ 1.5x), 2-thread mix {:.2}x its throughput (target ≥ 0.6x); against quick_cache `[u8; 16]`: mix {:.2}x its throughput (target ≥ 1.2x).", ours_n[0] / dm_n[0], ours_n[1] / dm_n[1], dm_n[2] / ours_n[2], qc_n[2] / ours_n[2]).unwrap();
+    md
+}
+
 fn resident() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -430,6 +462,12 @@ fn main() {
         return memory_child(&args[i + 1]);
     }
     let uniform_order = uniform(KEYS, OPS, 1);
+    if args.iter().any(|a| a == "--natural-only") {
+        // Only the "keyed as their users key them" table, to the terminal: a quick
+        // check of a change to the hot path (a few minutes instead of the whole report).
+        print!("{}", natural_section(&natural_rounds(&uniform_order)));
+        return;
+    }
     let zipf_order = zipf(KEYS, 1.0, OPS, 2);
     // ns/op of replay (uniform), replay (Zipf), claim+complete, mix, churn: each peer's
     // best of ROUNDS, the rounds interleaved so a disturbed stretch of this shared
@@ -455,15 +493,7 @@ fn main() {
             }
         }
     }
-    let mut natural_best = [[f64::INFINITY; 3]; natural::NATURAL.len()];
-    for round in 1..=ROUNDS {
-        for (name, best) in natural::NATURAL.iter().zip(&mut natural_best) {
-            eprintln!("round {round}/{ROUNDS}: {name} (natural keys)...");
-            for (b, r) in best.iter_mut().zip(natural_runs(name, &uniform_order)) {
-                *b = b.min(r);
-            }
-        }
-    }
+    let natural_best = natural_rounds(&uniform_order);
     let mut rows = Vec::new();
     for (name, [uni, zipf, cc, mix, churn]) in NAMES.into_iter().zip(best) {
         eprintln!("measuring {name}'s memory...");
@@ -541,18 +571,7 @@ fn main() {
         us.6, dm.6, qc.6, mk.6
     )
     .unwrap();
-    writeln!(md, "\n## Keyed as their users key them\n").unwrap();
-    writeln!(md, "The same job with each peer keyed the way its own users key it (`benches/support/natural.rs`): a request arrives as a 16-byte id and its 32-character hex header; dashmap, quick_cache and moka are keyed by the `[u8; 16]` (ahash) or by the header's `String`; idemcache builds its `Key` (scope, tenant, the header: 60 bytes, so on the heap) and the request's `Fingerprint` (55 bytes hashed) on every call, inside the timing. 100k uniform keys; the mix is 2 threads, 90% replays, 10% new keys. Best of {ROUNDS} interleaved rounds.\n").unwrap();
-    writeln!(md, "| peer | replay hit (ns) | claim + complete (ns) | 2 threads 90/10 (M ops/s) |")
-        .unwrap();
-    writeln!(md, "|---|---|---|---|").unwrap();
-    for (name, [replay, cc, mix]) in natural::NATURAL.iter().zip(&natural_best) {
-        writeln!(md, "| {name} | {replay:.0} | {cc:.0} | {:.2} |", 1e3 / mix).unwrap();
-    }
-    let nat = |n: &str| natural_best[natural::NATURAL.iter().position(|x| *x == n).unwrap()];
-    let (ours_n, dm_n, qc_n) =
-        (nat(natural::NATURAL[0]), nat("dashmap [u8; 16]"), nat("quick_cache [u8; 16]"));
-    writeln!(md, "\nidemcache against dashmap `[u8; 16]`: replay {:.2}x its time (target ≤ 2x), claim + complete {:.2}x (target ≤ 1.5x), 2-thread mix {:.2}x its throughput (target ≥ 0.6x); against quick_cache `[u8; 16]`: mix {:.2}x its throughput (target ≥ 1.2x).", ours_n[0] / dm_n[0], ours_n[1] / dm_n[1], dm_n[2] / ours_n[2], qc_n[2] / ours_n[2]).unwrap();
+    md.push_str(&natural_section(&natural_best));
     let [p50, p99, p999] = percentiles(&ours);
     writeln!(md, "\n## Against Redis\n").unwrap();
     match &redis {

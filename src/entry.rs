@@ -6,10 +6,14 @@
 //! COMPLETED and the mark's expiry while UNKNOWN; `since` is when the state began.
 //!
 //! The fields are flat (no enum carrying the body) so a slot stays small and a replay hit
-//! reads the fingerprint, state and deadline from the one cache line it already touched.
+//! reads the key, fingerprint, state and deadline from the two cache lines it loads
+//! together. The result itself is in the shard's [`ResultArena`](crate::arena), named
+//! by an 8-byte [`ResultRef`]: a 32-byte `Bytes` here would leave room for 24 bytes less
+//! of key inline.
 
 use bytes::Bytes;
 
+use crate::arena::ResultRef;
 use crate::{EntrySnapshot, EntryState, FencingToken, Fingerprint, Key, Replay, Timestamp};
 
 /// The three states of the contract (DESIGN.md); "absent" is the lack of an entry.
@@ -20,10 +24,9 @@ pub(crate) enum State {
     Unknown,
 }
 
-/// Laid out for a replay hit: the key and fingerprint fill the first cache line, the
-/// deadline, state, times and body the second, and the entry is exactly 128 bytes aligned
-/// to 128, so both lines are one adjacent-line pair that the hardware prefetcher fetches
-/// together: one miss per hit, not two.
+/// Laid out for a replay hit: the entry is exactly 128 bytes aligned to 128, so its two
+/// cache lines are one adjacent-line pair that the hardware prefetcher fetches together:
+/// one miss per hit, not two, with keys of up to 69 bytes inline (see [`Key`]).
 #[derive(Debug)]
 #[repr(C, align(128))]
 pub(crate) struct Entry {
@@ -33,8 +36,8 @@ pub(crate) struct Entry {
     pub(crate) since: Timestamp,
     /// The token of the claim that created this entry; only its guard may change it.
     pub(crate) token: u64,
-    /// The stored result; `Some` only while COMPLETED with its body kept.
-    pub(crate) body: Option<Bytes>,
+    /// Where the stored result is; `Some` only while COMPLETED with its body kept.
+    pub(crate) body: Option<ResultRef>,
     /// The low half of the key's hash, from which the table's hash is rebuilt (see
     /// [`crate::shard::table_hash`]) when the table grows or the entry leaves: neither
     /// then rehashes the key. Fits in what was padding.
@@ -43,7 +46,7 @@ pub(crate) struct Entry {
 }
 
 /// Bytes charged to every entry on top of its key's stored length and its result body:
-/// the slab slot (which holds keys of up to 46 bytes inline, so short keys are charged
+/// the slab slot (which holds keys of up to 69 bytes inline, so short keys are charged
 /// twice: the formula is an upper bound), the table's index and control byte, and the
 /// wheel's node (which also holds the age list's links).
 pub const ENTRY_OVERHEAD: usize = std::mem::size_of::<Option<Entry>>()
@@ -61,29 +64,28 @@ impl Entry {
         now < self.deadline
     }
 
-    /// What this entry costs against the byte bound.
-    pub(crate) fn charge(&self) -> usize {
-        Entry::charge_for(&self.key, self.body.as_ref())
+    /// What an entry with this key and a body of `body_len` bytes costs against the byte
+    /// bound.
+    pub(crate) fn charge_for(key: &Key, body_len: usize) -> usize {
+        key.as_bytes().len() + body_len + ENTRY_OVERHEAD
     }
 
-    /// What an entry with this key and body costs against the byte bound.
-    pub(crate) fn charge_for(key: &Key, body: Option<&Bytes>) -> usize {
-        key.as_bytes().len() + body.map_or(0, Bytes::len) + ENTRY_OVERHEAD
-    }
-
+    /// The answer to a replay of this entry, whose result (looked up in the arena) is
+    /// `body`.
     #[inline]
-    pub(crate) fn replay(&self) -> Replay {
-        Replay { body: self.body.clone(), completed_at: self.since, expires_at: self.deadline }
+    pub(crate) fn replay(&self, body: Option<Bytes>) -> Replay {
+        Replay { body, completed_at: self.since, expires_at: self.deadline }
     }
 
-    pub(crate) fn snapshot(&self) -> EntrySnapshot {
+    /// What this entry looks like from outside, its result being `body`.
+    pub(crate) fn snapshot(&self, body: Option<Bytes>) -> EntrySnapshot {
         let state = match self.state {
             State::Processing => EntryState::Processing {
                 started_at: self.since,
                 lease_ends_at: self.deadline,
                 token: FencingToken(self.token),
             },
-            State::Completed => EntryState::Completed(self.replay()),
+            State::Completed => EntryState::Completed(self.replay(body)),
             State::Unknown => {
                 EntryState::Unknown { marked_at: self.since, expires_at: self.deadline }
             }

@@ -47,12 +47,13 @@ pub struct Key {
     stored: Stored,
 }
 
-/// Stored forms of up to this many bytes live inside the `Key` (48 bytes in all), with no
+/// Stored forms of up to this many bytes live inside the `Key` (72 bytes in all), with no
 /// heap allocation: a replay hit then compares the key in the map slot it already
-/// loaded instead of missing the cache on a second allocation, and a short key costs
-/// less memory than a `Box<[u8]>` and its allocation would. `("POST /v1/orders",
-/// "user:42", <16-byte key>)` is 44 bytes.
-pub(crate) const INLINE_KEY_LEN: usize = 46;
+/// loaded instead of missing the cache on a second allocation, building a key allocates
+/// nothing, and a short key costs less memory than a `Box<[u8]>` and its allocation
+/// would. `("POST /v1/orders", "user:42", <UUID>)` is 64 bytes; with a 32-character hex
+/// key, 60. 69 is what the 128-byte map entry has room for (see `src/entry.rs`).
+pub(crate) const INLINE_KEY_LEN: usize = 69;
 
 /// Stored forms up to this long are encoded on the stack before being copied to the heap
 /// (a scope, a tenant and a UUID-sized client key fit).
@@ -63,6 +64,9 @@ enum Stored {
     Inline { len: u8, bytes: [u8; INLINE_KEY_LEN] },
     Heap(Box<[u8]>),
 }
+
+// The entry's layout (and the figure in INLINE_KEY_LEN's doc) depends on this.
+const _: () = assert!(std::mem::size_of::<Key>() == 72);
 
 impl PartialEq for Key {
     #[inline]
@@ -397,8 +401,10 @@ mod tests {
 
     #[test]
     fn short_keys_are_inline_long_keys_on_the_heap_and_both_compare_by_bytes() {
-        assert_eq!(std::mem::size_of::<Key>(), 48);
-        let short = Key::new("POST /v1/orders", "user:42", "0123456789abcdef").unwrap();
+        // A scope, a tenant and a UUID, as the layer builds them, stay inline.
+        let uuid = "8e03978e-40d5-43e8-bc93-6894a57f9324";
+        let short = Key::new("POST /v1/orders", "user:42", uuid).unwrap();
+        assert_eq!(short.as_bytes().len(), 64);
         assert!(matches!(short.stored, Stored::Inline { .. }));
         let long = Key::new("POST /v1/orders", "user:42", &"k".repeat(100)).unwrap();
         assert!(matches!(long.stored, Stored::Heap(_)));

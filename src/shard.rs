@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hashbrown::HashTable;
 
-use crate::arena::ResultArena;
+use crate::arena::{ResultArena, ResultRef};
 use crate::config::Config;
 use crate::entry::{Entry, State};
 use crate::evict::{self, AgeLinks, AgeList};
@@ -201,6 +201,18 @@ impl Shard {
         table_hash(self.hasher.hash_one(key.as_bytes()))
     }
 
+    /// What `e` costs against the byte bound.
+    fn charge(&self, e: &Entry) -> usize {
+        Entry::charge_for(&e.key, e.body.map_or(0, |r| self.results.len(r)))
+    }
+
+    /// The entry in `slot` as seen from outside (sealing its result's chunk if need be).
+    fn snapshot(&mut self, slot: u32) -> EntrySnapshot {
+        let body = self.entry(slot).body.map(|r| self.results.sealed(r));
+        self.entry(slot).snapshot(body)
+    }
+
+    #[inline]
     fn entry(&self, slot: u32) -> &Entry {
         self.slots[slot as usize].as_ref().expect("the table only indexes occupied slots")
     }
@@ -283,7 +295,7 @@ impl Shard {
         if let Some(dead) = existing {
             self.expire(dead);
         }
-        let charge = Entry::charge_for(key, None);
+        let charge = Entry::charge_for(key, 0);
         if let Err(full) = self.make_room(now, 1, charge) {
             self.counters.capacity_refusals += 1;
             return Err(full);
@@ -299,7 +311,8 @@ impl Shard {
     /// The stored result, if `key` has a live COMPLETED entry for this request: the one
     /// claim answer that reads without writing (see `Cache::claim`). Counts nothing; the
     /// caller counts it. The clock is read only for a completed entry: a first claim
-    /// reads none here.
+    /// reads none here. `None` too for a result in the arena's open chunk, which only
+    /// the write path (`answer`) can share.
     #[inline]
     pub(crate) fn replay(
         &self,
@@ -310,7 +323,14 @@ impl Shard {
     ) -> Option<Replay> {
         let e = self.entry(self.find(hash, key)?);
         let hit = e.state == State::Completed && e.fingerprint == fingerprint && e.is_live(now());
-        hit.then(|| e.replay())
+        if !hit {
+            return None;
+        }
+        let body = match e.body {
+            Some(r) => Some(self.results.shared(r)?),
+            None => None,
+        };
+        Some(e.replay(body))
     }
 
     /// The answer to a claim of a live entry.
@@ -323,7 +343,9 @@ impl Shard {
         }
         match e.state {
             State::Completed => {
-                let replay = e.replay();
+                let body = e.body;
+                let body = body.map(|r| self.results.sealed(r));
+                let replay = self.entry(slot).replay(body);
                 self.counters.replayed += 1;
                 Claim::Completed(replay)
             }
@@ -387,7 +409,7 @@ impl Shard {
         ttl: Duration,
         now: Timestamp,
         cfg: &Config,
-    ) -> Option<Bytes> {
+    ) -> Option<ResultRef> {
         let len = body.as_ref().map_or(0, Bytes::len);
         // make_room cannot take the entry this is for: it is live (not due on the
         // wheel) and PROCESSING, UNKNOWN or not yet inserted (not in the age list).
@@ -403,25 +425,25 @@ impl Shard {
         } else {
             None
         };
-        packed.or_else(|| body.take())
+        packed.or_else(|| body.take().map(|b| self.results.keep(b)))
     }
 
     /// Makes a live entry COMPLETED with `kept` as its result, until `deadline`.
     fn set_completed(
         &mut self,
         slot: u32,
-        kept: Option<Bytes>,
+        kept: Option<ResultRef>,
         since: Timestamp,
         deadline: Timestamp,
     ) {
+        let before = self.charge(self.entry(slot));
         let e = self.entry_mut(slot);
-        let before = e.charge();
         let was_unknown = e.state == State::Unknown;
         e.state = State::Completed;
         e.since = since;
         e.deadline = deadline;
         e.body = kept;
-        let after = e.charge();
+        let after = self.charge(self.entry(slot));
         self.bytes = self.bytes - before + after;
         self.completed_bytes += after;
         if was_unknown {
@@ -552,11 +574,11 @@ impl Shard {
         let existing = self.find(hash, key);
         if let Some(slot) = existing {
             if self.entry(slot).is_live(now) {
-                return Err(InsertError::Occupied(self.entry(slot).snapshot()));
+                return Err(InsertError::Occupied(self.snapshot(slot)));
             }
             self.expire(slot);
         }
-        self.make_room(now, 1, Entry::charge_for(key, None))
+        self.make_room(now, 1, Entry::charge_for(key, 0))
             .map_err(|_| InsertError::CapacityExhausted)?;
         // UNKNOWN until its body is settled below (`keep_result` may evict, and an
         // UNKNOWN entry is never evicted).
@@ -601,13 +623,13 @@ impl Shard {
     /// reclaimed, which is invisible: it already read as absent).
     pub(crate) fn peek(&mut self, hash: u64, key: &Key, now: Timestamp) -> Option<EntrySnapshot> {
         let slot = self.find_live(hash, key, now)?;
-        Some(self.entry(slot).snapshot())
+        Some(self.snapshot(slot))
     }
 
     /// Any state → absent. Returns what was there; a PROCESSING owner is thereby fenced.
     pub(crate) fn remove(&mut self, hash: u64, key: &Key, now: Timestamp) -> Option<EntrySnapshot> {
         let slot = self.find_live(hash, key, now)?;
-        let snapshot = self.entry(slot).snapshot();
+        let snapshot = self.snapshot(slot);
         self.unlink(slot, RemovalCause::Removed);
         Some(snapshot)
     }
@@ -741,7 +763,7 @@ impl Shard {
 
     fn insert(&mut self, hash: u64, entry: Entry) -> u32 {
         self.entries += 1;
-        self.bytes += entry.charge();
+        self.bytes += self.charge(&entry);
         let slot = match self.free.pop() {
             Some(slot) => {
                 self.slots[slot as usize] = Some(entry);
@@ -778,9 +800,9 @@ impl Shard {
             }
             Err(_) => unreachable!("every occupied slot is in the table"),
         }
-        let mut entry = self.slots[slot as usize].take().expect("checked occupied above");
+        let entry = self.slots[slot as usize].take().expect("checked occupied above");
         self.wheel.cancel(slot);
-        let charge = entry.charge();
+        let charge = self.charge(&entry);
         match entry.state {
             State::Completed => {
                 self.age.remove(slot, &mut self.wheel);
@@ -794,7 +816,9 @@ impl Shard {
         self.free.push(slot);
         self.entries -= 1;
         self.bytes -= charge;
-        self.graveyard.extend(entry.body.take());
+        if let Some(r) = entry.body {
+            self.graveyard.extend(self.results.release(r));
+        }
         if self.record_removals {
             self.removed.push((entry.key, cause));
         }
@@ -810,7 +834,7 @@ impl Shard {
             match slot {
                 Some(e) => {
                     entries += 1;
-                    bytes += e.charge();
+                    bytes += self.charge(e);
                     assert_eq!(widen(e.hash), self.hash_of(&e.key), "slot {i} stored hash");
                     assert_eq!(
                         self.find(self.hash_of(&e.key), &e.key),
@@ -831,7 +855,7 @@ impl Shard {
                     assert_eq!(listed, e.state != State::Processing, "slot {i} list membership");
                     if e.state == State::Completed {
                         completed += 1;
-                        completed_bytes += e.charge();
+                        completed_bytes += self.charge(e);
                     }
                 }
                 None => {
@@ -861,6 +885,7 @@ impl Shard {
             (unknown, unknown),
             "unknown list drifted"
         );
+        self.results.validate(self.slots.iter().flatten().filter_map(|e| e.body));
         assert!(self.entries <= self.limits.max_entries, "entry bound exceeded");
         assert!(self.bytes <= self.limits.max_bytes, "byte bound exceeded");
     }

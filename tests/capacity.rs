@@ -94,6 +94,37 @@ fn a_small_result_is_copied_and_the_callers_buffer_let_go_at_once() {
 }
 
 #[test]
+fn results_replayed_as_soon_as_they_complete_keep_their_bytes_as_more_are_packed() {
+    // Each result is replayed (and looked at, and one removed) while its chunk is still
+    // being filled: what was handed out must never change, across chunk boundaries.
+    let cache = roomy_builder(&ManualClock::new()).shards(1).build().unwrap();
+    let body_of = |i: usize| vec![(i % 251) as u8; 100 + i % 300];
+    let mut handed_out = Vec::new();
+    for i in 0..400 {
+        let k = key(&format!("k{i}"));
+        acquire(&cache, &k, fp("r")).complete(body_of(i)).unwrap();
+        handed_out.push((i, replay(&cache, &k, fp("r")).body.unwrap()));
+        let EntryState::Completed(seen) = cache.peek(&k).unwrap().state else {
+            panic!("k{i} is not completed")
+        };
+        assert_eq!(seen.body.unwrap(), body_of(i));
+        if i % 7 == 0 {
+            let EntryState::Completed(removed) = cache.remove(&k).unwrap().state else {
+                panic!("k{i} was not completed")
+            };
+            assert_eq!(removed.body.unwrap(), body_of(i));
+        }
+    }
+    for (i, body) in &handed_out {
+        assert_eq!(body, &body_of(*i), "the result handed out for k{i} changed");
+        if i % 7 != 0 {
+            assert_eq!(replay(&cache, &key(&format!("k{i}")), fp("r")).body.unwrap(), body_of(*i));
+        }
+    }
+    cache.debug_validate();
+}
+
+#[test]
 fn a_small_result_kept_for_its_own_ttl_is_not_packed() {
     // Only results kept for the default TTL share chunks (whose memory goes when their
     // last result does); one kept longer keeps its own buffer instead.
