@@ -4,11 +4,13 @@
 //! Invariant: every buffer the arena holds is named by exactly `users` live
 //! [`ResultRef`]s, and is dropped (handed back to the caller, to be freed outside the
 //! shard lock) when the last of them is released. A packed result is an exact copy of
-//! what the caller completed with, at `start..start + len` of one chunk; a chunk is only
-//! ever written while it is *open*, and no [`Bytes`] of an open chunk exists, so nothing
-//! handed out can see a byte change. The first request for a `Bytes` of an open chunk's
-//! result *seals* the chunk (only with `&mut`: [`ResultArena::shared`] on the read path
-//! answers `None` then, and the caller asks again under the write lock).
+//! what the caller completed with, at `start..start + len` of one buffer. Results are
+//! written only into the *open* buffer, a `BytesMut` of which no [`Bytes`] exists, so
+//! nothing handed out can see a byte change. The first request for a `Bytes` of an open
+//! buffer's result *seals* it: what it holds is frozen into a `Bytes` (no copy) and the
+//! rest of its chunk becomes the next open buffer, under a new id. Sealing needs `&mut`:
+//! [`ResultArena::shared`] on the read path answers `None` for the open buffer, and the
+//! caller asks again under the write lock.
 //!
 //! Why an entry does not hold a `Bytes`: a `Bytes` handle is 32 bytes, a `ResultRef` 8.
 //! The 24 bytes saved keep a key of up to 69 bytes (a scope, a tenant and a UUID
@@ -28,15 +30,18 @@
 //! What it costs: a chunk lives as long as its longest-lived entry (or a replayed
 //! `Bytes` a caller holds on to). The shard packs only results kept for the cache's
 //! default `completed_ttl`, in completion order, so the results of one chunk expire (and
-//! are evicted, oldest first) together. A chunk sealed early (a result replayed just
-//! after it completed) is shrunk to what it holds, and the next result opens a new one:
-//! at worst, a completion then replay of each result in turn, one allocation per result,
-//! as if nothing were packed. Results over [`PACK_MAX`] bytes, results with another TTL,
-//! and empty ones are kept as given, zero-copy, each in a buffer of its own.
+//! are evicted, oldest first) together. Sealing allocates nothing (the chunk is split,
+//! not copied or shrunk): a completion then replay of each result in turn, the common
+//! pattern of a retry, costs one buffer id per result and one atomic increment, and
+//! fills chunks as densely as any other order. Results over [`PACK_MAX`] bytes, results
+//! with another TTL, and empty ones are kept as given, zero-copy, each in a buffer of
+//! its own. Each buffer, sealed or kept, takes one [`RESULT_SLOT`]-byte slot of the
+//! table; an entry's charge against the byte bound counts one for it
+//! ([`ENTRY_OVERHEAD`](crate::ENTRY_OVERHEAD)).
 
 use std::num::NonZeroU32;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 /// Results of at most this many bytes are packed; larger ones keep their own buffer.
 pub(crate) const PACK_MAX: usize = 512;
@@ -61,6 +66,9 @@ pub(crate) struct ResultRef {
 
 const _: () = assert!(std::mem::size_of::<Option<ResultRef>>() == 8);
 
+/// Bytes of the table's slot for one buffer: at most one per entry holding a result.
+pub(crate) const RESULT_SLOT: usize = std::mem::size_of::<Buffer>();
+
 impl ResultRef {
     fn index(self) -> usize {
         self.id.get() as usize - 1
@@ -79,11 +87,12 @@ struct Buffer {
     users: u32,
 }
 
-/// The open chunk: not yet shared, so it may still be written.
+/// The open buffer: the results written since the last seal, then the spare rest of
+/// its chunk. Not shared, so it may still be written.
 #[derive(Debug)]
 struct Open {
     id: NonZeroU32,
-    bytes: Vec<u8>,
+    bytes: BytesMut,
 }
 
 /// A shard's result buffers, by id.
@@ -103,11 +112,20 @@ impl ResultArena {
             // An empty body allocates nothing; a large one gains little from a copy.
             return None;
         }
-        let has_room = self.open.as_ref().is_some_and(|o| CHUNK - o.bytes.len() >= body.len());
-        if !has_room {
+        let room = self.open.as_ref().map_or(0, |o| o.bytes.capacity() - o.bytes.len());
+        if room < body.len() {
+            // The rest of this chunk is too short: freeze what it holds, and go on in a
+            // new chunk under the id sealing left open. (Not zeroed: nothing shares the
+            // spare capacity, and results are appended into it.)
             self.seal();
-            let id = self.new_buffer(Bytes::new(), 0);
-            self.open = Some(Open { id, bytes: Vec::with_capacity(CHUNK) });
+            let chunk = BytesMut::with_capacity(CHUNK);
+            match self.open.as_mut() {
+                Some(open) => open.bytes = chunk,
+                None => {
+                    let id = self.new_buffer(Bytes::new(), 0);
+                    self.open = Some(Open { id, bytes: chunk });
+                }
+            }
         }
         let open = self.open.as_mut().expect("opened above");
         // Both fit in u16: start + len <= CHUNK.
@@ -142,14 +160,19 @@ impl ResultArena {
         }
     }
 
-    /// Shares the open chunk: from now on it is read-only, and the next packed result
-    /// opens another. Trimmed to what it holds, so a chunk sealed early keeps no more
-    /// memory than its results.
+    /// Freezes what the open buffer holds into its id's `Bytes`, read-only from now on;
+    /// the rest of its chunk stays open under a new id. Nothing is copied: both halves
+    /// share the chunk's allocation (and, from the first seal of a chunk, its one
+    /// reference count).
     fn seal(&mut self) {
-        if let Some(Open { id, mut bytes }) = self.open.take() {
-            bytes.shrink_to_fit();
-            self.buffers[id.get() as usize - 1].bytes = Bytes::from(bytes);
+        let Some(open) = self.open.as_mut() else { return };
+        if open.bytes.is_empty() {
+            return;
         }
+        let (id, held) = (open.id, open.bytes.split().freeze());
+        self.buffers[id.get() as usize - 1].bytes = held;
+        let next = self.new_buffer(Bytes::new(), 0);
+        self.open.as_mut().expect("checked above").id = next;
     }
 
     /// The result `r` names, as a `Bytes` sharing the arena's buffer; `None` if it is in
@@ -168,7 +191,7 @@ impl ResultArena {
         })
     }
 
-    /// The result `r` names, sealing its chunk first if it is the open one.
+    /// The result `r` names, sealing the open buffer first if `r` is in it.
     pub(crate) fn sealed(&mut self, r: ResultRef) -> Bytes {
         if self.open.as_ref().is_some_and(|o| o.id == r.id) {
             self.seal();
@@ -186,8 +209,8 @@ impl ResultArena {
     }
 
     /// An entry naming `r` has gone. Returns its buffer if that was the last entry naming
-    /// it, for the caller to drop outside the lock. The open chunk is never returned: once
-    /// nobody names it, it is emptied and filled again from the start.
+    /// it, for the caller to drop outside the lock. The open buffer is never returned: once
+    /// nobody names it, it is emptied and filled again from its start.
     pub(crate) fn release(&mut self, r: ResultRef) -> Option<Bytes> {
         let buffer = &mut self.buffers[r.index()];
         buffer.users -= 1;
@@ -248,20 +271,43 @@ mod tests {
     }
 
     #[test]
-    fn the_open_chunk_is_shared_only_once_sealed_and_never_written_after() {
+    fn the_open_buffer_is_shared_only_once_sealed_and_never_written_after() {
         let mut arena = ResultArena::default();
         let a = arena.pack(&body(1, 10)).unwrap();
-        assert_eq!(arena.shared(a), None, "the open chunk is not shared on the read path");
+        assert_eq!(arena.shared(a), None, "the open buffer is not shared on the read path");
         let replayed = arena.sealed(a);
         assert_eq!(&replayed[..], &[1u8; 10][..]);
-        // Sealed: the next result goes to a new chunk, and the replayed bytes stay as
+        // Sealed: the next result goes under a new id, and the replayed bytes stay as
         // they were.
         let b = arena.pack(&body(2, 10)).unwrap();
         assert!(!same_buffer(a, b));
         assert_eq!(arena.shared(a).unwrap(), replayed);
         assert_eq!(&replayed[..], &[1u8; 10][..]);
-        // Trimmed to what it held.
-        assert_eq!(arena.buffers[a.index()].bytes.len(), 10);
+        assert_eq!(arena.buffers[a.index()].bytes.len(), 10, "a holds only what it held");
+        arena.validate([a, b].into_iter());
+    }
+
+    #[test]
+    fn sealing_after_every_result_still_packs_them_back_to_back_in_one_chunk() {
+        // The retry pattern: each result replayed as soon as it completes. Sealing splits
+        // the chunk; it allocates no chunk of its own.
+        let mut arena = ResultArena::default();
+        let first = arena.pack(&body(0, 100)).unwrap();
+        let first = arena.sealed(first);
+        let mut refs = Vec::new();
+        for i in 1..(CHUNK / 100) {
+            let r = arena.pack(&body(i as u8, 100)).unwrap();
+            let b = arena.sealed(r);
+            assert_eq!(b.as_ptr(), first.as_ptr().wrapping_add(100 * i), "result {i}");
+            assert!(b.iter().all(|&x| x == i as u8));
+            refs.push(r);
+        }
+        assert_eq!(&first[..], &[0u8; 100][..]);
+        // The chunk's last 84 bytes hold no 100-byte result: the next opens a new chunk.
+        let next = arena.pack(&body(9, 100)).unwrap();
+        let next = arena.sealed(next);
+        let chunk = first.as_ptr()..first.as_ptr().wrapping_add(CHUNK);
+        assert!(!chunk.contains(&next.as_ptr()));
     }
 
     #[test]
@@ -324,5 +370,103 @@ mod tests {
         assert_eq!(b.start, 0, "refilled from its start");
         assert_eq!(&arena.sealed(b)[..], &[2u8; 100][..]);
         arena.validate([b].into_iter());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Pack(u16),
+        Keep(u16),
+        Sealed(u8),
+        Shared(u8),
+        Release(u8),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        let len = prop_oneof![1u16..=3, 200u16..=520, Just(512), Just(511), Just(0)];
+        prop_oneof![
+            5 => len.clone().prop_map(Op::Pack),
+            1 => len.prop_map(Op::Keep),
+            2 => any::<u8>().prop_map(Op::Sealed),
+            2 => any::<u8>().prop_map(Op::Shared),
+            4 => any::<u8>().prop_map(Op::Release),
+        ]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 500, ..Default::default() })]
+
+        /// Against a plain model: every live reference reads back what was stored, bytes
+        /// handed out never change, counts and the free list agree, a buffer goes back
+        /// exactly with its last user (never the open one), an unused buffer holds
+        /// nothing, and nothing is left once every reference is released.
+        #[test]
+        fn the_arena_agrees_with_a_model(ops in proptest::collection::vec(op(), 1..400)) {
+            let mut arena = ResultArena::default();
+            let mut live: Vec<(ResultRef, Vec<u8>)> = Vec::new();
+            let mut handed: Vec<(Bytes, Vec<u8>)> = Vec::new();
+            for (seq, op) in ops.iter().enumerate() {
+                let content =
+                    |len: u16| (0..usize::from(len)).map(|i| ((seq * 97) ^ (i * 31)) as u8).collect();
+                match *op {
+                    Op::Pack(len) => {
+                        let c: Vec<u8> = content(len);
+                        let b = Bytes::from(c.clone());
+                        let r = match arena.pack(&b) {
+                            Some(r) => r,
+                            None => {
+                                proptest::prop_assert!(len == 0 || usize::from(len) > PACK_MAX);
+                                arena.keep(b)
+                            }
+                        };
+                        live.push((r, c));
+                    }
+                    Op::Keep(len) => {
+                        let c: Vec<u8> = content(len);
+                        live.push((arena.keep(Bytes::from(c.clone())), c));
+                    }
+                    Op::Sealed(i) if !live.is_empty() => {
+                        let (r, c) = live[usize::from(i) % live.len()].clone();
+                        let b = arena.sealed(r);
+                        proptest::prop_assert_eq!(&b[..], &c[..]);
+                        handed.push((b, c));
+                    }
+                    Op::Shared(i) if !live.is_empty() => {
+                        let (r, c) = live[usize::from(i) % live.len()].clone();
+                        if let Some(b) = arena.shared(r) {
+                            proptest::prop_assert_eq!(&b[..], &c[..]);
+                            handed.push((b, c));
+                        }
+                    }
+                    Op::Release(i) if !live.is_empty() => {
+                        let (r, _) = live.swap_remove(usize::from(i) % live.len());
+                        let still_named = live.iter().any(|(o, _)| same_buffer(*o, r));
+                        let is_open = arena.open.as_ref().is_some_and(|o| o.id == r.id);
+                        let freed = arena.release(r);
+                        proptest::prop_assert_eq!(freed.is_some(), !still_named && !is_open);
+                    }
+                    _ => {}
+                }
+                arena.validate(live.iter().map(|(r, _)| *r));
+                for (r, c) in &live {
+                    proptest::prop_assert_eq!(arena.len(*r), c.len());
+                }
+                for (b, c) in &handed {
+                    proptest::prop_assert_eq!(&b[..], &c[..], "handed-out bytes changed");
+                }
+                for buffer in &arena.buffers {
+                    proptest::prop_assert!(buffer.users > 0 || buffer.bytes.is_empty());
+                }
+                if let Some(o) = &arena.open {
+                    let users = arena.buffers[o.id.get() as usize - 1].users;
+                    proptest::prop_assert_eq!(users == 0, o.bytes.is_empty());
+                }
+            }
+            for (r, _) in live.drain(..) {
+                arena.release(r);
+            }
+            arena.validate(std::iter::empty());
+            proptest::prop_assert!(arena.buffers.iter().all(|b| b.bytes.is_empty()));
+        }
     }
 }

@@ -47,12 +47,15 @@ pub(crate) struct Entry {
 
 /// Bytes charged to every entry on top of its key's stored length and its result body:
 /// the slab slot (which holds keys of up to 69 bytes inline, so short keys are charged
-/// twice: the formula is an upper bound), the table's index and control byte, and the
-/// wheel's node (which also holds the age list's links).
+/// twice: the formula is an upper bound), the table's index and control byte, the
+/// wheel's node (which also holds the age list's links), and one slot of the shard's
+/// table of result buffers (a result kept as given has one to itself; packed results
+/// share one per stretch of a chunk, at worst one each).
 pub const ENTRY_OVERHEAD: usize = std::mem::size_of::<Option<Entry>>()
     + std::mem::size_of::<u32>()
     + 1
-    + std::mem::size_of::<crate::wheel::Node<crate::evict::AgeLinks>>();
+    + std::mem::size_of::<crate::wheel::Node<crate::evict::AgeLinks>>()
+    + crate::arena::RESULT_SLOT;
 
 // The layout argument above depends on this, and the memory figures on both.
 const _: () = assert!(std::mem::size_of::<Option<Entry>>() == 128);

@@ -11,7 +11,7 @@
 //! | `shard.rs` | **the state machine**, single-threaded (`&mut self`) | every transition; counters match contents; bounds hold |
 //! | `wheel.rs` | hierarchical timing wheel over slab ids | each id fires once, at the first poll at or after its tick |
 //! | `evict.rs` | the capacity policy and the age list | only COMPLETED entries are evictable, oldest first |
-//! | `arena.rs` | small results, packed into per-shard chunks | a packed result is an exact copy, never overwritten |
+//! | `arena.rs` | each shard's results: small ones packed into chunks, the rest as given; the 8-byte reference an entry holds | a buffer lives exactly while an entry names it; a shared chunk is never written |
 //! | `cache.rs` | locks, hashing, `claim_wait` | one shard lock per operation, never two |
 //! | `wait.rs` | [`WaitForClaim`](crate::WaitForClaim), the async wait, and each shard's wakers | a waiting future's waker is filed under the lock it looked under |
 //! | `guard.rs` | [`ClaimGuard`](crate::ClaimGuard) | a guard acts only under its own fencing token |
@@ -167,18 +167,33 @@
 //! # Results
 //!
 //! A result of up to 512 bytes kept for the default `completed_ttl` is copied into the
-//! shard's current 16 KiB chunk (`arena.rs`), and the entry holds a `Bytes` slice of
-//! it; larger results, and results given their own TTL, are kept as the caller's
-//! `Bytes`. A result in its own buffer costs the allocator's header and, from its first
+//! shard's open 16 KiB chunk (`arena.rs`); larger results, and results given their own
+//! TTL, are kept as the caller's `Bytes`. Either way the entry holds an 8-byte
+//! `ResultRef` (buffer id, start, length) into the shard's table of buffers, not a
+//! 32-byte `Bytes`: the 24 bytes went to the key, so keys of up to 69 bytes (a scope, a
+//! tenant and a UUID) are compared inside the 128-byte entry, with no allocation to
+//! build them and no pointer to follow on a lookup (issue 13's replay of a 60-byte key,
+//! `bench_report --natural-only`: 402 ns on the heap, 317 inline, 271 with the probe
+//! below). A replay of a result in the open
+//! chunk takes the write lock once, to seal the chunk (a chunk is only written before
+//! anything of it is shared; sealing trims it to what it holds). A result in its own buffer costs the allocator's header and, from its first
 //! replay, a separate reference count that every replay then misses on; packed results
 //! share one reference count per chunk, which stays in the processor's cache. Replays
 //! over 100k keys went from ~0.85x to ~0.55x the bare dashmap's time, 16 bytes per
 //! entry went (48 once replayed), and churn's eviction steps free chunks instead of
 //! thousands of small buffers; copying 128 bytes costs less than what it saves. The
-//! price is that a chunk lives as long as its longest-lived slice: chunks fill in
+//! price is that a chunk lives as long as its longest-lived entry: chunks fill in
 //! completion order with results of one TTL, so they expire and are evicted whole, and
 //! what can keep one longer is an entry removed early (until its neighbours expire) or
 //! a replayed `Bytes` a caller keeps.
+//!
+//! A replay hit probes the table asking for the hit outright (COMPLETED, this
+//! fingerprint, this key, in that order): the state and fingerprint sit in the entry's
+//! second cache line and the key in its first, and asking for both at once lets the
+//! processor fetch both lines together. Looking the key up first and the state after
+//! made them two misses one after the other (perf showed both; 317 → 271 ns per replay
+//! over 100k keys). Anything else reads as absent there and is answered by the write
+//! path's ordinary lookup.
 //!
 //! # Waiting
 //!

@@ -247,8 +247,6 @@ impl fmt::Debug for Key {
     }
 }
 
-/// Writes the stored form into `out`, which is exactly its length. The casts cannot
-/// truncate: `check_parts` bounded every length first.
 /// Where [`encode`] writes: exactly the stored form's length of a buffer.
 trait Sink {
     fn put(&mut self, bytes: &[u8]);
@@ -263,6 +261,8 @@ impl Sink for &mut [u8] {
     }
 }
 
+/// Writes the stored form into `out`, which is exactly its length. The casts cannot
+/// truncate: `check_parts` bounded every length first.
 fn encode(scope: &str, tenant: Option<&str>, client_key: &str, out: &mut impl Sink) {
     out.put(&(scope.len() as u16).to_be_bytes());
     out.put(scope.as_bytes());

@@ -63,7 +63,7 @@
 //! - One process. A cache is the hot tier in front of a durable store whose `UNIQUE`
 //!   constraint stays the backstop; it does not survive a restart.
 //! - Memory per entry is charged as `key bytes + result bytes +` [`ENTRY_OVERHEAD`] in
-//!   [`Stats::bytes`] (an upper bound: keys of up to 46 bytes are stored inline and so
+//!   [`Stats::bytes`] (an upper bound: keys of up to 69 bytes are stored inline and so
 //!   counted twice); the process also pays the map's spare capacity (hashbrown keeps its
 //!   load between ~44% and 87.5%; the slab never shrinks below its high-water mark).
 //!   Measured: 292 bytes of resident memory per completed entry with a 128-byte result,
