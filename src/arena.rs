@@ -361,6 +361,14 @@ mod tests {
     }
 
     #[test]
+    #[should_panic(expected = "user count drifted")]
+    fn validate_notices_a_reference_it_was_not_told_of() {
+        let mut arena = ResultArena::default();
+        arena.keep(Bytes::from_static(b"kept"));
+        arena.validate(std::iter::empty());
+    }
+
+    #[test]
     fn an_open_chunk_nobody_names_is_refilled_from_the_start() {
         let mut arena = ResultArena::default();
         let a = arena.pack(&body(1, 100)).unwrap();
