@@ -323,6 +323,10 @@ pub struct Harness {
     keys: Vec<Key>,
     guards: Vec<Held>,
     policy: DropPolicy,
+    /// Every result a replay handed out, with what it read then: it must read the same
+    /// for as long as it is held, whatever the cache does after (chunks are sealed,
+    /// split, refilled and freed under it).
+    handed_out: Vec<(Bytes, Vec<u8>)>,
 }
 
 /// A guard the harness holds, with what the model knows of it.
@@ -367,7 +371,7 @@ impl Harness {
             next_owner: 0,
             stats: Stats::default(),
         };
-        Harness { cache, clock, model, keys, guards: Vec::new(), policy }
+        Harness { cache, clock, model, keys, guards: Vec::new(), policy, handed_out: Vec::new() }
     }
 
     /// Runs `op` on the cache and the model and asserts they agree, then re-validates the
@@ -394,11 +398,16 @@ impl Harness {
                             self.guards.push(Held { guard, key, owner, result_ttl_s: COMPLETED_S });
                             return self.check(false);
                         }
-                        Claim::Completed(r) => Expected::Completed(
-                            r.body.map(|b| b.to_vec()),
-                            r.completed_at.as_nanos(),
-                            r.expires_at.as_nanos(),
-                        ),
+                        Claim::Completed(r) => {
+                            if let Some(b) = &r.body {
+                                self.handed_out.push((b.clone(), b.to_vec()));
+                            }
+                            Expected::Completed(
+                                r.body.map(|b| b.to_vec()),
+                                r.completed_at.as_nanos(),
+                                r.expires_at.as_nanos(),
+                            )
+                        }
                         Claim::InProgress { started_at, lease_ends_at } => {
                             Expected::InProgress(started_at.as_nanos(), lease_ends_at.as_nanos())
                         }
@@ -609,6 +618,9 @@ impl Harness {
     /// depend on when dead entries are reclaimed); internal invariants hold.
     fn check(&self, swept: bool) {
         self.cache.debug_validate();
+        for (held, read) in &self.handed_out {
+            assert_eq!(&held[..], &read[..], "a result handed out changed under its holder");
+        }
         let mut actual = self.cache.stats();
         let mut expected = self.model.stats;
         expected.entries = self.model.entries.len() as u64;
