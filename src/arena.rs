@@ -17,7 +17,8 @@
 //! `Idempotency-Key`) inside the 128-byte entry, where a replay compares it in the cache
 //! lines it has already loaded, instead of following a pointer to a heap copy: one cache
 //! miss and one allocation less per lookup of such a key. Replaying costs one look in the
-//! shard's buffer table (a few hundred entries per shard, kept hot by every replay).
+//! shard's buffer table (small, and kept hot by every replay: filled in completion
+//! order, most chunks are one buffer).
 //!
 //! Why copy a result the caller already allocated: a 128-byte result in its own
 //! allocation costs 144 bytes (the allocator's header and rounding) and, once replayed,
@@ -81,7 +82,7 @@ impl ResultRef {
 
 #[derive(Debug)]
 struct Buffer {
-    /// Empty while this is the open chunk (its bytes are in `ResultArena::open`).
+    /// Empty while this is the open buffer (its bytes are in `ResultArena::open`).
     bytes: Bytes,
     /// How many live entries name this buffer.
     users: u32,
@@ -176,7 +177,7 @@ impl ResultArena {
     }
 
     /// The result `r` names, as a `Bytes` sharing the arena's buffer; `None` if it is in
-    /// the open chunk, which only [`ResultArena::sealed`] (with `&mut`) can share.
+    /// the open buffer, which only [`ResultArena::sealed`] (with `&mut`) can share.
     #[inline]
     pub(crate) fn shared(&self, r: ResultRef) -> Option<Bytes> {
         if self.open.as_ref().is_some_and(|o| o.id == r.id) {
@@ -372,7 +373,7 @@ mod tests {
     fn an_open_chunk_nobody_names_is_refilled_from_the_start() {
         let mut arena = ResultArena::default();
         let a = arena.pack(&body(1, 100)).unwrap();
-        assert_eq!(arena.release(a), None, "the open chunk is kept, not handed back");
+        assert_eq!(arena.release(a), None, "the open buffer is kept, not handed back");
         let b = arena.pack(&body(2, 100)).unwrap();
         assert!(same_buffer(a, b));
         assert_eq!(b.start, 0, "refilled from its start");

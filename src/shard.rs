@@ -206,7 +206,8 @@ impl Shard {
         Entry::charge_for(&e.key, e.body.map_or(0, |r| self.results.len(r)))
     }
 
-    /// The entry in `slot` as seen from outside (sealing its result's chunk if need be).
+    /// The entry in `slot` as seen from outside (sealing the arena's open buffer if its
+    /// result is there).
     fn snapshot(&mut self, slot: u32) -> EntrySnapshot {
         let body = self.entry(slot).body.map(|r| self.results.sealed(r));
         self.entry(slot).snapshot(body)
@@ -311,7 +312,7 @@ impl Shard {
     /// The stored result, if `key` has a live COMPLETED entry for this request: the one
     /// claim answer that reads without writing (see `Cache::claim`). Counts nothing; the
     /// caller counts it. The clock is read only for a completed entry: a first claim
-    /// reads none here. `None` too for a result in the arena's open chunk, which only
+    /// reads none here. `None` too for a result in the arena's open buffer, which only
     /// the write path (`answer`) can share.
     #[inline]
     pub(crate) fn replay(
@@ -354,8 +355,7 @@ impl Shard {
         }
         match e.state {
             State::Completed => {
-                let body = e.body;
-                let body = body.map(|r| self.results.sealed(r));
+                let body = e.body.map(|r| self.results.sealed(r));
                 let replay = self.entry(slot).replay(body);
                 self.counters.replayed += 1;
                 Claim::Completed(replay)
