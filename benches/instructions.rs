@@ -17,6 +17,8 @@ use std::process::Command;
 
 #[path = "support/natural.rs"]
 mod natural;
+#[path = "support/peers.rs"]
+mod peers;
 
 use idemcache::{Cache, Claim, Fingerprint, Key};
 use natural::{ask, build, result, Ask, Outcome};

@@ -13,7 +13,9 @@ use ahash::RandomState;
 use bytes::Bytes;
 use idemcache::{Cache, Claim, Fingerprint, Key};
 
-pub const TTL: Duration = Duration::from_secs(24 * 3600);
+// The TTL, the result and the outcome are the peers' own (`support/peers.rs`, which every
+// binary including this module includes too).
+pub use crate::peers::{result, Outcome, TTL};
 
 /// The request's body, hashed into idemcache's fingerprint on every call.
 pub const REQUEST: &[u8] = br#"{"item":"book","qty":2,"currency":"EUR","amount":1999}"#;
@@ -47,21 +49,6 @@ pub fn ask(i: u64) -> Ask {
         pair[1] = HEX[usize::from(b & 0xf)];
     }
     Ask { id, header }
-}
-
-/// A 128-byte result in its own allocation, as a real response body is.
-pub fn result(i: u64) -> Bytes {
-    let mut body = vec![b'r'; 128];
-    body[..8].copy_from_slice(&i.to_le_bytes());
-    Bytes::from(body)
-}
-
-/// What a claim found.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Outcome {
-    Executed,
-    Replayed(Bytes),
-    Busy,
 }
 
 /// What the map peers store: the marker, or the result, with the request's fingerprint.
