@@ -435,6 +435,42 @@ mod postgres {
         assert!(format!("{store:?}").starts_with("PostgresStore { pool: "), "{store:?}");
     }
 
+    /// `ensure_schema` against a database that has none of it: every object the store
+    /// needs is created (the other tests run on a database that keeps its schema).
+    #[tokio::test]
+    async fn the_schema_is_created_in_an_empty_database() {
+        let Ok(url) = std::env::var("IDEMCACHE_POSTGRES_URL") else { return };
+        let (admin, connection) =
+            tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        // A schema of its own, first on the store's search path: empty, as a new
+        // database is.
+        let schema = format!("idemcache_fresh_{}", std::process::id());
+        admin
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
+            ))
+            .await
+            .unwrap();
+        let separator = if url.contains('?') { '&' } else { '?' };
+        let fresh = format!("{url}{separator}options=-c%20search_path%3D{schema}");
+        let store = PostgresStore::connect(&fresh, 2).unwrap();
+        store.ensure_schema().await.unwrap();
+        let created = admin
+            .query_one(
+                "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE n.nspname = $1 AND c.relname IN
+                   ('idemcache_records', 'idemcache_tokens', 'idemcache_records_expiry')",
+                &[&schema],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0);
+        assert_eq!(created, 3, "the table, the token sequence and the expiry index");
+        conformance(&store).await;
+        admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
+    }
+
     #[tokio::test]
     async fn concurrent_schema_creation_from_several_processes_is_safe() {
         let Some(store) = store().await else { return };
