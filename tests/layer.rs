@@ -365,6 +365,9 @@ async fn bodies_over_the_limit_get_413_by_length_or_as_read_and_the_handler_gets
     let chunked = Req { extra: vec![("Transfer-Encoding", "chunked")], ..req("b", &chunked_body) };
     let streamed = chunked.send(addr).await;
     assert_eq!((streamed.status, streamed.code()), (413, "request_body_too_large"));
+    for refused in [&declared, &streamed] {
+        assert!(refused.body.contains("exceeds 1024 bytes"), "{}", refused.body);
+    }
     assert_eq!(handler.runs(), 0);
 
     let fits = "y".repeat(1024);
@@ -751,5 +754,88 @@ mod over_a_store {
             out.push(h.await);
         }
         out
+    }
+}
+
+/// The layer as a plain tower service, with no server around it: what only a service
+/// can be asked.
+mod as_a_service {
+    use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use tower::{Layer, Service, ServiceExt};
+
+    /// A service that is never ready, and says why.
+    #[derive(Clone, Debug)]
+    struct Busy;
+
+    impl Service<axum::http::Request<Body>> for Busy {
+        type Response = Response;
+        type Error = &'static str;
+        type Future = std::future::Ready<Result<Response, &'static str>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), &'static str>> {
+            Poll::Ready(Err("busy"))
+        }
+
+        fn call(&mut self, _: axum::http::Request<Body>) -> Self::Future {
+            unreachable!("never ready, never called")
+        }
+    }
+
+    /// A request body whose stream breaks after its first chunk.
+    struct Broken(bool);
+
+    impl http_body::Body for Broken {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+            if std::mem::replace(&mut self.0, true) {
+                Poll::Ready(Some(Err(std::io::Error::other("connection reset"))))
+            } else {
+                Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(b"{\"qty\":")))))
+            }
+        }
+    }
+
+    fn request(body: Body) -> axum::http::Request<Body> {
+        axum::http::Request::post("/orders")
+            .header("idempotency-key", "k")
+            .header("authorization", "Bearer alice")
+            .body(body)
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_inner_service_readiness_and_errors_are_passed_on() {
+        let cache = Cache::builder().build().unwrap();
+        let mut service = layer(&cache).layer(Busy);
+        assert_eq!(service.ready().await.err(), Some("busy"));
+        let shown = format!("{service:?}");
+        assert!(shown.starts_with("Idempotency { inner: Busy, settings: "), "{shown}");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_breaks_while_read_is_a_400_and_the_handler_never_runs() {
+        let cache = Cache::builder().build().unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = runs.clone();
+        let handler = tower::service_fn(move |_: axum::http::Request<Body>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Infallible>(StatusCode::CREATED.into_response()) }
+        });
+        let response =
+            layer(&cache).layer(handler).oneshot(request(Body::new(Broken(false)))).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        use http_body_util::BodyExt;
+        let body = response.into_body().collect().await.ok().unwrap().to_bytes();
+        let body = String::from_utf8(body.to_vec()).unwrap();
+        assert!(body.contains("\"code\":\"request_body_unreadable\""), "{body}");
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        assert_eq!(cache.stats().entries, 0, "nothing claimed for a request never read");
     }
 }
