@@ -615,12 +615,27 @@ impl idemcache::Clock for TokioClock {
     }
 }
 
-/// A handler slower than its lease keeps the key: the layer renews the lease while the
-/// handler runs, so no duplicate takes it over and runs it a second time.
-#[tokio::test(start_paused = true)]
-async fn a_handler_slower_than_its_lease_is_never_taken_over() {
-    use tower::{Layer, ServiceExt};
-    let lease = Duration::from_secs(10);
+/// A layer over a cache on tokio's clock with leases of `lease`, over a handler (`POST
+/// /slow`) that counts its runs and then waits for a permit of the gate; and the key and
+/// fingerprint a duplicate of its request has.
+#[allow(clippy::type_complexity)]
+fn slow(
+    lease: Duration,
+) -> (
+    Cache,
+    impl tower::Service<
+            axum::http::Request<Body>,
+            Response = Response<idemcache::layer::LayerBody<Body>>,
+            Error = Infallible,
+            Future: Send,
+        > + Clone
+        + Send
+        + 'static,
+    Arc<Semaphore>,
+    Arc<AtomicUsize>,
+    (Key, Fingerprint),
+) {
+    use tower::Layer;
     let cache = Cache::builder()
         .clock(TokioClock(tokio::time::Instant::now()))
         .lease(lease)
@@ -638,18 +653,27 @@ async fn a_handler_slower_than_its_lease_is_never_taken_over() {
         }
     });
     let service = IdempotencyLayer::new(cache.clone()).layer(inner);
-    let request = || {
-        axum::http::Request::post("/slow")
-            .header("idempotency-key", "k")
-            .body(Body::empty())
-            .unwrap()
-    };
-    let first = tokio::spawn(service.clone().oneshot(request()));
+    let duplicate = (
+        Key::without_tenant("POST /slow", "k").unwrap(),
+        Fingerprint::builder().method("POST").path("/slow").body(b"").finish(),
+    );
+    (cache, service, gate, runs, duplicate)
+}
+
+fn slow_request() -> axum::http::Request<Body> {
+    axum::http::Request::post("/slow").header("idempotency-key", "k").body(Body::empty()).unwrap()
+}
+
+/// A handler slower than its lease keeps the key: the layer renews the lease while the
+/// handler runs, so no duplicate takes it over and runs it a second time.
+#[tokio::test(start_paused = true)]
+async fn a_handler_slower_than_its_lease_is_never_taken_over() {
+    use tower::ServiceExt;
+    let lease = Duration::from_secs(10);
+    let (cache, service, gate, runs, (k, same)) = slow(lease);
+    let first = tokio::spawn(service.oneshot(slow_request()));
     until(|| runs.load(Ordering::SeqCst) == 1).await;
     tokio::time::sleep(lease * 5).await; // five leases, in paused (virtual) time
-                                         // The duplicate the layer would see: same key, same fingerprint.
-    let k = Key::without_tenant("POST /slow", "k").unwrap();
-    let same = Fingerprint::builder().method("POST").path("/slow").body(b"").finish();
     match cache.claim(&k, same) {
         Ok(Claim::InProgress { .. }) => {}
         other => panic!("expected the first run still in progress, got {other:?}"),
@@ -657,6 +681,22 @@ async fn a_handler_slower_than_its_lease_is_never_taken_over() {
     gate.add_permits(1);
     assert_eq!(first.await.unwrap().unwrap().status(), 200);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A lease the cache says is lost (the key removed while the handler runs) is not asked
+/// for again at every later beat: one failed renewal, then none.
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_is_not_renewed_again() {
+    use tower::ServiceExt;
+    let lease = Duration::from_secs(10);
+    let (cache, service, gate, runs, (k, _)) = slow(lease);
+    let first = tokio::spawn(service.oneshot(slow_request()));
+    until(|| runs.load(Ordering::SeqCst) == 1).await;
+    assert!(cache.remove(&k).is_some());
+    tokio::time::sleep(lease * 5).await; // fifteen beats, in paused (virtual) time
+    assert_eq!(cache.stats().leases_lost, 1, "renewed again after the lease was lost");
+    gate.add_permits(1);
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
 }
 
 /// The layer over a durable store (`IdempotencyLayer::tiered`): two instances with
