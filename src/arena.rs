@@ -67,12 +67,17 @@ pub(crate) struct ResultRef {
 
 const _: () = assert!(std::mem::size_of::<Option<ResultRef>>() == 8);
 
+/// Where buffer `id` sits in the table.
+fn index(id: NonZeroU32) -> usize {
+    id.get() as usize - 1
+}
+
 /// Bytes of the table's slot for one buffer: at most one per entry holding a result.
 pub(crate) const RESULT_SLOT: usize = std::mem::size_of::<Buffer>();
 
 impl ResultRef {
     fn index(self) -> usize {
-        self.id.get() as usize - 1
+        index(self.id)
     }
 
     fn is_whole(self) -> bool {
@@ -133,7 +138,7 @@ impl ResultArena {
         let start = open.bytes.len() as u16;
         open.bytes.extend_from_slice(body);
         let id = open.id;
-        self.buffers[id.get() as usize - 1].users += 1;
+        self.buffers[index(id)].users += 1;
         Some(ResultRef { id, start, len: body.len() as u16 })
     }
 
@@ -146,7 +151,7 @@ impl ResultArena {
         let buffer = Buffer { bytes, users };
         match self.free.pop() {
             Some(id) => {
-                self.buffers[id.get() as usize - 1] = buffer;
+                self.buffers[index(id)] = buffer;
                 id
             }
             None => {
@@ -171,7 +176,7 @@ impl ResultArena {
             return;
         }
         let (id, held) = (open.id, open.bytes.split().freeze());
-        self.buffers[id.get() as usize - 1].bytes = held;
+        self.buffers[index(id)].bytes = held;
         let next = self.new_buffer(Bytes::new(), 0);
         self.open.as_mut().expect("checked above").id = next;
     }
@@ -467,7 +472,7 @@ mod tests {
                     proptest::prop_assert!(buffer.users > 0 || buffer.bytes.is_empty());
                 }
                 if let Some(o) = &arena.open {
-                    let users = arena.buffers[o.id.get() as usize - 1].users;
+                    let users = arena.buffers[index(o.id)].users;
                     proptest::prop_assert_eq!(users == 0, o.bytes.is_empty());
                 }
             }

@@ -189,10 +189,14 @@ impl Shard {
 
     #[inline]
     fn find(&self, hash: u64, key: &Key) -> Option<u32> {
+        self.find_where(hash, |e| e.key == *key)
+    }
+
+    /// The slot of the entry filed under `hash` that `wanted` accepts.
+    #[inline]
+    fn find_where(&self, hash: u64, wanted: impl Fn(&Entry) -> bool) -> Option<u32> {
         let slots = &self.slots;
-        self.table
-            .find(hash, |&i| slots[i as usize].as_ref().is_some_and(|e| e.key == *key))
-            .copied()
+        self.table.find(hash, |&i| slots[i as usize].as_ref().is_some_and(&wanted)).copied()
     }
 
     /// The table hash the cache located this key with (the shard holds a copy of its
@@ -328,13 +332,10 @@ impl Shard {
         // before the key (its first) lets the processor fetch both lines at once: looked
         // up key first and state after, the two lines were two misses one after the other
         // (perf, 100k keys).
-        let slots = &self.slots;
-        let found = self.table.find(hash, |&i| {
-            slots[i as usize].as_ref().is_some_and(|e| {
-                e.state == State::Completed && e.fingerprint == fingerprint && e.key == *key
-            })
+        let found = self.find_where(hash, |e| {
+            e.state == State::Completed && e.fingerprint == fingerprint && e.key == *key
         })?;
-        let e = self.entry(*found);
+        let e = self.entry(found);
         if !e.is_live(now()) {
             return None;
         }
