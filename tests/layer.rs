@@ -615,27 +615,20 @@ impl idemcache::Clock for TokioClock {
     }
 }
 
-/// A layer over a cache on tokio's clock with leases of `lease`, over a handler (`POST
-/// /slow`) that counts its runs and then waits for a permit of the gate; and the key and
-/// fingerprint a duplicate of its request has.
-#[allow(clippy::type_complexity)]
-fn slow(
-    lease: Duration,
-) -> (
-    Cache,
-    impl tower::Service<
-            axum::http::Request<Body>,
-            Response = Response<idemcache::layer::LayerBody<Body>>,
-            Error = Infallible,
-            Future: Send,
-        > + Clone
-        + Send
-        + 'static,
-    Arc<Semaphore>,
-    Arc<AtomicUsize>,
-    (Key, Fingerprint),
-) {
-    use tower::Layer;
+/// A request to a slow handler, started and running: the layer over a cache on tokio's
+/// clock with leases of `lease`, the handler (`POST /slow`) having counted its run and
+/// now waiting for a permit of the gate.
+struct Slow {
+    cache: Cache,
+    gate: Arc<Semaphore>,
+    runs: Arc<AtomicUsize>,
+    first: tokio::task::JoinHandle<Result<Response<idemcache::layer::LayerBody<Body>>, Infallible>>,
+    /// The key and fingerprint a duplicate of the request has.
+    duplicate: (Key, Fingerprint),
+}
+
+async fn slow(lease: Duration) -> Slow {
+    use tower::{Layer, ServiceExt};
     let cache = Cache::builder()
         .clock(TokioClock(tokio::time::Instant::now()))
         .lease(lease)
@@ -653,26 +646,23 @@ fn slow(
         }
     });
     let service = IdempotencyLayer::new(cache.clone()).layer(inner);
+    let request =
+        axum::http::Request::post("/slow").header("idempotency-key", "k").body(Body::empty());
+    let first = tokio::spawn(service.oneshot(request.unwrap()));
+    until(|| runs.load(Ordering::SeqCst) == 1).await;
     let duplicate = (
         Key::without_tenant("POST /slow", "k").unwrap(),
         Fingerprint::builder().method("POST").path("/slow").body(b"").finish(),
     );
-    (cache, service, gate, runs, duplicate)
-}
-
-fn slow_request() -> axum::http::Request<Body> {
-    axum::http::Request::post("/slow").header("idempotency-key", "k").body(Body::empty()).unwrap()
+    Slow { cache, gate, runs, first, duplicate }
 }
 
 /// A handler slower than its lease keeps the key: the layer renews the lease while the
 /// handler runs, so no duplicate takes it over and runs it a second time.
 #[tokio::test(start_paused = true)]
 async fn a_handler_slower_than_its_lease_is_never_taken_over() {
-    use tower::ServiceExt;
     let lease = Duration::from_secs(10);
-    let (cache, service, gate, runs, (k, same)) = slow(lease);
-    let first = tokio::spawn(service.oneshot(slow_request()));
-    until(|| runs.load(Ordering::SeqCst) == 1).await;
+    let Slow { cache, gate, runs, first, duplicate: (k, same) } = slow(lease).await;
     tokio::time::sleep(lease * 5).await; // five leases, in paused (virtual) time
     match cache.claim(&k, same) {
         Ok(Claim::InProgress { .. }) => {}
@@ -687,11 +677,8 @@ async fn a_handler_slower_than_its_lease_is_never_taken_over() {
 /// for again at every later beat: one failed renewal, then none.
 #[tokio::test(start_paused = true)]
 async fn a_lost_lease_is_not_renewed_again() {
-    use tower::ServiceExt;
     let lease = Duration::from_secs(10);
-    let (cache, service, gate, runs, (k, _)) = slow(lease);
-    let first = tokio::spawn(service.oneshot(slow_request()));
-    until(|| runs.load(Ordering::SeqCst) == 1).await;
+    let Slow { cache, gate, first, duplicate: (k, _), .. } = slow(lease).await;
     assert!(cache.remove(&k).is_some());
     tokio::time::sleep(lease * 5).await; // fifteen beats, in paused (virtual) time
     assert_eq!(cache.stats().leases_lost, 1, "renewed again after the lease was lost");

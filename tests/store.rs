@@ -415,6 +415,15 @@ mod postgres {
     use super::*;
     use idemcache::store::PostgresStore;
 
+    /// A plain client of the server at `url`, for setting up and looking at what the
+    /// store did.
+    async fn client(url: &str) -> tokio_postgres::Client {
+        let (client, connection) =
+            tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+    }
+
     async fn store() -> Option<PostgresStore> {
         let Ok(url) = std::env::var("IDEMCACHE_POSTGRES_URL") else {
             eprintln!(
@@ -440,9 +449,7 @@ mod postgres {
     #[tokio::test]
     async fn the_schema_is_created_in_an_empty_database() {
         let Ok(url) = std::env::var("IDEMCACHE_POSTGRES_URL") else { return };
-        let (admin, connection) =
-            tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
+        let admin = client(&url).await;
         // A schema of its own, first on the store's search path: empty, as a new
         // database is.
         let schema = format!("idemcache_fresh_{}", std::process::id());
@@ -527,9 +534,7 @@ mod postgres {
     async fn unique_violations_are_classified_against_the_real_engine() {
         use idemcache::store::unique::is_unique_violation_postgres;
         let Ok(url) = std::env::var("IDEMCACHE_POSTGRES_URL") else { return };
-        let (client, connection) =
-            tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
+        let client = client(&url).await;
         let table = format!("idemcache_unique_{}", std::process::id());
         client
             .batch_execute(&format!(
