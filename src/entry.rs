@@ -57,6 +57,10 @@ pub const ENTRY_OVERHEAD: usize = std::mem::size_of::<Option<Entry>>()
     + std::mem::size_of::<crate::wheel::Node<crate::evict::AgeLinks>>()
     + crate::arena::RESULT_SLOT;
 
+// What the charge is made of, pinned: the slab slot 128, the table's index 4 and control
+// byte 1, the wheel node 24, the result buffer's slot 40. A change to any part shows here.
+const _: () = assert!(ENTRY_OVERHEAD == 128 + 4 + 1 + 24 + 40);
+
 // The layout argument above depends on this, and the memory figures on both.
 const _: () = assert!(std::mem::size_of::<Option<Entry>>() == 128);
 const _: () = assert!(std::mem::size_of::<crate::wheel::Node<crate::evict::AgeLinks>>() == 24);
