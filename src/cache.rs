@@ -207,7 +207,7 @@ impl Cache {
         self.inner.config.max_result_size
     }
 
-    /// What a [`ClaimGuard`] dropped without an outcome does ([`DropPolicy`]): for layers
+    /// What a [`ClaimGuard`] dropped without an outcome does ([`DropPolicy`](crate::DropPolicy)): for layers
     /// that settle an abandoned execution the way the cache would.
     pub fn drop_policy(&self) -> crate::DropPolicy {
         self.inner.config.drop_policy
