@@ -25,6 +25,10 @@ pub enum KeyHeaderError {
     /// A quoted value without its closing quote, or a backslash escaping something other
     /// than `"` or `\`.
     MalformedString,
+    /// A quoted value followed by something other than structured-field parameters
+    /// (RFC 8941 §3.1.2: `;key` or `;key=value`, keys of lowercase letters, digits,
+    /// `_-.*`).
+    MalformedParameters,
     /// The key is empty.
     Empty,
     /// A byte outside visible ASCII (`!` to `~`): spaces and control characters included.
@@ -39,6 +43,10 @@ impl fmt::Display for KeyHeaderError {
             KeyHeaderError::MalformedString => {
                 "a quoted Idempotency-Key must be a structured-field string: \
                  \"...\" with only \\\" and \\\\ escaped"
+            }
+            KeyHeaderError::MalformedParameters => {
+                "a quoted Idempotency-Key may be followed only by structured-field parameters \
+                 (;key or ;key=value, keys in lowercase)"
             }
             KeyHeaderError::Empty => "the Idempotency-Key is empty",
             KeyHeaderError::NotVisibleAscii => {
@@ -79,7 +87,8 @@ fn parse(raw: &[u8]) -> Result<String, KeyHeaderError> {
 }
 
 /// The inside of an sf-string (RFC 8941 §3.3.3), after its opening quote. The Item may
-/// carry parameters after the closing quote (`"k1";a=1`): they are not part of the key.
+/// carry parameters after the closing quote (`"k1";a=1`): they must be well formed,
+/// and are not part of the key.
 fn unquote(rest: &[u8]) -> Result<Vec<u8>, KeyHeaderError> {
     let mut out = Vec::with_capacity(rest.len());
     let mut bytes = rest.iter();
@@ -88,7 +97,9 @@ fn unquote(rest: &[u8]) -> Result<Vec<u8>, KeyHeaderError> {
             b'"' => {
                 let after = bytes.as_slice();
                 return match after.first() {
-                    None | Some(b';') => Ok(out),
+                    None => Ok(out),
+                    Some(b';') if parameters(after) => Ok(out),
+                    Some(b';') => Err(KeyHeaderError::MalformedParameters),
                     Some(_) => Err(KeyHeaderError::MalformedString),
                 };
             }
@@ -100,6 +111,77 @@ fn unquote(rest: &[u8]) -> Result<Vec<u8>, KeyHeaderError> {
         }
     }
     Err(KeyHeaderError::MalformedString)
+}
+
+/// Whether `rest` is exactly a list of sf parameters (RFC 8941 §3.1.2):
+/// `*( ";" *SP key [ "=" bare-item ] )`.
+fn parameters(mut rest: &[u8]) -> bool {
+    while let Some(after) = rest.strip_prefix(b";") {
+        rest = &after[after.iter().take_while(|&&b| b == b' ').count()..];
+        match rest.first() {
+            Some(b) if b.is_ascii_lowercase() || *b == b'*' => {}
+            _ => return false,
+        }
+        let key = rest
+            .iter()
+            .take_while(|&&b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_-.*".contains(&b))
+            .count();
+        rest = &rest[key..];
+        if let Some(value) = rest.strip_prefix(b"=") {
+            match bare_item(value) {
+                Some(after) => rest = after,
+                None => return false,
+            }
+        }
+    }
+    rest.is_empty()
+}
+
+/// What follows one sf bare item at the start of `s` (RFC 8941 §3.3: an integer, a
+/// decimal, a string, a token, a byte sequence or a boolean), or `None` if none is.
+fn bare_item(s: &[u8]) -> Option<&[u8]> {
+    let (&first, tail) = s.split_first()?;
+    match first {
+        b'"' => {
+            let mut i = 0;
+            loop {
+                match *tail.get(i)? {
+                    b'"' => return Some(&tail[i + 1..]),
+                    b'\\' if matches!(tail.get(i + 1), Some(b'"' | b'\\')) => i += 2,
+                    0x20..=0x7e if tail[i] != b'\\' => i += 1,
+                    _ => return None,
+                }
+            }
+        }
+        b'?' => matches!(tail.first(), Some(b'0' | b'1')).then(|| &tail[1..]),
+        b':' => {
+            let end = tail.iter().position(|&b| b == b':')?;
+            let base64 = |b: &u8| b.is_ascii_alphanumeric() || b"+/=".contains(b);
+            tail[..end].iter().all(base64).then(|| &tail[end + 1..])
+        }
+        b'-' => number(tail),
+        b'0'..=b'9' => number(s),
+        b'*' | b'A'..=b'Z' | b'a'..=b'z' => {
+            let token = |b: &&u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(*b);
+            Some(&tail[tail.iter().take_while(token).count()..])
+        }
+        _ => None,
+    }
+}
+
+/// What follows an sf-integer (1 to 15 digits) or sf-decimal (1 to 12 digits, a dot,
+/// 1 to 3 digits) at the start of `s`, its sign already taken.
+fn number(s: &[u8]) -> Option<&[u8]> {
+    let digits = |s: &[u8]| s.iter().take_while(|b| b.is_ascii_digit()).count();
+    let whole = digits(s);
+    match s.get(whole) {
+        _ if whole == 0 => None,
+        Some(b'.') => {
+            let fraction = digits(&s[whole + 1..]);
+            (whole <= 12 && (1..=3).contains(&fraction)).then(|| &s[whole + 1 + fraction..])
+        }
+        _ => (whole <= 15).then(|| &s[whole..]),
+    }
 }
 
 #[cfg(test)]
@@ -119,6 +201,50 @@ mod tests {
         assert_eq!(one(b"  abc ").unwrap().unwrap(), "abc");
         assert_eq!(one(br#""a\"b\\c""#).unwrap().unwrap(), r#"a"b\c"#);
         assert_eq!(one(b"\"k1\";x=1;y").unwrap().unwrap(), "k1", "parameters are not the key");
+    }
+
+    #[test]
+    fn well_formed_parameters_are_accepted() {
+        for value in [
+            &b"\"k1\";a"[..],
+            b"\"k1\";a=1;b=-2.5;c=\"s \\\" t\";d=tok/x:y;e=:aGk=:;f=?0;*g_h-i.j=?1",
+            b"\"k1\"; a=1; b",
+            b"\"k1\";a=123456789012345;b=123456789012.123",
+            b"\"k1\";a=\"\"",
+        ] {
+            let shown = String::from_utf8_lossy(value);
+            assert_eq!(one(value).unwrap().as_deref(), Some("k1"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn malformed_parameters_are_refused() {
+        for value in [
+            &b"\"k1\";"[..],
+            b"\"k1\";@@@",
+            b"\"k1\";;;",
+            b"\"k1\"; =x",
+            b"\"k1\";A=1",
+            b"\"k1\";a=",
+            b"\"k1\";a=1 b",
+            b"\"k1\";a=1;",
+            b"\"k1\";a=@1",
+            b"\"k1\";a=1234567890123456",
+            b"\"k1\";a=1.2345",
+            b"\"k1\";a=1234567890123.1",
+            b"\"k1\";a=1.",
+            b"\"k1\";a=-",
+            b"\"k1\";a=\"open",
+            b"\"k1\";a=\"bad\\n\"",
+            b"\"k1\";a=:no-end",
+            b"\"k1\";a=:b@d:",
+            b"\"k1\";a=?2",
+            b"\"k1\";a=?",
+            b"\"k1\";a=1=2",
+        ] {
+            let shown = String::from_utf8_lossy(value);
+            assert_eq!(one(value), Err(KeyHeaderError::MalformedParameters), "{shown}");
+        }
     }
 
     #[test]

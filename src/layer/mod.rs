@@ -67,6 +67,7 @@ mod problem;
 mod record;
 mod records;
 mod service;
+mod timing;
 
 use std::fmt;
 use std::sync::Arc;
@@ -113,6 +114,8 @@ pub(crate) struct Settings {
     pub(crate) tenant: Option<Arc<TenantFn>>,
     pub(crate) store: Arc<StoreFn>,
     pub(crate) replay_set_cookie: bool,
+    /// Shared by every clone: the scopes' recent execution times, for `Retry-After`.
+    pub(crate) times: Arc<timing::ExecutionTimes>,
 }
 
 impl IdempotencyLayer {
@@ -156,6 +159,7 @@ impl IdempotencyLayer {
                 tenant: None,
                 store: Arc::new(|status: StatusCode| !status.is_server_error()),
                 replay_set_cookie: false,
+                times: Arc::default(),
             }),
         }
     }

@@ -25,6 +25,7 @@ pub(crate) enum Refusal {
     ResponseNotKept,
     CacheFull,
     StoreUnavailable,
+    RecordCorrupt,
     Internal,
 }
 
@@ -44,6 +45,9 @@ impl Refusal {
             Refusal::CacheFull => (StatusCode::SERVICE_UNAVAILABLE, "idempotency_cache_full"),
             Refusal::StoreUnavailable => {
                 (StatusCode::SERVICE_UNAVAILABLE, "idempotency_store_unavailable")
+            }
+            Refusal::RecordCorrupt => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "idempotency_record_corrupt")
             }
             Refusal::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
         }

@@ -44,8 +44,9 @@ pub(crate) fn keep_header(name: &HeaderName, headers: &HeaderMap, set_cookie: bo
     })
 }
 
-/// The stored form of a response: its status, the headers a replay may repeat, its
-/// trailers (all of them: they are end-to-end) and its body.
+/// The stored form of a response: its status, the headers a replay may repeat, the
+/// trailers the same rule keeps (a `Set-Cookie` sent as a trailer is a cookie all the
+/// same) and its body.
 pub(crate) fn encode(
     status: StatusCode,
     headers: &HeaderMap,
@@ -55,7 +56,10 @@ pub(crate) fn encode(
 ) -> Bytes {
     let kept: Vec<_> =
         headers.iter().filter(|(n, _)| keep_header(n, headers, set_cookie)).collect();
-    let trailing: Vec<_> = trailers.into_iter().flatten().collect();
+    let trailing: Vec<_> = trailers
+        .into_iter()
+        .flat_map(|map| map.iter().filter(move |(n, _)| keep_header(n, map, set_cookie)))
+        .collect();
     let size = |fields: &[(&HeaderName, &HeaderValue)]| {
         2 + fields.iter().map(|(n, v)| 6 + n.as_str().len() + v.len()).sum::<usize>()
     };
@@ -176,6 +180,24 @@ mod tests {
         let with_cookies =
             decode(&encode(StatusCode::OK, &sent, true, b"abc", None)).unwrap().headers;
         assert_eq!(with_cookies.get_all("set-cookie").iter().count(), 2);
+    }
+
+    #[test]
+    fn trailers_are_filtered_as_headers_are() {
+        let trailers = headers(&[
+            ("grpc-status", "0"),
+            ("set-cookie", "session=secret"),
+            ("content-length", "3"),
+            ("connection", "x-hop"),
+        ]);
+        let stored = encode(StatusCode::OK, &HeaderMap::new(), false, b"abc", Some(&trailers));
+        assert_eq!(decode(&stored).unwrap().trailers, Some(headers(&[("grpc-status", "0")])));
+        let allowed = encode(StatusCode::OK, &HeaderMap::new(), true, b"abc", Some(&trailers));
+        let kept = decode(&allowed).unwrap().trailers.unwrap();
+        assert_eq!(kept.get_all("set-cookie").iter().count(), 1);
+        let only_cookie = headers(&[("set-cookie", "a=1")]);
+        let stored = encode(StatusCode::OK, &HeaderMap::new(), false, b"", Some(&only_cookie));
+        assert!(decode(&stored).unwrap().trailers.is_none(), "nothing left: no trailers");
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub(crate) enum Found {
     /// The durable store could not be reached: nothing executes.
     #[cfg_attr(not(feature = "store"), allow(dead_code))]
     Unavailable(String),
+    /// The store holds a record for the key that it cannot read: nothing executes.
+    #[cfg_attr(not(feature = "store"), allow(dead_code))]
+    Corrupt(String),
     /// Any other refusal.
     Refused(String),
 }
@@ -243,6 +246,9 @@ pub(crate) mod durable {
                     Err(TieredError::Cache(ClaimError::CapacityExhausted)) => Found::Full,
                     Err(TieredError::Store(e @ StoreError::Backend(_))) => {
                         Found::Unavailable(e.to_string())
+                    }
+                    Err(TieredError::Store(e @ StoreError::Corrupt(_))) => {
+                        Found::Corrupt(e.to_string())
                     }
                     Err(e) => Found::Refused(e.to_string()),
                 }

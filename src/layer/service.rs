@@ -182,17 +182,15 @@ where
         // Cancelling the cache's claim is safe (it is synchronous, or a wait that
         // withdraws); the handler gets a task of its own once the key is held.
         Records::Memory(_) => {
-            decide(settings.clone(), inner, request, key, fingerprint, true).await
+            decide(settings.clone(), inner, request, scope, key, fingerprint, true).await
         }
         // A store commits a claim before its answer arrives: a request future dropped in
         // between (a client gone) would leave the key held with nobody to run it. The
         // claim and the handler run in one task.
         #[cfg(feature = "store")]
         Records::Durable(_) => {
-            let decided = decide(settings.clone(), inner, request, key, fingerprint, false);
-            tokio::spawn(decided).await.unwrap_or_else(|_shut_down| {
-                refuse(Refusal::Internal, "the runtime shut down mid-request", None)
-            })
+            let decided = decide(settings.clone(), inner, request, scope, key, fingerprint, false);
+            joined(tokio::spawn(decided).await)
         }
     }
 }
@@ -203,6 +201,7 @@ async fn decide<S, ReqB, ResB>(
     settings: Arc<Settings>,
     inner: S,
     request: Request<ReqB>,
+    scope: String,
     key: Key,
     fingerprint: Fingerprint,
     spawn: bool,
@@ -217,13 +216,11 @@ where
     match settings.records.claim(&key, fingerprint, settings.wait).await {
         Found::Acquired(held) => {
             decided!("acquired", key);
-            let run = execute(settings.clone(), inner, request, held, key);
+            let run = execute(settings.clone(), inner, request, held, scope, key);
             if !spawn {
                 return run.await;
             }
-            tokio::spawn(run).await.unwrap_or_else(|_shut_down| {
-                refuse(Refusal::Internal, "the runtime shut down mid-request", None)
-            })
+            joined(tokio::spawn(run).await)
         }
         Found::Completed { body, expires_at } => {
             decided!("replayed", key);
@@ -232,6 +229,7 @@ where
         Found::InProgress { retry_after } => {
             decided!("in_progress", key);
             let detail = "a request with this key is executing; retry after it finishes";
+            let retry_after = settings.times.retry_after(&scope, retry_after);
             refuse(Refusal::InProgress, detail, Some(retry_after))
         }
         Found::Unknown => {
@@ -255,6 +253,12 @@ where
             decided!("store_unavailable", key);
             let detail = format!("the idempotency store is unavailable; not executed: {why}");
             refuse(Refusal::StoreUnavailable, &detail, Some(std::time::Duration::from_secs(1)))
+        }
+        Found::Corrupt(why) => {
+            decided!("record_corrupt", key);
+            let detail =
+                format!("the idempotency record of this key is unreadable; not executed: {why}");
+            refuse(Refusal::RecordCorrupt, &detail, None)
         }
         Found::Refused(why) => {
             decided!("refused", key);
@@ -293,17 +297,21 @@ fn fingerprint(settings: &Settings, parts: &Parts, body: &[u8]) -> Fingerprint {
     builder.body(body).finish()
 }
 
-/// Runs the handler holding `guard` and settles the claim by the response; in its own
+/// Runs the handler holding `held` and settles the claim by the response; in its own
 /// task, so it finishes whatever happens to the request that started it.
 ///
-/// While the handler runs, the lease is renewed every third of its length: a slow
-/// handler is never taken over and run a second time by a duplicate. (A handler that
-/// never finishes therefore holds its key; bound it with a timeout inside the layer.)
+/// The execution is the handler *and* its response body: while either runs, the lease
+/// is renewed every third of its length, so neither a slow handler nor a body that
+/// streams for longer than the lease is taken over and run a second time by a
+/// duplicate. (An execution that never finishes therefore holds its key; bound it with
+/// a timeout inside the layer.) A panic in either is caught and the claim settled as
+/// the backend's drop policy says, in the store too.
 async fn execute<S, ReqB, ResB>(
     settings: Arc<Settings>,
     mut inner: S,
     request: Request<ReqB>,
     mut held: Held,
+    scope: String,
     key: Key,
 ) -> Result<Response<LayerBody<ResB>>, S::Error>
 where
@@ -312,11 +320,17 @@ where
 {
     let lease = held.lease();
     let beat = (lease / 3).max(std::time::Duration::from_millis(1));
-    let mut handler = std::pin::pin!(inner.call(request));
+    let started = tokio::time::Instant::now();
+    let run = async {
+        let (parts, body) = inner.call(request).await?.into_parts();
+        // `.ok()`: the body's error need not be `Send`, and settling awaits.
+        Ok::<_, S::Error>((parts, body.collect().await.ok()))
+    };
+    let mut run = std::pin::pin!(run);
     let mut renewing = true;
-    let response = loop {
-        match tokio::time::timeout(beat, caught(handler.as_mut())).await {
-            Ok(response) => break response,
+    let outcome = loop {
+        match tokio::time::timeout(beat, caught(run.as_mut())).await {
+            Ok(outcome) => break outcome,
             // Lost (taken over, removed): nothing to renew; its outcome will not be kept.
             // A store that failed this once is asked again at the next beat.
             Err(_beat) if renewing => {
@@ -325,13 +339,13 @@ where
             Err(_beat) => {}
         }
     };
-    let response = match response {
-        Ok(Ok(response)) => response,
+    let (parts, collected) = match outcome {
+        Ok(Ok(answered)) => answered,
         Err(_panicked) => {
             decided!("panicked", key);
             held.abandon().await;
-            let detail = "the handler did not finish; the key was settled as the cache's drop \
-                          policy settles an abandoned claim";
+            let detail = "the handler or its response body panicked; the key was settled as \
+                          the cache's drop policy settles an abandoned claim";
             return refuse(Refusal::Internal, detail, None);
         }
         Ok(Err(e)) => {
@@ -340,21 +354,16 @@ where
             return Err(e);
         }
     };
-    let (parts, body) = response.into_parts();
-    // `.ok()`: the body's error need not be `Send`, and settling awaits.
-    let (body, trailers) = match body.collect().await.ok() {
-        Some(collected) => {
-            let trailers = collected.trailers().cloned();
-            (collected.to_bytes(), trailers)
-        }
-        None => {
-            // The handler answered, so its effect may have happened: never re-run blindly.
-            decided!("marked_unknown", key);
-            held.mark_unknown().await;
-            let detail = "the response failed while being sent; its outcome is unknown";
-            return refuse(Refusal::Internal, detail, None);
-        }
+    settings.times.record(&scope, started.elapsed());
+    let Some(collected) = collected else {
+        // The handler answered, so its effect may have happened: never re-run blindly.
+        decided!("marked_unknown", key);
+        held.mark_unknown().await;
+        let detail = "the response failed while being sent; its outcome is unknown";
+        return refuse(Refusal::Internal, detail, None);
     };
+    let trailers = collected.trailers().cloned();
+    let body = collected.to_bytes();
     if (settings.store)(parts.status) {
         let set_cookie = settings.replay_set_cookie;
         let stored =
@@ -379,6 +388,21 @@ where
         held.release().await;
     }
     Ok(Response::from_parts(parts, LayerBody::buffered(body, trailers)))
+}
+
+/// The answer of a spawned task; a task that did not finish (its runtime shutting
+/// down, or a panic outside the handler, which [`execute`] catches) is a 500 saying so.
+fn joined<ResB, E>(
+    joined: Result<Result<Response<LayerBody<ResB>>, E>, tokio::task::JoinError>,
+) -> Result<Response<LayerBody<ResB>>, E> {
+    joined.unwrap_or_else(|e| {
+        let detail = if e.is_panic() {
+            "the idempotency layer failed mid-request"
+        } else {
+            "the runtime shut down mid-request"
+        };
+        refuse(Refusal::Internal, detail, None)
+    })
 }
 
 /// Polls `future`, answering a panic as `Err` instead of unwinding through the layer:
@@ -407,15 +431,26 @@ fn replayed<ResB, E>(
     };
     let Some(stored) = record::decode(body) else {
         let detail = "the result stored under this key is not a stored HTTP response";
-        return refuse(Refusal::Internal, detail, None);
+        return refuse(Refusal::RecordCorrupt, detail, None);
     };
     let mut response = Response::new(LayerBody::buffered(stored.body, stored.trailers));
     *response.status_mut() = stored.status;
     *response.headers_mut() = stored.headers;
     let headers = response.headers_mut();
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    if let Ok(expires) = HeaderValue::from_str(&httpdate::fmt_http_date(expires_at)) {
+    if let Ok(expires) = HeaderValue::from_str(&http_date(expires_at)) {
         headers.insert(IDEMPOTENCY_EXPIRES, expires);
     }
     Ok(response)
+}
+
+/// The last instant an HTTP date can name: 9999-12-31 23:59:59 UTC.
+const LAST_HTTP_DATE: std::time::Duration = std::time::Duration::from_secs(253_402_300_799);
+
+/// `at` as an HTTP date, held within what one can name (the epoch to the end of year
+/// 9999): a record an operator pinned "for ever" still replays, as expiring at the last
+/// date there is.
+fn http_date(at: std::time::SystemTime) -> String {
+    let epoch = std::time::SystemTime::UNIX_EPOCH;
+    httpdate::fmt_http_date(at.clamp(epoch, epoch + LAST_HTTP_DATE))
 }

@@ -106,7 +106,11 @@ pub enum StoreError {
     InvalidInput(String),
     /// The store failed or could not be reached: fail closed (do not execute).
     Backend(Box<dyn std::error::Error + Send + Sync>),
-    /// A record the store holds could not be read back (written by something else?).
+    /// A record the store holds could not be read back: a column holding another type
+    /// or NULL where a value belongs, a missing field, a key of another type. The
+    /// message names the record's key; the store answered, so this is not
+    /// [`Backend`](StoreError::Backend), and retrying will not help: fix the record, or
+    /// [`forget`](Store::forget) (an UNKNOWN one) or delete it.
     Corrupt(String),
 }
 
@@ -241,6 +245,28 @@ pub(crate) fn fingerprint_of(bytes: Vec<u8>) -> Result<Fingerprint, StoreError> 
         .try_into()
         .map_err(|_| StoreError::Corrupt("a fingerprint is not 16 bytes".into()))?;
     Ok(Fingerprint::from_bytes(raw))
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+/// A record the store holds that cannot be read, named by its key (so an operator can
+/// find it, and [`Store::forget`] or fix it).
+pub(crate) fn corrupt(stored_key: &[u8], why: impl fmt::Display) -> StoreError {
+    match Key::from_stored(stored_key) {
+        Ok(key) => StoreError::Corrupt(format!("the record of {key:?}: {why}")),
+        Err(_) => {
+            let hex: String = stored_key.iter().map(|b| format!("{b:02x}")).collect();
+            StoreError::Corrupt(format!("the record stored under key bytes {hex}: {why}"))
+        }
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+/// `e`, naming `key` if it is [`StoreError::Corrupt`] (which then did not name it).
+pub(crate) fn named(key: &Key, e: StoreError) -> StoreError {
+    match e {
+        StoreError::Corrupt(why) => corrupt(key.as_bytes(), why),
+        other => other,
+    }
 }
 
 /// Microseconds since the Unix epoch, as stores keep times.

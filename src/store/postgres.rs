@@ -18,7 +18,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
 
 use super::{
-    check_duration, fingerprint_of, from_micros, micros, Store, StoreClaim, StoreError,
+    check_duration, corrupt, fingerprint_of, from_micros, micros, Store, StoreClaim, StoreError,
     StoredResult, UnknownRecord,
 };
 use crate::{Fingerprint, Key};
@@ -64,6 +64,19 @@ impl std::fmt::Debug for PostgresStore {
 
 fn backend(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
     StoreError::Backend(Box::new(e))
+}
+
+/// Column `i` of `row` as a `T`; a value of another type, or NULL where a value
+/// belongs, is [`StoreError::Corrupt`] naming the record's key, never a panic.
+fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a tokio_postgres::Row,
+    i: usize,
+    key: &[u8],
+) -> Result<T, StoreError> {
+    row.try_get(i).map_err(|e| {
+        let name = row.columns().get(i).map_or("?", |c| c.name());
+        corrupt(key, format_args!("column {name}: {e}"))
+    })
 }
 
 fn limit(n: usize) -> i64 {
@@ -112,16 +125,18 @@ impl PostgresStore {
         client.query(&statement, params).await.map_err(backend)
     }
 
-    /// A settling write returning `settled_at, expires_at` of the one row it changed.
+    /// A settling write on `key` (the statement's `$1`) returning `settled_at,
+    /// expires_at` of the one row it changed.
     async fn settle(
         &self,
+        key: &[u8],
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
         missing: StoreError,
     ) -> Result<(i64, i64), StoreError> {
         let rows = self.rows(sql, params).await?;
         let row = rows.first().ok_or(missing)?;
-        Ok((row.get(0), row.get(1)))
+        Ok((column(row, 0, key)?, column(row, 1, key)?))
     }
 }
 
@@ -162,11 +177,11 @@ impl Store for PostgresStore {
             for _ in 0..16 {
                 let rows = self.rows(sql, &[&key, &fp, &micros(lease)]).await?;
                 let Some(row) = rows.first() else { continue };
-                let state: i16 = row.get(0);
-                let expires_at: i64 = row.get(5);
-                let live: bool = row.get(6);
+                let state: i16 = column(row, 0, &key)?;
+                let expires_at: i64 = column(row, 5, &key)?;
+                let live: bool = column(row, 6, &key)?;
                 if state == 0 {
-                    let token: i64 = row.get(1);
+                    let token: i64 = column(row, 1, &key)?;
                     return Ok(StoreClaim::Acquired {
                         token: token as u64,
                         lease_ends_at: from_micros(expires_at),
@@ -175,19 +190,21 @@ impl Store for PostgresStore {
                 if !live {
                     continue;
                 }
-                if fingerprint_of(row.get(2))? != fingerprint {
+                let stored_fp = column(row, 2, &key)?;
+                if fingerprint_of(stored_fp).map_err(|e| corrupt(&key, e))? != fingerprint {
                     return Ok(StoreClaim::Mismatch);
                 }
-                let settled = from_micros(row.get::<_, Option<i64>>(4).unwrap_or(expires_at));
+                let settled =
+                    from_micros(column::<Option<i64>>(row, 4, &key)?.unwrap_or(expires_at));
                 return Ok(match state {
                     1 => StoreClaim::InProgress { lease_ends_at: from_micros(expires_at) },
                     2 => StoreClaim::Completed(StoredResult {
-                        body: row.get::<_, Option<Vec<u8>>>(3).map(Bytes::from),
+                        body: column::<Option<Vec<u8>>>(row, 3, &key)?.map(Bytes::from),
                         completed_at: settled,
                         expires_at: from_micros(expires_at),
                     }),
                     3 => StoreClaim::Unknown { marked_at: settled },
-                    other => return Err(StoreError::Corrupt(format!("state {other}"))),
+                    other => return Err(corrupt(&key, format_args!("its state is {other}"))),
                 });
             }
             Err(StoreError::Backend("the claim kept racing a concurrent writer".into()))
@@ -214,7 +231,7 @@ impl Store for PostgresStore {
             );
             let stored = body.as_deref();
             let params: [&(dyn ToSql + Sync); 4] = [&key, &(token as i64), &stored, &micros(ttl)];
-            let (at, until) = self.settle(sql, &params, StoreError::LeaseLost).await?;
+            let (at, until) = self.settle(&key, sql, &params, StoreError::LeaseLost).await?;
             Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
         }
     }
@@ -236,7 +253,7 @@ impl Store for PostgresStore {
                  RETURNING r.started_at, r.expires_at"
             );
             let params: [&(dyn ToSql + Sync); 3] = [&key, &(token as i64), &micros(lease)];
-            let (_, until) = self.settle(sql, &params, StoreError::LeaseLost).await?;
+            let (_, until) = self.settle(&key, sql, &params, StoreError::LeaseLost).await?;
             Ok(from_micros(until))
         }
     }
@@ -255,7 +272,7 @@ impl Store for PostgresStore {
                  WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
-            self.settle(sql, &[&key, &(token as i64)], StoreError::LeaseLost).await.map(drop)
+            self.settle(&key, sql, &[&key, &(token as i64)], StoreError::LeaseLost).await.map(drop)
         }
     }
 
@@ -277,7 +294,7 @@ impl Store for PostgresStore {
                  RETURNING r.settled_at, r.expires_at"
             );
             let params: [&(dyn ToSql + Sync); 3] = [&key, &(token as i64), &micros(ttl)];
-            self.settle(sql, &params, StoreError::LeaseLost).await.map(drop)
+            self.settle(&key, sql, &params, StoreError::LeaseLost).await.map(drop)
         }
     }
 
@@ -300,7 +317,7 @@ impl Store for PostgresStore {
             );
             let stored = body.as_deref();
             let params: [&(dyn ToSql + Sync); 3] = [&key, &stored, &micros(ttl)];
-            let (at, until) = self.settle(sql, &params, StoreError::NotUnknown).await?;
+            let (at, until) = self.settle(&key, sql, &params, StoreError::NotUnknown).await?;
             Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
         }
     }
@@ -315,7 +332,7 @@ impl Store for PostgresStore {
                  WHERE r.key = $1 AND r.state = 3 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
-            self.settle(sql, &[&key], StoreError::NotUnknown).await.map(drop)
+            self.settle(&key, sql, &[&key], StoreError::NotUnknown).await.map(drop)
         }
     }
 
@@ -328,11 +345,15 @@ impl Store for PostgresStore {
         );
         let mut out = Vec::new();
         for row in self.rows(sql, &[&limit(n)]).await? {
-            let key: Vec<u8> = row.get(0);
+            let key: Vec<u8> = column(&row, 0, &[])?;
+            let marked_at: Option<i64> = column(&row, 2, &key)?;
             out.push(UnknownRecord {
-                key: Key::from_stored(&key).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                fingerprint: fingerprint_of(row.get(1))?,
-                marked_at: from_micros(row.get(2)),
+                key: Key::from_stored(&key).map_err(|e| corrupt(&key, e))?,
+                fingerprint: fingerprint_of(column(&row, 1, &key)?)
+                    .map_err(|e| corrupt(&key, e))?,
+                marked_at: from_micros(
+                    marked_at.ok_or_else(|| corrupt(&key, "it has no mark time (settled_at)"))?,
+                ),
             });
         }
         Ok(out)

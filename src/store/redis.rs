@@ -7,14 +7,18 @@
 //!
 //! Keys are `idemcache:{<hex of the stored key>}`: the braces are a hash tag, so each
 //! script touches one slot and the store works on Redis Cluster. The index of UNKNOWN
-//! records (`idemcache:unknown`, a sorted set by the client's mark time) lives in its own
-//! slot, so it is written by a second command pipelined behind `mark_unknown`'s script
-//! (one round trip). Its members name the record *and its token* (`<hex>:<token>`): a
-//! member is live only while that record is UNKNOWN under that token, so resolving or
-//! forgetting never has to touch the index, and a stale member (resolved, expired, or
-//! its script refused) can be trimmed by exact name without ever removing a newer mark.
-//! A process that dies between the script and the index write leaves an UNKNOWN record
-//! that blocks claims but is not listed until it expires.
+//! records (`idemcache:unknown`, a sorted set scored by Redis's own time at the mark)
+//! lives in its own slot, so it is written by a script of its own pipelined in front of
+//! `mark_unknown`'s (one round trip). Its members name the record *and its token*
+//! (`<hex>:<token>`): a member is live only while that record is UNKNOWN under that
+//! token, so resolving or forgetting never has to touch the index, and a stale member
+//! (resolved, expired, or its mark refused) can be trimmed by exact name without ever
+//! removing a newer mark. The member goes in first, so a connection lost between the
+//! two leaves a stale member (trimmed later), not an UNKNOWN record nobody lists.
+//!
+//! Scripts never return a Lua `nil` inside a reply (it would cut the array short): a
+//! field a record lacks comes back `false`, and the client answers
+//! [`StoreError::Corrupt`] naming the key.
 //!
 //! Tokens are `max(previous token + 1, Redis's time in µs)`: larger than any earlier
 //! token of the key while its record lives, and after it expired as long as Redis's
@@ -28,8 +32,8 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, RedisResult, Script};
 
 use super::{
-    check_duration, fingerprint_of, from_micros, micros, Store, StoreClaim, StoreError,
-    StoredResult, UnknownRecord,
+    check_duration, corrupt, fingerprint_of, from_micros, micros, named, Store, StoreClaim,
+    StoreError, StoredResult, UnknownRecord,
 };
 use crate::{Fingerprint, Key};
 
@@ -56,7 +60,7 @@ const CLAIM: &str = r"
 local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'token', 'body', 'settled', 'expires')
 local state, expires = tonumber(r[1]), tonumber(r[6])
 if state and expires and expires > now then
-  return {state, r[2], tonumber(r[3]), r[4], tonumber(r[5]) or false, expires}
+  return {state, r[2] or false, tonumber(r[3]) or false, r[4] or false, tonumber(r[5]) or false, expires}
 end
 local token = math.max((tonumber(r[3]) or 0) + 1, now)
 local ends = now + tonumber(ARGV[2])
@@ -90,6 +94,12 @@ const RELEASE: &str = r"
 if not owned(ARGV[1]) then return false end
 redis.call('DEL', KEYS[1])
 return {now, now}
+";
+
+/// KEYS[1]: the UNKNOWN index. ARGV: the member. Scores it by Redis's time.
+const INDEX_MARK: &str = r"
+redis.call('ZADD', KEYS[1], fmt(now), ARGV[1])
+return 1
 ";
 
 /// ARGV: token, TTL in µs.
@@ -126,7 +136,7 @@ for i, member in ipairs(ARGV) do
   if hex then
     local r = redis.call('HMGET', 'idemcache:{' .. hex .. '}', 'state', 'fp', 'settled', 'expires', 'token')
     if tonumber(r[1]) == 3 and tonumber(r[4]) > now and tonumber(r[5]) == tonumber(token) then
-      table.insert(out, {member, r[2], tonumber(r[3])})
+      table.insert(out, {member, r[2] or false, tonumber(r[3]) or false})
     end
   end
 end
@@ -134,6 +144,14 @@ return out
 ";
 
 /// Idempotency records in Redis. See the module docs for the guarantees.
+///
+/// Redis expires records by itself, but not the index of UNKNOWN records: each
+/// `mark_unknown` adds one member (the key in hex and the token, under 2.2 KiB) that
+/// stays after its record is resolved, forgotten or expired, until
+/// [`purge_expired`](Store::purge_expired) trims it (listing with
+/// [`unknown`](Store::unknown) trims the stale members it reads too). Run
+/// `purge_expired` periodically, as for every store: every minute, say, calling it
+/// again while it returns its limit.
 #[derive(Clone)]
 pub struct RedisStore {
     connection: ConnectionManager,
@@ -142,6 +160,7 @@ pub struct RedisStore {
 
 struct Scripts {
     claim: Script,
+    index_mark: Script,
     complete: Script,
     extend_lease: Script,
     release: Script,
@@ -157,7 +176,13 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// A Redis error as a store error: a record key holding another type (`WRONGTYPE`) or
+/// a reply that does not read as a record is [`StoreError::Corrupt`]; anything else is
+/// the server failing or unreachable.
 fn backend(e: redis::RedisError) -> StoreError {
+    if e.code() == Some("WRONGTYPE") || e.kind() == redis::ErrorKind::TypeError {
+        return StoreError::Corrupt(format!("a record does not read as one: {e}"));
+    }
     StoreError::Backend(Box::new(e))
 }
 
@@ -191,6 +216,7 @@ impl RedisStore {
         let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
         let scripts = Scripts {
             claim: script(CLAIM),
+            index_mark: script(INDEX_MARK),
             complete: script(COMPLETE),
             extend_lease: script(EXTEND_LEASE),
             release: script(RELEASE),
@@ -225,7 +251,7 @@ fn number(n: impl ToString) -> Vec<u8> {
     n.to_string().into_bytes()
 }
 
-type ClaimReply = (i64, Option<Vec<u8>>, i64, Option<Vec<u8>>, Option<i64>, i64);
+type ClaimReply = (i64, Option<Vec<u8>>, Option<i64>, Option<Vec<u8>>, Option<i64>, i64);
 
 impl Store for RedisStore {
     fn claim(
@@ -235,6 +261,7 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
         let record = record_key(key);
+        let key = key.clone();
         async move {
             check_duration("lease", lease)?;
             let mut connection = self.connection.clone();
@@ -246,17 +273,18 @@ impl Store for RedisStore {
                 .arg(micros(lease))
                 .invoke_async(&mut connection)
                 .await
-                .map_err(backend)?;
+                .map_err(|e| named(&key, backend(e)))?;
             let (state, fp, token, body, settled, expires) = reply;
+            let token =
+                token.ok_or_else(|| corrupt(key.as_bytes(), "its token is not a number"))?;
             if state == 0 {
                 return Ok(StoreClaim::Acquired {
                     token: token as u64,
                     lease_ends_at: from_micros(expires),
                 });
             }
-            let fp =
-                fp.ok_or_else(|| StoreError::Corrupt("a record without a fingerprint".into()))?;
-            if fingerprint_of(fp)? != fingerprint {
+            let fp = fp.ok_or_else(|| corrupt(key.as_bytes(), "it has no fingerprint"))?;
+            if fingerprint_of(fp).map_err(|e| named(&key, e))? != fingerprint {
                 return Ok(StoreClaim::Mismatch);
             }
             let settled = from_micros(settled.unwrap_or(expires));
@@ -268,7 +296,7 @@ impl Store for RedisStore {
                     expires_at: from_micros(expires),
                 }),
                 3 => StoreClaim::Unknown { marked_at: settled },
-                other => return Err(StoreError::Corrupt(format!("state {other}"))),
+                other => return Err(corrupt(key.as_bytes(), format_args!("its state is {other}"))),
             })
         }
     }
@@ -330,20 +358,22 @@ impl Store for RedisStore {
             check_duration("unknown TTL", ttl)?;
             let record = record_key(&key);
             let member = format!("{}:{token}", hex(key.as_bytes()));
-            let score = super::micros_since_epoch(std::time::SystemTime::now());
-            let script = &self.scripts.mark_unknown;
+            let (index, mark) = (&self.scripts.index_mark, &self.scripts.mark_unknown);
             let mut connection = self.connection.clone();
-            // The script and the index write in one round trip; the index's member is
-            // stale (and trimmed later) if the script refuses.
+            // The index's member first, then the mark, in one round trip; the member is
+            // stale (and trimmed later) if the mark is refused or never runs.
             let mut pipe = redis::pipe();
-            pipe.cmd("EVALSHA").arg(script.get_hash()).arg(1).arg(&record);
+            pipe.cmd("EVALSHA").arg(index.get_hash()).arg(1).arg(UNKNOWN_INDEX).arg(&member);
+            pipe.ignore();
+            pipe.cmd("EVALSHA").arg(mark.get_hash()).arg(1).arg(&record);
             pipe.arg(number(token)).arg(number(micros(ttl)));
-            pipe.cmd("ZADD").arg(UNKNOWN_INDEX).arg(score).arg(&member).ignore();
             let mut done: RedisResult<(Option<(i64, i64)>,)> =
                 pipe.query_async(&mut connection).await;
             if matches!(&done, Err(e) if e.kind() == redis::ErrorKind::NoScriptError) {
                 // Redis lost its script cache (a restart, SCRIPT FLUSH): load and again.
-                script.prepare_invoke().load_async(&mut connection).await.map_err(backend)?;
+                for script in [index, mark] {
+                    script.prepare_invoke().load_async(&mut connection).await.map_err(backend)?;
+                }
                 done = pipe.query_async(&mut connection).await;
             }
             let (done,) = done.map_err(backend)?;
@@ -379,56 +409,76 @@ impl Store for RedisStore {
 
     async fn unknown(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
         let mut out = Vec::new();
-        // Members may be stale (resolved elsewhere, expired): each batch's stale ones are
-        // trimmed, so the next batch from the front holds new ones.
+        let window = limit.max(16);
+        // Members may be stale (resolved elsewhere, expired): each window's stale ones
+        // are trimmed, so the next window from the front holds new ones.
         while out.len() < limit {
-            let batch = self.index_batch(limit.max(16)).await?;
-            let full = batch.members == limit.max(16);
-            for (member, fp, marked_at) in batch.live {
-                if out.len() == limit {
-                    break;
-                }
+            let batch = self.index_window(0, window).await?;
+            for (member, fp, marked_at) in batch.live.iter().take(limit - out.len()) {
                 let stored = member
                     .split_once(':')
                     .and_then(|(hex, _token)| unhex(hex))
-                    .ok_or_else(|| StoreError::Corrupt("an index member".into()))?;
+                    .ok_or_else(|| StoreError::Corrupt(format!("the index member {member:?}")))?;
+                let fp = fp.clone().ok_or_else(|| corrupt(&stored, "it has no fingerprint"))?;
+                let marked_at =
+                    marked_at.ok_or_else(|| corrupt(&stored, "it has no mark time (settled)"))?;
                 out.push(UnknownRecord {
-                    key: Key::from_stored(&stored)
-                        .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                    fingerprint: fingerprint_of(fp)?,
+                    key: Key::from_stored(&stored).map_err(|e| corrupt(&stored, e))?,
+                    fingerprint: fingerprint_of(fp).map_err(|e| corrupt(&stored, e))?,
                     marked_at: from_micros(marked_at),
                 });
             }
-            if !full || batch.trimmed == 0 {
+            if batch.members < window || batch.trimmed == 0 {
                 break;
             }
-            out.clear(); // the next batch starts from the front again
+            out.clear(); // the next window starts from the front again
         }
+        // The index is scored by the time its member went in, a moment before the mark
+        // itself: order what is listed by the mark, as the other stores do.
+        out.sort_by(|a, b| (a.marked_at, a.key.as_bytes()).cmp(&(b.marked_at, b.key.as_bytes())));
         Ok(out)
     }
 
     /// Redis expires records by itself; this trims up to `limit` members of the UNKNOWN
-    /// index whose record is gone or no longer UNKNOWN, and returns how many.
+    /// index whose record is gone or no longer UNKNOWN (wherever they stand, behind live
+    /// ones too), and returns how many. A `limit` of 0 does nothing.
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
-        Ok(self.index_batch(limit).await?.trimmed)
+        let (mut trimmed, mut start) = (0, 0);
+        while trimmed < limit {
+            let window = limit - trimmed;
+            let batch = self.index_window(start, window).await?;
+            trimmed += batch.trimmed;
+            if batch.members < window {
+                break; // the end of the index
+            }
+            start += batch.live.len(); // the stale ones are gone; the live ones stay ahead
+        }
+        Ok(trimmed)
     }
 }
 
-/// The first members of the UNKNOWN index, checked.
+/// A window of the UNKNOWN index, checked: its live members with their record's
+/// fingerprint and mark time as read (`None`: the record lacks the field).
+#[allow(clippy::type_complexity)]
 struct IndexBatch {
     members: usize,
-    live: Vec<(String, Vec<u8>, i64)>,
+    live: Vec<(String, Option<Vec<u8>>, Option<i64>)>,
     trimmed: usize,
 }
 
 impl RedisStore {
-    /// Reads the first `n` members of the UNKNOWN index, keeps the live ones (oldest mark
-    /// first) and removes the stale ones from the index.
-    async fn index_batch(&self, n: usize) -> Result<IndexBatch, StoreError> {
+    /// Reads up to `n` members of the UNKNOWN index from rank `start`, keeps the live
+    /// ones (oldest first) and removes the stale ones from the index.
+    async fn index_window(&self, start: usize, n: usize) -> Result<IndexBatch, StoreError> {
+        if n == 0 {
+            // `ZRANGE key s s-1` would read nothing, but `0 -1` reads everything.
+            return Ok(IndexBatch { members: 0, live: Vec::new(), trimmed: 0 });
+        }
         let mut connection = self.connection.clone();
-        let end = isize::try_from(n).unwrap_or(isize::MAX) - 1;
+        let first = isize::try_from(start).unwrap_or(isize::MAX);
+        let last = first.saturating_add(isize::try_from(n).unwrap_or(isize::MAX) - 1);
         let members: Vec<String> =
-            connection.zrange(UNKNOWN_INDEX, 0, end).await.map_err(backend)?;
+            connection.zrange(UNKNOWN_INDEX, first, last).await.map_err(backend)?;
         if members.is_empty() {
             return Ok(IndexBatch { members: 0, live: Vec::new(), trimmed: 0 });
         }
@@ -436,7 +486,7 @@ impl RedisStore {
         for member in &members {
             invocation.arg(member);
         }
-        let live: Vec<(String, Vec<u8>, i64)> =
+        let live: Vec<(String, Option<Vec<u8>>, Option<i64>)> =
             invocation.invoke_async(&mut connection).await.map_err(backend)?;
         let stale: Vec<&String> =
             members.iter().filter(|m| !live.iter().any(|(l, _, _)| l == *m)).collect();

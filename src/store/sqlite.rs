@@ -21,7 +21,7 @@ use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
-    check_duration, fingerprint_of, from_micros, micros, Store, StoreClaim, StoreError,
+    check_duration, corrupt, fingerprint_of, from_micros, micros, Store, StoreClaim, StoreError,
     StoredResult, UnknownRecord,
 };
 use crate::{Fingerprint, Key};
@@ -85,6 +85,21 @@ pub struct SqliteStore {
 
 fn backend(e: rusqlite::Error) -> StoreError {
     StoreError::Backend(Box::new(e))
+}
+
+/// An error reading the record of `key`: a column holding another type (SQLite lets
+/// any column hold any type) or NULL where a value belongs is [`StoreError::Corrupt`]
+/// naming the key; anything else is the database failing.
+fn read_error(key: &[u8], e: rusqlite::Error) -> StoreError {
+    use rusqlite::Error::{FromSqlConversionFailure, IntegralValueOutOfRange, InvalidColumnType};
+    match e {
+        InvalidColumnType(_, name, ty) => corrupt(key, format_args!("column {name} holds {ty}")),
+        FromSqlConversionFailure(i, ty, why) => {
+            corrupt(key, format_args!("column {i} holds {ty} that does not convert: {why}"))
+        }
+        IntegralValueOutOfRange(i, v) => corrupt(key, format_args!("column {i} holds {v}")),
+        e => backend(e),
+    }
 }
 
 impl SqliteStore {
@@ -222,10 +237,10 @@ fn claim(
             },
         )
         .optional()
-        .map_err(backend)?;
+        .map_err(|e| read_error(&key, e))?;
     if let Some(row) = row.filter(|row| row.expires_at > now) {
         // Live: answer without writing (the transaction ends unchanged).
-        if fingerprint_of(row.fingerprint)? != fp {
+        if fingerprint_of(row.fingerprint).map_err(|e| corrupt(&key, e))? != fp {
             return Ok(StoreClaim::Mismatch);
         }
         let settled = || from_micros(row.settled_at.unwrap_or(row.expires_at));
@@ -237,7 +252,7 @@ fn claim(
                 expires_at: from_micros(row.expires_at),
             }),
             UNKNOWN => StoreClaim::Unknown { marked_at: settled() },
-            other => return Err(StoreError::Corrupt(format!("state {other}"))),
+            other => return Err(corrupt(&key, format_args!("its state is {other}"))),
         });
     }
     let token: i64 = tx
@@ -442,16 +457,18 @@ impl Store for SqliteStore {
             let mut statement = db.prepare(sql).map_err(backend)?;
             let rows = statement
                 .query_map(params![i64::try_from(limit).unwrap_or(i64::MAX)], |r| {
-                    Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1)?, r.get::<_, i64>(2)?))
+                    // The key first, so whatever else fails to read can name it.
+                    Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1), r.get::<_, i64>(2)))
                 })
                 .map_err(backend)?;
             let mut out = Vec::new();
             for row in rows {
-                let (key, fingerprint, marked_at) = row.map_err(backend)?;
+                let (key, fingerprint, marked_at) = row.map_err(|e| read_error(&[], e))?;
+                let fingerprint = fingerprint.map_err(|e| read_error(&key, e))?;
                 out.push(UnknownRecord {
-                    key: Key::from_stored(&key).map_err(|e| StoreError::Corrupt(e.to_string()))?,
-                    fingerprint: fingerprint_of(fingerprint)?,
-                    marked_at: from_micros(marked_at),
+                    key: Key::from_stored(&key).map_err(|e| corrupt(&key, e))?,
+                    fingerprint: fingerprint_of(fingerprint).map_err(|e| corrupt(&key, e))?,
+                    marked_at: from_micros(marked_at.map_err(|e| read_error(&key, e))?),
                 });
             }
             Ok(out)

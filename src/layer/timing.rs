@@ -1,0 +1,88 @@
+//! How long a scope's executions take in this process, for the `Retry-After` of a 409.
+//!
+//! Invariant: an estimate is at least one second and never later than the holder's
+//! lease end, and the memory it takes is bounded: at most [`MAX_SCOPES`] scopes are
+//! tracked (when a new one would pass that, the table starts over), so scopes named by
+//! raw paths cannot grow it without bound.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+/// The most scopes whose execution times are tracked at once.
+pub(crate) const MAX_SCOPES: usize = 1024;
+
+/// The shortest `Retry-After` the layer gives for an execution in progress.
+const SHORTEST: Duration = Duration::from_secs(1);
+
+/// Recent execution times per scope: an exponentially weighted mean (each new sample
+/// counts a quarter), so it follows a scope that slows down or speeds up within a few
+/// executions.
+#[derive(Debug, Default)]
+pub(crate) struct ExecutionTimes {
+    scopes: Mutex<HashMap<String, Duration>>,
+}
+
+impl ExecutionTimes {
+    /// One execution of `scope` took `took`, from its handler's start to its response
+    /// read whole.
+    pub(crate) fn record(&self, scope: &str, took: Duration) {
+        let mut scopes = self.scopes.lock();
+        if let Some(mean) = scopes.get_mut(scope) {
+            *mean = *mean * 3 / 4 + took / 4;
+            return;
+        }
+        if scopes.len() >= MAX_SCOPES {
+            scopes.clear();
+        }
+        scopes.insert(scope.to_owned(), took);
+    }
+
+    /// When to try again for a request of `scope` whose holder's lease ends in
+    /// `lease_left`: the scope's recent execution time, at least one second, never
+    /// past the lease end. A scope with no execution finished here yet gets one second.
+    pub(crate) fn retry_after(&self, scope: &str, lease_left: Duration) -> Duration {
+        let estimate = self.scopes.lock().get(scope).copied().unwrap_or(SHORTEST);
+        estimate.max(SHORTEST).min(lease_left)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn the_estimate_is_the_recent_mean_at_least_a_second_and_never_past_the_lease() {
+        let times = ExecutionTimes::default();
+        assert_eq!(times.retry_after("POST /a", LEASE), SHORTEST, "nothing known yet");
+        times.record("POST /a", Duration::from_millis(1500));
+        assert_eq!(times.retry_after("POST /a", LEASE), Duration::from_millis(1500));
+        times.record("POST /a", Duration::from_millis(3500));
+        assert_eq!(times.retry_after("POST /a", LEASE), Duration::from_millis(2000));
+        assert_eq!(
+            times.retry_after("POST /a", Duration::from_millis(700)),
+            Duration::from_millis(700)
+        );
+        times.record("POST /fast", Duration::from_millis(5));
+        assert_eq!(times.retry_after("POST /fast", LEASE), SHORTEST);
+        assert_eq!(times.retry_after("POST /other", LEASE), SHORTEST, "scopes are apart");
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_starts_over_when_full() {
+        let times = ExecutionTimes::default();
+        for i in 0..MAX_SCOPES {
+            times.record(&format!("POST /{i}"), Duration::from_secs(5));
+        }
+        assert_eq!(times.scopes.lock().len(), MAX_SCOPES);
+        times.record("POST /0", Duration::from_secs(9)); // a known scope: no start-over
+        assert_eq!(times.scopes.lock().len(), MAX_SCOPES);
+        times.record("POST /new", Duration::from_secs(5));
+        assert_eq!(times.scopes.lock().len(), 1);
+        assert_eq!(times.retry_after("POST /new", LEASE), Duration::from_secs(5));
+        assert_eq!(times.retry_after("POST /1", LEASE), SHORTEST);
+    }
+}
