@@ -20,6 +20,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
+mod bodies;
+use bodies::late;
+
 /// What every handler shares: how often it ran, and a gate it passes before answering.
 #[derive(Clone)]
 struct Handler {
@@ -347,6 +350,12 @@ async fn refusals_name_their_rule_and_never_run_the_handler() {
     assert_eq!((too_long.status, too_long.code()), (400, "invalid_idempotency_key"));
     let anonymous = Req { user: None, ..req("k", "{}") }.send(addr).await;
     assert_eq!((anonymous.status, anonymous.code()), (401, "unauthenticated"));
+    // RFC 8941 wants a parameter's key after every `;`.
+    for malformed in ["\"k1\";", "\"k1\";@@@", "\"k1\";;;", "\"k1\"; =x"] {
+        let reply = req(malformed, "{}").send(addr).await;
+        assert_eq!((reply.status, reply.code()), (400, "invalid_idempotency_key"), "{malformed}");
+        assert!(reply.body.contains("parameters"), "{}", reply.body);
+    }
     assert_eq!(handler.runs(), 0);
     assert_eq!(cache.stats().entries, 0, "nothing was claimed");
 }
@@ -587,6 +596,7 @@ async fn trailers_reach_the_client_first_and_on_every_replay() {
     let inner = tower::service_fn(|_: axum::http::Request<Body>| async {
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", "0".parse().unwrap());
+        trailers.insert("set-cookie", "session=secret".parse().unwrap());
         let body =
             WithTrailers { data: Some(Bytes::from_static(b"reply")), trailers: Some(trailers) };
         Ok::<_, Infallible>(Response::new(body))
@@ -600,7 +610,10 @@ async fn trailers_reach_the_client_first_and_on_every_replay() {
         let response = service.clone().oneshot(request).await.unwrap();
         assert_eq!(response.headers().contains_key("idempotent-replayed"), attempt == 1);
         let collected = response.into_body().collect().await.unwrap();
-        assert_eq!(collected.trailers().unwrap()["grpc-status"], "0", "attempt {attempt}");
+        let trailers = collected.trailers().unwrap();
+        assert_eq!(trailers["grpc-status"], "0", "attempt {attempt}");
+        // The first client gets its cookie; nobody retrying with the key does.
+        assert_eq!(trailers.contains_key("set-cookie"), attempt == 0, "attempt {attempt}");
         assert_eq!(collected.to_bytes(), "reply");
     }
 }
@@ -865,4 +878,83 @@ mod as_a_service {
         assert_eq!(runs.load(Ordering::SeqCst), 0);
         assert_eq!(cache.stats().entries, 0, "nothing claimed for a request never read");
     }
+}
+
+/// The execution is the handler and its body: a body arriving four leases after the
+/// handler answered keeps the key (its lease renewed until the response is stored), so
+/// a duplicate waits and replays instead of taking the key over and running it again,
+/// and a request with no duplicate stores its response for the retry.
+#[tokio::test(start_paused = true)]
+async fn a_body_streaming_past_its_lease_is_never_taken_over_and_run_twice() {
+    use http_body_util::BodyExt;
+    use tower::{Layer, ServiceExt};
+    let lease = Duration::from_millis(300);
+    let cache = Cache::builder()
+        .clock(TokioClock(tokio::time::Instant::now()))
+        .lease(lease)
+        .build()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let inner = tower::service_fn(move |_: axum::http::Request<Body>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let body = late(lease * 4, "made");
+        async move { Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap()) }
+    });
+    let service = IdempotencyLayer::new(cache).wait(Duration::from_secs(10)).layer(inner);
+    let request = |key: &str| {
+        axum::http::Request::post("/slow").header("idempotency-key", key).body(Body::empty())
+    };
+    let first = tokio::spawn(service.clone().oneshot(request("k").unwrap()));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = service.clone().oneshot(request("k").unwrap()).await.unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the duplicate took the key over and ran it");
+    assert_eq!((first.status(), second.status()), (StatusCode::CREATED, StatusCode::CREATED));
+    assert_eq!(second.headers()["idempotent-replayed"], "true");
+    assert_eq!(second.into_body().collect().await.unwrap().to_bytes(), "made");
+    assert_eq!(first.into_body().collect().await.unwrap().to_bytes(), "made");
+
+    // No duplicate in flight: the completion is stored, and the retry replays it.
+    let alone = service.clone().oneshot(request("alone").unwrap()).await.unwrap();
+    assert_eq!(alone.status(), StatusCode::CREATED);
+    let retry = service.clone().oneshot(request("alone").unwrap()).await.unwrap();
+    assert_eq!(
+        retry.headers().get("idempotent-replayed").map(|v| v.to_str().unwrap()),
+        Some("true")
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A 409's `Retry-After` is when the result should be ready, from the scope's recent
+/// execution times (here 1.5 s: 2 s, rounded up), not the holder's whole lease (60 s).
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_the_scopes_recent_execution_time_not_the_lease() {
+    use tower::{Layer, ServiceExt};
+    let cache = Cache::builder().clock(TokioClock(tokio::time::Instant::now())).build().unwrap();
+    let gate = Arc::new(Semaphore::new(1));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (g, r) = (gate.clone(), runs.clone());
+    let inner = tower::service_fn(move |_: axum::http::Request<Body>| {
+        let (gate, runs) = (g.clone(), r.clone());
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            gate.acquire().await.unwrap().forget();
+            Ok::<_, Infallible>(StatusCode::CREATED.into_response())
+        }
+    });
+    let service = IdempotencyLayer::new(cache).layer(inner);
+    let request = |key: &str| {
+        axum::http::Request::post("/work").header("idempotency-key", key).body(Body::empty())
+    };
+    let done = service.clone().oneshot(request("a").unwrap()).await.unwrap();
+    assert_eq!(done.status(), StatusCode::CREATED);
+    let running = tokio::spawn(service.clone().oneshot(request("b").unwrap()));
+    until(|| runs.load(Ordering::SeqCst) == 2).await;
+    let busy = service.clone().oneshot(request("b").unwrap()).await.unwrap();
+    assert_eq!(busy.status(), StatusCode::CONFLICT);
+    assert_eq!(busy.headers()["retry-after"], "2");
+    gate.add_permits(1);
+    assert_eq!(running.await.unwrap().unwrap().status(), StatusCode::CREATED);
 }

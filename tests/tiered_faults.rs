@@ -21,6 +21,8 @@ use idemcache::{Cache, DropPolicy, Fingerprint, Key};
 use tokio::sync::{Notify, Semaphore};
 use tower::{Layer, ServiceExt};
 
+mod bodies;
+
 // ---------------------------------------------------------------- a faulty store wrapper
 
 #[derive(Default)]
@@ -399,10 +401,10 @@ async fn a_panicking_handler_over_a_store_releases_the_key() {
     assert_eq!(retry.status(), 201, "retry after a panic: {} retry-after {ra:?}", retry.status());
 }
 
-/// `Retry-After` for a duplicate is the store's lease whichever instance answers it (the
-/// one executing answers from memory, the other from the store).
+/// `Retry-After` for a duplicate is never past the store's lease, whichever instance answers
+/// it (the one executing answers from memory, the other from the store).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retry_after_is_the_stores_lease_in_every_instance() {
+async fn retry_after_is_never_past_the_stores_lease_in_any_instance() {
     let path = scratch("f7");
     let (store_a, _) = faulty(&path).await;
     let (store_b, _) = faulty(&path).await;
@@ -846,4 +848,149 @@ fn tiered_errors_say_which_tier_refused_and_keep_their_cause() {
     assert!(cache.to_string().starts_with("the in-process cache refused: "), "{cache}");
     assert!(cache.source().is_some());
     assert!(matches!(TieredError::from(StoreError::NotUnknown), TieredError::Store(_)));
+}
+
+// ---------------------------------------------------------------- the response body
+
+/// Two instances over one SQLite file, leases of 300 ms; the handler answers 201 at
+/// once with a body that arrives 1.2 s later. A duplicate sent to the other instance
+/// 50 ms in, waiting, replays the one execution: the lease is renewed in the store
+/// until the response is stored, not only while the handler's future runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_streaming_past_its_lease_is_not_run_again_by_another_instance() {
+    let path = scratch("late");
+    let lease = Duration::from_millis(300);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let instance = |store| {
+        let counted = runs.clone();
+        IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), store).lease(lease))
+            .wait(Duration::from_secs(10))
+            .layer(tower::service_fn(move |_: Request<Body>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let body = bodies::late(lease * 4, "made");
+                async move { Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap()) }
+            }))
+    };
+    let (a, b) = (instance(faulty(&path).await.0), instance(faulty(&path).await.0));
+    let first = tokio::spawn(a.clone().oneshot(request("late")));
+    until(|| runs.load(Ordering::SeqCst) == 1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = b.clone().oneshot(request("late")).await.unwrap();
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the other instance took the key over");
+    assert_eq!((first.status().as_u16(), second.status().as_u16()), (201, 201));
+    assert_eq!(second.headers()["idempotent-replayed"], "true");
+    // A third instance (a restart) replays what the store kept.
+    let third = instance(faulty(&path).await.0);
+    let again = third.oneshot(request("late")).await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A response body that panics over a store: caught, and the key settled by the drop
+/// policy in the store too (released), so the retry runs at once instead of meeting a
+/// PROCESSING record for the whole lease; the 500 says what happened.
+#[tokio::test]
+async fn a_body_that_panics_over_a_store_releases_the_key_there() {
+    let path = scratch("body-panic");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let layer = IdempotencyLayer::tiered(Tiered::new(
+        Cache::builder().build().unwrap(),
+        faulty(&path).await.0,
+    ));
+    let svc = layer.layer(tower::service_fn(move |_: Request<Body>| {
+        let run = counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let body = match run {
+                0 => http_body_util::Either::Left(bodies::Panicking),
+                _ => http_body_util::Either::Right(Body::from("made")),
+            };
+            Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap())
+        }
+    }));
+    let panicked = svc.clone().oneshot(request("bp")).await.unwrap();
+    assert_eq!(panicked.status(), 500);
+    let detail = http_body_util::BodyExt::collect(panicked.into_body()).await.unwrap().to_bytes();
+    let detail = String::from_utf8(detail.to_vec()).unwrap();
+    assert!(detail.contains("panicked"), "{detail}");
+    let retry = svc.clone().oneshot(request("bp")).await.unwrap();
+    assert_eq!(retry.status(), 201, "the store's record was left PROCESSING");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+// ---------------------------------------------------------------- records the store holds
+
+/// Runs `sql` on the SQLite file at `path`, as an operator (or another program) would.
+fn sqlite_exec(path: &std::path::Path, sql: &str) {
+    let db = rusqlite::Connection::open(path).unwrap();
+    db.busy_timeout(Duration::from_secs(10)).unwrap();
+    assert!(db.execute(sql, []).unwrap() > 0, "{sql} changed nothing");
+}
+
+/// A record an operator pinned "for ever" (an expiry past the year 9999, which no HTTP
+/// date can name) replays its response, with the last HTTP date there is.
+#[tokio::test]
+async fn a_record_pinned_past_the_year_9999_still_replays() {
+    let path = scratch("forever");
+    let h = H::new(Semaphore::MAX_PERMITS);
+    let first = h.service(&IdempotencyLayer::tiered(Tiered::new(
+        Cache::builder().build().unwrap(),
+        faulty(&path).await.0,
+    )));
+    assert_eq!(first.oneshot(request("pinned")).await.unwrap().status(), 201);
+    sqlite_exec(&path, "UPDATE idemcache_records SET expires_at = 300000000000000000");
+    // A fresh instance (nothing in memory) reads the pinned record through, then from memory.
+    let fresh = h.service(&IdempotencyLayer::tiered(Tiered::new(
+        Cache::builder().build().unwrap(),
+        faulty(&path).await.0,
+    )));
+    for _ in 0..2 {
+        let replay = fresh.clone().oneshot(request("pinned")).await.unwrap();
+        assert_eq!(replay.status(), 201);
+        assert_eq!(replay.headers()["idempotent-replayed"], "true");
+        assert_eq!(replay.headers()["idempotency-expires"], "Fri, 31 Dec 9999 23:59:59 GMT");
+    }
+    assert_eq!(h.runs(), 1);
+}
+
+/// A record the store cannot read (a column holding text, a NULL where a time belongs)
+/// is `StoreError::Corrupt` naming its key, answered 500 `idempotency_record_corrupt`,
+/// never 503 "unavailable" (retrying will not help) and never executed.
+#[tokio::test]
+async fn an_unreadable_record_is_corrupt_not_unavailable_and_nothing_runs() {
+    let path = scratch("corrupt");
+    let (store, _) = faulty(&path).await;
+    let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
+    let k = key("garbled");
+    let TieredClaim::Acquired(g) = tiered.claim(&k, fp("r")).await.unwrap() else { panic!() };
+    g.mark_unknown().await.unwrap();
+    // The row's settled_at holds text: a claim cannot read the record.
+    sqlite_exec(&path, "UPDATE idemcache_records SET settled_at = 'yesterday'");
+    let fresh = Tiered::new(Cache::builder().build().unwrap(), faulty(&path).await.0);
+    match fresh.claim(&k, fp("r")).await {
+        Err(TieredError::Store(StoreError::Corrupt(why))) => {
+            assert!(why.contains("garbled") && why.contains("settled_at"), "{why}")
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let h = H::new(Semaphore::MAX_PERMITS);
+    let svc = h.service(&IdempotencyLayer::tiered(fresh));
+    let answer = svc.oneshot(request("garbled")).await.unwrap();
+    assert_eq!(answer.status(), 500);
+    let body = http_body_util::BodyExt::collect(answer.into_body()).await.unwrap().to_bytes();
+    let body = String::from_utf8(body.to_vec()).unwrap();
+    assert!(body.contains("\"code\":\"idempotency_record_corrupt\""), "{body}");
+    assert_eq!(h.runs(), 0);
+
+    // NULL where an UNKNOWN record's mark time belongs: the listing names the key.
+    sqlite_exec(&path, "UPDATE idemcache_records SET settled_at = NULL");
+    let reader = SqliteStore::open(&path).unwrap();
+    match reader.unknown(10).await {
+        Err(StoreError::Corrupt(why)) => assert!(why.contains("garbled"), "{why}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    // Named, it can be forgotten, and the listing works again.
+    reader.forget(&k).await.unwrap();
+    assert!(reader.unknown(10).await.unwrap().is_empty());
 }
