@@ -448,20 +448,9 @@ mod postgres {
     /// needs is created (the other tests run on a database that keeps its schema).
     #[tokio::test]
     async fn the_schema_is_created_in_an_empty_database() {
-        let Ok(url) = std::env::var("IDEMCACHE_POSTGRES_URL") else { return };
-        let admin = client(&url).await;
-        // A schema of its own, first on the store's search path: empty, as a new
-        // database is.
-        let schema = format!("idemcache_fresh_{}", std::process::id());
-        admin
-            .batch_execute(&format!(
-                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
-            ))
-            .await
-            .unwrap();
-        let separator = if url.contains('?') { '&' } else { '?' };
-        let fresh = format!("{url}{separator}options=-c%20search_path%3D{schema}");
-        let store = PostgresStore::connect(&fresh, 2).unwrap();
+        let Some((admin, store, schema)) = store_in_a_schema_of_its_own("fresh").await else {
+            return;
+        };
         store.ensure_schema().await.unwrap();
         let created = admin
             .query_one(
@@ -475,6 +464,56 @@ mod postgres {
             .get::<_, i64>(0);
         assert_eq!(created, 3, "the table, the token sequence and the expiry index");
         conformance(&store).await;
+        admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
+    }
+
+    /// A plain client, and a store on a schema of its own first on its search path,
+    /// empty as a new database is (and whatever a test writes there meets no other test).
+    async fn store_in_a_schema_of_its_own(
+        name: &str,
+    ) -> Option<(tokio_postgres::Client, PostgresStore, String)> {
+        let url = std::env::var("IDEMCACHE_POSTGRES_URL").ok()?;
+        let admin = client(&url).await;
+        let schema = format!("idemcache_{name}_{}", std::process::id());
+        admin
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
+            ))
+            .await
+            .unwrap();
+        let separator = if url.contains('?') { '&' } else { '?' };
+        let own = format!("{url}{separator}options=-c%20search_path%3D{schema}");
+        Some((admin, PostgresStore::connect(&own, 2).unwrap(), schema))
+    }
+
+    /// Rows the schema allows but the store cannot read (an UNKNOWN without its mark
+    /// time, a fingerprint of the wrong length) are `Corrupt` naming their key, never a
+    /// panic; named, the record can be forgotten and the listing works again.
+    #[tokio::test]
+    async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
+        let Some((admin, store, schema)) = store_in_a_schema_of_its_own("corrupt").await else {
+            return;
+        };
+        store.ensure_schema().await.unwrap();
+        let k = key("no-mark");
+        let token = acquire(&store, &k).await;
+        store.mark_unknown(&k, token, TTL).await.unwrap();
+        let table = format!("{schema}.idemcache_records");
+        let update = |set: &str| format!("UPDATE {table} SET {set}");
+        admin.execute(&update("settled_at = NULL"), &[]).await.unwrap();
+        match store.unknown(10).await {
+            Err(StoreError::Corrupt(why)) => assert!(why.contains("no-mark"), "{why}"),
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        admin.execute(&update("fingerprint = '\\x010203'::bytea"), &[]).await.unwrap();
+        match store.claim(&k, fp("r"), LEASE).await {
+            Err(StoreError::Corrupt(why)) => {
+                assert!(why.contains("no-mark") && why.contains("16 bytes"), "{why}")
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        store.forget(&k).await.unwrap();
+        assert!(store.unknown(10).await.unwrap().is_empty());
         admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
     }
 
@@ -610,6 +649,181 @@ mod redis_store {
         }
         store.forget(&k).await.unwrap();
         assert!(!store.unknown(1000).await.unwrap().iter().any(|u| u.key == k));
+    }
+
+    /// The database apart, held by one test at a time.
+    type Apart =
+        (RedisStore, redis::aio::MultiplexedConnection, tokio::sync::MutexGuard<'static, ()>);
+
+    /// A store on a Redis database of its own (the URL's number less one, flushed), and
+    /// a plain connection to it: for tests whose records would fail or skew other
+    /// tests' listings. One such test runs at a time (it holds the returned guard).
+    async fn store_apart() -> Option<Apart> {
+        static APART: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let url = std::env::var("IDEMCACHE_REDIS_STORE_URL").ok()?;
+        let held = APART.lock().await;
+        let info: redis::ConnectionInfo =
+            redis::IntoConnectionInfo::into_connection_info(url.as_str()).unwrap();
+        let redis::ConnectionAddr::Tcp(host, port) = info.addr.clone() else {
+            panic!("a TCP address, got {:?}", info.addr);
+        };
+        let db = if info.redis.db == 0 { 1 } else { info.redis.db - 1 };
+        let apart = format!("redis://{host}:{port}/{db}");
+        let client = redis::Client::open(apart.as_str()).unwrap();
+        let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("FLUSHDB").query_async(&mut admin).await.unwrap();
+        Some((RedisStore::connect(&apart).await.unwrap(), admin, held))
+    }
+
+    /// The Redis key of `k`'s record (the module docs' layout).
+    fn record_key(k: &Key) -> String {
+        let hex: String = k.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        format!("idemcache:{{{hex}}}")
+    }
+
+    async fn index_size(admin: &mut redis::aio::MultiplexedConnection) -> usize {
+        redis::cmd("ZCARD").arg("idemcache:unknown").query_async(admin).await.unwrap()
+    }
+
+    /// Records the store cannot read: an UNKNOWN hash that lost its mark time beside a
+    /// valid one, a record key holding a string (WRONGTYPE), a garbled token. Each is
+    /// `Corrupt` naming its key (never a panic in the client, never `Backend`), and
+    /// purging keeps working past it.
+    #[tokio::test]
+    async fn records_the_store_cannot_read_are_corrupt_not_a_panic() {
+        let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
+        let (good, bad) = (key("good"), key("bad"));
+        for k in [&good, &bad] {
+            let token = acquire(&store, k).await;
+            store.mark_unknown(k, token, TTL).await.unwrap();
+        }
+        let _: () = redis::cmd("HDEL")
+            .arg(record_key(&bad))
+            .arg("settled")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        match store.unknown(10).await {
+            Err(StoreError::Corrupt(why)) => assert!(why.contains("\"bad\""), "{why}"),
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        assert_eq!(store.purge_expired(100).await.unwrap(), 0, "both records are live");
+        store.forget(&bad).await.unwrap();
+        let listed = store.unknown(10).await.unwrap();
+        assert_eq!(listed.iter().map(|u| &u.key).collect::<Vec<_>>(), [&good]);
+
+        let wrong = key("a-string");
+        let _: () = redis::cmd("SET")
+            .arg(record_key(&wrong))
+            .arg("x")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        match store.claim(&wrong, fp("r"), LEASE).await {
+            Err(StoreError::Corrupt(_)) => {}
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        let garbled = key("garbled-token");
+        acquire(&store, &garbled).await;
+        let _: () = redis::cmd("HSET")
+            .arg(record_key(&garbled))
+            .arg("token")
+            .arg("not-a-number")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        match store.claim(&garbled, fp("r"), LEASE).await {
+            Err(StoreError::Corrupt(why)) => assert!(why.contains("garbled-token"), "{why}"),
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+
+    /// `purge_expired` trims the UNKNOWN index: a limit of 0 trims nothing; stale
+    /// members are trimmed wherever they stand, behind live ones too; and members of
+    /// records that expired are all gone once it has run (the RedisStore docs: run it
+    /// periodically).
+    #[tokio::test]
+    async fn purging_trims_the_unknown_index_and_a_limit_of_zero_does_nothing() {
+        let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
+        for i in 0..3 {
+            let k = key(&format!("live-{i}"));
+            let token = acquire(&store, &k).await;
+            store.mark_unknown(&k, token, TTL).await.unwrap();
+        }
+        let short = Duration::from_millis(5);
+        let mut marked = Vec::new();
+        for i in 0..50 {
+            let k = key(&format!("brief-{i}"));
+            let token = acquire(&store, &k).await;
+            store.mark_unknown(&k, token, short).await.unwrap();
+            marked.push(k);
+        }
+        // Wait (bounded) until Redis has let every brief record go.
+        for _ in 0..2000 {
+            let left: usize = redis::cmd("EXISTS")
+                .arg(marked.iter().map(record_key).collect::<Vec<_>>())
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(index_size(&mut admin).await, 53);
+        assert_eq!(store.purge_expired(0).await.unwrap(), 0);
+        assert_eq!(index_size(&mut admin).await, 53, "a limit of 0 trimmed the index");
+        // The three live marks stand first: a batch of two still finds two stale ones.
+        assert_eq!(store.purge_expired(2).await.unwrap(), 2);
+        let mut trimmed = 2;
+        loop {
+            let n = store.purge_expired(16).await.unwrap();
+            trimmed += n;
+            if n < 16 {
+                break;
+            }
+        }
+        assert_eq!(trimmed, 50);
+        assert_eq!(index_size(&mut admin).await, 3);
+        assert_eq!(store.unknown(10).await.unwrap().len(), 3);
+    }
+
+    /// The index is scored by Redis's clock, as the record's own mark time is: every
+    /// member's score lies within the server's time read just before and just after the
+    /// mark, and at or before the mark the record holds.
+    #[tokio::test]
+    async fn the_index_is_scored_by_the_servers_clock() {
+        let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
+        let server_now = |admin: &mut redis::aio::MultiplexedConnection| {
+            let mut admin = admin.clone();
+            async move {
+                let (s, us): (i64, i64) = redis::cmd("TIME").query_async(&mut admin).await.unwrap();
+                s * 1_000_000 + us
+            }
+        };
+        let k = key("scored");
+        let token = acquire(&store, &k).await;
+        let before = server_now(&mut admin).await;
+        store.mark_unknown(&k, token, TTL).await.unwrap();
+        let after = server_now(&mut admin).await;
+        let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg("idemcache:unknown")
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let [(_, score)] = members[..] else { panic!("{members:?}") };
+        let score = score as i64;
+        let settled: i64 = redis::cmd("HGET")
+            .arg(record_key(&k))
+            .arg("settled")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!((before..=after).contains(&score), "{before} {score} {after}");
+        assert!(score <= settled, "{score} {settled}");
     }
 
     #[tokio::test]
