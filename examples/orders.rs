@@ -186,16 +186,17 @@ async fn idempotency_layer() -> Result<IdempotencyLayer, Box<dyn std::error::Err
     if spec.is_empty() {
         return Ok(IdempotencyLayer::new(cache));
     }
+    let opening = || format!("could not open the idempotency store {}", redacted(&spec));
     if let Some(path) = spec.strip_prefix("sqlite:") {
-        let store = SqliteStore::open(path)?;
-        store.ensure_schema().await?;
+        let store = doing(SqliteStore::open(path), opening)?;
+        doing(store.ensure_schema().await, opening)?;
         return Ok(IdempotencyLayer::tiered(Tiered::new(cache, store)));
     }
     if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
         #[cfg(feature = "postgres")]
         {
-            let store = idemcache::store::PostgresStore::connect(&spec, 16)?;
-            store.ensure_schema().await?;
+            let store = doing(idemcache::store::PostgresStore::connect(&spec, 16), opening)?;
+            doing(store.ensure_schema().await, opening)?;
             return Ok(IdempotencyLayer::tiered(Tiered::new(cache, store)));
         }
         #[cfg(not(feature = "postgres"))]
@@ -206,7 +207,7 @@ async fn idempotency_layer() -> Result<IdempotencyLayer, Box<dyn std::error::Err
     if spec.starts_with("redis://") || spec.starts_with("rediss://") {
         #[cfg(feature = "redis")]
         {
-            let store = idemcache::store::RedisStore::connect(&spec).await?;
+            let store = doing(idemcache::store::RedisStore::connect(&spec).await, opening)?;
             return Ok(IdempotencyLayer::tiered(Tiered::new(cache, store)));
         }
         #[cfg(not(feature = "redis"))]
@@ -218,13 +219,85 @@ async fn idempotency_layer() -> Result<IdempotencyLayer, Box<dyn std::error::Err
     .into())
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// A failure at startup: what was being done (and where), and why.
+#[derive(Debug)]
+struct Startup {
+    doing: String,
+    cause: Box<dyn std::error::Error>,
+}
+
+impl std::fmt::Display for Startup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.doing)
+    }
+}
+
+impl std::error::Error for Startup {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.cause)
+    }
+}
+
+/// `doing` as the context of whatever `result` failed with.
+fn doing<T, E: Into<Box<dyn std::error::Error>>>(
+    result: Result<T, E>,
+    doing: impl FnOnce() -> String,
+) -> Result<T, Box<dyn std::error::Error>> {
+    result.map_err(|cause| Box::new(Startup { doing: doing(), cause: cause.into() }).into())
+}
+
+/// A store URL without its password, to be printed.
+fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    match rest.split_once('@') {
+        Some((user, host)) if user.contains(':') => {
+            let name = user.split(':').next().unwrap_or_default();
+            format!("{scheme}://{name}:***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// An error and its causes on one line, each cause once (an error that repeats its
+/// cause's message is not printed twice).
+fn report(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let text = e.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = e.source();
+    }
+    line
+}
+
+fn main() -> std::process::ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
+    match runtime.map_err(Into::into).and_then(|runtime| runtime.block_on(serve())) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", report(&*e));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     let port =
         u16::try_from(env_number("PORT", 3000)?).map_err(|_| "PORT must be a port number")?;
     let delay = Duration::from_millis(env_number("ORDER_DELAY_MS", 0)?);
     let wait = Duration::from_millis(env_number("IDEMPOTENCY_WAIT_MS", 10_000)?);
-    let app = App { db: Arc::new(Mutex::new(open_db()?)), delay };
+    let orders = doing(open_db(), || {
+        let db = std::env::var("ORDERS_DB").unwrap_or_default();
+        format!(
+            "could not open the orders database {:?}",
+            if db.is_empty() { ":memory:" } else { &db }
+        )
+    })?;
+    let app = App { db: Arc::new(Mutex::new(orders)), delay };
 
     let mut idempotency =
         idempotency_layer().await?.tenant(|request| bearer(&request.headers)).scope(|request| {
@@ -240,7 +313,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/orders/count", get(count_orders))
         .with_state(app);
 
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    let listening = tokio::net::TcpListener::bind(("127.0.0.1", port)).await;
+    let listener = doing(listening, || format!("could not listen on 127.0.0.1:{port}"))?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, router).await?;
     Ok(())
