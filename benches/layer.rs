@@ -31,7 +31,7 @@ fn request(key: &str) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-async fn handler(_: Request<Full<Bytes>>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handler<B>(_: Request<B>) -> Result<Response<Full<Bytes>>, Infallible> {
     let mut response = Response::new(Full::new(Bytes::from(vec![b'x'; 128])));
     *response.status_mut() = StatusCode::CREATED;
     response.headers_mut().insert("content-type", "application/json".parse().unwrap());

@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use idemcache::layer::IdempotencyLayer;
+use idemcache::layer::{IdempotencyLayer, LayerBody};
 use idemcache::{Cache, Claim, Fingerprint, Key};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -512,7 +512,7 @@ async fn a_handler_error_releases_the_key() {
     let cache = Cache::builder().build().unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = runs.clone();
-    let inner = tower::service_fn(move |_: axum::http::Request<Body>| {
+    let inner = tower::service_fn(move |_: axum::http::Request<LayerBody<Body>>| {
         let run = counted.fetch_add(1, Ordering::SeqCst);
         async move {
             if run == 0 {
@@ -554,7 +554,7 @@ async fn an_empty_tenant_is_unauthenticated_and_a_long_path_is_not_blamed_on_the
     let long = IdempotencyLayer::new(cache.clone());
     let service = {
         use tower::Layer;
-        long.layer(tower::service_fn(|_: axum::http::Request<Body>| async {
+        long.layer(tower::service_fn(|_: axum::http::Request<LayerBody<Body>>| async {
             Ok::<_, Infallible>(Response::new(Body::from("ran")))
         }))
     };
@@ -593,7 +593,7 @@ async fn trailers_reach_the_client_first_and_on_every_replay() {
     use http_body_util::BodyExt;
     use tower::{Layer, ServiceExt};
     let cache = Cache::builder().build().unwrap();
-    let inner = tower::service_fn(|_: axum::http::Request<Body>| async {
+    let inner = tower::service_fn(|_: axum::http::Request<LayerBody<Body>>| async {
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", "0".parse().unwrap());
         trailers.insert("set-cookie", "session=secret".parse().unwrap());
@@ -650,7 +650,7 @@ async fn slow(lease: Duration) -> Slow {
     let gate = Arc::new(Semaphore::new(0));
     let runs = Arc::new(AtomicUsize::new(0));
     let (g, r) = (gate.clone(), runs.clone());
-    let inner = tower::service_fn(move |_: axum::http::Request<Body>| {
+    let inner = tower::service_fn(move |_: axum::http::Request<LayerBody<Body>>| {
         let (gate, runs) = (g.clone(), r.clone());
         async move {
             runs.fetch_add(1, Ordering::SeqCst);
@@ -809,7 +809,7 @@ mod as_a_service {
     #[derive(Clone, Debug)]
     struct Busy;
 
-    impl Service<axum::http::Request<Body>> for Busy {
+    impl Service<axum::http::Request<LayerBody<Body>>> for Busy {
         type Response = Response;
         type Error = &'static str;
         type Future = std::future::Ready<Result<Response, &'static str>>;
@@ -818,7 +818,7 @@ mod as_a_service {
             Poll::Ready(Err("busy"))
         }
 
-        fn call(&mut self, _: axum::http::Request<Body>) -> Self::Future {
+        fn call(&mut self, _: axum::http::Request<LayerBody<Body>>) -> Self::Future {
             unreachable!("never ready, never called")
         }
     }
@@ -864,7 +864,7 @@ mod as_a_service {
         let cache = Cache::builder().build().unwrap();
         let runs = Arc::new(AtomicUsize::new(0));
         let counted = runs.clone();
-        let handler = tower::service_fn(move |_: axum::http::Request<Body>| {
+        let handler = tower::service_fn(move |_: axum::http::Request<LayerBody<Body>>| {
             counted.fetch_add(1, Ordering::SeqCst);
             async { Ok::<_, Infallible>(StatusCode::CREATED.into_response()) }
         });
@@ -896,7 +896,7 @@ async fn a_body_streaming_past_its_lease_is_never_taken_over_and_run_twice() {
         .unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = runs.clone();
-    let inner = tower::service_fn(move |_: axum::http::Request<Body>| {
+    let inner = tower::service_fn(move |_: axum::http::Request<LayerBody<Body>>| {
         counted.fetch_add(1, Ordering::SeqCst);
         let body = late(lease * 4, "made");
         async move { Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap()) }
@@ -935,7 +935,7 @@ async fn retry_after_is_the_scopes_recent_execution_time_not_the_lease() {
     let gate = Arc::new(Semaphore::new(1));
     let runs = Arc::new(AtomicUsize::new(0));
     let (g, r) = (gate.clone(), runs.clone());
-    let inner = tower::service_fn(move |_: axum::http::Request<Body>| {
+    let inner = tower::service_fn(move |_: axum::http::Request<LayerBody<Body>>| {
         let (gate, runs) = (g.clone(), r.clone());
         async move {
             runs.fetch_add(1, Ordering::SeqCst);
@@ -957,4 +957,45 @@ async fn retry_after_is_the_scopes_recent_execution_time_not_the_lease() {
     assert_eq!(busy.headers()["retry-after"], "2");
     gate.add_permits(1);
     assert_eq!(running.await.unwrap().unwrap().status(), StatusCode::CREATED);
+}
+
+/// A plain hyper service, no axum: the request body is hyper's `Incoming` (not
+/// buildable from bytes), which the layer reads for the fingerprint and hands on whole
+/// as a `LayerBody`; repeats replay.
+#[tokio::test]
+async fn a_plain_hyper_service_over_incoming_bodies_is_guarded() {
+    use http_body_util::{BodyExt, Full};
+    use tower::Layer;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let inner =
+        tower::service_fn(move |request: axum::http::Request<LayerBody<hyper::body::Incoming>>| {
+            let run = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                let body = request.into_body().collect().await.unwrap().to_bytes();
+                let answer = format!("{{\"run\":{run},\"len\":{}}}", body.len());
+                let response = Response::builder().status(201).body(Full::new(Bytes::from(answer)));
+                Ok::<_, Infallible>(response.unwrap())
+            }
+        });
+    let service = layer(&Cache::builder().build().unwrap()).layer(inner);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let hyper_service = hyper_util::service::TowerToHyperService::new(service.clone());
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new().serve_connection(io, hyper_service),
+            );
+        }
+    });
+    let first = req("k", "{\"qty\":2}").send(addr).await;
+    assert_eq!((first.status, first.body.as_str()), (201, "{\"run\":1,\"len\":9}"));
+    let again = req("k", "{\"qty\":2}").send(addr).await;
+    assert_eq!((again.status, again.body.as_str()), (201, first.body.as_str()));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(req("k", "{\"qty\":3}").send(addr).await.status, 422);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use axum::body::Body;
 use axum::http::{Request, Response};
 use bytes::Bytes;
-use idemcache::layer::IdempotencyLayer;
+use idemcache::layer::{IdempotencyLayer, LayerBody};
 use idemcache::store::{
     SqliteStore, Store, StoreClaim, StoreError, StoredResult, Tiered, TieredClaim, TieredError,
     UnknownRecord,
@@ -203,7 +203,7 @@ impl H {
     > + Clone
            + Send {
         let h = self.clone();
-        layer.layer(tower::service_fn(move |req: Request<Body>| {
+        layer.layer(tower::service_fn(move |req: Request<LayerBody<Body>>| {
             let h = h.clone();
             async move {
                 h.runs.fetch_add(1, Ordering::SeqCst);
@@ -739,7 +739,7 @@ async fn a_body_failing_midway_marks_unknown_in_the_store() {
     let runs = Arc::new(AtomicUsize::new(0));
     let r2 = runs.clone();
     let svc = IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), sa)).layer(
-        tower::service_fn(move |_: Request<Body>| {
+        tower::service_fn(move |_: Request<LayerBody<Body>>| {
             r2.fetch_add(1, Ordering::SeqCst);
             async move { Ok::<_, Infallible>(Response::new(Broken(0))) }
         }),
@@ -865,7 +865,7 @@ async fn a_body_streaming_past_its_lease_is_not_run_again_by_another_instance() 
         let counted = runs.clone();
         IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), store).lease(lease))
             .wait(Duration::from_secs(10))
-            .layer(tower::service_fn(move |_: Request<Body>| {
+            .layer(tower::service_fn(move |_: Request<LayerBody<Body>>| {
                 counted.fetch_add(1, Ordering::SeqCst);
                 let body = bodies::late(lease * 4, "made");
                 async move { Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap()) }
@@ -899,7 +899,7 @@ async fn a_body_that_panics_over_a_store_releases_the_key_there() {
         Cache::builder().build().unwrap(),
         faulty(&path).await.0,
     ));
-    let svc = layer.layer(tower::service_fn(move |_: Request<Body>| {
+    let svc = layer.layer(tower::service_fn(move |_: Request<LayerBody<Body>>| {
         let run = counted.fetch_add(1, Ordering::SeqCst);
         async move {
             let body = match run {

@@ -1,9 +1,11 @@
-//! [`LayerBody`]: the body of every response the layer returns.
+//! [`LayerBody`]: the body of every response the layer returns, and of every request it
+//! hands your service.
 //!
-//! Invariant: a response passes through frame by frame when the layer did not guard it,
-//! and otherwise is exactly the buffered data followed by the trailers the handler sent
-//! (gRPC's status travels in trailers), so a first answer and its replays carry the same
-//! frames.
+//! Invariant: a body passes through frame by frame when the layer did not guard its
+//! request, and otherwise is exactly the buffered data followed by the trailers the
+//! handler sent (gRPC's status travels in trailers), so a first answer and its replays
+//! carry the same frames, and a guarded request's handler reads exactly the bytes that
+//! were fingerprinted.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -12,8 +14,10 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
-/// A response body from [`Idempotency`](super::Idempotency): your handler's own body when
-/// the request was not guarded, else a buffered one (with its trailers, if any).
+/// A body from [`Idempotency`](super::Idempotency): the one it hands your service with
+/// each request, and the one of each response it returns. It is the body it was given
+/// (the client's, your handler's) when the request was not guarded, else a buffered one
+/// (a request's read whole for its fingerprint; a response's with its trailers, if any).
 #[derive(Debug)]
 pub struct LayerBody<B> {
     kind: Kind<B>,

@@ -9,18 +9,19 @@
 //! | the request | the answer |
 //! |---|---|
 //! | a configured method (default POST, PATCH) without a key | 400 `missing_idempotency_key` |
-//! | a key that is not one sf-string or bare token of visible ASCII | 400 `invalid_idempotency_key` |
+//! | a key that is not one sf-string (with well-formed parameters, if any) or bare token of visible ASCII | 400 `invalid_idempotency_key` |
 //! | no tenant (or an empty one), when a tenant extractor is set | 401 `unauthenticated` |
 //! | a scope (default: method and path) and tenant over 1024 bytes together | 414 `request_scope_too_long` |
 //! | a body over the limit (`Content-Length` first, then as read) | 413 `request_body_too_large` |
 //! | first of its key | the handler runs; 2xx and 4xx are stored, 5xx and errors release the key |
 //! | a repeat of a stored response | status, headers and body replayed, plus `Idempotent-Replayed: true` and `Idempotency-Expires` |
-//! | a repeat while the first executes | 409 `request_in_progress` with `Retry-After`, or, with [`IdempotencyLayer::wait`], the replay once it finishes |
+//! | a repeat while the first executes | 409 `request_in_progress` with `Retry-After` (when the result should be ready: below), or, with [`IdempotencyLayer::wait`], the replay once it finishes |
 //! | the same key with a different request | 422 `idempotency_key_reused` |
 //! | a repeat of a request whose response was too large to keep | 409 `response_not_kept` (never a second execution) |
 //! | a repeat of a request whose outcome is unknown | 409 `outcome_unknown` |
 //! | the cache full of in-flight work | 503 `idempotency_cache_full` with `Retry-After` (never executed unguarded) |
 //! | over a durable store ([`IdempotencyLayer::tiered`]): the store unreachable | 503 `idempotency_store_unavailable` with `Retry-After` (never executed unguarded) |
+//! | over a durable store: the key's record unreadable ([`StoreError::Corrupt`](crate::store::StoreError::Corrupt)) | 500 `idempotency_record_corrupt` (never executed; retrying will not help) |
 //!
 //! Refusals are `application/problem+json` (RFC 9457) with a `code` member.
 //!
@@ -33,15 +34,31 @@
 //! **The handler runs in a spawned tokio task**, so a client that disconnects mid-request
 //! neither wedges the key nor loses a completion: the handler finishes, its response is
 //! stored, and the client's retry gets the replay. (Over a durable store the claim runs
-//! in that task too: a store commits a claim before its answer arrives.) A handler that
-//! panics is caught, and its claim settled as the cache's
-//! [`DropPolicy`](crate::DropPolicy) settles a dropped guard (the default releases the
-//! key; over a store, in the store too): the answer is a 500. While the handler runs, its lease is renewed every third of its length, so a
-//! slow handler is never taken over and run twice (a handler that never finishes holds
-//! its key: bound it with a timeout inside this layer). Responses are buffered whole to
-//! be stored, trailers included, and answered as a [`LayerBody`]; a response whose body
-//! fails mid-way marks the key UNKNOWN (its effect may have happened): 409
-//! `outcome_unknown` until the authority is checked.
+//! in that task too: a store commits a claim before its answer arrives.)
+//!
+//! **An execution is the handler and its response body.** Until the response is read
+//! whole and stored, the lease is renewed every third of its length, so neither a slow
+//! handler nor a body that streams (or is proxied) for longer than the lease is taken
+//! over and run twice. (An execution that never finishes therefore holds its key: bound
+//! it with a timeout inside this layer.) A handler or a body that panics is caught, and
+//! its claim settled as the cache's [`DropPolicy`](crate::DropPolicy) settles a dropped
+//! guard (the default releases the key; over a store, in the store too): the answer is a
+//! 500. Responses are buffered whole to be stored, trailers included, and answered as a
+//! [`LayerBody`]; a response whose body fails mid-way marks the key UNKNOWN (its effect
+//! may have happened): 409 `outcome_unknown` until the authority is checked. The fields
+//! never replayed (`Set-Cookie` unless [`IdempotencyLayer::replay_set_cookie`], `Date`,
+//! framing and hop-by-hop fields) are left out of stored trailers as of stored headers.
+//!
+//! **Any request body** of `Bytes` frames is accepted (axum's `Body`, hyper's
+//! `Incoming`, `Full`, ...): your service receives `Request<LayerBody<B>>`, the body read
+//! whole when the layer guarded the request, else the client's own, unread. axum's
+//! `Router` takes any such body, so `route_layer(layer)` needs nothing else.
+//!
+//! **`Retry-After` on a 409** is when the result should be ready: the mean of the
+//! scope's recent executions in this process (each new one weighs a quarter), at least
+//! one second (a scope with no finished execution yet gets one second), never past the
+//! holder's lease end. Up to 1,024 scopes are tracked: name scopes by route, not by
+//! raw path.
 //!
 //! This module uses the core's public API only, like any user of the crate.
 //!
@@ -134,7 +151,7 @@ impl IdempotencyLayer {
     /// looked at again every 10 ms (doubling to 250 ms) while [`wait`](Self::wait)ing, as
     /// a store cannot tell a waiter when a key settles; the store unreachable is 503
     /// `idempotency_store_unavailable` (never executed unguarded); the lease is the
-    /// `Tiered`'s, renewed in the store while the handler runs (a renewal the store fails
+    /// `Tiered`'s, renewed in the store while the execution runs (a renewal the store fails
     /// is tried again at the next beat); a `Tiered` whose lease or TTLs the store would
     /// refuse answers 500 before anything runs; and a completion the store fails to
     /// record is answered to its client and marked UNKNOWN if the store answers again,

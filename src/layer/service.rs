@@ -61,13 +61,16 @@ impl<S: std::fmt::Debug> std::fmt::Debug for Idempotency<S> {
     }
 }
 
+/// Any request body of `Bytes` frames (axum's, hyper's `Incoming`, `Full`, ...) comes
+/// in; your service gets the request with a [`LayerBody`]: the body read whole when the
+/// layer guarded the request (it was hashed into the fingerprint), else yours, frame by
+/// frame, unread.
 impl<S, ReqB, ResB> Service<Request<ReqB>> for Idempotency<S>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ReqB: Body + From<Bytes> + Send + 'static,
-    ReqB::Data: Send,
+    ReqB: Body<Data = Bytes> + Send + 'static,
     ReqB::Error: Into<BoxError>,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
@@ -96,15 +99,16 @@ fn refuse<ResB, E>(
     Ok(refusal.answer(detail, retry_after).map(|body| LayerBody::buffered(body, None)))
 }
 
-/// The handler's answer to a request the layer does not guard, frame by frame.
+/// The handler's answer to a request the layer does not guard: its body passed on
+/// unread, and the response's frame by frame.
 async fn passed<S, ReqB, ResB>(
     mut inner: S,
     request: Request<ReqB>,
 ) -> Result<Response<LayerBody<ResB>>, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>>,
 {
-    Ok(inner.call(request).await?.map(LayerBody::passed))
+    Ok(inner.call(request.map(LayerBody::passed)).await?.map(LayerBody::passed))
 }
 
 async fn guarded<S, ReqB, ResB>(
@@ -113,11 +117,10 @@ async fn guarded<S, ReqB, ResB>(
     request: Request<ReqB>,
 ) -> Result<Response<LayerBody<ResB>>, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ReqB: Body + From<Bytes> + Send + 'static,
-    ReqB::Data: Send,
+    ReqB: Body<Data = Bytes> + Send + 'static,
     ReqB::Error: Into<BoxError>,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
@@ -177,7 +180,7 @@ where
         }
     };
     let fingerprint = fingerprint(&settings, &parts, &body);
-    let request = Request::from_parts(parts, ReqB::from(body));
+    let request = Request::from_parts(parts, LayerBody::<ReqB>::buffered(body, None));
     match &settings.records {
         // Cancelling the cache's claim is safe (it is synchronous, or a wait that
         // withdraws); the handler gets a task of its own once the key is held.
@@ -200,14 +203,14 @@ where
 async fn decide<S, ReqB, ResB>(
     settings: Arc<Settings>,
     inner: S,
-    request: Request<ReqB>,
+    request: Request<LayerBody<ReqB>>,
     scope: String,
     key: Key,
     fingerprint: Fingerprint,
     spawn: bool,
 ) -> Result<Response<LayerBody<ResB>>, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqB: Send + 'static,
@@ -309,13 +312,13 @@ fn fingerprint(settings: &Settings, parts: &Parts, body: &[u8]) -> Fingerprint {
 async fn execute<S, ReqB, ResB>(
     settings: Arc<Settings>,
     mut inner: S,
-    request: Request<ReqB>,
+    request: Request<LayerBody<ReqB>>,
     mut held: Held,
     scope: String,
     key: Key,
 ) -> Result<Response<LayerBody<ResB>>, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>>,
     ResB: Body<Data = Bytes>,
 {
     let lease = held.lease();

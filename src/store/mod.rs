@@ -260,7 +260,7 @@ pub(crate) fn corrupt(stored_key: &[u8], why: impl fmt::Display) -> StoreError {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+#[cfg(feature = "redis")]
 /// `e`, naming `key` if it is [`StoreError::Corrupt`] (which then did not name it).
 pub(crate) fn named(key: &Key, e: StoreError) -> StoreError {
     match e {
