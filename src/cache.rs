@@ -115,7 +115,7 @@ impl Cache {
         let n = config.shards;
         let limits = Limits {
             // Rounded down, so the shards together never hold more than the bounds;
-            // `build` keeps each share at least its floor (64 entries, 64 KiB).
+            // `build` keeps each share at least its floor (512 entries, 64 KiB).
             max_entries: config.max_entries / n,
             max_bytes: config.max_bytes / n,
             // MIN_TICK keeps this at least 1000 ns; a tick of whole nanoseconds is exact.

@@ -134,7 +134,7 @@
 //! all by `run_pending`): freeing thousands of buffers in one go made glibc coalesce
 //! chunks, a quarter of churn's time.
 //!
-//! The shard count is lowered (like the per-shard floors of 64 entries and 64 KiB) until
+//! The shard count is lowered (like the per-shard floors of 512 entries and 64 KiB) until
 //! each shard's byte share holds four results of `max_result_size`, so keeping one large
 //! result never evicts more than a quarter of a shard; `max_result_size` above
 //! `max_bytes` is refused at `build()`.

@@ -76,12 +76,14 @@ fn every_builder_bound_accepts_its_edge_and_refuses_one_past_it() {
 #[test]
 fn small_caches_get_fewer_shards_a_power_of_two_that_fits_each_floor() {
     let b = || Cache::builder().shards(64);
-    // Entries: 64 per shard at least. 191 entries fit two shards of 64, not three or four.
-    assert_eq!(build(b().max_entries(191)), Ok(2));
-    assert_eq!(build(b().max_entries(192)), Ok(2));
-    assert_eq!(build(b().max_entries(256)), Ok(4));
-    assert_eq!(build(b().max_entries(64 * 7)), Ok(4));
-    assert_eq!(build(b().max_entries(63)), Ok(1));
+    // Entries: 512 per shard at least. 1535 entries fit two shards of 512, not three or
+    // four; a cache of 1,000 is one shard, so it holds 1,000 before it evicts.
+    assert_eq!(build(b().max_entries(1535)), Ok(2));
+    assert_eq!(build(b().max_entries(1536)), Ok(2));
+    assert_eq!(build(b().max_entries(2048)), Ok(4));
+    assert_eq!(build(b().max_entries(512 * 7)), Ok(4));
+    assert_eq!(build(b().max_entries(1000)), Ok(1));
+    assert_eq!(build(b().max_entries(511)), Ok(1));
     // Bytes: 64 KiB per shard, and four results of max_result_size.
     assert_eq!(build(b().max_bytes(5 * 64 * 1024).max_result_size(1024)), Ok(4));
     assert_eq!(build(b().max_bytes(8 * 64 * 1024)), Ok(2));

@@ -372,19 +372,20 @@ fn a_listener_panic_payload_that_panics_when_dropped_is_contained_too() {
 }
 
 // `max_entries / shards` was rounded up: eight shards of 65 held 520 > 513 entries.
+// (Shards now hold at least 512 entries: eight of 513 hold 4,104 > 4,097.)
 #[test]
 fn the_shards_together_never_hold_more_than_max_entries() {
     let clock = ManualClock::new();
-    let cache = builder(&clock).shards(8).max_entries(513).lease(secs(1000)).build().unwrap();
+    let cache = builder(&clock).shards(8).max_entries(4097).lease(secs(1000)).build().unwrap();
     assert_eq!(cache.shard_count(), 8);
     let mut held = Vec::new();
-    for i in 0..2000 {
+    for i in 0..12_000 {
         if let Ok(Claim::Acquired(guard)) = cache.claim(&key(&format!("k{i}")), fp("r")) {
             held.push(guard);
         }
     }
-    assert!(held.len() <= 513, "{} entries held", held.len());
-    assert_eq!(held.len(), 8 * (513 / 8));
+    assert!(held.len() <= 4097, "{} entries held", held.len());
+    assert_eq!(held.len(), 8 * (4097 / 8));
 }
 
 // A fact inserted within an hour of the end of time was refused as `TtlTooLong`; it is
