@@ -214,7 +214,8 @@ async fn idempotency_layer() -> Result<IdempotencyLayer, Box<dyn std::error::Err
         return Err("IDEMPOTENCY_STORE names Redis: run with --features tower,sqlite,redis".into());
     }
     Err(format!(
-        "IDEMPOTENCY_STORE must be sqlite:PATH, postgres://... or redis://..., got {spec:?}"
+        "IDEMPOTENCY_STORE must be sqlite:PATH, postgres://... or redis://..., got {:?}",
+        redacted(&spec)
     )
     .into())
 }
@@ -246,16 +247,30 @@ fn doing<T, E: Into<Box<dyn std::error::Error>>>(
     result.map_err(|cause| Box::new(Startup { doing: doing(), cause: cause.into() }).into())
 }
 
-/// A store URL without its password, to be printed.
+/// A store URL without its password (in the user part or a `password=` parameter), to
+/// be printed.
 fn redacted(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    match rest.split_once('@') {
+    let (before_query, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
+    // The user part ends at the last `@`: a password may hold `@` or `/`.
+    let authority = match before_query.rsplit_once('@') {
         Some((user, host)) if user.contains(':') => {
             let name = user.split(':').next().unwrap_or_default();
-            format!("{scheme}://{name}:***@{host}")
+            format!("{name}:***@{host}")
         }
-        _ => url.to_owned(),
-    }
+        _ => before_query.to_owned(),
+    };
+    let tail = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if name.trim_start_matches('?').eq_ignore_ascii_case("password") => {
+                format!("{name}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    format!("{scheme}://{authority}{tail}")
 }
 
 /// An error and its causes on one line, each cause once (an error that repeats its

@@ -98,12 +98,14 @@ impl fmt::Debug for Config {
 ///
 /// Keys do not spread over shards exactly evenly, so the fullest shard reaches its
 /// share before the cache reaches `max_entries`, and a full shard evicts while others
-/// have room. Measured with distinct keys on this machine's default (8 shards):
-/// a bound of 4,000 first evicts at 3,860 entries and holds 3,800 after 4,000 inserts;
-/// 10,000: 9,664 and 9,375; 100,000: 97,918 and 96,250; a bound of 1,000 is one shard
-/// and holds exactly 1,000. Size `max_entries` a few percent above the entries you
-/// need kept, or build with [`shards(1)`](CacheBuilder::shards) for an exact bound (one
-/// lock for every operation).
+/// have room. Measured with distinct keys on a 2-core machine (default: 8 shards, and
+/// fewer for the smaller bounds; the figures move with the hash's random seed): a bound
+/// of 4,000 (4 shards) first evicted at 3,808 to 3,961 entries and held 3,700 to 3,860
+/// after 4,000 inserts; 10,000 (8 shards): 9,500 to 9,740 and ~9,400; 100,000: ~98,000
+/// and ~96,000 to 97,500; a bound under 1,024 is one shard and holds exactly its bound.
+/// Size `max_entries` a few percent above the entries you need kept, or build with
+/// [`shards(1)`](CacheBuilder::shards) for an exact bound (one lock for every
+/// operation).
 ///
 /// ```
 /// use std::time::Duration;

@@ -824,7 +824,7 @@ mod as_a_service {
     }
 
     /// A request body whose stream breaks after its first chunk.
-    struct Broken(bool);
+    pub(super) struct Broken(pub(super) bool);
 
     impl http_body::Body for Broken {
         type Data = Bytes;
@@ -979,18 +979,7 @@ async fn a_plain_hyper_service_over_incoming_bodies_is_guarded() {
             }
         });
     let service = layer(&Cache::builder().build().unwrap()).layer(inner);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let hyper_service = hyper_util::service::TowerToHyperService::new(service.clone());
-            tokio::spawn(
-                hyper::server::conn::http1::Builder::new().serve_connection(io, hyper_service),
-            );
-        }
-    });
+    let addr = serve_hyper(service).await;
     let first = req("k", "{\"qty\":2}").send(addr).await;
     assert_eq!((first.status, first.body.as_str()), (201, "{\"run\":1,\"len\":9}"));
     let again = req("k", "{\"qty\":2}").send(addr).await;
@@ -998,4 +987,173 @@ async fn a_plain_hyper_service_over_incoming_bodies_is_guarded() {
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(req("k", "{\"qty\":3}").send(addr).await.status, 422);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Serves `service` with a plain hyper HTTP/1.1 server (no axum) on 127.0.0.1.
+async fn serve_hyper<S, B>(service: S) -> SocketAddr
+where
+    S: tower::Service<
+            axum::http::Request<hyper::body::Incoming>,
+            Response = axum::http::Response<B>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let hyper_service = hyper_util::service::TowerToHyperService::new(service.clone());
+            let connection = hyper::server::conn::http1::Builder::new();
+            tokio::spawn(connection.serve_connection(io, hyper_service));
+        }
+    });
+    addr
+}
+
+/// Over HTTP/1.1 a trailer can only follow a chunked body the `Trailer` field
+/// announced: the first answer and every replay are sent so (the body's length is not
+/// announced as exact), with the trailers that are stored, and a field the response's
+/// `Connection` names is hop-by-hop in a trailer too: never replayed.
+#[tokio::test]
+async fn trailers_reach_an_http1_client_first_and_on_replays_without_hop_by_hop_fields() {
+    use tower::Layer;
+    let inner =
+        tower::service_fn(|_: axum::http::Request<LayerBody<hyper::body::Incoming>>| async {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("x-checksum", "abc123".parse().unwrap());
+            trailers.insert("x-hop", "secret".parse().unwrap());
+            let body = WithTrailers {
+                data: Some(Bytes::from_static(b"payload")),
+                trailers: Some(trailers),
+            };
+            let response = Response::builder()
+                .status(201)
+                .header("trailer", "x-checksum, x-hop")
+                .header("connection", "x-hop")
+                .body(body);
+            Ok::<_, Infallible>(response.unwrap())
+        });
+    let addr = serve_hyper(layer(&Cache::builder().build().unwrap()).layer(inner)).await;
+    let sent = Req { extra: vec![("TE", "trailers")], ..req("k", "{}") };
+    // The whole response as sent, chunks and trailer section included.
+    let raw = || async {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(&sent.bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.unwrap();
+        String::from_utf8(raw).unwrap()
+    };
+    let first = raw().await;
+    assert!(first.contains("\r\ntransfer-encoding: chunked\r\n"), "{first}");
+    assert!(!first.contains("content-length"), "{first}");
+    // The first client gets every trailer its handler sent.
+    assert!(first.contains("\r\n0\r\nx-checksum: abc123\r\nx-hop: secret\r\n"), "{first}");
+    let replay = raw().await;
+    assert!(replay.contains("\r\nidempotent-replayed: true\r\n"), "{replay}");
+    assert!(replay.contains("\r\ntrailer: x-checksum\r\n"), "{replay}");
+    assert!(replay.ends_with("\r\n0\r\nx-checksum: abc123\r\n\r\n"), "{replay}");
+    assert!(!replay.contains("secret"), "a hop-by-hop trailer replayed: {replay}");
+}
+
+/// Without a key and with none required, a request is passed on unguarded before
+/// anything else is asked of it: no tenant is needed (a public sign-up route).
+#[tokio::test]
+async fn a_keyless_request_passes_unguarded_without_a_tenant_when_no_key_is_required() {
+    let cache = Cache::builder().build().unwrap();
+    let handler = Handler::open();
+    let addr = serve(layer(&cache).require_key(false), handler.clone()).await;
+    let anonymous = Req { key: None, user: None, ..req("", "{}") }.send(addr).await;
+    assert_eq!(anonymous.status, 201);
+    assert_eq!(handler.runs(), 1);
+    // A key still needs a tenant.
+    let keyed = Req { user: None, ..req("k", "{}") }.send(addr).await;
+    assert_eq!((keyed.status, keyed.code()), (401, "unauthenticated"));
+    assert_eq!(cache.stats().entries, 0);
+}
+
+/// A response that is not kept (a 5xx) releases its key whatever its body does: a body
+/// failing mid-way does not make it UNKNOWN for a day, and the retry runs.
+#[tokio::test]
+async fn a_5xx_whose_body_fails_releases_the_key() {
+    use tower::{Layer, ServiceExt};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let inner = tower::service_fn(move |_: axum::http::Request<LayerBody<Body>>| {
+        let run = counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let body = match run {
+                0 => Body::new(as_a_service::Broken(false)),
+                _ => Body::from("ok"),
+            };
+            Ok::<_, Infallible>(Response::builder().status(503).body(body).unwrap())
+        }
+    });
+    let service = IdempotencyLayer::new(Cache::builder().build().unwrap()).layer(inner);
+    let request = || {
+        axum::http::Request::post("/x").header("idempotency-key", "k").body(Body::empty()).unwrap()
+    };
+    assert_eq!(service.clone().oneshot(request()).await.unwrap().status(), 500);
+    assert_eq!(service.clone().oneshot(request()).await.unwrap().status(), 503, "not 409");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A response body whose frames are each ready at once but take a moment of work (a
+/// body rendered on the fly): no timer ever fires while it is read, yet its lease is
+/// renewed. Three leases in, the body itself asks the cache for its own key as a
+/// duplicate would, and finds it in progress.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_whose_frames_are_always_ready_keeps_its_lease() {
+    use tower::{Layer, ServiceExt};
+    struct Rendered {
+        frames: u32,
+        cache: Cache,
+        seen: Arc<std::sync::Mutex<Option<String>>>,
+    }
+    impl http_body::Body for Rendered {
+        type Data = Bytes;
+        type Error = Infallible;
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+            if self.frames == 0 {
+                return std::task::Poll::Ready(None);
+            }
+            self.frames -= 1;
+            let spin = std::time::Instant::now() + Duration::from_millis(2);
+            while std::time::Instant::now() < spin {} // the work of one frame
+            if self.frames == 200 {
+                // 600 frames of 2 ms in: three leases of 400 ms have passed.
+                let key = Key::without_tenant("POST /csv", "k").unwrap();
+                let fp = Fingerprint::builder().method("POST").path("/csv").body(b"").finish();
+                let seen = match self.cache.claim(&key, fp) {
+                    Ok(Claim::InProgress { .. }) => "in progress".to_owned(),
+                    other => format!("{other:?}"),
+                };
+                *self.seen.lock().unwrap() = Some(seen);
+            }
+            std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(b"row\n")))))
+        }
+    }
+    let cache = Cache::builder().lease(Duration::from_millis(400)).build().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let (c, s) = (cache.clone(), seen.clone());
+    let inner = tower::service_fn(move |_: axum::http::Request<LayerBody<Body>>| {
+        let body = Rendered { frames: 800, cache: c.clone(), seen: s.clone() };
+        async move { Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap()) }
+    });
+    let service = IdempotencyLayer::new(cache.clone()).layer(inner);
+    let request =
+        axum::http::Request::post("/csv").header("idempotency-key", "k").body(Body::empty());
+    let answer = service.oneshot(request.unwrap()).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    assert_eq!(seen.lock().unwrap().as_deref(), Some("in progress"), "taken over mid-body");
+    assert!(cache.stats().leases_lost == 0);
 }

@@ -738,6 +738,141 @@ mod redis_store {
         }
     }
 
+    async fn hset(admin: &mut redis::aio::MultiplexedConnection, k: &Key, field: &str, v: &str) {
+        let _: () = redis::cmd("HSET")
+            .arg(record_key(k))
+            .arg(field)
+            .arg(v)
+            .query_async(admin)
+            .await
+            .unwrap();
+    }
+
+    async fn hdel(admin: &mut redis::aio::MultiplexedConnection, k: &Key, field: &str) {
+        let _: () =
+            redis::cmd("HDEL").arg(record_key(k)).arg(field).query_async(admin).await.unwrap();
+    }
+
+    fn corrupt_naming<T: std::fmt::Debug>(result: Result<T, StoreError>, name: &str) {
+        match result {
+            Err(StoreError::Corrupt(why)) => assert!(why.contains(name), "{why}"),
+            other => panic!("{name}: expected Corrupt, got {other:?}"),
+        }
+    }
+
+    /// A record whose state or expiry is garbled or missing is `Corrupt`, never taken
+    /// for absent: claimed again, it would run the request a second time and overwrite
+    /// the result (state 0 read as the script's own "acquired" every time).
+    #[tokio::test]
+    async fn a_garbled_record_is_never_taken_over() {
+        let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
+        let garblings: [(&str, Option<&str>); 7] = [
+            ("state", Some("two")),
+            ("state", Some("0")),
+            ("state", Some("1.5")),
+            ("state", None),
+            ("expires", Some("soon")),
+            ("expires", Some("1e19")),
+            ("expires", None),
+        ];
+        for (i, (field, value)) in garblings.into_iter().enumerate() {
+            let k = key(&format!("garbled-{i}"));
+            let token = acquire(&store, &k).await;
+            store.complete(&k, token, Some(Bytes::from_static(b"first")), TTL).await.unwrap();
+            match value {
+                Some(v) => hset(&mut admin, &k, field, v).await,
+                None => hdel(&mut admin, &k, field).await,
+            }
+            corrupt_naming(store.claim(&k, fp("r"), LEASE).await, &format!("garbled-{i}"));
+            let body: Vec<u8> = redis::cmd("HGET")
+                .arg(record_key(&k))
+                .arg("body")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            assert_eq!(body, b"first", "{field} = {value:?}: the result was overwritten");
+        }
+    }
+
+    /// A record whose expiry is garbled: every write on it is `Corrupt` naming the key
+    /// (the scripts failed, as `Backend`, comparing a number with nil), and listing and
+    /// purging are not stopped by it for every other key: the listing names it and how
+    /// to clear it, purging goes on.
+    #[tokio::test]
+    async fn writes_on_a_garbled_record_are_corrupt_and_purging_goes_on() {
+        let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
+        let held = key("held-garbled");
+        let token = acquire(&store, &held).await;
+        hset(&mut admin, &held, "expires", "soon").await;
+        corrupt_naming(store.extend_lease(&held, token, LEASE).await, "held-garbled");
+        corrupt_naming(store.complete(&held, token, None, TTL).await, "held-garbled");
+        corrupt_naming(store.release(&held, token).await, "held-garbled");
+        corrupt_naming(store.mark_unknown(&held, token, TTL).await, "held-garbled");
+        // Its refused mark left an index member, stale once the record is gone.
+        let _: () = redis::cmd("DEL").arg(record_key(&held)).query_async(&mut admin).await.unwrap();
+
+        let (good, bad) = (key("fine"), key("unknown-garbled"));
+        for k in [&good, &bad] {
+            let token = acquire(&store, k).await;
+            store.mark_unknown(k, token, TTL).await.unwrap();
+        }
+        hset(&mut admin, &bad, "expires", "soon").await;
+        corrupt_naming(store.resolve(&bad, None, TTL).await, "unknown-garbled");
+        corrupt_naming(store.forget(&bad).await, "unknown-garbled");
+        match store.unknown(10).await {
+            Err(StoreError::Corrupt(why)) => {
+                assert!(why.contains("unknown-garbled") && why.contains("delete the Redis key"))
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        // (The listing trimmed the stale member it read.)
+        assert_eq!(store.purge_expired(100).await.unwrap(), 0);
+        // A record key holding a list: named, and purging goes on.
+        let listy = key("a-list");
+        let token = acquire(&store, &listy).await;
+        store.mark_unknown(&listy, token, TTL).await.unwrap();
+        let _: () =
+            redis::cmd("DEL").arg(record_key(&listy)).query_async(&mut admin).await.unwrap();
+        let _: () = redis::cmd("RPUSH")
+            .arg(record_key(&listy))
+            .arg("x")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        corrupt_naming(store.forget(&listy).await, "a-list");
+        assert_eq!(store.purge_expired(100).await.unwrap(), 0);
+        // Cleared as the listing says, the rest is listed.
+        for k in [&bad, &listy] {
+            let _: () = redis::cmd("DEL").arg(record_key(k)).query_async(&mut admin).await.unwrap();
+        }
+        let listed = store.unknown(10).await.unwrap();
+        assert_eq!(listed.iter().map(|u| &u.key).collect::<Vec<_>>(), [&good]);
+    }
+
+    /// A purge call's work is bounded, whatever the index holds: behind 40 live marks,
+    /// `purge_expired(1)` checks a few members and trims nothing, and later calls reach
+    /// the stale member where the last one stopped.
+    #[tokio::test]
+    async fn a_purge_call_checks_a_bounded_part_of_the_index() {
+        let Some((store, _admin, _one_at_a_time)) = store_apart().await else { return };
+        for i in 0..40 {
+            let k = key(&format!("live-{i:02}"));
+            let token = acquire(&store, &k).await;
+            store.mark_unknown(&k, token, TTL).await.unwrap();
+        }
+        let last = key("resolved-last");
+        let token = acquire(&store, &last).await;
+        store.mark_unknown(&last, token, TTL).await.unwrap();
+        store.forget(&last).await.unwrap(); // its member is stale now
+        assert_eq!(store.purge_expired(1).await.unwrap(), 0, "the whole index was walked");
+        let mut calls = 1;
+        while store.purge_expired(1).await.unwrap() == 0 {
+            calls += 1;
+            assert!(calls <= 11, "never reached the stale member");
+        }
+        assert_eq!(store.unknown(100).await.unwrap().len(), 40);
+    }
+
     /// `purge_expired` trims the UNKNOWN index: a limit of 0 trims nothing; stale
     /// members are trimmed wherever they stand, behind live ones too; and members of
     /// records that expired are all gone once it has run (the RedisStore docs: run it

@@ -70,8 +70,18 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Passed(body) => body.size_hint(),
-            Kind::Buffered { data, .. } => {
-                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            // Trailers follow: not an exact length, so an HTTP/1.1 server sends the
+            // body chunked (trailers cannot follow a `Content-Length` body).
+            Kind::Buffered { data, trailers } => {
+                let len = data.as_ref().map_or(0, |d| d.len() as u64);
+                match trailers {
+                    None => SizeHint::with_exact(len),
+                    Some(_) => {
+                        let mut hint = SizeHint::new();
+                        hint.set_lower(len);
+                        hint
+                    }
+                }
             }
         }
     }

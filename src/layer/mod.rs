@@ -37,17 +37,25 @@
 //! in that task too: a store commits a claim before its answer arrives.)
 //!
 //! **An execution is the handler and its response body.** Until the response is read
-//! whole and stored, the lease is renewed every third of its length, so neither a slow
-//! handler nor a body that streams (or is proxied) for longer than the lease is taken
-//! over and run twice. (An execution that never finishes therefore holds its key: bound
-//! it with a timeout inside this layer.) A handler or a body that panics is caught, and
+//! whole and stored, the lease is renewed every third of its length (between frames
+//! too, so a body whose frames are always ready is renewed), so neither a slow handler
+//! nor a body that streams (or is proxied) for longer than the lease is taken over and
+//! run twice. (An execution that never finishes therefore holds its key: bound it with
+//! a timeout inside this layer. A handler that blocks its thread without awaiting
+//! stops renewal with it: run blocking work with `spawn_blocking`.) A handler or a
+//! body that panics is caught, and
 //! its claim settled as the cache's [`DropPolicy`](crate::DropPolicy) settles a dropped
 //! guard (the default releases the key; over a store, in the store too): the answer is a
 //! 500. Responses are buffered whole to be stored, trailers included, and answered as a
 //! [`LayerBody`]; a response whose body fails mid-way marks the key UNKNOWN (its effect
-//! may have happened): 409 `outcome_unknown` until the authority is checked. The fields
+//! may have happened): 409 `outcome_unknown` until the authority is checked, unless it
+//! is one that is not stored (a 5xx), which releases the key as any 5xx does. A
+//! response with trailers is answered with no exact length, so an HTTP/1.1 server
+//! sends it chunked (trailers cannot follow a `Content-Length` body), and a replay
+//! announces its trailers in a `Trailer` field. The fields
 //! never replayed (`Set-Cookie` unless [`IdempotencyLayer::replay_set_cookie`], `Date`,
-//! framing and hop-by-hop fields) are left out of stored trailers as of stored headers.
+//! framing and hop-by-hop fields, those the response's `Connection` names included) are
+//! left out of stored trailers as of stored headers.
 //!
 //! **Any request body** of `Bytes` frames is accepted (axum's `Body`, hyper's
 //! `Incoming`, `Full`, ...): your service receives `Request<LayerBody<B>>`, the body read
@@ -83,6 +91,7 @@ mod header;
 mod problem;
 mod record;
 mod records;
+mod renewal;
 mod service;
 mod timing;
 
@@ -192,7 +201,8 @@ impl IdempotencyLayer {
     }
 
     /// Whether a guarded method without a key is refused with 400 (default `true`);
-    /// `false` lets it through unguarded.
+    /// `false` lets it through unguarded, before anything else is asked of it (no
+    /// tenant is needed).
     pub fn require_key(mut self, required: bool) -> Self {
         self.settings().require_key = required;
         self

@@ -56,9 +56,10 @@ pub(crate) fn encode(
 ) -> Bytes {
     let kept: Vec<_> =
         headers.iter().filter(|(n, _)| keep_header(n, headers, set_cookie)).collect();
+    // The response's `Connection` names its hop-by-hop fields, trailers included.
     let trailing: Vec<_> = trailers
         .into_iter()
-        .flat_map(|map| map.iter().filter(move |(n, _)| keep_header(n, map, set_cookie)))
+        .flat_map(|map| map.iter().filter(|(n, _)| keep_header(n, headers, set_cookie)))
         .collect();
     let size = |fields: &[(&HeaderName, &HeaderValue)]| {
         2 + fields.iter().map(|(n, v)| 6 + n.as_str().len() + v.len()).sum::<usize>()
@@ -189,8 +190,10 @@ mod tests {
             ("set-cookie", "session=secret"),
             ("content-length", "3"),
             ("connection", "x-hop"),
+            ("x-hop", "1"),
         ]);
-        let stored = encode(StatusCode::OK, &HeaderMap::new(), false, b"abc", Some(&trailers));
+        let sent = headers(&[("connection", "x-hop")]);
+        let stored = encode(StatusCode::OK, &sent, false, b"abc", Some(&trailers));
         assert_eq!(decode(&stored).unwrap().trailers, Some(headers(&[("grpc-status", "0")])));
         let allowed = encode(StatusCode::OK, &HeaderMap::new(), true, b"abc", Some(&trailers));
         let kept = decode(&allowed).unwrap().trailers.unwrap();

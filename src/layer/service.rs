@@ -23,7 +23,8 @@ use tower_service::Service;
 
 use super::body::LayerBody;
 use super::problem::Refusal;
-use super::records::{Found, Held, Records, Renewal, Settled};
+use super::records::{Found, Held, Records, Settled};
+use super::renewal::{Panicked, Read, Renewing};
 use super::{header, record, Settings, IDEMPOTENCY_EXPIRES, IDEMPOTENT_REPLAYED};
 use crate::{Fingerprint, Key, KeyError};
 
@@ -128,6 +129,11 @@ where
         return passed(inner, request).await;
     }
     let (parts, body) = request.into_parts();
+    let client_key = header::client_key(&parts.headers);
+    // Unguarded (no key, none required): passed on before anything else is asked of it.
+    if matches!(client_key, Ok(None)) && !settings.require_key {
+        return passed(inner, Request::from_parts(parts, body)).await;
+    }
     let tenant = match &settings.tenant {
         // An empty tenant names nobody: unauthenticated, like none.
         Some(tenant) => match tenant(&parts).filter(|t| !t.is_empty()) {
@@ -136,11 +142,8 @@ where
         },
         None => None,
     };
-    let client_key = match header::client_key(&parts.headers) {
+    let client_key = match client_key {
         Ok(Some(k)) => k,
-        Ok(None) if !settings.require_key => {
-            return passed(inner, Request::from_parts(parts, body)).await;
-        }
         Ok(None) => {
             let missing = header::KeyHeaderError::Missing.to_string();
             return refuse(Refusal::MissingKey, &missing, None);
@@ -303,17 +306,17 @@ fn fingerprint(settings: &Settings, parts: &Parts, body: &[u8]) -> Fingerprint {
 /// Runs the handler holding `held` and settles the claim by the response; in its own
 /// task, so it finishes whatever happens to the request that started it.
 ///
-/// The execution is the handler *and* its response body: while either runs, the lease
-/// is renewed every third of its length, so neither a slow handler nor a body that
-/// streams for longer than the lease is taken over and run a second time by a
-/// duplicate. (An execution that never finishes therefore holds its key; bound it with
-/// a timeout inside the layer.) A panic in either is caught and the claim settled as
-/// the backend's drop policy says, in the store too.
+/// The execution is the handler *and* its response body: until both are done the lease
+/// is renewed ([`Renewing`]), so neither a slow handler nor a body that streams for
+/// longer than the lease is taken over and run a second time by a duplicate. (An
+/// execution that never finishes therefore holds its key; bound it with a timeout
+/// inside the layer.) A panic in either is caught and the claim settled as the
+/// backend's drop policy says, in the store too.
 async fn execute<S, ReqB, ResB>(
     settings: Arc<Settings>,
     mut inner: S,
     request: Request<LayerBody<ReqB>>,
-    mut held: Held,
+    held: Held,
     scope: String,
     key: Key,
 ) -> Result<Response<LayerBody<ResB>>, S::Error>
@@ -321,57 +324,56 @@ where
     S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>>,
     ResB: Body<Data = Bytes>,
 {
-    let lease = held.lease();
-    let beat = (lease / 3).max(std::time::Duration::from_millis(1));
     let started = tokio::time::Instant::now();
-    let run = async {
-        let (parts, body) = inner.call(request).await?.into_parts();
-        // `.ok()`: the body's error need not be `Send`, and settling awaits.
-        Ok::<_, S::Error>((parts, body.collect().await.ok()))
-    };
-    let mut run = std::pin::pin!(run);
-    let mut renewing = true;
-    let outcome = loop {
-        match tokio::time::timeout(beat, caught(run.as_mut())).await {
-            Ok(outcome) => break outcome,
-            // Lost (taken over, removed): nothing to renew; its outcome will not be kept.
-            // A store that failed this once is asked again at the next beat.
-            Err(_beat) if renewing => {
-                renewing = !matches!(held.extend_lease(lease).await, Renewal::Lost);
-            }
-            Err(_beat) => {}
+    let mut renewing = Renewing::new(held);
+    let answered = renewing.run(inner.call(request)).await;
+    let read = match answered {
+        Ok(Ok(response)) => {
+            let (parts, body) = response.into_parts();
+            renewing.read(body).await.map(|read| (parts, read))
         }
+        Ok(Err(e)) => {
+            decided!("released", key);
+            renewing.into_held().release().await;
+            return Err(e);
+        }
+        Err(panicked) => Err(panicked),
     };
-    let (parts, collected) = match outcome {
-        Ok(Ok(answered)) => answered,
-        Err(_panicked) => {
+    let held = renewing.into_held();
+    let (parts, read) = match read {
+        Ok(done) => done,
+        Err(Panicked) => {
             decided!("panicked", key);
             held.abandon().await;
             let detail = "the handler or its response body panicked; the key was settled as \
                           the cache's drop policy settles an abandoned claim";
             return refuse(Refusal::Internal, detail, None);
         }
-        Ok(Err(e)) => {
-            decided!("released", key);
-            held.release().await;
-            return Err(e);
-        }
     };
     settings.times.record(&scope, started.elapsed());
-    let Some(collected) = collected else {
-        // The handler answered, so its effect may have happened: never re-run blindly.
-        decided!("marked_unknown", key);
-        held.mark_unknown().await;
-        let detail = "the response failed while being sent; its outcome is unknown";
-        return refuse(Refusal::Internal, detail, None);
+    let stored = (settings.store)(parts.status);
+    let (body, trailers) = match read {
+        Read::Whole(body, trailers) => (body, trailers),
+        // A response that is not kept (a 5xx) releases its key whatever its body does.
+        Read::Failed if !stored => {
+            decided!("released", key);
+            held.release().await;
+            let detail = "the response failed while being sent; it was not kept";
+            return refuse(Refusal::Internal, detail, None);
+        }
+        Read::Failed => {
+            // The handler answered, so its effect may have happened: never re-run blindly.
+            decided!("marked_unknown", key);
+            held.mark_unknown().await;
+            let detail = "the response failed while being sent; its outcome is unknown";
+            return refuse(Refusal::Internal, detail, None);
+        }
     };
-    let trailers = collected.trailers().cloned();
-    let body = collected.to_bytes();
-    if (settings.store)(parts.status) {
+    if stored {
         let set_cookie = settings.replay_set_cookie;
-        let stored =
+        let record =
             record::encode(parts.status, &parts.headers, set_cookie, &body, trailers.as_ref());
-        match held.complete(stored).await {
+        match held.complete(record).await {
             Settled::Recorded => {
                 decided!("completed", key);
             }
@@ -408,20 +410,6 @@ fn joined<ResB, E>(
     })
 }
 
-/// Polls `future`, answering a panic as `Err` instead of unwinding through the layer:
-/// the claim is then settled (in the store too) before the 500 goes out.
-fn caught<F: Future>(
-    mut future: Pin<&mut F>,
-) -> impl Future<Output = std::thread::Result<F::Output>> + '_ {
-    std::future::poll_fn(move |cx| {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(cx))) {
-            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(panic) => Poll::Ready(Err(panic)),
-        }
-    })
-}
-
 /// A stored response as it was first sent, marked as a replay.
 fn replayed<ResB, E>(
     body: Option<Bytes>,
@@ -436,10 +424,20 @@ fn replayed<ResB, E>(
         let detail = "the result stored under this key is not a stored HTTP response";
         return refuse(Refusal::RecordCorrupt, detail, None);
     };
+    // An HTTP/1.1 server sends only the trailers a `Trailer` field announces; it is not
+    // stored (it describes this message's framing), so it is announced afresh.
+    let announced = stored.trailers.as_ref().and_then(|trailers| {
+        let mut names = trailers.keys().map(|name| name.as_str()).collect::<Vec<_>>();
+        names.dedup();
+        HeaderValue::from_str(&names.join(", ")).ok()
+    });
     let mut response = Response::new(LayerBody::buffered(stored.body, stored.trailers));
     *response.status_mut() = stored.status;
     *response.headers_mut() = stored.headers;
     let headers = response.headers_mut();
+    if let Some(announced) = announced {
+        headers.insert(http::header::TRAILER, announced);
+    }
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     if let Ok(expires) = HeaderValue::from_str(&http_date(expires_at)) {
         headers.insert(IDEMPOTENCY_EXPIRES, expires);

@@ -1,9 +1,10 @@
 //! How long a scope's executions take in this process, for the `Retry-After` of a 409.
 //!
-//! Invariant: an estimate is at least one second and never later than the holder's
-//! lease end, and the memory it takes is bounded: at most [`MAX_SCOPES`] scopes are
-//! tracked (when a new one would pass that, the table starts over), so scopes named by
-//! raw paths cannot grow it without bound.
+//! Invariant: an estimate is whole seconds, at least one, and never later than the
+//! holder's lease end (but for a lease ending within the second); and the memory it
+//! takes is bounded: at most [`MAX_SCOPES`] scopes are tracked (when a new one would
+//! pass that, the table starts over), so scopes named by raw paths cannot grow it
+//! without bound.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -39,12 +40,15 @@ impl ExecutionTimes {
         scopes.insert(scope.to_owned(), took);
     }
 
-    /// When to try again for a request of `scope` whose holder's lease ends in
-    /// `lease_left`: the scope's recent execution time, at least one second, never
-    /// past the lease end. A scope with no execution finished here yet gets one second.
+    /// When to try again, in whole seconds (as `Retry-After` says it), for a request of
+    /// `scope` whose holder's lease ends in `lease_left`: the scope's recent execution
+    /// time rounded up, at least one second, and never past the lease end (rounded
+    /// down to it; a lease ending within the second gets one second). A scope with no
+    /// execution finished here yet gets one second.
     pub(crate) fn retry_after(&self, scope: &str, lease_left: Duration) -> Duration {
         let estimate = self.scopes.lock().get(scope).copied().unwrap_or(SHORTEST);
-        estimate.max(SHORTEST).min(lease_left)
+        let up = estimate.as_secs() + u64::from(estimate.subsec_nanos() > 0);
+        Duration::from_secs(up.min(lease_left.as_secs()).max(1))
     }
 }
 
@@ -59,13 +63,15 @@ mod tests {
         let times = ExecutionTimes::default();
         assert_eq!(times.retry_after("POST /a", LEASE), SHORTEST, "nothing known yet");
         times.record("POST /a", Duration::from_millis(1500));
-        assert_eq!(times.retry_after("POST /a", LEASE), Duration::from_millis(1500));
+        assert_eq!(times.retry_after("POST /a", LEASE), Duration::from_secs(2), "rounded up");
         times.record("POST /a", Duration::from_millis(3500));
-        assert_eq!(times.retry_after("POST /a", LEASE), Duration::from_millis(2000));
-        assert_eq!(
-            times.retry_after("POST /a", Duration::from_millis(700)),
-            Duration::from_millis(700)
-        );
+        assert_eq!(times.retry_after("POST /a", LEASE), Duration::from_secs(2), "the mean: 2 s");
+        times.record("POST /a", Duration::from_secs(20)); // the mean: 6.5 s
+        assert_eq!(times.retry_after("POST /a", LEASE), Duration::from_secs(7));
+        let left = Duration::from_millis(5500);
+        assert_eq!(times.retry_after("POST /a", left), Duration::from_secs(5), "the lease first");
+        let within = Duration::from_millis(700);
+        assert_eq!(times.retry_after("POST /a", within), SHORTEST, "a lease ending within 1 s");
         times.record("POST /fast", Duration::from_millis(5));
         assert_eq!(times.retry_after("POST /fast", LEASE), SHORTEST);
         assert_eq!(times.retry_after("POST /other", LEASE), SHORTEST, "scopes are apart");

@@ -110,7 +110,10 @@ pub enum StoreError {
     /// or NULL where a value belongs, a missing field, a key of another type. The
     /// message names the record's key; the store answered, so this is not
     /// [`Backend`](StoreError::Backend), and retrying will not help: fix the record, or
-    /// [`forget`](Store::forget) (an UNKNOWN one) or delete it.
+    /// [`forget`](Store::forget) (an UNKNOWN one) or delete it. A record whose key bytes
+    /// are not an idemcache key (another program's row) is named by those bytes, in hex.
+    /// [`Store::unknown`] fails with it while the record is among those it lists (it
+    /// never skips one silently); purging goes on past it.
     Corrupt(String),
 }
 

@@ -40,29 +40,51 @@ use crate::{Fingerprint, Key};
 const UNKNOWN_INDEX: &str = "idemcache:unknown";
 
 /// The time on Redis's clock in µs; `fmt` for writing integers without exponents;
-/// `owned(token)`: KEYS[1] is live PROCESSING under `token`; `unknown()`: it is a live
-/// UNKNOWN.
+/// `int` for reading them (`nil` for anything else); `read(key)`: the record at `key`
+/// checked field by field (`nil` if there is none, or `nil` and why it does not read);
+/// `record()`: KEYS[1]'s, stopping the script with an `IDEMCACHE_CORRUPT` error if it
+/// does not read; `owned(token)`: KEYS[1] is live PROCESSING under `token`;
+/// `unknown()`: it is a live UNKNOWN.
 const PRELUDE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local function fmt(x) return string.format('%.0f', x) end
+local function int(s)
+  if type(s) == 'string' and #s <= 18 and string.match(s, '^%-?%d+$') then return tonumber(s) end
+end
+local function read(key)
+  local r = redis.pcall('HMGET', key, 'state', 'token', 'expires')
+  if r.err then return nil, 'its Redis key holds another type' end
+  if not (r[1] or r[2] or r[3]) and redis.call('EXISTS', key) == 0 then return nil end
+  local state, token, expires = int(r[1]), int(r[2]), int(r[3])
+  if state ~= 1 and state ~= 2 and state ~= 3 then return nil, 'its state is not 1, 2 or 3' end
+  if not token then return nil, 'its token is not an integer' end
+  if not expires then return nil, 'its expiry is not an integer' end
+  return {state = state, token = token, expires = expires}
+end
+local function record()
+  local rec, bad = read(KEYS[1])
+  if bad then error({err = 'IDEMCACHE_CORRUPT ' .. bad}) end
+  return rec
+end
 local function owned(token)
-  local r = redis.call('HMGET', KEYS[1], 'state', 'token', 'expires')
-  return tonumber(r[1]) == 1 and tonumber(r[2]) == tonumber(token) and tonumber(r[3]) > now
+  local rec = record()
+  return rec ~= nil and rec.state == 1 and rec.token == tonumber(token) and rec.expires > now
 end
 local function unknown()
-  local r = redis.call('HMGET', KEYS[1], 'state', 'expires')
-  return tonumber(r[1]) == 3 and tonumber(r[2]) > now
+  local rec = record()
+  return rec ~= nil and rec.state == 3 and rec.expires > now
 end
 ";
 
 const CLAIM: &str = r"
-local r = redis.call('HMGET', KEYS[1], 'state', 'fp', 'token', 'body', 'settled', 'expires')
-local state, expires = tonumber(r[1]), tonumber(r[6])
-if state and expires and expires > now then
-  return {state, r[2] or false, tonumber(r[3]) or false, r[4] or false, tonumber(r[5]) or false, expires}
+local rec = record()
+if rec and rec.expires > now then
+  local r = redis.call('HMGET', KEYS[1], 'fp', 'body', 'settled')
+  if r[3] and not int(r[3]) then error({err = 'IDEMCACHE_CORRUPT its settled time is not an integer'}) end
+  return {rec.state, r[1] or false, rec.token, r[2] or false, int(r[3]) or false, rec.expires}
 end
-local token = math.max((tonumber(r[3]) or 0) + 1, now)
+local token = math.max((rec and rec.token or 0) + 1, now)
 local ends = now + tonumber(ARGV[2])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'state', 1, 'fp', ARGV[1], 'token', fmt(token), 'started', fmt(now), 'expires', fmt(ends))
@@ -96,9 +118,11 @@ redis.call('DEL', KEYS[1])
 return {now, now}
 ";
 
-/// KEYS[1]: the UNKNOWN index. ARGV: the member. Scores it by Redis's time.
+/// KEYS[1]: the UNKNOWN index. ARGV: the member. Scores it by Redis's time. Sent whole
+/// with `EVAL` (it is short), so it never meets `NOSCRIPT` in the pipeline it opens.
 const INDEX_MARK: &str = r"
-redis.call('ZADD', KEYS[1], fmt(now), ARGV[1])
+local t = redis.call('TIME')
+redis.call('ZADD', KEYS[1], string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2])), ARGV[1])
 return 1
 ";
 
@@ -127,16 +151,21 @@ redis.call('DEL', KEYS[1])
 return {now, now}
 ";
 
-/// ARGV: the index's members (`<hex>:<token>`) to check. Returns those whose record is
-/// a live UNKNOWN under that token, with its fingerprint and mark time.
+/// ARGV: the index's members (`<hex>:<token>`) to check. Returns the members to keep:
+/// those whose record is a live UNKNOWN under that token, with its fingerprint and mark
+/// time, and those whose record does not read, with why (never stopping at one).
 const LIST_UNKNOWN: &str = r"
 local out = {}
 for i, member in ipairs(ARGV) do
   local hex, token = string.match(member, '^(%x+):(%d+)$')
   if hex then
-    local r = redis.call('HMGET', 'idemcache:{' .. hex .. '}', 'state', 'fp', 'settled', 'expires', 'token')
-    if tonumber(r[1]) == 3 and tonumber(r[4]) > now and tonumber(r[5]) == tonumber(token) then
-      table.insert(out, {member, r[2] or false, tonumber(r[3]) or false})
+    local key = 'idemcache:{' .. hex .. '}'
+    local rec, bad = read(key)
+    if bad then
+      table.insert(out, {member, false, false, bad})
+    elseif rec and rec.state == 3 and rec.expires > now and rec.token == tonumber(token) then
+      local r = redis.call('HMGET', key, 'fp', 'settled')
+      table.insert(out, {member, r[1] or false, int(r[2]) or false, false})
     end
   end
 end
@@ -151,16 +180,26 @@ return out
 /// [`purge_expired`](Store::purge_expired) trims it (listing with
 /// [`unknown`](Store::unknown) trims the stale members it reads too). Run
 /// `purge_expired` periodically, as for every store: every minute, say, calling it
-/// again while it returns its limit.
+/// again while it returns its limit. Each call checks at most four windows of the
+/// index (of `limit` members, at most 1,000) from where the last call of this store
+/// stopped, wrapping at the end, so its work is bounded whatever the index holds; a
+/// call that trims less than `limit` may leave stale members the next calls reach.
 #[derive(Clone)]
 pub struct RedisStore {
     connection: ConnectionManager,
     scripts: std::sync::Arc<Scripts>,
+    /// Where the next `purge_expired` looks in the UNKNOWN index (a rank).
+    purge_from: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// How many windows of the UNKNOWN index one `purge_expired` call checks at most.
+const PURGE_WINDOWS: usize = 4;
+
+/// The largest window of the UNKNOWN index read at once.
+const LONGEST_WINDOW: usize = 1000;
 
 struct Scripts {
     claim: Script,
-    index_mark: Script,
     complete: Script,
     extend_lease: Script,
     release: Script,
@@ -176,12 +215,19 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// A Redis error as a store error: a record key holding another type (`WRONGTYPE`) or
-/// a reply that does not read as a record is [`StoreError::Corrupt`]; anything else is
-/// the server failing or unreachable.
+/// A Redis error as a store error: a record a script found unreadable
+/// (`IDEMCACHE_CORRUPT`), a record key holding another type (`WRONGTYPE`) or a reply
+/// that does not read as a record is [`StoreError::Corrupt`]; anything else is the
+/// server failing or unreachable.
 fn backend(e: redis::RedisError) -> StoreError {
+    if e.code() == Some("IDEMCACHE_CORRUPT") {
+        // The detail ends with where in which script: not the reader's concern.
+        let why = e.detail().unwrap_or_default();
+        let why = why.split(" script: ").next().unwrap_or(why);
+        return StoreError::Corrupt(why.to_owned());
+    }
     if e.code() == Some("WRONGTYPE") || e.kind() == redis::ErrorKind::TypeError {
-        return StoreError::Corrupt(format!("a record does not read as one: {e}"));
+        return StoreError::Corrupt(format!("it does not read as a record: {e}"));
     }
     StoreError::Backend(Box::new(e))
 }
@@ -216,7 +262,6 @@ impl RedisStore {
         let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
         let scripts = Scripts {
             claim: script(CLAIM),
-            index_mark: script(INDEX_MARK),
             complete: script(COMPLETE),
             extend_lease: script(EXTEND_LEASE),
             release: script(RELEASE),
@@ -225,7 +270,11 @@ impl RedisStore {
             forget: script(FORGET),
             list_unknown: script(LIST_UNKNOWN),
         };
-        Ok(RedisStore { connection, scripts: std::sync::Arc::new(scripts) })
+        Ok(RedisStore {
+            connection,
+            scripts: std::sync::Arc::new(scripts),
+            purge_from: std::sync::Arc::default(),
+        })
     }
 
     /// Runs a settling script; `None` from it is `missing`.
@@ -242,7 +291,7 @@ impl RedisStore {
         }
         let mut connection = self.connection.clone();
         let done: Option<(i64, i64)> =
-            invocation.invoke_async(&mut connection).await.map_err(backend)?;
+            invocation.invoke_async(&mut connection).await.map_err(|e| named(key, backend(e)))?;
         done.ok_or(missing)
     }
 }
@@ -358,25 +407,24 @@ impl Store for RedisStore {
             check_duration("unknown TTL", ttl)?;
             let record = record_key(&key);
             let member = format!("{}:{token}", hex(key.as_bytes()));
-            let (index, mark) = (&self.scripts.index_mark, &self.scripts.mark_unknown);
+            let mark = &self.scripts.mark_unknown;
             let mut connection = self.connection.clone();
             // The index's member first, then the mark, in one round trip; the member is
-            // stale (and trimmed later) if the mark is refused or never runs.
+            // stale (and trimmed later) if the mark is refused or never runs. Only the
+            // mark can meet NOSCRIPT (the index's script is sent whole), and then it did
+            // not run: running both again is safe.
             let mut pipe = redis::pipe();
-            pipe.cmd("EVALSHA").arg(index.get_hash()).arg(1).arg(UNKNOWN_INDEX).arg(&member);
-            pipe.ignore();
+            pipe.cmd("EVAL").arg(INDEX_MARK).arg(1).arg(UNKNOWN_INDEX).arg(&member).ignore();
             pipe.cmd("EVALSHA").arg(mark.get_hash()).arg(1).arg(&record);
             pipe.arg(number(token)).arg(number(micros(ttl)));
             let mut done: RedisResult<(Option<(i64, i64)>,)> =
                 pipe.query_async(&mut connection).await;
             if matches!(&done, Err(e) if e.kind() == redis::ErrorKind::NoScriptError) {
                 // Redis lost its script cache (a restart, SCRIPT FLUSH): load and again.
-                for script in [index, mark] {
-                    script.prepare_invoke().load_async(&mut connection).await.map_err(backend)?;
-                }
+                mark.prepare_invoke().load_async(&mut connection).await.map_err(backend)?;
                 done = pipe.query_async(&mut connection).await;
             }
-            let (done,) = done.map_err(backend)?;
+            let (done,) = done.map_err(|e| named(&key, backend(e)))?;
             done.map(drop).ok_or(StoreError::LeaseLost)
         }
     }
@@ -409,24 +457,13 @@ impl Store for RedisStore {
 
     async fn unknown(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
         let mut out = Vec::new();
-        let window = limit.max(16);
+        let window = limit.clamp(16, LONGEST_WINDOW);
         // Members may be stale (resolved elsewhere, expired): each window's stale ones
         // are trimmed, so the next window from the front holds new ones.
         while out.len() < limit {
             let batch = self.index_window(0, window).await?;
-            for (member, fp, marked_at) in batch.live.iter().take(limit - out.len()) {
-                let stored = member
-                    .split_once(':')
-                    .and_then(|(hex, _token)| unhex(hex))
-                    .ok_or_else(|| StoreError::Corrupt(format!("the index member {member:?}")))?;
-                let fp = fp.clone().ok_or_else(|| corrupt(&stored, "it has no fingerprint"))?;
-                let marked_at =
-                    marked_at.ok_or_else(|| corrupt(&stored, "it has no mark time (settled)"))?;
-                out.push(UnknownRecord {
-                    key: Key::from_stored(&stored).map_err(|e| corrupt(&stored, e))?,
-                    fingerprint: fingerprint_of(fp).map_err(|e| corrupt(&stored, e))?,
-                    marked_at: from_micros(marked_at),
-                });
+            for kept in batch.kept.iter().take(limit - out.len()) {
+                out.push(kept.listed()?);
             }
             if batch.members < window || batch.trimmed == 0 {
                 break;
@@ -440,39 +477,90 @@ impl Store for RedisStore {
     }
 
     /// Redis expires records by itself; this trims up to `limit` members of the UNKNOWN
-    /// index whose record is gone or no longer UNKNOWN (wherever they stand, behind live
-    /// ones too), and returns how many. A `limit` of 0 does nothing.
+    /// index whose record is gone or no longer UNKNOWN, and returns how many. It checks
+    /// at most [`PURGE_WINDOWS`] windows from where the last call stopped (see
+    /// [`RedisStore`]). A `limit` of 0 does nothing.
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
-        let (mut trimmed, mut start) = (0, 0);
-        while trimmed < limit {
-            let window = limit - trimmed;
+        use std::sync::atomic::Ordering::Relaxed;
+        let (mut trimmed, mut start) = (0, self.purge_from.load(Relaxed));
+        for _ in 0..PURGE_WINDOWS {
+            let window = (limit - trimmed).min(LONGEST_WINDOW);
+            if window == 0 {
+                break;
+            }
             let batch = self.index_window(start, window).await?;
             trimmed += batch.trimmed;
+            // The stale ones are gone; the kept ones stay ahead of the next window.
+            start += batch.kept.len();
             if batch.members < window {
-                break; // the end of the index
+                start = 0; // the end of the index: the next call starts from the front
+                break;
             }
-            start += batch.live.len(); // the stale ones are gone; the live ones stay ahead
         }
+        self.purge_from.store(start, Relaxed);
         Ok(trimmed)
     }
 }
 
-/// A window of the UNKNOWN index, checked: its live members with their record's
-/// fingerprint and mark time as read (`None`: the record lacks the field).
-#[allow(clippy::type_complexity)]
+/// A window of the UNKNOWN index, checked.
 struct IndexBatch {
+    /// How many members the window held.
     members: usize,
-    live: Vec<(String, Option<Vec<u8>>, Option<i64>)>,
+    /// The members to keep, in index order.
+    kept: Vec<Kept>,
+    /// How many stale members were removed.
     trimmed: usize,
+}
+
+/// An index member to keep: its record is a live UNKNOWN (its fingerprint and mark time
+/// as read, `None` where a field is missing), or does not read (`why`).
+#[derive(Debug)]
+struct Kept {
+    member: String,
+    fingerprint: Option<Vec<u8>>,
+    marked_at: Option<i64>,
+    unreadable: Option<String>,
+}
+
+impl redis::FromRedisValue for Kept {
+    fn from_redis_value(v: &redis::Value) -> RedisResult<Kept> {
+        let (member, fingerprint, marked_at, unreadable) = redis::from_redis_value(v)?;
+        Ok(Kept { member, fingerprint, marked_at, unreadable })
+    }
+}
+
+impl Kept {
+    /// The listed record, or [`StoreError::Corrupt`] naming its key.
+    fn listed(&self) -> Result<UnknownRecord, StoreError> {
+        let stored =
+            self.member.split_once(':').and_then(|(hex, _token)| unhex(hex)).ok_or_else(|| {
+                StoreError::Corrupt(format!("the index member {:?}", self.member))
+            })?;
+        let unreadable = |why: &str| {
+            let hex = hex(&stored);
+            corrupt(&stored, format_args!("{why} (delete the Redis key idemcache:{{{hex}}})"))
+        };
+        if let Some(why) = &self.unreadable {
+            return Err(unreadable(why));
+        }
+        let fingerprint = self.fingerprint.clone().ok_or_else(|| unreadable("no fingerprint"))?;
+        let marked_at = self.marked_at.ok_or_else(|| unreadable("no mark time (settled)"))?;
+        Ok(UnknownRecord {
+            key: Key::from_stored(&stored).map_err(|e| unreadable(&e.to_string()))?,
+            fingerprint: fingerprint_of(fingerprint).map_err(|e| unreadable(&e.to_string()))?,
+            marked_at: from_micros(marked_at),
+        })
+    }
 }
 
 impl RedisStore {
     /// Reads up to `n` members of the UNKNOWN index from rank `start`, keeps the live
-    /// ones (oldest first) and removes the stale ones from the index.
+    /// and the unreadable ones (oldest first) and removes the stale ones from the index.
     async fn index_window(&self, start: usize, n: usize) -> Result<IndexBatch, StoreError> {
+        let empty = IndexBatch { members: 0, kept: Vec::new(), trimmed: 0 };
         if n == 0 {
             // `ZRANGE key s s-1` would read nothing, but `0 -1` reads everything.
-            return Ok(IndexBatch { members: 0, live: Vec::new(), trimmed: 0 });
+            return Ok(empty);
         }
         let mut connection = self.connection.clone();
         let first = isize::try_from(start).unwrap_or(isize::MAX);
@@ -480,19 +568,18 @@ impl RedisStore {
         let members: Vec<String> =
             connection.zrange(UNKNOWN_INDEX, first, last).await.map_err(backend)?;
         if members.is_empty() {
-            return Ok(IndexBatch { members: 0, live: Vec::new(), trimmed: 0 });
+            return Ok(empty);
         }
         let mut invocation = self.scripts.list_unknown.prepare_invoke();
         for member in &members {
             invocation.arg(member);
         }
-        let live: Vec<(String, Option<Vec<u8>>, Option<i64>)> =
-            invocation.invoke_async(&mut connection).await.map_err(backend)?;
+        let kept: Vec<Kept> = invocation.invoke_async(&mut connection).await.map_err(backend)?;
         let stale: Vec<&String> =
-            members.iter().filter(|m| !live.iter().any(|(l, _, _)| l == *m)).collect();
+            members.iter().filter(|m| !kept.iter().any(|k| k.member == **m)).collect();
         if !stale.is_empty() {
             let _: () = connection.zrem(UNKNOWN_INDEX, &stale).await.map_err(backend)?;
         }
-        Ok(IndexBatch { members: members.len(), trimmed: stale.len(), live })
+        Ok(IndexBatch { members: members.len(), trimmed: stale.len(), kept })
     }
 }

@@ -18,6 +18,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
+use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::{
@@ -457,8 +458,15 @@ impl Store for SqliteStore {
             let mut statement = db.prepare(sql).map_err(backend)?;
             let rows = statement
                 .query_map(params![i64::try_from(limit).unwrap_or(i64::MAX)], |r| {
-                    // The key first, so whatever else fails to read can name it.
-                    Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, Vec<u8>>(1), r.get::<_, i64>(2)))
+                    // The key first, as bytes whatever its type (text too), so whatever
+                    // else fails to read can name it.
+                    let key = match r.get_ref(0)? {
+                        ValueRef::Blob(b) | ValueRef::Text(b) => b.to_vec(),
+                        ValueRef::Integer(i) => i.to_string().into_bytes(),
+                        ValueRef::Real(f) => f.to_string().into_bytes(),
+                        ValueRef::Null => Vec::new(),
+                    };
+                    Ok((key, r.get::<_, Vec<u8>>(1), r.get::<_, i64>(2)))
                 })
                 .map_err(backend)?;
             let mut out = Vec::new();

@@ -1,0 +1,128 @@
+//! [`Renewing`]: a claim whose lease is kept alive while its execution runs.
+//!
+//! Invariant: while a future of the execution (the handler, then each frame of its
+//! response body) is being awaited, the lease is renewed at least every `beat` (a third
+//! of the lease) — when the future is pending at the beat, and also when it is ready at
+//! once past the beat (a body whose frames are always ready never lets a timer fire) —
+//! until the backend says the key is lost, after which it is never asked again. A panic
+//! in the future is caught and returned, never unwound through the layer.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
+use http_body::Body;
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+
+use super::records::{Held, Renewal};
+
+/// A held claim, renewed while [`Renewing::run`] awaits its execution's futures.
+pub(crate) struct Renewing {
+    held: Held,
+    lease: Duration,
+    beat: Duration,
+    next: Instant,
+    renewing: bool,
+}
+
+/// A panic caught while the execution ran.
+pub(crate) struct Panicked;
+
+/// How a response body ended.
+pub(crate) enum Read {
+    /// Its data, whole, and its trailers.
+    Whole(Bytes, Option<HeaderMap>),
+    /// It failed part-way.
+    Failed,
+}
+
+impl Renewing {
+    /// Renews `held`'s lease by the length it was taken with, every third of it.
+    pub(crate) fn new(held: Held) -> Self {
+        let lease = held.lease();
+        let beat = (lease / 3).max(Duration::from_millis(1));
+        Renewing { held, lease, beat, next: Instant::now() + beat, renewing: true }
+    }
+
+    /// The claim, to be settled.
+    pub(crate) fn into_held(self) -> Held {
+        self.held
+    }
+
+    /// Awaits `future`, renewing the lease meanwhile; a panic is `Err(Panicked)`.
+    pub(crate) async fn run<F: Future>(&mut self, future: F) -> Result<F::Output, Panicked> {
+        let mut future = std::pin::pin!(future);
+        loop {
+            let outcome = tokio::time::timeout_at(self.next, caught(future.as_mut())).await;
+            if Instant::now() >= self.next {
+                self.renew().await;
+            }
+            if let Ok(outcome) = outcome {
+                return outcome;
+            }
+        }
+    }
+
+    /// Reads `body` whole, frame by frame, renewing the lease meanwhile.
+    pub(crate) async fn read<B: Body<Data = Bytes>>(&mut self, body: B) -> Result<Read, Panicked> {
+        let mut body = std::pin::pin!(body);
+        let (mut first, mut rest, mut trailers) = (None::<Bytes>, None::<BytesMut>, None);
+        loop {
+            // `.ok()` before anything awaits: the body's error need not be `Send`.
+            let frame = self.run(async { body.as_mut().frame().await.map(Result::ok) }).await?;
+            let Some(frame) = frame else { break };
+            let Some(frame) = frame else { return Ok(Read::Failed) };
+            let frame = match frame.into_data() {
+                Ok(data) => {
+                    match (&first, &mut rest) {
+                        (None, _) => first = Some(data),
+                        (Some(head), None) => {
+                            let mut all = BytesMut::with_capacity(head.len() + data.len());
+                            all.extend_from_slice(head);
+                            all.extend_from_slice(&data);
+                            rest = Some(all);
+                        }
+                        (Some(_), Some(all)) => all.extend_from_slice(&data),
+                    }
+                    continue;
+                }
+                Err(frame) => frame,
+            };
+            if let Ok(more) = frame.into_trailers() {
+                trailers.get_or_insert_with(HeaderMap::new).extend(more);
+            }
+        }
+        let data = match (first, rest) {
+            (_, Some(all)) => all.freeze(),
+            (first, None) => first.unwrap_or_default(),
+        };
+        Ok(Read::Whole(data, trailers))
+    }
+
+    async fn renew(&mut self) {
+        // Lost (taken over, removed): nothing to renew; its outcome will not be kept.
+        // A store that failed this once is asked again at the next beat.
+        if self.renewing {
+            self.renewing = !matches!(self.held.extend_lease(self.lease).await, Renewal::Lost);
+        }
+        self.next = Instant::now() + self.beat;
+    }
+}
+
+/// Polls `future`, answering a panic as `Err` instead of unwinding through the layer:
+/// the claim is then settled (in the store too) before the 500 goes out.
+fn caught<F: Future>(
+    mut future: Pin<&mut F>,
+) -> impl Future<Output = Result<F::Output, Panicked>> + '_ {
+    std::future::poll_fn(move |cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Ready(out)) => Poll::Ready(Ok(out)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(_panic) => Poll::Ready(Err(Panicked)),
+        }
+    })
+}
