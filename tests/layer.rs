@@ -984,6 +984,9 @@ async fn a_plain_hyper_service_over_incoming_bodies_is_guarded() {
     assert_eq!((first.status, first.body.as_str()), (201, "{\"run\":1,\"len\":9}"));
     let again = req("k", "{\"qty\":2}").send(addr).await;
     assert_eq!((again.status, again.body.as_str()), (201, first.body.as_str()));
+    // A buffered body without trailers has an exact length: sent with Content-Length.
+    assert_eq!(first.header("content-length"), Some("17"), "{first:?}");
+    assert_eq!(again.header("content-length"), Some("17"), "{again:?}");
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
     assert_eq!(req("k", "{\"qty\":3}").send(addr).await.status, 422);
     assert_eq!(runs.load(Ordering::SeqCst), 1);

@@ -211,6 +211,7 @@ mod tests {
             b"\"k1\"; a=1; b",
             b"\"k1\";a=123456789012345;b=123456789012.123",
             b"\"k1\";a=\"\"",
+            b"\"k1\";a=\"x\\\"y\";b",
         ] {
             let shown = String::from_utf8_lossy(value);
             assert_eq!(one(value).unwrap().as_deref(), Some("k1"), "{shown}");

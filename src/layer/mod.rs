@@ -42,20 +42,21 @@
 //! nor a body that streams (or is proxied) for longer than the lease is taken over and
 //! run twice. (An execution that never finishes therefore holds its key: bound it with
 //! a timeout inside this layer. A handler that blocks its thread without awaiting
-//! stops renewal with it: run blocking work with `spawn_blocking`.) A handler or a
-//! body that panics is caught, and
-//! its claim settled as the cache's [`DropPolicy`](crate::DropPolicy) settles a dropped
-//! guard (the default releases the key; over a store, in the store too): the answer is a
-//! 500. Responses are buffered whole to be stored, trailers included, and answered as a
-//! [`LayerBody`]; a response whose body fails mid-way marks the key UNKNOWN (its effect
-//! may have happened): 409 `outcome_unknown` until the authority is checked, unless it
+//! stops renewal with it: run blocking work with `spawn_blocking`.) A handler or a body
+//! that panics is caught, and its claim settled as the cache's
+//! [`DropPolicy`](crate::DropPolicy) settles a dropped guard (the default releases the
+//! key; over a store, in the store too): the answer is a 500.
+//!
+//! **Responses are buffered whole** to be stored, trailers included, and answered as a
+//! [`LayerBody`]. A response whose body fails mid-way marks the key UNKNOWN (its effect
+//! may have happened): 409 `outcome_unknown` until the authority is checked; unless it
 //! is one that is not stored (a 5xx), which releases the key as any 5xx does. A
-//! response with trailers is answered with no exact length, so an HTTP/1.1 server
-//! sends it chunked (trailers cannot follow a `Content-Length` body), and a replay
-//! announces its trailers in a `Trailer` field. The fields
-//! never replayed (`Set-Cookie` unless [`IdempotencyLayer::replay_set_cookie`], `Date`,
-//! framing and hop-by-hop fields, those the response's `Connection` names included) are
-//! left out of stored trailers as of stored headers.
+//! response with trailers is answered with no exact length, so an HTTP/1.1 server sends
+//! it chunked (trailers cannot follow a `Content-Length` body), and a replay announces
+//! its trailers in a `Trailer` field. The fields never replayed (`Set-Cookie` unless
+//! [`IdempotencyLayer::replay_set_cookie`], `WWW-Authenticate`, `Date`, framing and
+//! hop-by-hop fields, those the response's `Connection` names included) are left out
+//! of stored trailers as of stored headers.
 //!
 //! **Any request body** of `Bytes` frames is accepted (axum's `Body`, hyper's
 //! `Incoming`, `Full`, ...): your service receives `Request<LayerBody<B>>`, the body read

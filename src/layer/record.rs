@@ -17,11 +17,14 @@ use http::StatusCode;
 const MAGIC: &[u8; 4] = b"IDR1";
 
 /// Fields never stored: hop-by-hop (RFC 9110 §7.6.1) and per-message framing, which the
-/// server writes afresh for each response, and `Date`, which would lie on a replay.
-const NEVER_STORED: [HeaderName; 10] = [
+/// server writes afresh for each response; `Date`, which would lie on a replay; and
+/// `WWW-Authenticate`, a challenge to the client that got it (a Digest nonce, say),
+/// which middlewares that replayed it handed to whoever retried.
+const NEVER_STORED: [HeaderName; 11] = [
     header::CONNECTION,
     header::CONTENT_LENGTH,
     header::DATE,
+    header::WWW_AUTHENTICATE,
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
@@ -164,7 +167,7 @@ mod tests {
     }
 
     #[test]
-    fn framing_hop_by_hop_date_and_cookies_are_not_stored() {
+    fn framing_hop_by_hop_date_cookies_and_challenges_are_not_stored() {
         let sent = headers(&[
             ("content-length", "3"),
             ("transfer-encoding", "chunked"),
@@ -174,6 +177,7 @@ mod tests {
             ("keep-alive", "timeout=5"),
             ("set-cookie", "a=1"),
             ("set-cookie", "b=2"),
+            ("www-authenticate", "Digest realm=\"x\", nonce=\"n1\""),
             ("content-type", "application/json"),
         ]);
         let kept = decode(&encode(StatusCode::OK, &sent, false, b"abc", None)).unwrap().headers;
