@@ -849,6 +849,22 @@ mod redis_store {
         assert_eq!(listed.iter().map(|u| &u.key).collect::<Vec<_>>(), [&good]);
     }
 
+    /// The UNKNOWN index itself holding another type (another program's key): listing
+    /// and purging are `Corrupt`, not `Backend` (the server answered; retrying will not
+    /// help).
+    #[tokio::test]
+    async fn an_index_of_another_type_is_corrupt() {
+        let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
+        let _: () = redis::cmd("SET")
+            .arg("idemcache:unknown")
+            .arg("x")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert!(matches!(store.unknown(10).await, Err(StoreError::Corrupt(_))));
+        assert!(matches!(store.purge_expired(10).await, Err(StoreError::Corrupt(_))));
+    }
+
     /// A purge call's work is bounded, whatever the index holds: behind 40 live marks,
     /// `purge_expired(1)` checks a few members and trims nothing, and later calls reach
     /// the stale member where the last one stopped.

@@ -227,7 +227,7 @@ fn backend(e: redis::RedisError) -> StoreError {
         return StoreError::Corrupt(why.to_owned());
     }
     if e.code() == Some("WRONGTYPE") || e.kind() == redis::ErrorKind::TypeError {
-        return StoreError::Corrupt(format!("it does not read as a record: {e}"));
+        return StoreError::Corrupt(format!("a key of the store does not read as one: {e}"));
     }
     StoreError::Backend(Box::new(e))
 }
