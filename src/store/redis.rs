@@ -478,7 +478,7 @@ impl Store for RedisStore {
 
     /// Redis expires records by itself; this trims up to `limit` members of the UNKNOWN
     /// index whose record is gone or no longer UNKNOWN, and returns how many. It checks
-    /// at most [`PURGE_WINDOWS`] windows from where the last call stopped (see
+    /// at most four windows of the index from where the last call stopped (see
     /// [`RedisStore`]). A `limit` of 0 does nothing.
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         use std::sync::atomic::Ordering::Relaxed;
