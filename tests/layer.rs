@@ -640,6 +640,39 @@ struct Slow {
     duplicate: (Key, Fingerprint),
 }
 
+/// A handler that counts its run, works for `work` of tokio's time, then waits for a
+/// permit of its gate (`permits` to start with) and answers 200 `slow`.
+#[allow(clippy::type_complexity)]
+fn gated_handler(
+    work: Duration,
+    permits: usize,
+) -> (
+    impl tower::Service<
+            axum::http::Request<LayerBody<Body>>,
+            Response = Response<Body>,
+            Error = Infallible,
+            Future = impl Send,
+        > + Clone
+        + Send
+        + 'static,
+    Arc<Semaphore>,
+    Arc<AtomicUsize>,
+) {
+    let gate = Arc::new(Semaphore::new(permits));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (g, r) = (gate.clone(), runs.clone());
+    let inner = tower::service_fn(move |_: axum::http::Request<LayerBody<Body>>| {
+        let (gate, runs) = (g.clone(), r.clone());
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(work).await;
+            gate.acquire().await.unwrap().forget();
+            Ok::<_, Infallible>(Response::new(Body::from("slow")))
+        }
+    });
+    (inner, gate, runs)
+}
+
 async fn slow(lease: Duration) -> Slow {
     use tower::{Layer, ServiceExt};
     let cache = Cache::builder()
@@ -647,17 +680,7 @@ async fn slow(lease: Duration) -> Slow {
         .lease(lease)
         .build()
         .unwrap();
-    let gate = Arc::new(Semaphore::new(0));
-    let runs = Arc::new(AtomicUsize::new(0));
-    let (g, r) = (gate.clone(), runs.clone());
-    let inner = tower::service_fn(move |_: axum::http::Request<LayerBody<Body>>| {
-        let (gate, runs) = (g.clone(), r.clone());
-        async move {
-            runs.fetch_add(1, Ordering::SeqCst);
-            gate.acquire().await.unwrap().forget();
-            Ok::<_, Infallible>(Response::new(Body::from("slow")))
-        }
-    });
+    let (inner, gate, runs) = gated_handler(Duration::ZERO, 0);
     let service = IdempotencyLayer::new(cache.clone()).layer(inner);
     let request =
         axum::http::Request::post("/slow").header("idempotency-key", "k").body(Body::empty());
@@ -932,31 +955,20 @@ async fn a_body_streaming_past_its_lease_is_never_taken_over_and_run_twice() {
 async fn retry_after_is_the_scopes_recent_execution_time_not_the_lease() {
     use tower::{Layer, ServiceExt};
     let cache = Cache::builder().clock(TokioClock(tokio::time::Instant::now())).build().unwrap();
-    let gate = Arc::new(Semaphore::new(1));
-    let runs = Arc::new(AtomicUsize::new(0));
-    let (g, r) = (gate.clone(), runs.clone());
-    let inner = tower::service_fn(move |_: axum::http::Request<LayerBody<Body>>| {
-        let (gate, runs) = (g.clone(), r.clone());
-        async move {
-            runs.fetch_add(1, Ordering::SeqCst);
-            tokio::time::sleep(Duration::from_millis(1500)).await;
-            gate.acquire().await.unwrap().forget();
-            Ok::<_, Infallible>(StatusCode::CREATED.into_response())
-        }
-    });
+    let (inner, gate, runs) = gated_handler(Duration::from_millis(1500), 1);
     let service = IdempotencyLayer::new(cache).layer(inner);
     let request = |key: &str| {
         axum::http::Request::post("/work").header("idempotency-key", key).body(Body::empty())
     };
     let done = service.clone().oneshot(request("a").unwrap()).await.unwrap();
-    assert_eq!(done.status(), StatusCode::CREATED);
+    assert_eq!(done.status(), StatusCode::OK);
     let running = tokio::spawn(service.clone().oneshot(request("b").unwrap()));
     until(|| runs.load(Ordering::SeqCst) == 2).await;
     let busy = service.clone().oneshot(request("b").unwrap()).await.unwrap();
     assert_eq!(busy.status(), StatusCode::CONFLICT);
     assert_eq!(busy.headers()["retry-after"], "2");
     gate.add_permits(1);
-    assert_eq!(running.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    assert_eq!(running.await.unwrap().unwrap().status(), StatusCode::OK);
 }
 
 /// A plain hyper service, no axum: the request body is hyper's `Incoming` (not
