@@ -56,6 +56,22 @@ impl Renewing {
     /// Awaits `future`, renewing the lease meanwhile; a panic is `Err(Panicked)`.
     pub(crate) async fn run<F: Future>(&mut self, future: F) -> Result<F::Output, Panicked> {
         let mut future = std::pin::pin!(future);
+        // Most futures here are ready at once (a buffered body's frames): polled once
+        // first, they never build a timer.
+        let first = {
+            let mut once = caught(future.as_mut());
+            std::future::poll_fn(|cx| match Pin::new(&mut once).poll(cx) {
+                Poll::Ready(outcome) => Poll::Ready(Some(outcome)),
+                Poll::Pending => Poll::Ready(None),
+            })
+            .await
+        };
+        if let Some(outcome) = first {
+            if Instant::now() >= self.next {
+                self.renew().await;
+            }
+            return outcome;
+        }
         loop {
             let outcome = tokio::time::timeout_at(self.next, caught(future.as_mut())).await;
             if Instant::now() >= self.next {
