@@ -660,19 +660,24 @@ mod redis_store {
     /// tests' listings. One such test runs at a time (it holds the returned guard).
     async fn store_apart() -> Option<Apart> {
         static APART: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-        let url = std::env::var("IDEMCACHE_REDIS_STORE_URL").ok()?;
+        let apart = apart_url()?;
         let held = APART.lock().await;
+        let client = redis::Client::open(apart.as_str()).unwrap();
+        let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("FLUSHDB").query_async(&mut admin).await.unwrap();
+        Some((RedisStore::connect(&apart).await.unwrap(), admin, held))
+    }
+
+    /// The URL of the database apart: the store tests' own, its number less one.
+    fn apart_url() -> Option<String> {
+        let url = std::env::var("IDEMCACHE_REDIS_STORE_URL").ok()?;
         let info: redis::ConnectionInfo =
             redis::IntoConnectionInfo::into_connection_info(url.as_str()).unwrap();
         let redis::ConnectionAddr::Tcp(host, port) = info.addr.clone() else {
             panic!("a TCP address, got {:?}", info.addr);
         };
         let db = if info.redis.db == 0 { 1 } else { info.redis.db - 1 };
-        let apart = format!("redis://{host}:{port}/{db}");
-        let client = redis::Client::open(apart.as_str()).unwrap();
-        let mut admin = client.get_multiplexed_async_connection().await.unwrap();
-        let _: () = redis::cmd("FLUSHDB").query_async(&mut admin).await.unwrap();
-        Some((RedisStore::connect(&apart).await.unwrap(), admin, held))
+        Some(format!("redis://{host}:{port}/{db}"))
     }
 
     /// The Redis key of `k`'s record (the module docs' layout).
@@ -863,6 +868,38 @@ mod redis_store {
             .unwrap();
         assert!(matches!(store.unknown(10).await, Err(StoreError::Corrupt(_))));
         assert!(matches!(store.purge_expired(10).await, Err(StoreError::Corrupt(_))));
+    }
+
+    /// A listing returns up to its limit, past any window's size: 1,200 marks are all
+    /// listed by `unknown(5000)`.
+    #[tokio::test]
+    async fn a_long_listing_is_not_cut_at_a_window() {
+        let Some((store, _admin, _one_at_a_time)) = store_apart().await else { return };
+        for i in 0..1200 {
+            let k = key(&format!("many-{i:04}"));
+            let token = acquire(&store, &k).await;
+            store.mark_unknown(&k, token, TTL).await.unwrap();
+        }
+        assert_eq!(store.unknown(5000).await.unwrap().len(), 1200);
+        assert_eq!(store.unknown(1100).await.unwrap().len(), 1100);
+    }
+
+    /// Two stores purging one index at once count what each removed: 200 stale members
+    /// are 200 in all, never 400.
+    #[tokio::test]
+    async fn concurrent_purges_count_each_member_once() {
+        let Some((store, _admin, _one_at_a_time)) = store_apart().await else { return };
+        let other = RedisStore::connect(&apart_url().unwrap()).await.unwrap();
+        for round in 0..5 {
+            for i in 0..200 {
+                let k = key(&format!("stale-{round}-{i}"));
+                let token = acquire(&store, &k).await;
+                store.mark_unknown(&k, token, TTL).await.unwrap();
+                store.forget(&k).await.unwrap();
+            }
+            let (a, b) = tokio::join!(store.purge_expired(1000), other.purge_expired(1000));
+            assert_eq!(a.unwrap() + b.unwrap(), 200, "round {round}");
+        }
     }
 
     /// A purge call's work is bounded, whatever the index holds: behind 40 live marks,

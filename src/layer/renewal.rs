@@ -108,6 +108,8 @@ impl Renewing {
                 }
                 Err(frame) => frame,
             };
+            // Trailers sent in several frames are merged; a name sent again replaces
+            // the earlier values (as `http_body_util`'s `collect` does).
             if let Ok(more) = frame.into_trailers() {
                 trailers.get_or_insert_with(HeaderMap::new).extend(more);
             }

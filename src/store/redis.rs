@@ -457,7 +457,8 @@ impl Store for RedisStore {
 
     async fn unknown(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
         let mut out = Vec::new();
-        let window = limit.clamp(16, LONGEST_WINDOW);
+        // The first `limit` members at once (a listing may be long: its caller bounds it).
+        let window = limit.max(16);
         // Members may be stale (resolved elsewhere, expired): each window's stale ones
         // are trimmed, so the next window from the front holds new ones.
         while out.len() < limit {
@@ -508,7 +509,7 @@ struct IndexBatch {
     members: usize,
     /// The members to keep, in index order.
     kept: Vec<Kept>,
-    /// How many stale members were removed.
+    /// How many stale members this call removed.
     trimmed: usize,
 }
 
@@ -577,9 +578,12 @@ impl RedisStore {
         let kept: Vec<Kept> = invocation.invoke_async(&mut connection).await.map_err(backend)?;
         let stale: Vec<&String> =
             members.iter().filter(|m| !kept.iter().any(|k| k.member == **m)).collect();
-        if !stale.is_empty() {
-            let _: () = connection.zrem(UNKNOWN_INDEX, &stale).await.map_err(backend)?;
-        }
-        Ok(IndexBatch { members: members.len(), trimmed: stale.len(), kept })
+        // Counted as Redis removed them: a purge or listing running beside this one may
+        // have trimmed some first.
+        let trimmed: usize = match stale.is_empty() {
+            true => 0,
+            false => connection.zrem(UNKNOWN_INDEX, &stale).await.map_err(backend)?,
+        };
+        Ok(IndexBatch { members: members.len(), trimmed, kept })
     }
 }
