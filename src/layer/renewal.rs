@@ -56,28 +56,19 @@ impl Renewing {
     /// Awaits `future`, renewing the lease meanwhile; a panic is `Err(Panicked)`.
     pub(crate) async fn run<F: Future>(&mut self, future: F) -> Result<F::Output, Panicked> {
         let mut future = std::pin::pin!(future);
-        // Most futures here are ready at once (a buffered body's frames): polled once
-        // first, they never build a timer.
-        let first = {
-            let mut once = caught(future.as_mut());
-            std::future::poll_fn(|cx| match Pin::new(&mut once).poll(cx) {
-                Poll::Ready(outcome) => Poll::Ready(Some(outcome)),
-                Poll::Pending => Poll::Ready(None),
-            })
-            .await
-        };
-        if let Some(outcome) = first {
-            if Instant::now() >= self.next {
-                self.renew().await;
-            }
-            return outcome;
-        }
+        // Most futures here are ready at once (a buffered body's frames): the first poll
+        // builds no timer; only a future still pending after it is raced against the beat.
+        let mut timed = false;
         loop {
-            let outcome = tokio::time::timeout_at(self.next, caught(future.as_mut())).await;
+            let outcome = match timed {
+                false => poll_once(caught(future.as_mut())).await,
+                true => tokio::time::timeout_at(self.next, caught(future.as_mut())).await.ok(),
+            };
+            timed = true;
             if Instant::now() >= self.next {
                 self.renew().await;
             }
-            if let Ok(outcome) = outcome {
+            if let Some(outcome) = outcome {
                 return outcome;
             }
         }
@@ -129,6 +120,18 @@ impl Renewing {
         }
         self.next = Instant::now() + self.beat;
     }
+}
+
+/// `future`'s output if one poll gives it, else `None` (the future is left to be polled
+/// again).
+async fn poll_once<F: Future + Unpin>(mut future: F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match Pin::new(&mut future).poll(cx) {
+            Poll::Ready(out) => Some(out),
+            Poll::Pending => None,
+        })
+    })
+    .await
 }
 
 /// Polls `future`, answering a panic as `Err` instead of unwinding through the layer:

@@ -257,10 +257,16 @@ pub(crate) fn corrupt(stored_key: &[u8], why: impl fmt::Display) -> StoreError {
     match Key::from_stored(stored_key) {
         Ok(key) => StoreError::Corrupt(format!("the record of {key:?}: {why}")),
         Err(_) => {
-            let hex: String = stored_key.iter().map(|b| format!("{b:02x}")).collect();
+            let hex = hex(stored_key);
             StoreError::Corrupt(format!("the record stored under key bytes {hex}: {why}"))
         }
     }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+/// `bytes` in lowercase hex, two digits a byte.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(feature = "redis")]

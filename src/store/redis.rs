@@ -32,7 +32,7 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, RedisResult, Script};
 
 use super::{
-    check_duration, corrupt, fingerprint_of, from_micros, micros, named, Store, StoreClaim,
+    check_duration, corrupt, fingerprint_of, from_micros, hex, micros, named, Store, StoreClaim,
     StoreError, StoredResult, UnknownRecord,
 };
 use crate::{Fingerprint, Key};
@@ -234,10 +234,6 @@ fn backend(e: redis::RedisError) -> StoreError {
 
 fn record_key(key: &Key) -> String {
     format!("idemcache:{{{}}}", hex(key.as_bytes()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
