@@ -230,7 +230,7 @@ impl Cache {
         let mut guard = cell.shard.write();
         let now = self.now();
         let out = f(&mut guard, now, &self.inner.config);
-        if guard.left_processing || !guard.removed.is_empty() || !guard.graveyard.is_empty() {
+        if guard.deferred.is_pending() {
             self.epilogue(guard, cell);
         }
         out
@@ -243,15 +243,15 @@ impl Cache {
     #[inline(never)]
     fn epilogue(&self, mut guard: RwLockWriteGuard<'_, Shard>, cell: &ShardCell) {
         let mut woken = Vec::new();
-        if std::mem::take(&mut guard.left_processing) {
-            if guard.waiters > 0 {
+        if std::mem::take(&mut guard.deferred.left_processing) {
+            if guard.deferred.waiters > 0 {
                 let _sleeping = cell.sleep.lock();
                 cell.changed.notify_all();
             }
-            woken = guard.wakers.take_all();
+            woken = guard.deferred.wakers.take_all();
         }
-        let freed: [Option<Bytes>; FREE_BATCH] = std::array::from_fn(|_| guard.graveyard.pop());
-        let removed = std::mem::take(&mut guard.removed);
+        let freed: [Option<Bytes>; FREE_BATCH] = std::array::from_fn(|_| guard.deferred.graveyard.pop());
+        let removed = std::mem::take(&mut guard.deferred.removed);
         drop(guard);
         drop(freed);
         for (_, waker) in woken {
@@ -363,12 +363,12 @@ impl Cache {
             let nap = left.min(lease_ends_at.saturating_duration_since(now));
             // Registered and holding `sleep` before the shard unlocks: a notifier needs
             // both, so it cannot slip in before this thread sleeps.
-            guard.waiters += 1;
+            guard.deferred.waiters += 1;
             let sleeping = cell.sleep.lock();
             drop(guard);
             drop(cell.changed.wait_timeout(sleeping, nap));
             guard = cell.shard.write();
-            guard.waiters -= 1;
+            guard.deferred.waiters -= 1;
         }
     }
 
@@ -437,9 +437,9 @@ impl Cache {
             });
             let unfiled = if let Ok(Claim::InProgress { .. }) = claim {
                 s.counters.in_progress -= 1;
-                s.wakers.file(filed, waker.take().expect("taken once"))
+                s.deferred.wakers.file(filed, waker.take().expect("taken once"))
             } else {
-                filed.take().and_then(|id| s.wakers.withdraw(id))
+                filed.take().and_then(|id| s.deferred.wakers.withdraw(id))
             };
             (claim, unfiled)
         });
@@ -450,15 +450,15 @@ impl Cache {
     /// Takes a dropped [`WaitForClaim`]'s waker out of its shard's list.
     pub(crate) fn withdraw_waker(&self, key: &Key, id: u64) {
         let (_, shard) = self.locate(key);
-        let unfiled = self.with_shard(shard, |s, _, _| s.wakers.withdraw(id));
+        let unfiled = self.with_shard(shard, |s, _, _| s.deferred.wakers.withdraw(id));
         drop(unfiled);
     }
 
     /// Records the result of an UNKNOWN entry after checking the authority:
     /// UNKNOWN → COMPLETED. Repeats then replay `result`.
-    pub fn resolve(&self, key: &Key, result: impl Into<Bytes>) -> Result<(), ResolveError> {
+    pub fn resolve(&self, key: &Key, result: impl crate::IntoBytes) -> Result<(), ResolveError> {
         let (hash, shard) = self.locate(key);
-        let mut body = Some(result.into());
+        let mut body = Some(result.into_bytes());
         // What the shard does not keep is dropped here, after unlocking.
         self.with_shard(shard, |s, now, cfg| s.resolve(hash, key, &mut body, now, cfg))
     }
@@ -498,11 +498,11 @@ impl Cache {
     /// so a fact [`insert`](Cache::insert)ed with an older mark than entries already
     /// listed may wait for them. Entries you cannot settle yet are listed again, first,
     /// on the next call.
-    pub fn unknown_entries(&self, limit: usize) -> Vec<UnknownEntry> {
+    pub fn unknown(&self, limit: usize) -> Vec<UnknownEntry> {
         let mut all = Vec::new();
         for cell in self.inner.shards.iter() {
             let shard = cell.shard.read();
-            all.extend(shard.unknown_entries(limit, self.now()));
+            all.extend(shard.unknown(limit, self.now()));
         }
         all.sort_by_key(|e| e.marked_at);
         all.truncate(limit);
@@ -549,7 +549,7 @@ impl Cache {
                         // entry", not every one a whole tick ago.
                         n += s.reclaim_within_tick(now);
                     }
-                    (n, swept, std::mem::take(&mut s.graveyard))
+                    (n, swept, std::mem::take(&mut s.deferred.graveyard))
                 });
                 // Dropped unlocked: departed results may own the caller's values.
                 drop(freed);
@@ -589,7 +589,7 @@ impl Cache {
         let mut stats = Stats::default();
         for cell in self.inner.shards.iter() {
             let shard = cell.shard.read();
-            let waiting = shard.waiters + shard.wakers.len();
+            let waiting = shard.deferred.waiters + shard.deferred.wakers.len();
             stats.add(&shard.counters, shard.entries(), shard.bytes(), waiting);
             stats.replayed += cell.replayed.load(Ordering::Relaxed);
         }

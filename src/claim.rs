@@ -50,21 +50,32 @@ impl Claim {
 }
 
 /// A stored result, handed to repeats of a completed intent.
+///
+/// One type for every tier, its times in the tier's own clock: the cache's
+/// [`Timestamp`] (the default), a monotonic clock, so that a lease or TTL is never
+/// stretched or cut short by the wall clock stepping; a durable store's `SystemTime`
+/// (`Replay<SystemTime>`), the wall clock being the only one processes and restarts share.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Replay {
+pub struct Replay<At = Timestamp> {
     /// The result the first execution recorded, or `None` if it was larger than the
     /// cache's `max_result_size` and only the fact of completion was kept. A small
     /// result's `Bytes` shares its memory with other results of the cache: holding on
     /// to it long after its entry is gone keeps that memory in use.
     pub body: Option<Bytes>,
     /// When the first execution completed.
-    pub completed_at: Timestamp,
+    pub completed_at: At,
     /// When the stored result expires.
-    pub expires_at: Timestamp,
+    pub expires_at: At,
 }
 
-impl Replay {
+impl<At> Replay<At> {
+    /// A replay of `body` (`None`: completed without a kept body), for a store
+    /// implementation handing back what it read.
+    pub fn new(body: Option<Bytes>, completed_at: At, expires_at: At) -> Replay<At> {
+        Replay { body, completed_at, expires_at }
+    }
+
     /// Whether the result body was kept (it was not if it exceeded `max_result_size`).
     pub fn body_kept(&self) -> bool {
         self.body.is_some()
@@ -90,6 +101,12 @@ impl Replay {
 pub struct FencingToken(pub(crate) u64);
 
 impl FencingToken {
+    /// The token `n`: for a durable store handing out tokens from its own counter (a
+    /// cache never takes a token back from its caller, so forging one gains nothing).
+    pub const fn new(n: u64) -> FencingToken {
+        FencingToken(n)
+    }
+
     /// The token as a number.
     pub fn get(self) -> u64 {
         self.0
@@ -178,16 +195,24 @@ pub enum Known {
 }
 
 /// An UNKNOWN entry, as listed for a reconciler by
-/// [`Cache::unknown_entries`](crate::Cache::unknown_entries).
+/// [`Cache::unknown`](crate::Cache::unknown), and (`UnknownEntry<SystemTime>`, on the
+/// store's clock) by a durable store's `unknown`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct UnknownEntry {
+pub struct UnknownEntry<At = Timestamp> {
     /// The entry's key.
     pub key: Key,
     /// The fingerprint of the request that claimed it.
     pub fingerprint: Fingerprint,
     /// When its outcome was marked unknown.
-    pub marked_at: Timestamp,
+    pub marked_at: At,
     /// When the mark expires and the key becomes claimable again.
-    pub expires_at: Timestamp,
+    pub expires_at: At,
+}
+
+impl<At> UnknownEntry<At> {
+    /// An UNKNOWN entry, for a store implementation listing what it holds.
+    pub fn new(key: Key, fingerprint: Fingerprint, marked_at: At, expires_at: At) -> Self {
+        UnknownEntry { key, fingerprint, marked_at, expires_at }
+    }
 }

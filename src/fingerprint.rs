@@ -78,9 +78,20 @@ impl Fingerprint {
         self.as_u128().to_be_bytes()
     }
 
-    /// Rebuilds a fingerprint from [`Fingerprint::to_bytes`].
+    /// Rebuilds a fingerprint from [`Fingerprint::to_bytes`]. (From a slice of unknown
+    /// length, `Fingerprint::try_from(bytes)`.)
     pub const fn from_bytes(bytes: [u8; 16]) -> Fingerprint {
         Fingerprint::from_u128(u128::from_be_bytes(bytes))
+    }
+}
+
+impl TryFrom<&[u8]> for Fingerprint {
+    type Error = std::array::TryFromSliceError;
+
+    /// Rebuilds a fingerprint from [`Fingerprint::to_bytes`] read back as a slice: an
+    /// error unless it is exactly 16 bytes.
+    fn try_from(bytes: &[u8]) -> Result<Fingerprint, Self::Error> {
+        <[u8; 16]>::try_from(bytes).map(Fingerprint::from_bytes)
     }
 }
 

@@ -9,7 +9,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use bytes::Bytes;
 
 use crate::cache::{Cache, Ticket};
 use crate::config::check_duration;
@@ -65,10 +64,10 @@ impl ClaimGuard {
     /// returns; a larger one is kept as given, without a copy. Either way, what a repeat
     /// gets is the same bytes. `result` is never dropped under the cache's lock, so its
     /// owner's `Drop` may use the cache.
-    pub fn complete(mut self, result: impl Into<Bytes>) -> Result<(), LeaseLost> {
+    pub fn complete(mut self, result: impl crate::IntoBytes) -> Result<(), LeaseLost> {
         self.finished = true;
         let Ticket { shard, slot, token } = self.ticket;
-        let (mut body, ttl) = (Some(result.into()), self.result_ttl);
+        let (mut body, ttl) = (Some(result.into_bytes()), self.result_ttl);
         // What the shard does not keep is dropped here, after unlocking.
         self.cache
             .with_shard(shard, |s, now, cfg| s.complete(slot, token, &mut body, ttl, now, cfg))

@@ -157,7 +157,7 @@
 //! original times into an absent (or dead) key under the shard lock, so it is atomic
 //! against claims (loom model 8): a live entry of any state refuses it. UNKNOWN entries
 //! are kept in a second list threaded through the same link fields as the age list (an
-//! entry is never both), so [`Cache::unknown_entries`](crate::Cache::unknown_entries)
+//! entry is never both), so [`Cache::unknown`](crate::Cache::unknown)
 //! walks only them, at most `limit` per shard.
 //!
 //! A completion never fails for lack of room (the work happened): its body is dropped

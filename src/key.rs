@@ -122,7 +122,7 @@ pub enum KeyError {
         /// The offending byte.
         byte: u8,
     },
-    /// [`Key::from_stored`] was given bytes that are not a stored key.
+    /// [`Key::from_bytes`] was given bytes that are not a stored key.
     Malformed,
 }
 
@@ -191,7 +191,7 @@ impl Key {
 
     /// Parses a stored form produced by [`Key::as_bytes`], checking every rule a
     /// constructor checks.
-    pub fn from_stored(bytes: &[u8]) -> Result<Key, KeyError> {
+    pub fn from_bytes(bytes: &[u8]) -> Result<Key, KeyError> {
         let parts = split(bytes).ok_or(KeyError::Malformed)?;
         let scope = std::str::from_utf8(parts.scope).map_err(|_| KeyError::Malformed)?;
         let tenant = match parts.tenant {
@@ -204,7 +204,7 @@ impl Key {
     }
 
     /// The stored, length-prefixed form: what the cache hashes and compares, and what a
-    /// durable store can keep and hand back to [`Key::from_stored`].
+    /// durable store can keep and hand back to [`Key::from_bytes`].
     #[inline]
     pub fn as_bytes(&self) -> &[u8] {
         match &self.stored {
@@ -409,7 +409,7 @@ mod tests {
             let client = "c".repeat(len - 5);
             let key = Key::without_tenant("s", &client).unwrap();
             assert_eq!(key.as_bytes().len(), len);
-            assert_eq!(Key::from_stored(key.as_bytes()).unwrap(), key);
+            assert_eq!(Key::from_bytes(key.as_bytes()).unwrap(), key);
             assert_eq!(key.client_key(), client);
         }
     }
@@ -420,7 +420,7 @@ mod tests {
             Key::new("POST /v1/orders", "user:42", "abc-123").unwrap(),
             Key::without_tenant("é scope", "~!").unwrap(),
         ] {
-            assert_eq!(Key::from_stored(key.as_bytes()).unwrap(), key);
+            assert_eq!(Key::from_bytes(key.as_bytes()).unwrap(), key);
         }
     }
 
@@ -429,10 +429,10 @@ mod tests {
         let key = Key::new("s", "t", "k").unwrap();
         let bytes = key.as_bytes();
         for cut in 0..bytes.len() {
-            assert!(Key::from_stored(&bytes[..cut]).is_err(), "prefix {cut} accepted");
+            assert!(Key::from_bytes(&bytes[..cut]).is_err(), "prefix {cut} accepted");
         }
         let mut longer = bytes.to_vec();
         longer.push(b'x');
-        assert_eq!(Key::from_stored(&longer), Err(KeyError::Malformed));
+        assert_eq!(Key::from_bytes(&longer), Err(KeyError::Malformed));
     }
 }

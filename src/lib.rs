@@ -85,16 +85,14 @@
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
-mod arena;
 mod cache;
 mod claim;
 mod clock;
 mod config;
-mod entry;
 mod error;
-mod evict;
 mod fingerprint;
 mod guard;
+mod into_bytes;
 pub mod implementation;
 mod key;
 #[cfg(feature = "tower")]
@@ -105,7 +103,6 @@ mod stats;
 pub mod store;
 mod sync;
 mod wait;
-mod wheel;
 
 /// The byte buffer results are stored and replayed as, re-exported so that naming it
 /// needs no dependency of your own.
@@ -120,13 +117,14 @@ pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{
     CacheBuilder, DropPolicy, MAX_DURATION, MAX_RESULT_SIZE_LIMIT, MAX_SHARDS, MAX_TICK, MIN_TICK,
 };
-pub use entry::ENTRY_OVERHEAD;
+pub use shard::entry::ENTRY_OVERHEAD;
 pub use error::{
     BuildError, ClaimError, ExtendLeaseError, InsertError, LeaseLost, ResolveError,
     SetResultTtlError,
 };
 pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use guard::ClaimGuard;
+pub use into_bytes::IntoBytes;
 pub use key::{Key, KeyError, MAX_CLIENT_KEY_LEN, MAX_SCOPE_AND_TENANT_LEN};
 pub use stats::Stats;
 pub use wait::WaitForClaim;

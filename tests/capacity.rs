@@ -139,7 +139,7 @@ fn a_small_result_kept_for_its_own_ttl_is_not_packed() {
 }
 
 #[test]
-fn in_flight_and_unknown_entries_survive_a_flood_of_new_keys() {
+fn in_flight_and_unknown_survive_a_flood_of_new_keys() {
     let clock = ManualClock::new();
     let cache = bounded(&clock, 64);
     let owners: Vec<_> =

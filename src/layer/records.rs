@@ -269,7 +269,7 @@ pub(crate) mod durable {
             Box::pin(async move {
                 match self.guard.extend_lease(lease).await {
                     Ok(_) => Renewal::Renewed,
-                    Err(TieredError::Store(StoreError::LeaseLost)) => Renewal::Lost,
+                    Err(TieredError::Store(StoreError::LeaseLost(_))) => Renewal::Lost,
                     Err(_) => Renewal::Failed,
                 }
             })
@@ -279,7 +279,7 @@ pub(crate) mod durable {
             Box::pin(async move {
                 match self.guard.complete(body).await {
                     Ok(_) => Settled::Recorded,
-                    Err(TieredError::Store(StoreError::LeaseLost)) => Settled::LeaseLost,
+                    Err(TieredError::Store(StoreError::LeaseLost(_))) => Settled::LeaseLost,
                     Err(_) => Settled::Failed,
                 }
             })

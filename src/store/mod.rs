@@ -1,6 +1,12 @@
 //! Durable idempotency records behind the in-process [`Cache`](crate::Cache): the
-//! [`Store`] trait, its SQLite implementation (feature `sqlite`), and [`Tiered`], the
-//! cache in front of any store.
+//! [`Store`] trait, its object-safe form [`DynStore`] (and [`AnyStore`], a store chosen
+//! at run time), and [`Tiered`], the cache in front of any store.
+//!
+//! The stores themselves are crates of their own, each tracking its driver's current
+//! release: `idemcache-sqlite`, `idemcache-postgres`, `idemcache-redis`; and
+//! `idemcache-any` opens one of them from a URL. [`encoding`] is what they share to
+//! write records alike; [`conformance`] (feature `test-utils`) is the suite every store
+//! passes, for a store of your own to prove the same contract.
 //!
 //! The contract is the cache's (absent → PROCESSING → COMPLETED or UNKNOWN, a lapsed
 //! lease taken over under a new fencing token, a different fingerprint a mismatch), kept
@@ -17,12 +23,10 @@
 //!
 //! This module uses the core's public API only, like any user of the crate.
 
-#[cfg(feature = "postgres")]
-mod postgres;
-#[cfg(feature = "redis")]
-mod redis;
-#[cfg(feature = "sqlite")]
-mod sqlite;
+#[cfg(feature = "test-utils")]
+pub mod conformance;
+mod dynamic;
+pub mod encoding;
 mod tiered;
 pub mod unique;
 
@@ -32,29 +36,25 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
-#[cfg(feature = "postgres")]
-pub use postgres::{PostgresStore, POSTGRES_SCHEMA};
-#[cfg(feature = "redis")]
-pub use redis::RedisStore;
-#[cfg(feature = "sqlite")]
-pub use sqlite::{SqliteStore, SQLITE_SCHEMA};
+pub use dynamic::{AnyStore, BoxFuture, DynStore};
 pub use tiered::{Tiered, TieredClaim, TieredError, TieredGuard};
 
-use crate::{Fingerprint, Key};
+use crate::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
-/// What a store's claim found, as [`Claim`](crate::Claim) does for the cache.
+/// What a store's claim found, as [`Claim`](crate::Claim) does for the cache, with the
+/// store's wall-clock times.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreClaim {
     /// The key was absent (or dead): the caller owns it and executes. Every later write
     /// must carry `token`.
     Acquired {
         /// The fencing token for this claim, from the store's counter.
-        token: u64,
+        token: FencingToken,
         /// When the lease lapses on the store's clock unless the key completes first.
         lease_ends_at: SystemTime,
     },
     /// Completed before: replay.
-    Completed(StoredResult),
+    Completed(Replay<SystemTime>),
     /// Another caller holds the key.
     InProgress {
         /// When the holder's lease lapses (the store's clock).
@@ -70,37 +70,15 @@ pub enum StoreClaim {
     Mismatch,
 }
 
-/// A completed record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredResult {
-    /// The stored result; `None` if it was recorded without one.
-    pub body: Option<Bytes>,
-    /// When it completed (the store's clock).
-    pub completed_at: SystemTime,
-    /// When the record expires (the store's clock).
-    pub expires_at: SystemTime,
-}
-
-/// An UNKNOWN record, for a reconciler.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnknownRecord {
-    /// The record's key.
-    pub key: Key,
-    /// The request it was claimed for.
-    pub fingerprint: Fingerprint,
-    /// When it was marked unknown.
-    pub marked_at: SystemTime,
-}
-
 /// Why a store operation failed. Nothing was changed unless the variant says so.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The token no longer owns the key (its lease lapsed and it was taken over, or it
-    /// was settled already): this write was refused.
-    LeaseLost,
-    /// `resolve` or `forget` on a key that is not UNKNOWN.
-    NotUnknown,
+    /// The token no longer owns the key named (its lease lapsed and it was taken over,
+    /// or it was settled already): this write was refused.
+    LeaseLost(Key),
+    /// `resolve` or `forget` on a key that has no UNKNOWN record.
+    NotUnknown(Key),
     /// A duration of zero or over [`MAX_DURATION`](crate::MAX_DURATION), or a body too
     /// large for the store.
     InvalidInput(String),
@@ -120,8 +98,10 @@ pub enum StoreError {
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StoreError::LeaseLost => f.write_str("the lease was lost: the key has a newer owner"),
-            StoreError::NotUnknown => f.write_str("the key has no UNKNOWN record"),
+            StoreError::LeaseLost(key) => {
+                write!(f, "the lease on {key:?} was lost: the key has a newer owner")
+            }
+            StoreError::NotUnknown(key) => write!(f, "{key:?} has no UNKNOWN record"),
             StoreError::InvalidInput(why) => write!(f, "invalid input: {why}"),
             StoreError::Backend(e) => write!(f, "the idempotency store failed: {e}"),
             StoreError::Corrupt(why) => write!(f, "an idempotency record is unreadable: {why}"),
@@ -142,7 +122,8 @@ impl std::error::Error for StoreError {
 ///
 /// Methods return `Send` futures that never block the runtime they run on; from
 /// synchronous code, run them with [`block_on`] (for stores that need no runtime, such
-/// as [`SqliteStore`]).
+/// as `idemcache-sqlite`'s). A store chosen at run time is a [`DynStore`]: every `Store`
+/// is one.
 pub trait Store: Send + Sync + 'static {
     /// Claims `key` for the request `fingerprint` with a lease of `lease`, atomically.
     fn claim(
@@ -156,10 +137,10 @@ pub trait Store: Send + Sync + 'static {
     fn complete(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         body: Option<Bytes>,
         ttl: Duration,
-    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send;
 
     /// Renews the lease of the PROCESSING record under `token` to end `lease` from the
     /// store's now, for executions that run long; returns the new end. Refused with
@@ -167,19 +148,22 @@ pub trait Store: Send + Sync + 'static {
     fn extend_lease(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send;
 
     /// PROCESSING → absent under `token`: a retry executes again.
-    fn release(&self, key: &Key, token: u64)
-        -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn release(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// PROCESSING → UNKNOWN under `token`, kept for `ttl`.
     fn mark_unknown(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
@@ -189,37 +173,34 @@ pub trait Store: Send + Sync + 'static {
         key: &Key,
         body: Option<Bytes>,
         ttl: Duration,
-    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send;
 
     /// UNKNOWN → absent after checking the authority found no effect.
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Up to `limit` live UNKNOWN records, oldest mark first.
+    /// Up to `limit` live UNKNOWN records, oldest mark first (as
+    /// [`Cache::unknown`](crate::Cache::unknown) lists the cache's).
     fn unknown(
         &self,
         limit: usize,
-    ) -> impl Future<Output = Result<Vec<UnknownRecord>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<UnknownEntry<SystemTime>>, StoreError>> + Send;
 
     /// Deletes up to `limit` expired records (lease lapsed, TTL passed); returns how many.
     /// Call it in a loop until it returns less than `limit`, to purge in bounded batches.
     fn purge_expired(&self, limit: usize)
         -> impl Future<Output = Result<usize, StoreError>> + Send;
-}
 
-/// Checks a lease or TTL as the cache does: more than zero, at most
-/// [`MAX_DURATION`](crate::MAX_DURATION).
-pub(crate) fn check_duration(what: &str, d: Duration) -> Result<(), StoreError> {
-    if d.is_zero() || d > crate::MAX_DURATION {
-        return Err(StoreError::InvalidInput(format!(
-            "{what} must be more than zero and at most {:?}, got {d:?}",
-            crate::MAX_DURATION
-        )));
+    /// Creates the store's tables (or whatever it keeps records in) if they are missing;
+    /// idempotent, and safe to run from several processes at once. A store that needs
+    /// none (Redis) answers `Ok` at once, which is what this default does. Opening a
+    /// store never creates a schema by itself: call this once at startup.
+    fn ensure_schema(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Ok(()))
     }
-    Ok(())
 }
 
 /// Runs a future to completion on the calling thread: for synchronous code (a CLI, a
-/// script) using a store that needs no async runtime, such as [`SqliteStore`].
+/// script) using a store that needs no async runtime, such as `idemcache-sqlite`'s.
 pub fn block_on<F: Future>(future: F) -> F::Output {
     use std::sync::Arc;
     use std::task::{Context, Poll, Wake, Waker};
@@ -241,88 +222,9 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
-/// A stored fingerprint's 16 bytes, or [`StoreError::Corrupt`].
-pub(crate) fn fingerprint_of(bytes: Vec<u8>) -> Result<Fingerprint, StoreError> {
-    let raw: [u8; 16] = bytes
-        .try_into()
-        .map_err(|_| StoreError::Corrupt("a fingerprint is not 16 bytes".into()))?;
-    Ok(Fingerprint::from_bytes(raw))
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
-/// A record the store holds that cannot be read, named by its key (so an operator can
-/// find it, and [`Store::forget`] or fix it).
-pub(crate) fn corrupt(stored_key: &[u8], why: impl fmt::Display) -> StoreError {
-    match Key::from_stored(stored_key) {
-        Ok(key) => StoreError::Corrupt(format!("the record of {key:?}: {why}")),
-        Err(_) => {
-            let hex = hex(stored_key);
-            StoreError::Corrupt(format!("the record stored under key bytes {hex}: {why}"))
-        }
-    }
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
-/// `bytes` in lowercase hex, two digits a byte.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-#[cfg(feature = "redis")]
-/// `e`, naming `key` if it is [`StoreError::Corrupt`] (which then did not name it).
-pub(crate) fn named(key: &Key, e: StoreError) -> StoreError {
-    match e {
-        StoreError::Corrupt(why) => corrupt(key.as_bytes(), why),
-        other => other,
-    }
-}
-
-/// Microseconds since the Unix epoch, as stores keep times.
-pub(crate) fn from_micros(us: i64) -> SystemTime {
-    if us >= 0 {
-        SystemTime::UNIX_EPOCH + Duration::from_micros(us as u64)
-    } else {
-        SystemTime::UNIX_EPOCH - Duration::from_micros(us.unsigned_abs())
-    }
-}
-
-/// Microseconds since the Unix epoch of `at` (the inverse of [`from_micros`]).
-pub(crate) fn micros_since_epoch(at: SystemTime) -> i64 {
-    match at.duration_since(SystemTime::UNIX_EPOCH) {
-        Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
-        Err(before) => i64::try_from(before.duration().as_micros()).map_or(i64::MIN, |us| -us),
-    }
-}
-
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
-/// A duration in whole microseconds (rounded up, so a lease never shrinks to zero).
-pub(crate) fn micros(d: Duration) -> i64 {
-    let us = d.as_nanos().div_ceil(1000);
-    i64::try_from(us).unwrap_or(i64::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn times_before_and_after_the_epoch_round_trip_through_micros() {
-        for us in [-1_000_000_007, -1, 0, 1, 1_700_000_000_000_000] {
-            assert_eq!(micros_since_epoch(from_micros(us)), us);
-        }
-        assert!(from_micros(-1) < SystemTime::UNIX_EPOCH);
-    }
-
-    #[test]
-    fn durations_are_checked_as_the_cache_checks_them() {
-        assert!(check_duration("lease", crate::MAX_DURATION).is_ok());
-        assert!(check_duration("lease", Duration::from_nanos(1)).is_ok());
-        for bad in [Duration::ZERO, crate::MAX_DURATION + Duration::from_nanos(1)] {
-            let err = check_duration("lease", bad).unwrap_err();
-            assert!(matches!(err, StoreError::InvalidInput(ref why) if why.starts_with("lease")));
-        }
-    }
 
     #[test]
     fn errors_say_what_failed_and_keep_their_cause() {
@@ -331,9 +233,12 @@ mod tests {
         let backend = StoreError::Backend(Box::new(cause));
         assert_eq!(backend.to_string(), "the idempotency store failed: connection reset");
         assert_eq!(backend.source().unwrap().to_string(), "connection reset");
-        assert!(StoreError::LeaseLost.source().is_none());
-        assert!(StoreError::LeaseLost.to_string().contains("lease was lost"));
-        assert!(StoreError::NotUnknown.to_string().contains("no UNKNOWN record"));
+        let key = Key::new("POST /orders", "user:7", "k-9").unwrap();
+        let lost = StoreError::LeaseLost(key.clone());
+        assert!(lost.source().is_none());
+        assert!(lost.to_string().contains("lease on") && lost.to_string().contains("k-9"));
+        let not_unknown = StoreError::NotUnknown(key).to_string();
+        assert!(not_unknown.contains("k-9") && not_unknown.contains("no UNKNOWN record"));
         assert!(StoreError::Corrupt("x".into()).to_string().ends_with(": x"));
     }
 }

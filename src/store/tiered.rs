@@ -15,10 +15,11 @@ use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::{
-    check_duration, from_micros, micros_since_epoch, Store, StoreClaim, StoreError, StoredResult,
+use super::encoding::{check_duration, from_micros, to_micros};
+use super::{Store, StoreClaim, StoreError};
+use crate::{
+    Cache, Claim, ClaimError, ClaimGuard, FencingToken, Fingerprint, Key, Known, Replay, Timestamp,
 };
-use crate::{Cache, Claim, ClaimError, ClaimGuard, Fingerprint, Key, Known, Timestamp};
 
 /// The bytes in front of a body in the hot tier: the store's `completed_at` and
 /// `expires_at` (µs since the epoch, big-endian), so a replay from memory answers the
@@ -56,7 +57,7 @@ pub enum TieredClaim<S: Store> {
     /// Absent in the store too: execute, then [`TieredGuard::complete`].
     Acquired(TieredGuard<S>),
     /// Completed before (from memory or from the store): replay.
-    Completed(StoredResult),
+    Completed(Replay<SystemTime>),
     /// Executing, here or in another process.
     InProgress {
         /// When the holder's lease lapses.
@@ -236,14 +237,14 @@ impl<S: Store> Tiered<S> {
 
     /// The record as the hot tier keeps it, if it can: a record it would keep without
     /// its body stays in the store only (a repeat reads it through, body and all).
-    fn packed(&self, record: &StoredResult) -> Option<Bytes> {
+    fn packed(&self, record: &Replay<SystemTime>) -> Option<Bytes> {
         let body = record.body.as_ref()?;
         if body.len() + TIMES > self.cache.max_result_size() {
             return None;
         }
         let mut packed = BytesMut::with_capacity(TIMES + body.len());
-        packed.put_i64(micros_since_epoch(record.completed_at));
-        packed.put_i64(micros_since_epoch(record.expires_at));
+        packed.put_i64(to_micros(record.completed_at));
+        packed.put_i64(to_micros(record.expires_at));
         packed.put_slice(body);
         Some(packed.freeze())
     }
@@ -256,7 +257,7 @@ impl<S: Store> Tiered<S> {
     /// more than the record's whole TTL (`expires_at - completed_at`, the store's clock):
     /// with clocks `d` apart, a record read through may outlive the store's by up to `d`,
     /// bounded by that TTL. (Completions are exact: see [`Tiered::keep`].)
-    fn remember(&self, key: &Key, fingerprint: Fingerprint, record: &StoredResult) {
+    fn remember(&self, key: &Key, fingerprint: Fingerprint, record: &Replay<SystemTime>) {
         let Some(packed) = self.packed(record) else { return };
         let whole = record.expires_at.duration_since(record.completed_at).unwrap_or_default();
         let left = record.expires_at.duration_since(SystemTime::now()).unwrap_or_default();
@@ -273,7 +274,7 @@ impl<S: Store> Tiered<S> {
     /// on the cache's clock), for no longer than the store keeps it: the store's TTL as
     /// its own clock counted it, less the time the answer took here. Or lets the claim go
     /// if the record does not fit.
-    fn keep(&self, local: Option<ClaimGuard>, record: &StoredResult, asked: Timestamp) {
+    fn keep(&self, local: Option<ClaimGuard>, record: &Replay<SystemTime>, asked: Timestamp) {
         let Some(mut local) = local else { return };
         let ttl = record.expires_at.duration_since(record.completed_at).unwrap_or_default();
         let left = ttl.saturating_sub(self.cache.now().saturating_duration_since(asked));
@@ -300,13 +301,13 @@ impl Drop for Local {
 
 /// A record the hot tier kept ([`Tiered::packed`]'s format); `None` if it is not one.
 /// Reading the times advances the `Bytes` in place: no copy, no reference count touched.
-fn unpack(mut packed: Bytes) -> Option<StoredResult> {
+fn unpack(mut packed: Bytes) -> Option<Replay<SystemTime>> {
     if packed.len() < TIMES {
         return None;
     }
     let completed_at = from_micros(packed.get_i64());
     let expires_at = from_micros(packed.get_i64());
-    Some(StoredResult { body: Some(packed), completed_at, expires_at })
+    Some(Replay::new(Some(packed), completed_at, expires_at))
 }
 
 /// A claim held in the store (and in the cache, for local duplicates). Settle it with
@@ -322,14 +323,14 @@ fn unpack(mut packed: Bytes) -> Option<StoredResult> {
 pub struct TieredGuard<S> {
     tiered: Tiered<S>,
     key: Key,
-    token: u64,
+    token: FencingToken,
     lease_ends_at: SystemTime,
     local: Option<ClaimGuard>,
 }
 
 impl<S: Store> TieredGuard<S> {
     /// The store's fencing token for this claim: carry it into your own writes.
-    pub fn token(&self) -> u64 {
+    pub fn token(&self) -> FencingToken {
         self.token
     }
 
@@ -354,16 +355,16 @@ impl<S: Store> TieredGuard<S> {
     /// leaves the outcome to the store (the write may have committed): the cache lets the
     /// key go, so the next claim asks the store; and unless the lease was lost, the record
     /// is marked UNKNOWN if the store answers that (a completion that did commit stays).
-    pub async fn complete(mut self, result: impl Into<Bytes>) -> Result<StoredResult, TieredError> {
+    pub async fn complete(mut self, result: impl crate::IntoBytes) -> Result<Replay<SystemTime>, TieredError> {
         let tiered = &self.tiered;
-        let body = Some(result.into());
+        let body = Some(result.into_bytes());
         let asked = tiered.cache.now();
         let outcome =
             tiered.store.complete(&self.key, self.token, body, tiered.completed_ttl).await;
         let local = self.local.take();
         match &outcome {
             Ok(record) => tiered.keep(local, record, asked),
-            Err(StoreError::LeaseLost) => let_go(local),
+            Err(StoreError::LeaseLost(_)) => let_go(local),
             Err(_) => {
                 let_go(local);
                 // Not recorded (a body the store refuses), or maybe not (the store failed

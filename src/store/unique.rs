@@ -6,7 +6,9 @@
 //! Invariant: only a violation of a uniqueness constraint (or primary key) answers
 //! `true`; other constraint failures (`NOT NULL`, `CHECK`, foreign keys) are real errors.
 //!
-//! The engine's own codes, for drivers this crate has no feature for:
+//! Each store crate has its driver's classifier (`idemcache_sqlite::is_unique_violation`,
+//! `idemcache_postgres::…`, `idemcache_sqlx::…`, `idemcache_mysql_async::…`); these are
+//! the engines' own codes, for any other driver:
 //!
 //! | engine | code |
 //! |---|---|
@@ -38,51 +40,9 @@ pub fn is_unique_sqlite_code(extended_code: i32) -> bool {
     extended_code == SQLITE_CONSTRAINT_UNIQUE || extended_code == SQLITE_CONSTRAINT_PRIMARYKEY
 }
 
-/// Whether a rusqlite error is a uniqueness (or primary key) violation.
-#[cfg(feature = "sqlite")]
-pub fn is_unique_violation_rusqlite(error: &rusqlite::Error) -> bool {
-    matches!(error, rusqlite::Error::SqliteFailure(e, _) if is_unique_sqlite_code(e.extended_code))
-}
-
-/// Whether a tokio-postgres error is a unique violation (SQLSTATE 23505).
-#[cfg(feature = "postgres")]
-pub fn is_unique_violation_postgres(error: &tokio_postgres::Error) -> bool {
-    error.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
-}
-
-/// Whether a sqlx error (any database) is a uniqueness violation, by sqlx's own
-/// `ErrorKind::UniqueViolation`. For MySQL/MariaDB this is the right test: sqlx-mysql's
-/// `code()` is the SQLSTATE `23000`, which other integrity errors share.
-#[cfg(feature = "sqlx")]
-pub fn is_unique_violation_sqlx(error: &sqlx::Error) -> bool {
-    error.as_database_error().is_some_and(|e| e.kind() == sqlx::error::ErrorKind::UniqueViolation)
-}
-
-/// Whether a mysql_async error is a duplicate key (server error 1062).
-#[cfg(feature = "mysql_async")]
-pub fn is_unique_violation_mysql_async(error: &mysql_async::Error) -> bool {
-    matches!(error, mysql_async::Error::Server(e) if is_unique_mysql_code(e.code))
-}
-
-#[cfg(all(test, feature = "sqlite"))]
+#[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_uniqueness_counts_in_a_real_sqlite() {
-        let db = rusqlite::Connection::open_in_memory().unwrap();
-        db.execute_batch(
-            "CREATE TABLE t (id INTEGER PRIMARY KEY, u TEXT UNIQUE, n TEXT NOT NULL, c INTEGER CHECK (c > 0));
-             INSERT INTO t VALUES (1, 'a', 'x', 1);",
-        )
-        .unwrap();
-        let fails = |sql: &str| db.execute(sql, []).unwrap_err();
-        assert!(is_unique_violation_rusqlite(&fails("INSERT INTO t VALUES (2, 'a', 'x', 1)")));
-        assert!(is_unique_violation_rusqlite(&fails("INSERT INTO t VALUES (1, 'b', 'x', 1)")));
-        assert!(!is_unique_violation_rusqlite(&fails("INSERT INTO t VALUES (3, 'c', NULL, 1)")));
-        assert!(!is_unique_violation_rusqlite(&fails("INSERT INTO t VALUES (4, 'd', 'x', 0)")));
-        assert!(!is_unique_violation_rusqlite(&fails("INSERT INTO nowhere VALUES (1)")));
-    }
 
     #[test]
     fn the_engines_codes() {

@@ -25,18 +25,23 @@
 //! `Option`, and the bodies of entries that leave go to `graveyard`, which the cache
 //! empties after unlocking.
 
+pub(crate) mod arena;
+pub(crate) mod entry;
+pub(crate) mod evict;
+pub(crate) mod wheel;
+
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hashbrown::HashTable;
 
-use crate::arena::{ResultArena, ResultRef};
+use self::arena::{ResultArena, ResultRef};
 use crate::config::Config;
-use crate::entry::{Entry, State};
-use crate::evict::{self, AgeLinks, AgeList};
+use self::entry::{Entry, State};
+use self::evict::{AgeLinks, AgeList};
 use crate::stats::Counters;
 use crate::wait::Wakers;
-use crate::wheel::Wheel;
+use self::wheel::Wheel;
 use crate::{
     Claim, ClaimError, EntrySnapshot, Fingerprint, InsertError, Key, Known, LeaseLost,
     RemovalCause, Replay, ResolveError, Timestamp, UnknownEntry,
@@ -97,6 +102,35 @@ pub(crate) struct Limits {
     pub(crate) tick_nanos: u64,
 }
 
+/// The work a locked operation leaves for after the lock is released, drained by the
+/// cache's epilogue ([`Cache::with_shard`](crate::Cache)): waking waiters, freeing
+/// departed results, telling the removal listener. Kept apart so that nothing a caller
+/// owns is dropped, and no caller code runs, under the shard lock.
+#[derive(Debug, Default)]
+pub(crate) struct Deferred {
+    /// Threads sleeping in `claim_wait` on this shard; notifying is skipped when zero.
+    pub(crate) waiters: usize,
+    /// Futures of `claim_wait_async` waiting on this shard, woken with the threads.
+    pub(crate) wakers: Wakers,
+    /// Set when an entry left PROCESSING; the cache wakes waiters and clears it.
+    pub(crate) left_processing: bool,
+    /// Results of entries that left (evicted, expired, removed), not yet freed; the
+    /// cache frees them after unlocking, [`FREE_BATCH`] per operation. Already gone from
+    /// every count: nobody can reach them.
+    pub(crate) graveyard: Vec<Bytes>,
+    /// Removals for the listener, handed to it by the cache after unlocking; only kept
+    /// when a listener is set.
+    pub(crate) removed: Vec<(Key, RemovalCause)>,
+}
+
+impl Deferred {
+    /// Whether the epilogue has anything to do.
+    #[inline]
+    pub(crate) fn is_pending(&self) -> bool {
+        self.left_processing || !self.removed.is_empty() || !self.graveyard.is_empty()
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Shard {
     /// The cache's key hasher, for `validate` to check each entry's stored hash.
@@ -125,21 +159,10 @@ pub(crate) struct Shard {
     bytes: usize,
     limits: Limits,
     pub(crate) counters: Counters,
-    /// Threads sleeping in `claim_wait` on this shard; notifying is skipped when zero.
-    pub(crate) waiters: usize,
-    /// Futures of `claim_wait_async` waiting on this shard, woken with the threads.
-    pub(crate) wakers: Wakers,
-    /// Set when an entry left PROCESSING; the cache wakes waiters and clears it.
-    pub(crate) left_processing: bool,
-    /// Results of entries that left (evicted, expired, removed), not yet freed; the
-    /// cache frees them after unlocking, [`FREE_BATCH`] per operation. Already gone from
-    /// every count: nobody can reach them.
-    pub(crate) graveyard: Vec<Bytes>,
+    /// What this shard's operations left for the cache to do once the lock is released.
+    pub(crate) deferred: Deferred,
     /// Where results kept for the default TTL are packed (see [`ResultArena`]).
     results: ResultArena,
-    /// Removals for the listener, handed to it by the cache after unlocking; only kept
-    /// when a listener is set.
-    pub(crate) removed: Vec<(Key, RemovalCause)>,
     record_removals: bool,
 }
 
@@ -169,12 +192,8 @@ impl Shard {
             bytes: 0,
             limits,
             counters: Counters::default(),
-            waiters: 0,
-            wakers: Wakers::default(),
-            left_processing: false,
-            graveyard: Vec::new(),
             results: ResultArena::default(),
-            removed: Vec::new(),
+            deferred: Deferred::default(),
             record_removals,
         }
     }
@@ -405,7 +424,7 @@ impl Shard {
         cfg: &Config,
     ) -> Result<(), LeaseLost> {
         let slot = self.owned(slot, token, now)?;
-        self.left_processing = true;
+        self.deferred.left_processing = true;
         let kept = self.keep_result(body, ttl, now, cfg);
         self.set_completed(slot, kept, now, deadline_after(now, ttl));
         self.counters.completions += 1;
@@ -487,7 +506,7 @@ impl Shard {
         cfg: &Config,
     ) -> Result<(), LeaseLost> {
         let slot = self.owned(slot, token, now)?;
-        self.left_processing = true;
+        self.deferred.left_processing = true;
         let e = self.entry_mut(slot);
         e.state = State::Unknown;
         e.since = now;
@@ -616,7 +635,7 @@ impl Shard {
 
     /// The first `limit` live UNKNOWN entries, in the order they became UNKNOWN here
     /// (marked, or inserted); dead ones not yet reclaimed are passed over.
-    pub(crate) fn unknown_entries(&self, limit: usize, now: Timestamp) -> Vec<UnknownEntry> {
+    pub(crate) fn unknown(&self, limit: usize, now: Timestamp) -> Vec<UnknownEntry> {
         self.unknown
             .iter(&self.wheel)
             .map(|slot| self.entry(slot))
@@ -786,7 +805,7 @@ impl Shard {
                 // entries of at least ENTRY_OVERHEAD bytes each do not fit in memory.
                 let slot = u32::try_from(self.slots.len())
                     .ok()
-                    .filter(|&slot| slot <= crate::wheel::MAX_ID)
+                    .filter(|&slot| slot <= self::wheel::MAX_ID)
                     .expect("more entries in one shard than the wheel has ids");
                 self.slots.push(Some(entry));
                 slot
@@ -823,16 +842,16 @@ impl Shard {
             State::Unknown => {
                 self.unknown.remove(slot, &mut self.wheel);
             }
-            State::Processing => self.left_processing = true,
+            State::Processing => self.deferred.left_processing = true,
         }
         self.free.push(slot);
         self.entries -= 1;
         self.bytes -= charge;
         if let Some(r) = entry.body {
-            self.graveyard.extend(self.results.release(r));
+            self.deferred.graveyard.extend(self.results.release(r));
         }
         if self.record_removals {
-            self.removed.push((entry.key, cause));
+            self.deferred.removed.push((entry.key, cause));
         }
     }
 

@@ -7,13 +7,13 @@
 //!
 //! The fields are flat (no enum carrying the body) so a slot stays small and a replay hit
 //! reads the key, fingerprint, state and deadline from the two cache lines it loads
-//! together. The result itself is in the shard's [`ResultArena`](crate::arena), named
+//! together. The result itself is in the shard's [`ResultArena`](crate::shard::arena), named
 //! by an 8-byte [`ResultRef`]: a 32-byte `Bytes` here would leave room for 24 bytes less
 //! of key inline.
 
 use bytes::Bytes;
 
-use crate::arena::ResultRef;
+use crate::shard::arena::ResultRef;
 use crate::{EntrySnapshot, EntryState, FencingToken, Fingerprint, Key, Replay, Timestamp};
 
 /// The three states of the contract (DESIGN.md); "absent" is the lack of an entry.
@@ -54,8 +54,8 @@ pub(crate) struct Entry {
 pub const ENTRY_OVERHEAD: usize = std::mem::size_of::<Option<Entry>>()
     + std::mem::size_of::<u32>()
     + 1
-    + std::mem::size_of::<crate::wheel::Node<crate::evict::AgeLinks>>()
-    + crate::arena::RESULT_SLOT;
+    + std::mem::size_of::<crate::shard::wheel::Node<crate::shard::evict::AgeLinks>>()
+    + crate::shard::arena::RESULT_SLOT;
 
 // What the charge is made of, pinned: the slab slot 128, the table's index 4 and control
 // byte 1, the wheel node 24, the result buffer's slot 40. A change to any part shows here.
@@ -63,7 +63,7 @@ const _: () = assert!(ENTRY_OVERHEAD == 128 + 4 + 1 + 24 + 40);
 
 // The layout argument above depends on this, and the memory figures on both.
 const _: () = assert!(std::mem::size_of::<Option<Entry>>() == 128);
-const _: () = assert!(std::mem::size_of::<crate::wheel::Node<crate::evict::AgeLinks>>() == 24);
+const _: () = assert!(std::mem::size_of::<crate::shard::wheel::Node<crate::shard::evict::AgeLinks>>() == 24);
 
 impl Entry {
     #[inline]

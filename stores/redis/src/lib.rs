@@ -1,4 +1,8 @@
-//! [`RedisStore`]: idempotency records in Redis, one hash per key.
+//! [`RedisStore`]: idemcache's durable records in Redis, one hash per key.
+//!
+//! This crate tracks the redis crate's current release and re-exports it ([`redis`]), so
+//! that the connection manager you already have can be the store's
+//! ([`RedisStore::from_connection`]).
 //!
 //! Invariant: every claim and every settling write is one Lua script (one round trip,
 //! atomic on the server) that reads the time from Redis (`TIME`) and, for a settling
@@ -31,11 +35,19 @@ use bytes::Bytes;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, RedisResult, Script};
 
-use super::{
-    check_duration, corrupt, fingerprint_of, from_micros, hex, micros, named, Store, StoreClaim,
-    StoreError, StoredResult, UnknownRecord,
-};
-use crate::{Fingerprint, Key};
+use idemcache::store::encoding::{check_duration, corrupt, fingerprint, from_micros, hex, micros};
+use idemcache::store::{Store, StoreClaim, StoreError};
+use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
+
+pub use redis;
+
+/// `e`, naming `key` if it is [`StoreError::Corrupt`] (which then did not name it).
+fn named(key: &Key, e: StoreError) -> StoreError {
+    match e {
+        StoreError::Corrupt(why) => corrupt(key.as_bytes(), why),
+        other => other,
+    }
+}
 
 const UNKNOWN_INDEX: &str = "idemcache:unknown";
 
@@ -69,7 +81,7 @@ local function record()
 end
 local function owned(token)
   local rec = record()
-  return rec ~= nil and rec.state == 1 and rec.token == tonumber(token) and rec.expires > now
+  return rec ~= nil and rec.state == 1 and rec.token == tonumber(token.get()) and rec.expires > now
 end
 local function unknown()
   local rec = record()
@@ -152,8 +164,8 @@ return {now, now}
 ";
 
 /// ARGV: the index's members (`<hex>:<token>`) to check. Returns the members to keep:
-/// those whose record is a live UNKNOWN under that token, with its fingerprint and mark
-/// time, and those whose record does not read, with why (never stopping at one).
+/// those whose record is a live UNKNOWN under that token, with its fingerprint, mark
+/// time and expiry, and those whose record does not read, with why (never stopping at one).
 const LIST_UNKNOWN: &str = r"
 local out = {}
 for i, member in ipairs(ARGV) do
@@ -162,10 +174,10 @@ for i, member in ipairs(ARGV) do
     local key = 'idemcache:{' .. hex .. '}'
     local rec, bad = read(key)
     if bad then
-      table.insert(out, {member, false, false, bad})
-    elseif rec and rec.state == 3 and rec.expires > now and rec.token == tonumber(token) then
+      table.insert(out, {member, false, false, bad, false})
+    elseif rec and rec.state == 3 and rec.expires > now and rec.token == tonumber(token.get()) then
       local r = redis.call('HMGET', key, 'fp', 'settled')
-      table.insert(out, {member, r[1] or false, int(r[2]) or false, false})
+      table.insert(out, {member, r[1] or false, int(r[2]) or false, false, rec.expires})
     end
   end
 end
@@ -226,7 +238,9 @@ fn backend(e: redis::RedisError) -> StoreError {
         let why = why.split(" script: ").next().unwrap_or(why);
         return StoreError::Corrupt(why.to_owned());
     }
-    if e.code() == Some("WRONGTYPE") || e.kind() == redis::ErrorKind::TypeError {
+    if e.code() == Some("WRONGTYPE")
+        || matches!(e.kind(), redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse)
+    {
         return StoreError::Corrupt(format!("a key of the store does not read as one: {e}"));
     }
     StoreError::Backend(Box::new(e))
@@ -246,15 +260,26 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 
 impl RedisStore {
     /// Connects to `url` (`redis://host:port/db`); reconnects by itself afterwards. An
-    /// unreachable server is [`StoreError::Backend`], here or from any later operation.
+    /// unreachable server is [`StoreError::Backend`] naming its host and port, here or
+    /// (the driver's own message) from any later operation. Redis needs no schema.
     pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
-        let client = redis::Client::open(url).map_err(backend)?;
+        let client = redis::Client::open(url)
+            .map_err(|e| StoreError::InvalidInput(format!("not a Redis URL: {e}")))?;
+        let server = client.get_connection_info().addr().to_string();
         let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Duration::from_secs(5))
-            .set_response_timeout(Duration::from_secs(5))
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
             .set_number_of_retries(1);
-        let connection =
-            client.get_connection_manager_with_config(config).await.map_err(backend)?;
+        let connection = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| StoreError::Backend(format!("Redis at {server}: {e}").into()))?;
+        Ok(RedisStore::from_connection(connection))
+    }
+
+    /// A store over your own connection manager (with the timeouts, TLS and retries you
+    /// chose); it is cloned per operation, as the manager is meant to be.
+    pub fn from_connection(connection: ConnectionManager) -> RedisStore {
         let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
         let scripts = Scripts {
             claim: script(CLAIM),
@@ -266,20 +291,20 @@ impl RedisStore {
             forget: script(FORGET),
             list_unknown: script(LIST_UNKNOWN),
         };
-        Ok(RedisStore {
+        RedisStore {
             connection,
             scripts: std::sync::Arc::new(scripts),
             purge_from: std::sync::Arc::default(),
-        })
+        }
     }
 
-    /// Runs a settling script; `None` from it is `missing`.
+    /// Runs a settling script; `None` from it is `missing` of the key.
     async fn settle(
         &self,
         script: &Script,
         key: &Key,
         args: Vec<Vec<u8>>,
-        missing: StoreError,
+        missing: fn(Key) -> StoreError,
     ) -> Result<(i64, i64), StoreError> {
         let mut invocation = script.key(record_key(key));
         for arg in args {
@@ -288,7 +313,7 @@ impl RedisStore {
         let mut connection = self.connection.clone();
         let done: Option<(i64, i64)> =
             invocation.invoke_async(&mut connection).await.map_err(|e| named(key, backend(e)))?;
-        done.ok_or(missing)
+        done.ok_or_else(|| missing(key.clone()))
     }
 }
 
@@ -302,7 +327,7 @@ impl Store for RedisStore {
     fn claim(
         &self,
         key: &Key,
-        fingerprint: Fingerprint,
+        fp_in: Fingerprint,
         lease: Duration,
     ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
         let record = record_key(key);
@@ -314,7 +339,7 @@ impl Store for RedisStore {
                 .scripts
                 .claim
                 .key(record)
-                .arg(fingerprint.to_bytes().to_vec())
+                .arg(fp_in.to_bytes().to_vec())
                 .arg(micros(lease))
                 .invoke_async(&mut connection)
                 .await
@@ -324,22 +349,22 @@ impl Store for RedisStore {
                 token.ok_or_else(|| corrupt(key.as_bytes(), "its token is not a number"))?;
             if state == 0 {
                 return Ok(StoreClaim::Acquired {
-                    token: token as u64,
+                    token: FencingToken::new(token as u64),
                     lease_ends_at: from_micros(expires),
                 });
             }
             let fp = fp.ok_or_else(|| corrupt(key.as_bytes(), "it has no fingerprint"))?;
-            if fingerprint_of(fp).map_err(|e| named(&key, e))? != fingerprint {
+            if self::fingerprint(&fp).map_err(|e| named(&key, e))? != fp_in {
                 return Ok(StoreClaim::Mismatch);
             }
             let settled = from_micros(settled.unwrap_or(expires));
             Ok(match state {
                 1 => StoreClaim::InProgress { lease_ends_at: from_micros(expires) },
-                2 => StoreClaim::Completed(StoredResult {
-                    body: body.map(Bytes::from),
-                    completed_at: settled,
-                    expires_at: from_micros(expires),
-                }),
+                2 => StoreClaim::Completed(Replay::new(
+                    body.map(Bytes::from),
+                    settled,
+                    from_micros(expires),
+                )),
                 3 => StoreClaim::Unknown { marked_at: settled },
                 other => return Err(corrupt(key.as_bytes(), format_args!("its state is {other}"))),
             })
@@ -349,31 +374,31 @@ impl Store for RedisStore {
     fn complete(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         body: Option<Bytes>,
         ttl: Duration,
-    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
         let key = key.clone();
         async move {
             check_duration("result TTL", ttl)?;
-            let mut args = vec![number(token), number(micros(ttl))];
+            let mut args = vec![number(token.get()), number(micros(ttl))];
             args.extend(body.as_deref().map(<[u8]>::to_vec));
             let (at, until) =
                 self.settle(&self.scripts.complete, &key, args, StoreError::LeaseLost).await?;
-            Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+            Ok(Replay::new(body, from_micros(at), from_micros(until)))
         }
     }
 
     fn extend_lease(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send {
         let key = key.clone();
         async move {
             check_duration("lease", lease)?;
-            let args = vec![number(token), number(micros(lease))];
+            let args = vec![number(token.get()), number(micros(lease))];
             let (_, until) =
                 self.settle(&self.scripts.extend_lease, &key, args, StoreError::LeaseLost).await?;
             Ok(from_micros(until))
@@ -383,11 +408,11 @@ impl Store for RedisStore {
     fn release(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let key = key.clone();
         async move {
-            let args = vec![number(token)];
+            let args = vec![number(token.get())];
             self.settle(&self.scripts.release, &key, args, StoreError::LeaseLost).await.map(drop)
         }
     }
@@ -395,14 +420,14 @@ impl Store for RedisStore {
     fn mark_unknown(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let key = key.clone();
         async move {
             check_duration("unknown TTL", ttl)?;
             let record = record_key(&key);
-            let member = format!("{}:{token}", hex(key.as_bytes()));
+            let member = format!("{}:{}", hex(key.as_bytes()), token.get());
             let mark = &self.scripts.mark_unknown;
             let mut connection = self.connection.clone();
             // The index's member first, then the mark, in one round trip; the member is
@@ -412,16 +437,16 @@ impl Store for RedisStore {
             let mut pipe = redis::pipe();
             pipe.cmd("EVAL").arg(INDEX_MARK).arg(1).arg(UNKNOWN_INDEX).arg(&member).ignore();
             pipe.cmd("EVALSHA").arg(mark.get_hash()).arg(1).arg(&record);
-            pipe.arg(number(token)).arg(number(micros(ttl)));
+            pipe.arg(number(token.get())).arg(number(micros(ttl)));
             let mut done: RedisResult<(Option<(i64, i64)>,)> =
                 pipe.query_async(&mut connection).await;
-            if matches!(&done, Err(e) if e.kind() == redis::ErrorKind::NoScriptError) {
+            if matches!(&done, Err(e) if e.code() == Some("NOSCRIPT")) {
                 // Redis lost its script cache (a restart, SCRIPT FLUSH): load and again.
                 mark.prepare_invoke().load_async(&mut connection).await.map_err(backend)?;
                 done = pipe.query_async(&mut connection).await;
             }
             let (done,) = done.map_err(|e| named(&key, backend(e)))?;
-            done.map(drop).ok_or(StoreError::LeaseLost)
+            done.map(drop).ok_or(StoreError::LeaseLost(key.clone()))
         }
     }
 
@@ -430,7 +455,7 @@ impl Store for RedisStore {
         key: &Key,
         body: Option<Bytes>,
         ttl: Duration,
-    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
         let key = key.clone();
         async move {
             check_duration("result TTL", ttl)?;
@@ -439,7 +464,7 @@ impl Store for RedisStore {
             // The index's member for this mark is stale from now on (trimmed later).
             let (at, until) =
                 self.settle(&self.scripts.resolve, &key, args, StoreError::NotUnknown).await?;
-            Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+            Ok(Replay::new(body, from_micros(at), from_micros(until)))
         }
     }
 
@@ -451,7 +476,7 @@ impl Store for RedisStore {
         }
     }
 
-    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
+    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
         let mut out = Vec::new();
         // The first `limit` members at once (a listing may be long: its caller bounds it).
         let window = limit.max(16);
@@ -517,18 +542,19 @@ struct Kept {
     fingerprint: Option<Vec<u8>>,
     marked_at: Option<i64>,
     unreadable: Option<String>,
+    expires_at: Option<i64>,
 }
 
 impl redis::FromRedisValue for Kept {
-    fn from_redis_value(v: &redis::Value) -> RedisResult<Kept> {
-        let (member, fingerprint, marked_at, unreadable) = redis::from_redis_value(v)?;
-        Ok(Kept { member, fingerprint, marked_at, unreadable })
+    fn from_redis_value(v: redis::Value) -> Result<Kept, redis::ParsingError> {
+        let (member, fingerprint, marked_at, unreadable, expires_at) = redis::from_redis_value(v)?;
+        Ok(Kept { member, fingerprint, marked_at, unreadable, expires_at })
     }
 }
 
 impl Kept {
     /// The listed record, or [`StoreError::Corrupt`] naming its key.
-    fn listed(&self) -> Result<UnknownRecord, StoreError> {
+    fn listed(&self) -> Result<UnknownEntry<SystemTime>, StoreError> {
         let stored =
             self.member.split_once(':').and_then(|(hex, _token)| unhex(hex)).ok_or_else(|| {
                 StoreError::Corrupt(format!("the index member {:?}", self.member))
@@ -542,11 +568,13 @@ impl Kept {
         }
         let fingerprint = self.fingerprint.clone().ok_or_else(|| unreadable("no fingerprint"))?;
         let marked_at = self.marked_at.ok_or_else(|| unreadable("no mark time (settled)"))?;
-        Ok(UnknownRecord {
-            key: Key::from_stored(&stored).map_err(|e| unreadable(&e.to_string()))?,
-            fingerprint: fingerprint_of(fingerprint).map_err(|e| unreadable(&e.to_string()))?,
-            marked_at: from_micros(marked_at),
-        })
+        let expires_at = self.expires_at.ok_or_else(|| unreadable("no expiry"))?;
+        Ok(UnknownEntry::new(
+            Key::from_bytes(&stored).map_err(|e| unreadable(&e.to_string()))?,
+            self::fingerprint(&fingerprint).map_err(|e| unreadable(&e.to_string()))?,
+            from_micros(marked_at),
+            from_micros(expires_at),
+        ))
     }
 }
 

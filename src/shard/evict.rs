@@ -51,7 +51,7 @@ pub(crate) trait LinkArena {
     fn links(&self, id: u32) -> Option<&AgeLinks>;
 }
 
-impl LinkArena for crate::wheel::Wheel<AgeLinks> {
+impl LinkArena for crate::shard::wheel::Wheel<AgeLinks> {
     fn links_mut(&mut self, id: u32) -> &mut AgeLinks {
         self.payload_mut(id)
     }

@@ -1,5 +1,10 @@
-//! [`PostgresStore`]: idempotency records in PostgreSQL, through a pool of tokio-postgres
-//! connections (deadpool).
+//! [`PostgresStore`]: idemcache's durable records in PostgreSQL, through a pool of
+//! tokio-postgres connections (deadpool); and [`is_unique_violation`], tokio-postgres's
+//! classifier for your own tables.
+//!
+//! This crate tracks tokio-postgres's and deadpool-postgres's current releases and
+//! re-exports them ([`tokio_postgres`], [`deadpool_postgres`]), so that the pool you
+//! already have can be the store's ([`PostgresStore::from_pool`]).
 //!
 //! Invariant: every operation is one statement, judged by the server's clock
 //! (`clock_timestamp()`, read once per statement). A claim is one
@@ -17,13 +22,13 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
 
-use super::{
-    check_duration, corrupt, fingerprint_of, from_micros, micros, Store, StoreClaim, StoreError,
-    StoredResult, UnknownRecord,
-};
-use crate::{Fingerprint, Key};
+use idemcache::store::encoding::{check_duration, corrupt, fingerprint, from_micros, key, micros};
+use idemcache::store::{Store, StoreClaim, StoreError};
+use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
-/// The schema [`PostgresStore::ensure_schema`] creates (idempotent, and safe to run from
+pub use {deadpool_postgres, tokio_postgres};
+
+/// The schema [`ensure_schema`](Store::ensure_schema) creates (idempotent, and safe to run from
 /// several processes at once: it holds an advisory lock). Columns as in SQLite's:
 /// `state` 1 PROCESSING, 2 COMPLETED, 3 UNKNOWN; `expires_at` the lease's end while
 /// PROCESSING, the TTL's after; times in microseconds since the epoch (server clock).
@@ -51,15 +56,42 @@ macro_rules! now {
 }
 
 /// Idempotency records in PostgreSQL. See the module docs for the guarantees.
+/// Cheap to clone (the pool is shared).
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: Pool,
+    /// The server, as connection errors name it (`host:port/db`), when the store built
+    /// the pool from a URL.
+    server: Option<String>,
 }
 
 impl std::fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresStore").field("pool", &self.pool.status()).finish()
+        f.debug_struct("PostgresStore")
+            .field("server", &self.server)
+            .field("pool", &self.pool.status())
+            .finish()
     }
+}
+
+/// Whether a tokio-postgres error is a unique violation (SQLSTATE 23505): for your own
+/// business tables, whose `UNIQUE` constraint is the backstop behind the cache (see
+/// [`idemcache::store::unique`]). Other constraint failures are real errors.
+pub fn is_unique_violation(error: &tokio_postgres::Error) -> bool {
+    error.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
+}
+
+/// `host:port/db` of `config`, as a connection error names the server.
+fn server_of(config: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(host)) => host.clone(),
+        #[cfg(unix)]
+        Some(Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}/{}", config.get_dbname().unwrap_or(""))
 }
 
 fn backend(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
@@ -85,10 +117,15 @@ fn limit(n: usize) -> i64 {
 
 impl PostgresStore {
     /// A store over a pool of up to `max_connections` connections to `url`
-    /// (`postgres://user@host:port/db`, no TLS). Connects lazily: an unreachable server
-    /// shows as [`StoreError::Backend`] from the first operation.
-    pub fn connect(url: &str, max_connections: usize) -> Result<PostgresStore, StoreError> {
-        let config: tokio_postgres::Config = url.parse().map_err(backend)?;
+    /// (`postgres://user@host:port/db`, no TLS; with TLS, build the pool yourself and
+    /// [`from_pool`](Self::from_pool) it). Connects lazily: an unreachable server shows as
+    /// [`StoreError::Backend`], naming its host and port, from the first operation. The
+    /// schema is not created: call [`ensure_schema`](Store::ensure_schema).
+    pub async fn connect(url: &str, max_connections: usize) -> Result<PostgresStore, StoreError> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| {
+            StoreError::InvalidInput(format!("not a PostgreSQL connection string: {e}"))
+        })?;
+        let server = server_of(&config);
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -101,17 +138,20 @@ impl PostgresStore {
             .wait_timeout(Some(Duration::from_secs(5)))
             .build()
             .map_err(backend)?;
-        Ok(PostgresStore { pool })
+        Ok(PostgresStore { pool, server: Some(server) })
     }
 
-    /// Creates the sequence, table and index of [`POSTGRES_SCHEMA`] if missing.
-    pub async fn ensure_schema(&self) -> Result<(), StoreError> {
-        let mut client = self.pool.get().await.map_err(backend)?;
-        let tx = client.transaction().await.map_err(backend)?;
-        // Concurrent CREATE ... IF NOT EXISTS can still collide; one at a time.
-        tx.execute("SELECT pg_advisory_xact_lock(7315993121)", &[]).await.map_err(backend)?;
-        tx.batch_execute(POSTGRES_SCHEMA).await.map_err(backend)?;
-        tx.commit().await.map_err(backend)
+    /// A store over your own pool (with the TLS and sizes you chose).
+    pub fn from_pool(pool: Pool) -> PostgresStore {
+        PostgresStore { pool, server: None }
+    }
+
+    /// A connection from the pool; failing, an error naming the server.
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.pool.get().await.map_err(|e| match &self.server {
+            Some(server) => StoreError::Backend(format!("PostgreSQL at {server}: {e}").into()),
+            None => backend(e),
+        })
     }
 
     /// Runs one statement (prepared once per connection) and returns its rows.
@@ -120,7 +160,7 @@ impl PostgresStore {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
-        let client = self.pool.get().await.map_err(backend)?;
+        let client = self.client().await?;
         let statement = client.prepare_cached(sql).await.map_err(backend)?;
         client.query(&statement, params).await.map_err(backend)
     }
@@ -161,16 +201,26 @@ const CLAIM: &str = concat!("WITH ", now!(), ",
 );
 
 impl Store for PostgresStore {
+    /// Creates the sequence, table and index of [`POSTGRES_SCHEMA`] if missing.
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(backend)?;
+        // Concurrent CREATE ... IF NOT EXISTS can still collide; one at a time.
+        tx.execute("SELECT pg_advisory_xact_lock(7315993121)", &[]).await.map_err(backend)?;
+        tx.batch_execute(POSTGRES_SCHEMA).await.map_err(backend)?;
+        tx.commit().await.map_err(backend)
+    }
+
     fn claim(
         &self,
         key: &Key,
-        fingerprint: Fingerprint,
+        fp_in: Fingerprint,
         lease: Duration,
     ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
         let key = key.as_bytes().to_vec();
         async move {
             check_duration("lease", lease)?;
-            let fp = fingerprint.to_bytes().to_vec();
+            let fp = fp_in.to_bytes().to_vec();
             let sql = CLAIM;
             // A holder committed after this statement's snapshot was taken blocks the
             // insert but is not yet visible to the read: no row. Look again.
@@ -183,26 +233,26 @@ impl Store for PostgresStore {
                 if state == 0 {
                     let token: i64 = column(row, 1, &key)?;
                     return Ok(StoreClaim::Acquired {
-                        token: token as u64,
+                        token: FencingToken::new(token as u64),
                         lease_ends_at: from_micros(expires_at),
                     });
                 }
                 if !live {
                     continue;
                 }
-                let stored_fp = column(row, 2, &key)?;
-                if fingerprint_of(stored_fp).map_err(|e| corrupt(&key, e))? != fingerprint {
+                let stored_fp: Vec<u8> = column(row, 2, &key)?;
+                if fingerprint(&stored_fp).map_err(|e| corrupt(&key, e))? != fp_in {
                     return Ok(StoreClaim::Mismatch);
                 }
                 let settled =
                     from_micros(column::<Option<i64>>(row, 4, &key)?.unwrap_or(expires_at));
                 return Ok(match state {
                     1 => StoreClaim::InProgress { lease_ends_at: from_micros(expires_at) },
-                    2 => StoreClaim::Completed(StoredResult {
-                        body: column::<Option<Vec<u8>>>(row, 3, &key)?.map(Bytes::from),
-                        completed_at: settled,
-                        expires_at: from_micros(expires_at),
-                    }),
+                    2 => StoreClaim::Completed(Replay::new(
+                        column::<Option<Vec<u8>>>(row, 3, &key)?.map(Bytes::from),
+                        settled,
+                        from_micros(expires_at),
+                    )),
                     3 => StoreClaim::Unknown { marked_at: settled },
                     other => return Err(corrupt(&key, format_args!("its state is {other}"))),
                 });
@@ -214,11 +264,11 @@ impl Store for PostgresStore {
     fn complete(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         body: Option<Bytes>,
         ttl: Duration,
-    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send {
-        let key = key.as_bytes().to_vec();
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
         async move {
             check_duration("result TTL", ttl)?;
             let sql = concat!(
@@ -230,19 +280,19 @@ impl Store for PostgresStore {
                  RETURNING r.settled_at, r.expires_at"
             );
             let stored = body.as_deref();
-            let params: [&(dyn ToSql + Sync); 4] = [&key, &(token as i64), &stored, &micros(ttl)];
-            let (at, until) = self.settle(&key, sql, &params, StoreError::LeaseLost).await?;
-            Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+            let params: [&(dyn ToSql + Sync); 4] = [&key, &(token.get() as i64), &stored, &micros(ttl)];
+            let (at, until) = self.settle(&key, sql, &params, StoreError::LeaseLost(lost)).await?;
+            Ok(Replay::new(body, from_micros(at), from_micros(until)))
         }
     }
 
     fn extend_lease(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send {
-        let key = key.as_bytes().to_vec();
+        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
         async move {
             check_duration("lease", lease)?;
             let sql = concat!(
@@ -252,8 +302,8 @@ impl Store for PostgresStore {
                  WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
-            let params: [&(dyn ToSql + Sync); 3] = [&key, &(token as i64), &micros(lease)];
-            let (_, until) = self.settle(&key, sql, &params, StoreError::LeaseLost).await?;
+            let params: [&(dyn ToSql + Sync); 3] = [&key, &(token.get() as i64), &micros(lease)];
+            let (_, until) = self.settle(&key, sql, &params, StoreError::LeaseLost(lost)).await?;
             Ok(from_micros(until))
         }
     }
@@ -261,9 +311,9 @@ impl Store for PostgresStore {
     fn release(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = key.as_bytes().to_vec();
+        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
         async move {
             let sql = concat!(
                 "WITH ",
@@ -272,17 +322,17 @@ impl Store for PostgresStore {
                  WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
-            self.settle(&key, sql, &[&key, &(token as i64)], StoreError::LeaseLost).await.map(drop)
+            self.settle(&key, sql, &[&key, &(token.get() as i64)], StoreError::LeaseLost(lost)).await.map(drop)
         }
     }
 
     fn mark_unknown(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = key.as_bytes().to_vec();
+        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
         async move {
             check_duration("unknown TTL", ttl)?;
             let sql = concat!(
@@ -293,8 +343,8 @@ impl Store for PostgresStore {
                  WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
                  RETURNING r.settled_at, r.expires_at"
             );
-            let params: [&(dyn ToSql + Sync); 3] = [&key, &(token as i64), &micros(ttl)];
-            self.settle(&key, sql, &params, StoreError::LeaseLost).await.map(drop)
+            let params: [&(dyn ToSql + Sync); 3] = [&key, &(token.get() as i64), &micros(ttl)];
+            self.settle(&key, sql, &params, StoreError::LeaseLost(lost)).await.map(drop)
         }
     }
 
@@ -303,8 +353,8 @@ impl Store for PostgresStore {
         key: &Key,
         body: Option<Bytes>,
         ttl: Duration,
-    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send {
-        let key = key.as_bytes().to_vec();
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
         async move {
             check_duration("result TTL", ttl)?;
             let sql = concat!(
@@ -317,13 +367,13 @@ impl Store for PostgresStore {
             );
             let stored = body.as_deref();
             let params: [&(dyn ToSql + Sync); 3] = [&key, &stored, &micros(ttl)];
-            let (at, until) = self.settle(&key, sql, &params, StoreError::NotUnknown).await?;
-            Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+            let (at, until) = self.settle(&key, sql, &params, StoreError::NotUnknown(lost)).await?;
+            Ok(Replay::new(body, from_micros(at), from_micros(until)))
         }
     }
 
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = key.as_bytes().to_vec();
+        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
         async move {
             let sql = concat!(
                 "WITH ",
@@ -332,29 +382,30 @@ impl Store for PostgresStore {
                  WHERE r.key = $1 AND r.state = 3 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
-            self.settle(&key, sql, &[&key], StoreError::NotUnknown).await.map(drop)
+            self.settle(&key, sql, &[&key], StoreError::NotUnknown(lost)).await.map(drop)
         }
     }
 
-    async fn unknown(&self, n: usize) -> Result<Vec<UnknownRecord>, StoreError> {
+    async fn unknown(&self, n: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
         let sql = concat!(
             "WITH ",
             now!(),
-            " SELECT r.key, r.fingerprint, r.settled_at FROM idemcache_records r, now
+            " SELECT r.key, r.fingerprint, r.settled_at, r.expires_at FROM idemcache_records r, now
              WHERE r.state = 3 AND r.expires_at > now.us ORDER BY r.settled_at, r.key LIMIT $1"
         );
         let mut out = Vec::new();
         for row in self.rows(sql, &[&limit(n)]).await? {
-            let key: Vec<u8> = column(&row, 0, &[])?;
-            let marked_at: Option<i64> = column(&row, 2, &key)?;
-            out.push(UnknownRecord {
-                key: Key::from_stored(&key).map_err(|e| corrupt(&key, e))?,
-                fingerprint: fingerprint_of(column(&row, 1, &key)?)
-                    .map_err(|e| corrupt(&key, e))?,
-                marked_at: from_micros(
-                    marked_at.ok_or_else(|| corrupt(&key, "it has no mark time (settled_at)"))?,
+            let stored: Vec<u8> = column(&row, 0, &[])?;
+            let marked_at: Option<i64> = column(&row, 2, &stored)?;
+            let fp: Vec<u8> = column(&row, 1, &stored)?;
+            out.push(UnknownEntry::new(
+                key(&stored)?,
+                fingerprint(&fp).map_err(|e| corrupt(&stored, e))?,
+                from_micros(
+                    marked_at.ok_or_else(|| corrupt(&stored, "it has no mark time (settled_at)"))?,
                 ),
-            });
+                from_micros(column(&row, 3, &stored)?),
+            ));
         }
         Ok(out)
     }

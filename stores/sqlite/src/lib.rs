@@ -1,4 +1,8 @@
-//! [`SqliteStore`]: idempotency records in SQLite (bundled), a file or in memory.
+//! [`SqliteStore`]: idemcache's durable records in SQLite (bundled), a file or in
+//! memory; and [`is_unique_violation`], rusqlite's classifier for your own tables.
+//!
+//! This crate tracks rusqlite's current release and re-exports it ([`rusqlite`]), so
+//! that your application and the store link one SQLite.
 //!
 //! Invariant: every operation is one transaction on one connection owned by the store's
 //! worker thread; a claim is a `BEGIN IMMEDIATE` transaction (it takes the database's
@@ -8,7 +12,7 @@
 //!
 //! The worker thread keeps blocking SQLite calls off async runtimes' threads; the
 //! futures it answers need no runtime, so synchronous code runs them with
-//! [`block_on`](super::block_on).
+//! [`block_on`](idemcache::store::block_on).
 
 use std::future::Future;
 use std::path::Path;
@@ -21,13 +25,14 @@ use bytes::Bytes;
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use super::{
-    check_duration, corrupt, fingerprint_of, from_micros, micros, Store, StoreClaim, StoreError,
-    StoredResult, UnknownRecord,
-};
-use crate::{Fingerprint, Key};
+use idemcache::store::encoding::{check_duration, corrupt, fingerprint, from_micros, key, micros};
+use idemcache::store::unique::is_unique_sqlite_code;
+use idemcache::store::{Store, StoreClaim, StoreError};
+use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
-/// The schema [`SqliteStore::ensure_schema`] creates (idempotent).
+pub use rusqlite;
+
+/// The schema [`ensure_schema`](Store::ensure_schema) creates (idempotent).
 ///
 /// `state` is 1 PROCESSING, 2 COMPLETED, 3 UNKNOWN; `expires_at` is the lease's end while
 /// PROCESSING and the TTL's end after; `settled_at` is when it completed or was marked
@@ -64,28 +69,64 @@ const COMPLETED: i64 = 2;
 const UNKNOWN: i64 = 3;
 
 type Job = Box<dyn FnOnce(&mut Connection) + Send>;
+/// The worker's first job: put a connection in its slot (or fail, and the worker ends).
+type Open = Box<dyn FnOnce(&mut Option<Connection>) + Send>;
 
-/// Idempotency records in SQLite. See the module docs for the guarantees.
+/// Gives a new store's worker its connection.
+struct Opener {
+    open: mpsc::Sender<Open>,
+    /// Why the worker thread could not be spawned, if it could not.
+    spawned: Option<String>,
+}
+
+impl Opener {
+    /// Runs `op` on the worker with its connection slot; resolves with its result.
+    fn run(
+        self,
+        op: impl FnOnce(&mut Option<Connection>) -> Result<(), StoreError> + Send + 'static,
+    ) -> Answer<()> {
+        let slot = Arc::new(Mutex::new(Slot { value: None, waker: None }));
+        let reply = Reply(slot.clone());
+        match self.spawned {
+            Some(why) => {
+                let why = format!("spawning the SQLite worker thread: {why}");
+                reply.send(Err(StoreError::Backend(why.into())));
+            }
+            None => drop(self.open.send(Box::new(move |db| reply.send(op(db))))),
+        }
+        Answer(slot)
+    }
+}
+
+/// Idempotency records in SQLite. See the module docs for the guarantees. Cheap to
+/// clone: clones share the one connection and its worker thread, which ends when the
+/// last clone is dropped.
 ///
 /// ```
-/// use idemcache::store::{block_on, SqliteStore, Store, StoreClaim};
+/// use idemcache::store::{block_on, Store, StoreClaim};
 /// use idemcache::{Fingerprint, Key};
+/// use idemcache_sqlite::SqliteStore;
 /// use std::time::Duration;
 ///
-/// let store = SqliteStore::open_in_memory()?;
+/// let store = block_on(SqliteStore::connect("sqlite::memory:"))?;
 /// block_on(store.ensure_schema())?;
 /// let key = Key::new("POST /charges", "user:1", "k1")?;
 /// let claim = block_on(store.claim(&key, Fingerprint::of(b"req"), Duration::from_secs(30)))?;
 /// assert!(matches!(claim, StoreClaim::Acquired { .. }));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct SqliteStore {
-    jobs: Mutex<mpsc::Sender<Job>>,
+    jobs: mpsc::Sender<Job>,
 }
 
 fn backend(e: rusqlite::Error) -> StoreError {
     StoreError::Backend(Box::new(e))
+}
+
+/// An error opening `path`, naming it (SQLite's own message does not).
+fn opening(path: &str, e: rusqlite::Error) -> StoreError {
+    StoreError::Backend(format!("opening the SQLite database {path:?}: {e}").into())
 }
 
 /// An error reading the record of `key`: a column holding another type (SQLite lets
@@ -103,38 +144,79 @@ fn read_error(key: &[u8], e: rusqlite::Error) -> StoreError {
     }
 }
 
+/// Whether a rusqlite error is a uniqueness (or primary key) violation: for your own
+/// business tables, whose `UNIQUE` constraint is the backstop behind the cache (see
+/// [`idemcache::store::unique`]). Other constraint failures are real errors.
+pub fn is_unique_violation(error: &rusqlite::Error) -> bool {
+    matches!(error, rusqlite::Error::SqliteFailure(e, _) if is_unique_sqlite_code(e.extended_code))
+}
+
 impl SqliteStore {
-    /// Opens (creating if needed) the database file at `path`, in WAL mode with a 10 s
-    /// busy timeout, so several processes can share it.
-    pub fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
-        let db = Connection::open(path).map_err(backend)?;
-        db.pragma_update(None, "journal_mode", "WAL").map_err(backend)?;
-        db.busy_timeout(Duration::from_secs(10)).map_err(backend)?;
-        Self::start(db)
-    }
-
-    /// A private in-memory database (gone when the store is dropped): for tests and CLIs.
-    pub fn open_in_memory() -> Result<SqliteStore, StoreError> {
-        Self::start(Connection::open_in_memory().map_err(backend)?)
-    }
-
-    fn start(mut db: Connection) -> Result<SqliteStore, StoreError> {
-        let (jobs, inbox) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("idemcache-sqlite".into())
-            .spawn(move || {
-                // Ends when the store (the only sender) is dropped.
-                for job in inbox {
-                    job(&mut db);
-                }
+    /// Opens (creating if needed) the database `url` names: `sqlite:PATH` (also
+    /// `sqlite://PATH`, or a bare path) in WAL mode with a 10 s busy timeout, so several
+    /// processes can share the file; or `sqlite::memory:`, a private in-memory database
+    /// gone when the store is dropped (for tests and CLIs). The file is opened on the
+    /// store's worker thread, never the caller's; the future needs no runtime. The
+    /// schema is not created: call [`ensure_schema`](Store::ensure_schema).
+    pub async fn connect(url: &str) -> Result<SqliteStore, StoreError> {
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .unwrap_or(url)
+            .to_owned();
+        if path.is_empty() {
+            return Err(StoreError::InvalidInput(format!("{url:?} names no SQLite database")));
+        }
+        let (store, worker) = Self::start();
+        worker
+            .run(move |slot| {
+                let db = if path == ":memory:" {
+                    Connection::open_in_memory().map_err(|e| opening(&path, e))?
+                } else {
+                    let db = Connection::open(Path::new(&path)).map_err(|e| opening(&path, e))?;
+                    db.pragma_update(None, "journal_mode", "WAL")
+                        .map_err(|e| opening(&path, e))?;
+                    db.busy_timeout(Duration::from_secs(10)).map_err(|e| opening(&path, e))?;
+                    db
+                };
+                *slot = Some(db);
+                Ok(())
             })
-            .map_err(|e| StoreError::Backend(Box::new(e)))?;
-        Ok(SqliteStore { jobs: Mutex::new(jobs) })
+            .await?;
+        Ok(store)
     }
 
-    /// Creates the tables and index of [`SQLITE_SCHEMA`] if they are missing.
-    pub fn ensure_schema(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.run(|db| db.execute_batch(SQLITE_SCHEMA).map_err(backend))
+    /// A store on your own connection, as you configured it (for a file several
+    /// processes share: WAL mode and a busy timeout, as [`connect`](Self::connect) sets).
+    /// The connection moves to the store's worker thread.
+    pub fn from_connection(db: Connection) -> SqliteStore {
+        let (store, worker) = Self::start();
+        drop(worker.run(move |slot| {
+            *slot = Some(db);
+            Ok(())
+        }));
+        store
+    }
+
+    /// A store whose worker thread has no connection yet, and the handle that gives it
+    /// one (the first thing the worker does).
+    fn start() -> (SqliteStore, Opener) {
+        let (jobs, inbox) = mpsc::channel::<Job>();
+        let (open, opened) = mpsc::channel::<Open>();
+        let spawned = std::thread::Builder::new().name("idemcache-sqlite".into()).spawn(move || {
+            let mut db = None;
+            if let Ok(open) = opened.recv() {
+                open(&mut db);
+            }
+            // No connection: the jobs are dropped unanswered, and each `Reply` answers
+            // its caller with an error.
+            let Some(mut db) = db else { return };
+            // Ends when the store's last clone (the only senders) is dropped.
+            for job in inbox {
+                job(&mut db);
+            }
+        });
+        (SqliteStore { jobs }, Opener { open, spawned: spawned.err().map(|e| e.to_string()) })
     }
 
     /// Runs `op` on the worker thread; the future resolves with its result.
@@ -147,7 +229,7 @@ impl SqliteStore {
         let job: Job = Box::new(move |db| reply.send(op(db)));
         // If the worker is gone, the job comes back in the error and is dropped here:
         // its `Reply` then answers the slot with an error.
-        drop(self.jobs.lock().unwrap_or_else(|p| p.into_inner()).send(job));
+        drop(self.jobs.send(job));
         Answer(slot)
     }
 }
@@ -241,17 +323,17 @@ fn claim(
         .map_err(|e| read_error(&key, e))?;
     if let Some(row) = row.filter(|row| row.expires_at > now) {
         // Live: answer without writing (the transaction ends unchanged).
-        if fingerprint_of(row.fingerprint).map_err(|e| corrupt(&key, e))? != fp {
+        if fingerprint(&row.fingerprint).map_err(|e| corrupt(&key, e))? != fp {
             return Ok(StoreClaim::Mismatch);
         }
         let settled = || from_micros(row.settled_at.unwrap_or(row.expires_at));
         return Ok(match row.state {
             PROCESSING => StoreClaim::InProgress { lease_ends_at: from_micros(row.expires_at) },
-            COMPLETED => StoreClaim::Completed(StoredResult {
-                body: row.body.map(Bytes::from),
-                completed_at: settled(),
-                expires_at: from_micros(row.expires_at),
-            }),
+            COMPLETED => StoreClaim::Completed(Replay::new(
+                row.body.map(Bytes::from),
+                settled(),
+                from_micros(row.expires_at),
+            )),
             UNKNOWN => StoreClaim::Unknown { marked_at: settled() },
             other => return Err(corrupt(&key, format_args!("its state is {other}"))),
         });
@@ -272,7 +354,10 @@ fn claim(
     )
     .map_err(backend)?;
     tx.commit().map_err(backend)?;
-    Ok(StoreClaim::Acquired { token: token as u64, lease_ends_at: from_micros(lease_ends_at) })
+    Ok(StoreClaim::Acquired {
+        token: FencingToken::new(token as u64),
+        lease_ends_at: from_micros(lease_ends_at),
+    })
 }
 
 /// A settling write: `sql` updates the live row in `state` (and under the token, if
@@ -290,6 +375,10 @@ fn settle(
 }
 
 impl Store for SqliteStore {
+    fn ensure_schema(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.run(|db| db.execute_batch(SQLITE_SCHEMA).map_err(backend))
+    }
+
     fn claim(
         &self,
         key: &Key,
@@ -307,11 +396,11 @@ impl Store for SqliteStore {
     fn complete(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         body: Option<Bytes>,
         ttl: Duration,
-    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send {
-        let key = key.as_bytes().to_vec();
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
         let checked = check_duration("result TTL", ttl);
         self.run(move |db| {
             checked?;
@@ -330,20 +419,20 @@ impl Store for SqliteStore {
             let (at, until) = settle(
                 db,
                 sql,
-                &[&key, &(token as i64), &stored, &micros(ttl)],
-                StoreError::LeaseLost,
+                &[&key, &(token.get() as i64), &stored, &micros(ttl)],
+                StoreError::LeaseLost(lost),
             )?;
-            Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+            Ok(Replay::new(body, from_micros(at), from_micros(until)))
         })
     }
 
     fn extend_lease(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send {
-        let key = key.as_bytes().to_vec();
+        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
         let checked = check_duration("lease", lease);
         self.run(move |db| {
             checked?;
@@ -357,7 +446,7 @@ impl Store for SqliteStore {
                  RETURNING started_at, expires_at"
             );
             let (_, until) =
-                settle(db, sql, &[&key, &(token as i64), &micros(lease)], StoreError::LeaseLost)?;
+                settle(db, sql, &[&key, &(token.get() as i64), &micros(lease)], StoreError::LeaseLost(lost))?;
             Ok(from_micros(until))
         })
     }
@@ -365,13 +454,13 @@ impl Store for SqliteStore {
     fn release(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = key.as_bytes().to_vec();
+        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
         self.run(move |db| {
             let sql = concat!("DELETE FROM idemcache_records WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > ", now!());
-            match db.execute(sql, params![key, token as i64]).map_err(backend)? {
-                0 => Err(StoreError::LeaseLost),
+            match db.execute(sql, params![key, token.get() as i64]).map_err(backend)? {
+                0 => Err(StoreError::LeaseLost(lost)),
                 _ => Ok(()),
             }
         })
@@ -380,10 +469,10 @@ impl Store for SqliteStore {
     fn mark_unknown(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = key.as_bytes().to_vec();
+        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
         let checked = check_duration("unknown TTL", ttl);
         self.run(move |db| {
             checked?;
@@ -398,7 +487,7 @@ impl Store for SqliteStore {
                 "
                  RETURNING settled_at, expires_at"
             );
-            settle(db, sql, &[&key, &(token as i64), &micros(ttl)], StoreError::LeaseLost).map(drop)
+            settle(db, sql, &[&key, &(token.get() as i64), &micros(ttl)], StoreError::LeaseLost(lost)).map(drop)
         })
     }
 
@@ -407,8 +496,8 @@ impl Store for SqliteStore {
         key: &Key,
         body: Option<Bytes>,
         ttl: Duration,
-    ) -> impl Future<Output = Result<StoredResult, StoreError>> + Send {
-        let key = key.as_bytes().to_vec();
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
         let checked = check_duration("result TTL", ttl);
         self.run(move |db| {
             checked?;
@@ -425,20 +514,20 @@ impl Store for SqliteStore {
             );
             let stored = body.as_deref().map(<[u8]>::to_vec);
             let (at, until) =
-                settle(db, sql, &[&key, &stored, &micros(ttl)], StoreError::NotUnknown)?;
-            Ok(StoredResult { body, completed_at: from_micros(at), expires_at: from_micros(until) })
+                settle(db, sql, &[&key, &stored, &micros(ttl)], StoreError::NotUnknown(lost))?;
+            Ok(Replay::new(body, from_micros(at), from_micros(until)))
         })
     }
 
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = key.as_bytes().to_vec();
+        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
         self.run(move |db| {
             let sql = concat!(
                 "DELETE FROM idemcache_records WHERE key = ?1 AND state = 3 AND expires_at > ",
                 now!()
             );
             match db.execute(sql, params![key]).map_err(backend)? {
-                0 => Err(StoreError::NotUnknown),
+                0 => Err(StoreError::NotUnknown(lost)),
                 _ => Ok(()),
             }
         })
@@ -447,10 +536,10 @@ impl Store for SqliteStore {
     fn unknown(
         &self,
         limit: usize,
-    ) -> impl Future<Output = Result<Vec<UnknownRecord>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Vec<UnknownEntry<SystemTime>>, StoreError>> + Send {
         self.run(move |db| {
             let sql = concat!(
-                "SELECT key, fingerprint, settled_at FROM idemcache_records
+                "SELECT key, fingerprint, settled_at, expires_at FROM idemcache_records
                  WHERE state = 3 AND expires_at > ",
                 now!(),
                 " ORDER BY settled_at, key LIMIT ?1"
@@ -466,18 +555,19 @@ impl Store for SqliteStore {
                         ValueRef::Real(f) => f.to_string().into_bytes(),
                         ValueRef::Null => Vec::new(),
                     };
-                    Ok((key, r.get::<_, Vec<u8>>(1), r.get::<_, i64>(2)))
+                    Ok((key, r.get::<_, Vec<u8>>(1), r.get::<_, i64>(2), r.get::<_, i64>(3)))
                 })
                 .map_err(backend)?;
             let mut out = Vec::new();
             for row in rows {
-                let (key, fingerprint, marked_at) = row.map_err(|e| read_error(&[], e))?;
-                let fingerprint = fingerprint.map_err(|e| read_error(&key, e))?;
-                out.push(UnknownRecord {
-                    key: Key::from_stored(&key).map_err(|e| corrupt(&key, e))?,
-                    fingerprint: fingerprint_of(fingerprint).map_err(|e| corrupt(&key, e))?,
-                    marked_at: from_micros(marked_at.map_err(|e| read_error(&key, e))?),
-                });
+                let (stored, fp, marked_at, expires_at) = row.map_err(|e| read_error(&[], e))?;
+                let fp = fp.map_err(|e| read_error(&stored, e))?;
+                out.push(UnknownEntry::new(
+                    key(&stored)?,
+                    fingerprint(&fp).map_err(|e| corrupt(&stored, e))?,
+                    from_micros(marked_at.map_err(|e| read_error(&stored, e))?),
+                    from_micros(expires_at.map_err(|e| read_error(&stored, e))?),
+                ));
             }
             Ok(out)
         })
@@ -496,5 +586,26 @@ impl Store for SqliteStore {
             );
             db.execute(sql, params![i64::try_from(limit).unwrap_or(i64::MAX)]).map_err(backend)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_uniqueness_counts_in_a_real_sqlite() {
+        let db = rusqlite::Connection::open_in_memory().unwrap();
+        db.execute_batch(
+            "CREATE TABLE t (id INTEGER PRIMARY KEY, u TEXT UNIQUE, n TEXT NOT NULL, c INTEGER CHECK (c > 0));
+             INSERT INTO t VALUES (1, 'a', 'x', 1);",
+        )
+        .unwrap();
+        let fails = |sql: &str| db.execute(sql, []).unwrap_err();
+        assert!(is_unique_violation(&fails("INSERT INTO t VALUES (2, 'a', 'x', 1)")));
+        assert!(is_unique_violation(&fails("INSERT INTO t VALUES (1, 'b', 'x', 1)")));
+        assert!(!is_unique_violation(&fails("INSERT INTO t VALUES (3, 'c', NULL, 1)")));
+        assert!(!is_unique_violation(&fails("INSERT INTO t VALUES (4, 'd', 'x', 0)")));
+        assert!(!is_unique_violation(&fails("INSERT INTO nowhere VALUES (1)")));
     }
 }

@@ -1,1 +1,0 @@
-//! Nothing here: the tests (`tests/`) are the package. See `Cargo.toml` for why it exists.

@@ -1,0 +1,219 @@
+//! [`DynStore`]: the object-safe form of [`Store`], its futures boxed, so that a store
+//! can be chosen at run time (from configuration, a URL) and held as one type,
+//! [`AnyStore`].
+//!
+//! Invariant: a `DynStore` call is the `Store` call it wraps, boxed and nothing more;
+//! every `Store` is a `DynStore`, and an [`AnyStore`] is a `Store` again (so it goes
+//! behind [`Tiered`](super::Tiered) and the layer like any other). The price is one
+//! allocation per call, small beside the store's round trip.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+
+use super::{Store, StoreClaim, StoreError};
+use crate::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
+
+/// A boxed `Send` future, as [`DynStore`]'s methods return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// [`Store`] with boxed futures, so that it can be a trait object (`dyn DynStore`).
+/// Implemented for every `Store`; see that trait for what each method does.
+#[allow(missing_docs)] // Each method is the `Store` method of the same name.
+pub trait DynStore: Send + Sync + 'static {
+    fn claim<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<StoreClaim, StoreError>>;
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Replay<SystemTime>, StoreError>>;
+    fn extend_lease<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<SystemTime, StoreError>>;
+    fn release<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn mark_unknown<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn resolve<'a>(
+        &'a self,
+        key: &'a Key,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Replay<SystemTime>, StoreError>>;
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn unknown(&self, limit: usize) -> BoxFuture<'_, Result<Vec<UnknownEntry<SystemTime>>, StoreError>>;
+    fn purge_expired(&self, limit: usize) -> BoxFuture<'_, Result<usize, StoreError>>;
+    fn ensure_schema(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+    /// The store's `Debug` form (a trait object cannot require `Debug` of its own).
+    fn describe(&self) -> String;
+}
+
+impl<S: Store + std::fmt::Debug> DynStore for S {
+    fn claim<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<StoreClaim, StoreError>> {
+        Box::pin(Store::claim(self, key, fingerprint, lease))
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Replay<SystemTime>, StoreError>> {
+        Box::pin(Store::complete(self, key, token, body, ttl))
+    }
+    fn extend_lease<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<SystemTime, StoreError>> {
+        Box::pin(Store::extend_lease(self, key, token, lease))
+    }
+    fn release<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::release(self, key, token))
+    }
+    fn mark_unknown<'a>(
+        &'a self,
+        key: &'a Key,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::mark_unknown(self, key, token, ttl))
+    }
+    fn resolve<'a>(
+        &'a self,
+        key: &'a Key,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Replay<SystemTime>, StoreError>> {
+        Box::pin(Store::resolve(self, key, body, ttl))
+    }
+    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::forget(self, key))
+    }
+    fn unknown(&self, limit: usize) -> BoxFuture<'_, Result<Vec<UnknownEntry<SystemTime>>, StoreError>> {
+        Box::pin(Store::unknown(self, limit))
+    }
+    fn purge_expired(&self, limit: usize) -> BoxFuture<'_, Result<usize, StoreError>> {
+        Box::pin(Store::purge_expired(self, limit))
+    }
+    fn ensure_schema(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(Store::ensure_schema(self))
+    }
+    fn describe(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+/// A store chosen at run time: any [`Store`] behind one type, itself a `Store` (so
+/// `Tiered<AnyStore>` is one type whichever store configuration picked). Cheap to clone
+/// (shared). `idemcache_any::open(url)` returns one; [`AnyStore::new`] wraps a store of
+/// your own.
+#[derive(Clone)]
+pub struct AnyStore(Arc<dyn DynStore>);
+
+impl AnyStore {
+    /// `store`, behind the one type.
+    pub fn new(store: impl DynStore) -> AnyStore {
+        AnyStore(Arc::new(store))
+    }
+
+    /// A store already shared as a trait object.
+    pub fn from_arc(store: Arc<dyn DynStore>) -> AnyStore {
+        AnyStore(store)
+    }
+}
+
+impl std::fmt::Debug for AnyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0.describe())
+    }
+}
+
+impl Store for AnyStore {
+    async fn claim(        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        lease: Duration,
+    ) -> Result<StoreClaim, StoreError> {
+        self.0.claim(key, fingerprint, lease).await
+    }
+    async fn complete(        &self,
+        key: &Key,
+        token: FencingToken,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> Result<Replay<SystemTime>, StoreError> {
+        self.0.complete(key, token, body, ttl).await
+    }
+    async fn extend_lease(        &self,
+        key: &Key,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<SystemTime, StoreError> {
+        self.0.extend_lease(key, token, lease).await
+    }
+    async fn release(        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
+        self.0.release(key, token).await
+    }
+    async fn mark_unknown(        &self,
+        key: &Key,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.mark_unknown(key, token, ttl).await
+    }
+    async fn resolve(        &self,
+        key: &Key,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> Result<Replay<SystemTime>, StoreError> {
+        self.0.resolve(key, body, ttl).await
+    }
+    async fn forget(&self, key: &Key) -> Result<(), StoreError> {
+        self.0.forget(key).await
+    }
+    async fn unknown(        &self,
+        limit: usize,
+    ) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+        self.0.unknown(limit).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        self.0.purge_expired(limit).await
+    }
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
+        self.0.ensure_schema().await
+    }
+}

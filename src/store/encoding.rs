@@ -1,0 +1,123 @@
+//! How a store writes a record's fields and reads them back, shared by every store so
+//! that they agree: times in microseconds since the Unix epoch on the store's clock,
+//! durations in whole microseconds rounded up (a lease never shrinks to zero), keys as
+//! [`Key::as_bytes`], fingerprints as their 16 bytes; and the error for a record that
+//! does not read back, naming its key.
+//!
+//! Invariant: every function here is total. Out-of-range times saturate, and bytes that
+//! are not a key or a fingerprint are a [`StoreError::Corrupt`], never a panic.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use super::StoreError;
+use crate::{Fingerprint, Key};
+
+/// Checks a lease or TTL as the cache does: more than zero, at most
+/// [`MAX_DURATION`](crate::MAX_DURATION). `what` names it in the error.
+pub fn check_duration(what: &str, d: Duration) -> Result<(), StoreError> {
+    if d.is_zero() || d > crate::MAX_DURATION {
+        return Err(StoreError::InvalidInput(format!(
+            "{what} must be more than zero and at most {:?}, got {d:?}",
+            crate::MAX_DURATION
+        )));
+    }
+    Ok(())
+}
+
+/// The time `us` microseconds after the Unix epoch (before it, if negative).
+pub fn from_micros(us: i64) -> SystemTime {
+    if us >= 0 {
+        SystemTime::UNIX_EPOCH + Duration::from_micros(us as u64)
+    } else {
+        SystemTime::UNIX_EPOCH - Duration::from_micros(us.unsigned_abs())
+    }
+}
+
+/// Microseconds since the Unix epoch of `at` (the inverse of [`from_micros`]),
+/// saturating at the ends of `i64`.
+pub fn to_micros(at: SystemTime) -> i64 {
+    match at.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
+        Err(before) => i64::try_from(before.duration().as_micros()).map_or(i64::MIN, |us| -us),
+    }
+}
+
+/// A duration in whole microseconds, rounded up (so a lease never shrinks to zero),
+/// saturating at `i64::MAX`.
+pub fn micros(d: Duration) -> i64 {
+    let us = d.as_nanos().div_ceil(1000);
+    i64::try_from(us).unwrap_or(i64::MAX)
+}
+
+/// The fingerprint stored as `bytes`, or [`StoreError::Corrupt`] if they are not 16
+/// bytes. (The caller knows the record's key: name it with [`corrupt`].)
+pub fn fingerprint(bytes: &[u8]) -> Result<Fingerprint, StoreError> {
+    Fingerprint::try_from(bytes)
+        .map_err(|_| StoreError::Corrupt("a fingerprint is not 16 bytes".into()))
+}
+
+/// The key stored as `bytes`, or [`StoreError::Corrupt`] naming those bytes.
+pub fn key(bytes: &[u8]) -> Result<Key, StoreError> {
+    Key::from_bytes(bytes).map_err(|e| corrupt(bytes, e))
+}
+
+/// A record the store holds that cannot be read, named by its key (so an operator can
+/// find it, and [`forget`](super::Store::forget) or fix it): by the key's `Debug` form,
+/// or, for bytes that are not an idemcache key (another program's row), in hex.
+pub fn corrupt(stored_key: &[u8], why: impl fmt::Display) -> StoreError {
+    match Key::from_bytes(stored_key) {
+        Ok(key) => StoreError::Corrupt(format!("the record of {key:?}: {why}")),
+        Err(_) => {
+            let hex = hex(stored_key);
+            StoreError::Corrupt(format!("the record stored under key bytes {hex}: {why}"))
+        }
+    }
+}
+
+/// `bytes` in lowercase hex, two digits a byte.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_before_and_after_the_epoch_round_trip_through_micros() {
+        for us in [-1_000_000_007, -1, 0, 1, 1_700_000_000_000_000] {
+            assert_eq!(to_micros(from_micros(us)), us);
+        }
+        assert!(from_micros(-1) < SystemTime::UNIX_EPOCH);
+    }
+
+    #[test]
+    fn durations_are_checked_as_the_cache_checks_them() {
+        assert!(check_duration("lease", crate::MAX_DURATION).is_ok());
+        assert!(check_duration("lease", Duration::from_nanos(1)).is_ok());
+        for bad in [Duration::ZERO, crate::MAX_DURATION + Duration::from_nanos(1)] {
+            let err = check_duration("lease", bad).unwrap_err();
+            assert!(matches!(err, StoreError::InvalidInput(ref why) if why.starts_with("lease")));
+        }
+    }
+
+    #[test]
+    fn durations_round_up_to_whole_microseconds() {
+        assert_eq!(micros(Duration::from_nanos(1)), 1);
+        assert_eq!(micros(Duration::from_nanos(1000)), 1);
+        assert_eq!(micros(Duration::from_nanos(1001)), 2);
+        assert_eq!(micros(Duration::MAX), i64::MAX);
+    }
+
+    #[test]
+    fn unreadable_bytes_are_corrupt_and_named() {
+        assert!(matches!(fingerprint(&[0; 15]), Err(StoreError::Corrupt(_))));
+        assert_eq!(fingerprint(&[7; 16]).unwrap(), Fingerprint::from_bytes([7; 16]));
+        let Err(StoreError::Corrupt(why)) = key(&[0xff, 0x00]) else { panic!() };
+        assert!(why.contains("ff00"), "{why}");
+        let k = Key::new("POST /orders", "t", "k-1").unwrap();
+        let StoreError::Corrupt(why) = corrupt(k.as_bytes(), "bad state") else { panic!() };
+        assert!(why.contains("k-1") && why.ends_with("bad state"), "{why}");
+    }
+}

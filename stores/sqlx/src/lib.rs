@@ -1,0 +1,30 @@
+//! sqlx's unique-violation classifier for idemcache: is this database error "that row
+//! already exists"? For your own business tables, whose `UNIQUE` constraint is the
+//! backstop behind the cache (see [`idemcache::store::unique`]).
+//!
+//! This crate tracks sqlx's current release and re-exports it ([`sqlx`]) with no
+//! default features: it needs only sqlx's error types. Enable the databases and runtime
+//! you use on your own `sqlx` dependency (one version, so they unify).
+//!
+//! Invariant: only a violation of a uniqueness constraint (or primary key) answers
+//! `true`; `NOT NULL`, `CHECK` and foreign-key failures are real errors.
+
+pub use sqlx;
+
+/// Whether a sqlx error (any database) is a uniqueness violation, by sqlx's own
+/// `ErrorKind::UniqueViolation`. For MySQL/MariaDB this is the right test: sqlx-mysql's
+/// `code()` is the SQLSTATE `23000`, which other integrity errors share.
+pub fn is_unique_violation(error: &sqlx::Error) -> bool {
+    error.as_database_error().is_some_and(|e| e.kind() == sqlx::error::ErrorKind::UniqueViolation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_that_are_not_the_databases_are_not_violations() {
+        assert!(!is_unique_violation(&sqlx::Error::RowNotFound));
+        assert!(!is_unique_violation(&sqlx::Error::PoolTimedOut));
+    }
+}
