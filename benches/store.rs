@@ -15,8 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use idemcache_postgres::PostgresStore;
+use idemcache_redis::RedisStore;
+use idemcache_sqlite::SqliteStore;
 use idemcache::store::{
-    PostgresStore, RedisStore, SqliteStore, Store, StoreClaim, Tiered, TieredClaim,
+    Store, StoreClaim, Tiered, TieredClaim,
 };
 use idemcache::{Bytes, Cache, Claim, Fingerprint, Key};
 use tokio::runtime::Runtime;
@@ -87,14 +90,14 @@ fn stores(c: &mut Criterion) {
     });
 
     let path = std::env::temp_dir().join(format!("idemcache-bench-{}.db", std::process::id()));
-    let sqlite = SqliteStore::open(&path).unwrap();
+    let sqlite = rt.block_on(SqliteStore::open(&path)).unwrap();
     rt.block_on(sqlite.ensure_schema()).unwrap();
     bench_store(c, &rt, "sqlite", sqlite);
     let _ = std::fs::remove_file(&path);
 
     match std::env::var("IDEMCACHE_POSTGRES_URL") {
         Ok(url) => {
-            let store = PostgresStore::connect(&url, 4).unwrap();
+            let store = rt.block_on(PostgresStore::connect(&url, 4)).unwrap();
             rt.block_on(store.ensure_schema()).unwrap();
             round_trips_postgres(&rt, &url, &store);
             bench_store(c, &rt, "postgres", store);

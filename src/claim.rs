@@ -113,6 +113,13 @@ impl FencingToken {
     }
 }
 
+impl std::fmt::Display for FencingToken {
+    /// The number, as it goes into a `WHERE fence < $token`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// A look at one entry, from [`Cache::peek`](crate::Cache::peek) or
 /// [`Cache::remove`](crate::Cache::remove).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -186,25 +186,6 @@ fn a_lapse_is_noticed_through_the_callers_sleep_and_taken_over() {
     assert_eq!(cache.stats().takeovers, 1);
 }
 
-/// The report: `claim_wait` on a current-thread runtime blocks the only thread,
-/// so the owner cannot finish. The async wait yields it.
-#[tokio::test(flavor = "current_thread")]
-async fn on_a_current_thread_runtime_the_owner_finishes_and_the_waiter_replays() {
-    let (cache, _clock) = cache();
-    let k = key("k");
-    let owner = acquire(&cache, &k, fp("a"));
-    let owner_task = tokio::spawn(async move {
-        tokio::task::yield_now().await;
-        owner.complete(&b"done"[..]).unwrap();
-    });
-    let waited = cache.claim_wait_async(&k, fp("a"), tokio::time::sleep).await;
-    match waited {
-        Ok(Claim::Completed(replay)) => assert_eq!(replay.body.unwrap(), "done"),
-        other => panic!("expected the replay, got {other:?}"),
-    }
-    owner_task.await.unwrap();
-}
-
 #[test]
 #[should_panic(expected = "polled after it resolved")]
 fn polling_after_the_answer_is_refused_not_counted_twice() {

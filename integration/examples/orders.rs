@@ -2,7 +2,7 @@
 //! `UNIQUE(user, idempotency_key)` constraint as the backstop behind the cache.
 //!
 //! ```sh
-//! cargo run --release --example orders --features tower,sqlite
+//! cargo run --release --example orders
 //! curl -i -X POST localhost:3000/orders -H 'Authorization: Bearer alice' \
 //!      -H 'Idempotency-Key: 8e03978e-40d5' -H 'Content-Type: application/json' \
 //!      -d '{"item":"book","qty":2}'
@@ -17,8 +17,7 @@
 //! - `IDEMPOTENCY_WAIT_MS`: how long a duplicate waits for the first request to finish
 //!   and gets its replay (default 10000); `0` answers 409 with `Retry-After` at once.
 //! - `IDEMPOTENCY_STORE`: the durable tier behind the cache (default: none, the cache
-//!   alone): `sqlite:PATH`, `postgres://user@host:port/db` (build with `--features
-//!   tower,sqlite,postgres`) or `redis://host:port/db` (`--features tower,sqlite,redis`).
+//!   alone): `sqlite:PATH`, `postgres://user@host:port/db` or `redis://host:port/db`.
 //!   Instances over one store execute each key once between them, and a restarted one
 //!   replays what they stored.
 //!
@@ -26,8 +25,8 @@
 //!
 //! ```sh
 //! export IDEMPOTENCY_STORE=postgres://postgres@127.0.0.1:5432/test ORDERS_DB=/tmp/orders.db
-//! PORT=3001 cargo run --release --example orders --features tower,sqlite,postgres &
-//! PORT=3002 cargo run --release --example orders --features tower,sqlite,postgres &
+//! PORT=3001 cargo run --release --example orders &
+//! PORT=3002 cargo run --release --example orders &
 //! ```
 //!
 //! Routes: `POST /orders` (`{"item": string, "qty": integer}`, `Authorization: Bearer
@@ -43,10 +42,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idemcache::layer::{client_key, IdempotencyLayer};
-use idemcache::store::unique::is_unique_violation_rusqlite;
-use idemcache::store::{SqliteStore, Tiered};
+use idemcache::store::{Store, Tiered};
 use idemcache::Cache;
-use rusqlite::{params, Connection};
+use idemcache_any::redacted;
+use idemcache_sqlite::rusqlite::{self, params, Connection};
+use idemcache_sqlite::is_unique_violation;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -125,7 +125,7 @@ async fn create_order(
             // The backstop: this key already created an order (in another process, or
             // one whose cache forgot it). Never a second row: the same order is answered
             // as created, a different one under the same key is refused.
-            Err(e) if is_unique_violation_rusqlite(&e) => {
+            Err(e) if is_unique_violation(&e) => {
                 let (id, item, qty): (i64, String, i64) = db.query_row(
                     "SELECT id, item, qty FROM orders WHERE user = ?1 AND idempotency_key = ?2",
                     params![user, key],
@@ -179,45 +179,18 @@ async fn count_orders(State(app): State<App>) -> Response {
     }
 }
 
-/// The layer over the cache alone, or over the tier `IDEMPOTENCY_STORE` names.
+/// The layer over the cache alone, or over the tier `IDEMPOTENCY_STORE` names: one
+/// path whichever store it is (`idemcache_any::open` picks it from the URL).
 async fn idempotency_layer() -> Result<IdempotencyLayer, Box<dyn std::error::Error>> {
     let cache = Cache::builder().build()?;
-    let spec = std::env::var("IDEMPOTENCY_STORE").unwrap_or_default();
-    if spec.is_empty() {
+    let url = std::env::var("IDEMPOTENCY_STORE").unwrap_or_default();
+    if url.is_empty() {
         return Ok(IdempotencyLayer::new(cache));
     }
-    let opening = || format!("could not open the idempotency store {}", redacted(&spec));
-    if let Some(path) = spec.strip_prefix("sqlite:") {
-        let store = doing(SqliteStore::open(path), opening)?;
-        doing(store.ensure_schema().await, opening)?;
-        return Ok(IdempotencyLayer::tiered(Tiered::new(cache, store)));
-    }
-    if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
-        #[cfg(feature = "postgres")]
-        {
-            let store = doing(idemcache::store::PostgresStore::connect(&spec, 16), opening)?;
-            doing(store.ensure_schema().await, opening)?;
-            return Ok(IdempotencyLayer::tiered(Tiered::new(cache, store)));
-        }
-        #[cfg(not(feature = "postgres"))]
-        return Err(
-            "IDEMPOTENCY_STORE names PostgreSQL: run with --features tower,sqlite,postgres".into(),
-        );
-    }
-    if spec.starts_with("redis://") || spec.starts_with("rediss://") {
-        #[cfg(feature = "redis")]
-        {
-            let store = doing(idemcache::store::RedisStore::connect(&spec).await, opening)?;
-            return Ok(IdempotencyLayer::tiered(Tiered::new(cache, store)));
-        }
-        #[cfg(not(feature = "redis"))]
-        return Err("IDEMPOTENCY_STORE names Redis: run with --features tower,sqlite,redis".into());
-    }
-    Err(format!(
-        "IDEMPOTENCY_STORE must be sqlite:PATH, postgres://... or redis://..., got {:?}",
-        redacted(&spec)
-    )
-    .into())
+    let opening = || format!("could not open the idempotency store {}", redacted(&url));
+    let store = doing(idemcache_any::open(&url).await, opening)?;
+    doing(store.ensure_schema().await, opening)?;
+    Ok(IdempotencyLayer::tiered(Tiered::new(cache, store)))
 }
 
 /// A failure at startup: what was being done (and where), and why.
@@ -245,32 +218,6 @@ fn doing<T, E: Into<Box<dyn std::error::Error>>>(
     doing: impl FnOnce() -> String,
 ) -> Result<T, Box<dyn std::error::Error>> {
     result.map_err(|cause| Box::new(Startup { doing: doing(), cause: cause.into() }).into())
-}
-
-/// A store URL without its password (in the user part or a `password=` parameter), to
-/// be printed.
-fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let (before_query, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
-    // The user part ends at the last `@`: a password may hold `@` or `/`.
-    let authority = match before_query.rsplit_once('@') {
-        Some((user, host)) if user.contains(':') => {
-            let name = user.split(':').next().unwrap_or_default();
-            format!("{name}:***@{host}")
-        }
-        _ => before_query.to_owned(),
-    };
-    let tail = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if name.trim_start_matches('?').eq_ignore_ascii_case("password") => {
-                format!("{name}=***")
-            }
-            _ => pair.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join("&");
-    format!("{scheme}://{authority}{tail}")
 }
 
 /// An error and its causes on one line, each cause once (an error that repeats its

@@ -724,13 +724,13 @@ async fn a_lost_lease_is_not_renewed_again() {
 
 /// The layer over a durable store (`IdempotencyLayer::tiered`): two instances with
 /// separate caches and connections, as two processes would run, over one SQLite file.
-#[cfg(feature = "sqlite")]
 mod over_a_store {
     use super::*;
-    use idemcache::store::{SqliteStore, Tiered};
+    use idemcache::store::{Store, Tiered};
+    use idemcache_sqlite::SqliteStore;
 
-    fn tiered(path: &std::path::Path) -> Tiered<SqliteStore> {
-        Tiered::new(Cache::builder().build().unwrap(), SqliteStore::open(path).unwrap())
+    async fn tiered(path: &std::path::Path) -> Tiered<SqliteStore> {
+        Tiered::new(Cache::builder().build().unwrap(), SqliteStore::open(path).await.unwrap())
     }
 
     fn scratch(name: &str) -> std::path::PathBuf {
@@ -744,7 +744,7 @@ mod over_a_store {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn duplicates_across_two_instances_execute_once_and_all_get_the_one_response() {
         let path = scratch("two");
-        let (one, two) = (tiered(&path), tiered(&path));
+        let (one, two) = (tiered(&path).await, tiered(&path).await);
         one.store().ensure_schema().await.unwrap();
         let handler = Handler::closed();
         let wait = Duration::from_secs(30);
@@ -768,7 +768,7 @@ mod over_a_store {
         assert_eq!(replayed, 19, "every duplicate is a replay");
         // A third instance (a restart: a fresh cache) replays from the store.
         let c =
-            serve(IdempotencyLayer::tiered(tiered(&path)).tenant(bearer), handler.clone()).await;
+            serve(IdempotencyLayer::tiered(tiered(&path).await).tenant(bearer), handler.clone()).await;
         let again = req("shared", "{}").send(c).await;
         assert_eq!((again.status, again.body.as_str()), (201, replies[0].body.as_str()));
         assert_eq!(again.header("idempotent-replayed"), Some("true"));
@@ -782,7 +782,7 @@ mod over_a_store {
     async fn an_unavailable_store_answers_503_and_never_runs_the_handler() {
         // A store without its schema fails every claim with a backend error.
         let broken =
-            Tiered::new(Cache::builder().build().unwrap(), SqliteStore::open_in_memory().unwrap());
+            Tiered::new(Cache::builder().build().unwrap(), SqliteStore::connect("sqlite::memory:").await.unwrap());
         let handler = Handler::open();
         let addr = serve(IdempotencyLayer::tiered(broken).tenant(bearer), handler.clone()).await;
         let reply = req("k", "{}").send(addr).await;
@@ -795,7 +795,7 @@ mod over_a_store {
     #[tokio::test]
     async fn a_5xx_over_a_store_releases_the_key_there_too() {
         let path = scratch("release");
-        let one = tiered(&path);
+        let one = tiered(&path).await;
         one.store().ensure_schema().await.unwrap();
         let handler = Handler::open();
         let addr = serve(IdempotencyLayer::tiered(one).tenant(bearer), handler.clone()).await;
@@ -804,7 +804,7 @@ mod over_a_store {
         assert_eq!(failing.send(addr).await.status, 500);
         // Another instance runs the retry: the store let the key go.
         let other =
-            serve(IdempotencyLayer::tiered(tiered(&path)).tenant(bearer), handler.clone()).await;
+            serve(IdempotencyLayer::tiered(tiered(&path).await).tenant(bearer), handler.clone()).await;
         assert_eq!(req("k5", "{}").send(other).await.status, 201);
         assert_eq!(handler.runs(), 2);
     }

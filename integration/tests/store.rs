@@ -1,293 +1,25 @@
-//! One conformance suite for every `Store`, and `Tiered` over it. SQLite always (in
-//! memory and on a file shared by two stores, as two processes would); other stores when
-//! their URL is in the environment.
-//!
-//! Stores judge time by their own clock, so the tests of lapses and expiry use short
-//! leases and TTLs and wait (bounded) until the store says the time has passed; nothing
-//! asserts a duration.
+//! The stores: each passes the conformance suite (`idemcache::store::conformance`), and
+//! `Tiered` over it; then what is particular to each (a shared file, unreadable rows, a
+//! server killed mid-request). SQLite always (in memory and on a file shared by two
+//! stores, as two processes would); PostgreSQL and Redis when their URL is in the
+//! environment (CI sets both).
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use idemcache::store::{SqliteStore, Store, StoreClaim, StoreError, Tiered, TieredClaim};
-use idemcache::{Bytes, Cache, Fingerprint, Key};
+use idemcache::store::conformance::{self, acquire, fp, key, LEASE, TTL};
+use idemcache::store::{Store, StoreClaim, StoreError, Tiered, TieredClaim};
+use idemcache::{Bytes, Cache, Key};
+use idemcache_postgres::tokio_postgres;
+use idemcache_redis::redis;
+use idemcache_sqlite::SqliteStore;
 
-const LEASE: Duration = Duration::from_secs(30);
-const TTL: Duration = Duration::from_secs(3600);
-
-/// Keys are per test run (a tenant of their own), so records a shared database kept
-/// from an earlier run never meet this one's.
-fn key(k: &str) -> Key {
-    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let run = RUN.get_or_init(|| {
-        let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
-        format!("run-{}-{nanos}", std::process::id())
-    });
-    Key::new("POST /orders", run, k).unwrap()
-}
-
-fn fp(r: &str) -> Fingerprint {
-    Fingerprint::of(r.as_bytes())
-}
-
-async fn acquire<S: Store>(store: &S, k: &Key) -> u64 {
-    match store.claim(k, fp("r"), LEASE).await.unwrap() {
-        StoreClaim::Acquired { token, lease_ends_at } => {
-            assert!(lease_ends_at > SystemTime::now() + LEASE - Duration::from_secs(5));
-            token
-        }
-        other => panic!("expected Acquired, got {other:?}"),
-    }
-}
-
-/// Claims until the store's clock has passed `what` (a lease or TTL a few ms long).
-async fn until_acquired<S: Store>(store: &S, k: &Key, r: &str) -> u64 {
-    for _ in 0..2000 {
-        match store.claim(k, fp(r), LEASE).await.unwrap() {
-            StoreClaim::Acquired { token, .. } => return token,
-            _ => tokio::time::sleep(Duration::from_millis(2)).await,
-        }
-    }
-    panic!("the store never let the key go");
-}
-
-/// The state table: absent → PROCESSING → COMPLETED / absent / UNKNOWN → COMPLETED /
-/// absent, with the answers a repeat and a different request get in each.
-async fn state_table<S: Store>(store: &S) {
-    let k = key("states");
-    let token = acquire(store, &k).await;
-    assert!(matches!(
-        store.claim(&k, fp("r"), LEASE).await.unwrap(),
-        StoreClaim::InProgress { .. }
-    ));
-    assert_eq!(store.claim(&k, fp("other"), LEASE).await.unwrap(), StoreClaim::Mismatch);
-    let record =
-        store.complete(&k, token, Some(Bytes::from_static(b"receipt")), TTL).await.unwrap();
-    assert_eq!(record.body.as_deref(), Some(&b"receipt"[..]));
-    assert!(record.expires_at > record.completed_at + TTL - Duration::from_secs(1));
-    match store.claim(&k, fp("r"), LEASE).await.unwrap() {
-        StoreClaim::Completed(replay) => assert_eq!(replay, record),
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(store.claim(&k, fp("other"), LEASE).await.unwrap(), StoreClaim::Mismatch);
-
-    let k = key("released");
-    let token = acquire(store, &k).await;
-    store.release(&k, token).await.unwrap();
-    let again = acquire(store, &k).await;
-    assert!(again > token, "tokens increase: {again} after {token}");
-
-    let k = key("unknown");
-    let token = acquire(store, &k).await;
-    store.mark_unknown(&k, token, TTL).await.unwrap();
-    assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Unknown { .. }));
-    let listed = store.unknown(10).await.unwrap();
-    assert!(listed.iter().any(|u| u.key == k && u.fingerprint == fp("r")));
-    store.resolve(&k, None, TTL).await.unwrap();
-    match store.claim(&k, fp("r"), LEASE).await.unwrap() {
-        StoreClaim::Completed(replay) => assert_eq!(replay.body, None, "completed without a body"),
-        other => panic!("{other:?}"),
-    }
-
-    let k = key("forgotten");
-    let token = acquire(store, &k).await;
-    store.mark_unknown(&k, token, TTL).await.unwrap();
-    store.forget(&k).await.unwrap();
-    acquire(store, &k).await;
-}
-
-/// Every write names its token; a stale or wrong one changes nothing.
-async fn fencing<S: Store>(store: &S) {
-    let k = key("fenced");
-    let token = acquire(store, &k).await;
-    let body = || Some(Bytes::from_static(b"x"));
-    assert!(matches!(store.complete(&k, token + 1, body(), TTL).await, Err(StoreError::LeaseLost)));
-    assert!(matches!(store.release(&k, token.wrapping_sub(1)).await, Err(StoreError::LeaseLost)));
-    assert!(matches!(store.mark_unknown(&k, 0, TTL).await, Err(StoreError::LeaseLost)));
-    assert!(matches!(store.extend_lease(&k, token + 1, LEASE).await, Err(StoreError::LeaseLost)));
-    let longer = store.extend_lease(&k, token, 4 * LEASE).await.unwrap();
-    assert!(longer > SystemTime::now() + 3 * LEASE, "the lease now ends later: {longer:?}");
-    match store.claim(&k, fp("r"), LEASE).await.unwrap() {
-        StoreClaim::InProgress { lease_ends_at } => assert_eq!(lease_ends_at, longer),
-        other => panic!("{other:?}"),
-    }
-    store.complete(&k, token, body(), TTL).await.unwrap();
-    // Settled: the same token cannot settle it again.
-    assert!(matches!(store.release(&k, token).await, Err(StoreError::LeaseLost)));
-    assert!(matches!(store.complete(&k, token, body(), TTL).await, Err(StoreError::LeaseLost)));
-    assert!(matches!(store.resolve(&k, body(), TTL).await, Err(StoreError::NotUnknown)));
-    assert!(matches!(store.forget(&k).await, Err(StoreError::NotUnknown)));
-    assert!(matches!(store.extend_lease(&k, token, LEASE).await, Err(StoreError::LeaseLost)));
-}
-
-/// A lapsed lease is taken over with a larger token; the stale owner is refused.
-async fn takeover<S: Store>(store: &S) {
-    let k = key("lapsed");
-    let stale = match store.claim(&k, fp("r"), Duration::from_millis(20)).await.unwrap() {
-        StoreClaim::Acquired { token, .. } => token,
-        other => panic!("{other:?}"),
-    };
-    let fresh = until_acquired(store, &k, "r").await;
-    assert!(fresh > stale);
-    let renewed = store.extend_lease(&k, stale, LEASE).await;
-    assert!(matches!(renewed, Err(StoreError::LeaseLost)), "{renewed:?}");
-    let late = store.complete(&k, stale, Some(Bytes::from_static(b"stale")), TTL).await;
-    assert!(matches!(late, Err(StoreError::LeaseLost)), "{late:?}");
-    store.complete(&k, fresh, Some(Bytes::from_static(b"fresh")), TTL).await.unwrap();
-    match store.claim(&k, fp("r"), LEASE).await.unwrap() {
-        StoreClaim::Completed(replay) => assert_eq!(replay.body.unwrap(), "fresh"),
-        other => panic!("{other:?}"),
-    }
-}
-
-/// Expired records read as absent and are purged in bounded batches (a store that
-/// expires records by itself, as Redis does, has fewer or none left to purge).
-async fn expiry<S: Store>(store: &S, purges_itself: bool) {
-    for i in 0..5 {
-        let k = key(&format!("short{i}"));
-        let token = acquire(store, &k).await;
-        store
-            .complete(&k, token, Some(Bytes::from_static(b"x")), Duration::from_millis(10))
-            .await
-            .unwrap();
-    }
-    // The last one expires: a claim of a different request then acquires (absent).
-    until_acquired(store, &key("short4"), "another request").await;
-    let mut purged = 0;
-    loop {
-        let n = store.purge_expired(2).await.unwrap();
-        assert!(n <= 2, "a batch is bounded");
-        purged += n;
-        if n < 2 {
-            break;
-        }
-    }
-    assert!(
-        purges_itself || purged >= 4,
-        "the four other expired records were purged, got {purged}"
-    );
-    for i in 0..4 {
-        let k = key(&format!("short{i}"));
-        assert!(matches!(
-            store.claim(&k, fp("r"), LEASE).await.unwrap(),
-            StoreClaim::Acquired { .. }
-        ));
-    }
-    assert!(matches!(
-        store.claim(&key("short4"), fp("r"), LEASE).await.unwrap(),
-        StoreClaim::Mismatch
-    ));
-}
-
-/// Bad input is refused with a typed error and changes nothing.
-async fn bad_input<S: Store>(store: &S) {
-    let k = key("bad");
-    let zero = store.claim(&k, fp("r"), Duration::ZERO).await;
-    assert!(matches!(zero, Err(StoreError::InvalidInput(_))), "{zero:?}");
-    let token = acquire(store, &k).await;
-    let forever = store.complete(&k, token, None, Duration::MAX).await;
-    assert!(matches!(forever, Err(StoreError::InvalidInput(_))), "{forever:?}");
-    let zero = store.extend_lease(&k, token, Duration::ZERO).await;
-    assert!(matches!(zero, Err(StoreError::InvalidInput(_))), "{zero:?}");
-    let over =
-        store.extend_lease(&k, token, idemcache::MAX_DURATION + Duration::from_nanos(1)).await;
-    assert!(matches!(over, Err(StoreError::InvalidInput(_))), "{over:?}");
-    // The longest lease the cache allows is allowed here too.
-    store.extend_lease(&k, token, idemcache::MAX_DURATION).await.unwrap();
-    assert!(matches!(
-        store.claim(&k, fp("r"), LEASE).await.unwrap(),
-        StoreClaim::InProgress { .. }
-    ));
-    store.complete(&k, token, None, TTL).await.unwrap();
-}
-
-async fn conformance<S: Store>(store: &S) {
-    conformance_of(store, false).await;
-}
-
-async fn conformance_of<S: Store>(store: &S, purges_itself: bool) {
-    state_table(store).await;
-    fencing(store).await;
-    takeover(store).await;
-    expiry(store, purges_itself).await;
-    bad_input(store).await;
-}
-
-/// Two `Tiered` instances (separate caches, separate connections: two processes' worth)
-/// over one store, hammered with 64 concurrent claims of 8 keys: each key runs once and
-/// every other claim replays its result.
-///
-/// Then a restarted instance (a new cache over `restarted`, a new connection) replays
-/// every key's result from the store.
-async fn hammer_two_tiered<S: Store + std::fmt::Debug>(
-    first: S,
-    second: S,
-    restarted: S,
-    prefix: &str,
-) {
-    let instances = [
-        std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), first)),
-        std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), second)),
-    ];
-    let executed = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..64 {
-        let tiered = instances[i % 2].clone();
-        let executed = executed.clone();
-        let k = key(&format!("{prefix}{}", i % 8));
-        tasks.push(tokio::spawn(async move {
-            loop {
-                match tiered.claim(&k, fp("r")).await.unwrap() {
-                    TieredClaim::Acquired(guard) => {
-                        executed.lock().unwrap().push(k.client_key().to_owned());
-                        guard.complete(format!("done {}", k.client_key())).await.unwrap();
-                    }
-                    TieredClaim::InProgress { .. } => {
-                        tokio::task::yield_now().await;
-                        continue;
-                    }
-                    TieredClaim::Completed(replay) => {
-                        assert_eq!(replay.body.unwrap(), format!("done {}", k.client_key()));
-                    }
-                    other => panic!("{other:?}"),
-                }
-                return;
-            }
-        }));
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let mut executed = executed.lock().unwrap().clone();
-    executed.sort();
-    let expected: Vec<_> = (0..8).map(|i| format!("{prefix}{i}")).collect();
-    assert_eq!(executed, expected, "each key executed exactly once");
-    // A lease lapsed in one instance is taken over by the other; the stale owner is fenced.
-    let (one, two) = (instances[0].store(), instances[1].store());
-    let k = key(&format!("{prefix}-lapsed"));
-    let StoreClaim::Acquired { token: stale, .. } =
-        one.claim(&k, fp("r"), Duration::from_millis(20)).await.unwrap()
-    else {
-        panic!("expected Acquired");
-    };
-    let fresh = until_acquired(two, &k, "r").await;
-    assert!(fresh > stale);
-    let late = one.complete(&k, stale, Some(Bytes::from_static(b"stale")), TTL).await;
-    assert!(matches!(late, Err(StoreError::LeaseLost)), "{late:?}");
-    drop(instances);
-    let restarted = Tiered::new(Cache::builder().build().unwrap(), restarted);
-    for i in 0..8 {
-        let k = key(&format!("{prefix}{i}"));
-        match restarted.claim(&k, fp("r")).await.unwrap() {
-            TieredClaim::Completed(replay) => {
-                assert_eq!(replay.body.unwrap(), format!("done {}", k.client_key()));
-            }
-            other => panic!("a restarted instance must replay, got {other:?}"),
-        }
-    }
+/// A store on the SQLite file `url`.
+async fn open(url: &str) -> SqliteStore {
+    SqliteStore::connect(url).await.unwrap()
 }
 
 async fn sqlite_memory() -> SqliteStore {
-    let store = SqliteStore::open_in_memory().unwrap();
+    let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
     store.ensure_schema().await.unwrap();
     store.ensure_schema().await.unwrap(); // idempotent
     store
@@ -295,7 +27,7 @@ async fn sqlite_memory() -> SqliteStore {
 
 #[tokio::test]
 async fn sqlite_in_memory_conforms() {
-    conformance(&sqlite_memory().await).await;
+    conformance::run(&sqlite_memory().await).await;
 }
 
 #[tokio::test]
@@ -304,10 +36,11 @@ async fn two_sqlite_stores_on_one_file_share_records_and_tokens() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("records.db");
     let _ = std::fs::remove_file(&path);
-    let (a, b) = (SqliteStore::open(&path).unwrap(), SqliteStore::open(&path).unwrap());
+    let url = format!("sqlite:{}", path.display());
+    let (a, b) = (open(&url).await, open(&url).await);
     a.ensure_schema().await.unwrap();
     b.ensure_schema().await.unwrap();
-    conformance(&a).await;
+    conformance::run(&a).await;
     let k = key("shared");
     let token = acquire(&a, &k).await;
     assert!(matches!(b.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::InProgress { .. }));
@@ -318,7 +51,7 @@ async fn two_sqlite_stores_on_one_file_share_records_and_tokens() {
     }
     // A restarted store (a new connection) replays and issues larger tokens.
     drop((a, b));
-    let restarted = SqliteStore::open(&path).unwrap();
+    let restarted = open(&url).await;
     assert!(matches!(restarted.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Completed(_)));
     assert!(acquire(&restarted, &key("after-restart")).await > token);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -327,7 +60,7 @@ async fn two_sqlite_stores_on_one_file_share_records_and_tokens() {
 #[test]
 fn sync_code_runs_a_sqlite_store_with_block_on() {
     use idemcache::store::block_on;
-    let store = SqliteStore::open_in_memory().unwrap();
+    let store = block_on(SqliteStore::connect("sqlite::memory:")).unwrap();
     block_on(store.ensure_schema()).unwrap();
     let k = key("sync");
     let token = block_on(acquire(&store, &k));
@@ -368,11 +101,9 @@ async fn tiered_instances_over_one_store_execute_once_and_a_new_one_reads_throug
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("records.db");
     let _ = std::fs::remove_file(&path);
-    let open = || {
-        let store = SqliteStore::open(&path).unwrap();
-        Tiered::new(Cache::builder().build().unwrap(), store)
-    };
-    let (one, two) = (open(), open());
+    let url = format!("sqlite:{}", path.display());
+    let open = || async { Tiered::new(Cache::builder().build().unwrap(), open(&url).await) };
+    let (one, two) = (open().await, open().await);
     one.store().ensure_schema().await.unwrap();
     let k = key("across");
     let guard = match one.claim(&k, fp("r")).await.unwrap() {
@@ -381,7 +112,7 @@ async fn tiered_instances_over_one_store_execute_once_and_a_new_one_reads_throug
     };
     assert!(matches!(two.claim(&k, fp("r")).await.unwrap(), TieredClaim::InProgress { .. }));
     guard.complete(&b"once"[..]).await.unwrap();
-    for tiered in [&two, &open()] {
+    for tiered in [&two, &open().await] {
         match tiered.claim(&k, fp("r")).await.unwrap() {
             TieredClaim::Completed(replay) => assert_eq!(replay.body.unwrap(), "once"),
             other => panic!("{other:?}"),
@@ -394,10 +125,12 @@ async fn tiered_instances_over_one_store_execute_once_and_a_new_one_reads_throug
 async fn an_unreachable_store_is_a_typed_error_and_nothing_executes() {
     // A file in a directory that does not exist: the store cannot open it.
     let missing = std::env::temp_dir().join("idemcache-no-such-dir/x/records.db");
-    assert!(matches!(SqliteStore::open(&missing), Err(StoreError::Backend(_))));
+    let url = format!("sqlite:{}", missing.display());
+    let opened = SqliteStore::connect(&url).await;
+    assert!(matches!(&opened, Err(StoreError::Backend(e)) if e.to_string().contains("idemcache-no-such-dir")), "{opened:?}");
     // A store without its schema fails every claim with a backend error, and the
     // cache in front lets the key go (the next claim asks the store again).
-    let bare = SqliteStore::open_in_memory().unwrap();
+    let bare = SqliteStore::connect("sqlite::memory:").await.unwrap();
     let tiered = Tiered::new(Cache::builder().build().unwrap(), bare);
     let k = key("down");
     for _ in 0..2 {
@@ -410,10 +143,9 @@ async fn an_unreachable_store_is_a_typed_error_and_nothing_executes() {
 }
 
 /// PostgreSQL, when `IDEMCACHE_POSTGRES_URL` names a server (CI sets it).
-#[cfg(feature = "postgres")]
 mod postgres {
     use super::*;
-    use idemcache::store::PostgresStore;
+    use idemcache_postgres::PostgresStore;
 
     /// A plain client of the server at `url`, for setting up and looking at what the
     /// store did.
@@ -432,7 +164,7 @@ mod postgres {
             );
             return None;
         };
-        let store = PostgresStore::connect(&url, 8).unwrap();
+        let store = PostgresStore::connect(&url, 8).await.unwrap();
         store.ensure_schema().await.unwrap();
         Some(store)
     }
@@ -440,7 +172,7 @@ mod postgres {
     #[tokio::test]
     async fn postgres_conforms() {
         let Some(store) = store().await else { return };
-        conformance(&store).await;
+        conformance::run(&store).await;
         assert!(format!("{store:?}").starts_with("PostgresStore { pool: "), "{store:?}");
     }
 
@@ -463,7 +195,7 @@ mod postgres {
             .unwrap()
             .get::<_, i64>(0);
         assert_eq!(created, 3, "the table, the token sequence and the expiry index");
-        conformance(&store).await;
+        conformance::run(&store).await;
         admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
     }
 
@@ -483,7 +215,7 @@ mod postgres {
             .unwrap();
         let separator = if url.contains('?') { '&' } else { '?' };
         let own = format!("{url}{separator}options=-c%20search_path%3D{schema}");
-        Some((admin, PostgresStore::connect(&own, 2).unwrap(), schema))
+        Some((admin, PostgresStore::connect(&own, 2).await.unwrap(), schema))
     }
 
     /// Rows the schema allows but the store cannot read (an UNKNOWN without its mark
@@ -532,15 +264,15 @@ mod postgres {
     async fn two_tiered_instances_execute_each_key_exactly_once() {
         let Some(first) = store().await else { return };
         let url = std::env::var("IDEMCACHE_POSTGRES_URL").unwrap();
-        let second = PostgresStore::connect(&url, 8).unwrap();
-        let restarted = PostgresStore::connect(&url, 2).unwrap();
-        hammer_two_tiered(first, second, restarted, "pg-hammer").await;
+        let second = PostgresStore::connect(&url, 8).await.unwrap();
+        let restarted = PostgresStore::connect(&url, 2).await.unwrap();
+        conformance::tiered_exactly_once(first, second, restarted, "pg-hammer").await;
     }
 
     #[tokio::test]
     async fn an_unreachable_postgres_is_a_typed_error_and_nothing_executes() {
         // A port nobody listens on.
-        let store = PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 2).unwrap();
+        let store = PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 2).await.unwrap();
         let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
         match tiered.claim(&key("down"), fp("r")).await {
             Err(idemcache::store::TieredError::Store(StoreError::Backend(_))) => {}
@@ -565,13 +297,13 @@ mod postgres {
         let user = url.get_user().unwrap_or("postgres");
         let db = url.get_dbname().unwrap_or("test");
         let through = format!("postgres://{user}@{}/{db}", relay.addr);
-        let store = PostgresStore::connect(&through, 2).unwrap();
+        let store = PostgresStore::connect(&through, 2).await.unwrap();
         killed_mid_request(store, &relay, "pg").await;
     }
 
     #[tokio::test]
     async fn unique_violations_are_classified_against_the_real_engine() {
-        use idemcache::store::unique::is_unique_violation_postgres;
+        use idemcache_postgres::is_unique_violation;
         let Ok(url) = std::env::var("IDEMCACHE_POSTGRES_URL") else { return };
         let client = client(&url).await;
         let table = format!("idemcache_unique_{}", std::process::id());
@@ -587,13 +319,13 @@ mod postgres {
             let client = &client;
             async move { client.execute(&sql, &[]).await.unwrap_err() }
         };
-        assert!(is_unique_violation_postgres(
+        assert!(is_unique_violation(
             &fails(format!("INSERT INTO {table} VALUES (2, 'a', 'x')")).await
         ));
-        assert!(is_unique_violation_postgres(
+        assert!(is_unique_violation(
             &fails(format!("INSERT INTO {table} VALUES (1, 'b', 'x')")).await
         ));
-        assert!(!is_unique_violation_postgres(
+        assert!(!is_unique_violation(
             &fails(format!("INSERT INTO {table} VALUES (3, 'c', NULL)")).await
         ));
         client.batch_execute(&format!("DROP TABLE {table}")).await.unwrap();
@@ -601,10 +333,9 @@ mod postgres {
 }
 
 /// Redis, when `IDEMCACHE_REDIS_STORE_URL` names a server (CI sets it).
-#[cfg(feature = "redis")]
 mod redis_store {
     use super::*;
-    use idemcache::store::RedisStore;
+    use idemcache_redis::RedisStore;
 
     async fn store() -> Option<RedisStore> {
         let Ok(url) = std::env::var("IDEMCACHE_REDIS_STORE_URL") else {
@@ -620,7 +351,7 @@ mod redis_store {
     #[tokio::test]
     async fn redis_conforms() {
         let Some(store) = store().await else { return };
-        conformance_of(&store, true).await;
+        conformance::run_self_expiring(&store).await;
         assert!(format!("{store:?}").starts_with("RedisStore"), "{store:?}");
     }
 
@@ -635,7 +366,7 @@ mod redis_store {
         store.forget(&k).await.unwrap();
         let second = acquire(&store, &k).await;
         // A refused mark (a stale token) adds nothing listable.
-        assert!(matches!(store.mark_unknown(&k, first, TTL).await, Err(StoreError::LeaseLost)));
+        assert!(matches!(store.mark_unknown(&k, first, TTL).await, Err(StoreError::LeaseLost(_))));
         // Redis forgets its scripts (a restart, SCRIPT FLUSH): the pipelined mark loads again.
         let url = std::env::var("IDEMCACHE_REDIS_STORE_URL").unwrap();
         let mut admin =
@@ -673,10 +404,10 @@ mod redis_store {
         let url = std::env::var("IDEMCACHE_REDIS_STORE_URL").ok()?;
         let info: redis::ConnectionInfo =
             redis::IntoConnectionInfo::into_connection_info(url.as_str()).unwrap();
-        let redis::ConnectionAddr::Tcp(host, port) = info.addr.clone() else {
-            panic!("a TCP address, got {:?}", info.addr);
+        let redis::ConnectionAddr::Tcp(host, port) = info.addr().clone() else {
+            panic!("a TCP address, got {:?}", info.addr());
         };
-        let db = if info.redis.db == 0 { 1 } else { info.redis.db - 1 };
+        let db = if info.redis_settings().db() == 0 { 1 } else { info.redis_settings().db() - 1 };
         Some(format!("redis://{host}:{port}/{db}"))
     }
 
@@ -1028,13 +759,13 @@ mod redis_store {
         let url = std::env::var("IDEMCACHE_REDIS_STORE_URL").unwrap();
         let info: redis::ConnectionInfo =
             redis::IntoConnectionInfo::into_connection_info(url.as_str()).unwrap();
-        let redis::ConnectionAddr::Tcp(host, port) = info.addr.clone() else {
-            panic!("a TCP address, got {:?}", info.addr);
+        let redis::ConnectionAddr::Tcp(host, port) = info.addr().clone() else {
+            panic!("a TCP address, got {:?}", info.addr());
         };
         let upstream =
             tokio::net::lookup_host((host.as_str(), port)).await.unwrap().next().unwrap();
         let relay = super::relay::Relay::start(upstream).await;
-        let through = format!("redis://{}/{}", relay.addr, info.redis.db);
+        let through = format!("redis://{}/{}", relay.addr, info.redis_settings().db());
         let store = RedisStore::connect(&through).await.unwrap();
         killed_mid_request(store, &relay, "redis").await;
     }
@@ -1043,7 +774,7 @@ mod redis_store {
     async fn two_tiered_instances_over_redis_execute_each_key_exactly_once() {
         let Some(first) = store().await else { return };
         let (second, restarted) = (store().await.unwrap(), store().await.unwrap());
-        hammer_two_tiered(first, second, restarted, "redis-hammer").await;
+        conformance::tiered_exactly_once(first, second, restarted, "redis-hammer").await;
     }
 }
 
@@ -1078,7 +809,6 @@ async fn a_tiered_guard_moves_into_a_task_renews_its_lease_and_drops_cleanly() {
 
 /// A TCP relay to a real server that a test can cut (every connection dropped, nobody
 /// listening) and restore on the same port: the store killed mid-request, then back.
-#[cfg(any(feature = "postgres", feature = "redis"))]
 mod relay {
     use std::net::SocketAddr;
     use std::sync::{Arc, Mutex};
@@ -1142,7 +872,6 @@ mod relay {
 /// The store killed mid-request: a claim is taken, then the store goes away before the
 /// completion. Every operation is then a typed backend error and nothing executes; when
 /// the store is back, the key is still held (the lease has not lapsed): not executed again.
-#[cfg(any(feature = "postgres", feature = "redis"))]
 async fn killed_mid_request<S: Store + std::fmt::Debug>(
     store: S,
     relay: &relay::Relay,

