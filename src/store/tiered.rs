@@ -26,6 +26,12 @@ use crate::{
 /// store's own times without reading or converting a clock.
 const TIMES: usize = 16;
 
+/// How much shorter the hot tier keeps a result it completed than the store's TTL left:
+/// the cache's clock reads the coarse monotonic clock, which lags by up to one tick (at
+/// most 4 ms) at each of the two reads that time the store's answer, so without it a
+/// replay could outlive the store's record by up to two ticks.
+const CLOCK_SLACK: Duration = Duration::from_millis(10);
+
 /// A [`Cache`] in front of a [`Store`]. Cheap to clone (the store is shared).
 ///
 /// The cache is `Tiered`'s own: it keeps results in its own format there, so claim its
@@ -272,12 +278,14 @@ impl<S: Store> Tiered<S> {
 
     /// Completes the cache's claim with a record the store committed (asked at `asked`
     /// on the cache's clock), for no longer than the store keeps it: the store's TTL as
-    /// its own clock counted it, less the time the answer took here. Or lets the claim go
-    /// if the record does not fit.
+    /// its own clock counted it, less the time the answer took here, less
+    /// [`CLOCK_SLACK`]. Or lets the claim go if the record does not fit, or no time is
+    /// left.
     fn keep(&self, local: Option<ClaimGuard>, record: &Replay<SystemTime>, asked: Timestamp) {
         let Some(mut local) = local else { return };
         let ttl = record.expires_at.duration_since(record.completed_at).unwrap_or_default();
-        let left = ttl.saturating_sub(self.cache.now().saturating_duration_since(asked));
+        let took = self.cache.now().saturating_duration_since(asked);
+        let left = ttl.saturating_sub(took).saturating_sub(CLOCK_SLACK);
         match self.packed(record) {
             Some(packed) if local.set_result_ttl(left).is_ok() => {
                 let _ = local.complete(packed);

@@ -3,7 +3,7 @@
 //! `postgresql://`), `redis://...` (or `rediss://`).
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), idemcache_any::OpenError> {
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! use idemcache::store::{Store, Tiered};
 //! let url = std::env::var("IDEMPOTENCY_STORE").unwrap_or("sqlite::memory:".into());
 //! let store = idemcache_any::open(&url).await?;
