@@ -1,5 +1,5 @@
 //! Instructions per operation, counted by callgrind: repeatable whatever else the machine
-//! runs, so a change to the hot path can be judged without timing noise (issue 13).
+//! runs, so a change to the hot path can be judged without timing noise.
 //!
 //! ```sh
 //! cargo build --release -p idemcache-benches --bin instructions

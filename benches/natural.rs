@@ -1,4 +1,4 @@
-//! idemcache against its peers keyed the way their own users key them (issue 13): the
+//! idemcache against its peers keyed the way their own users key them: the
 //! peers by a 16-byte id (`[u8; 16]`, ahash) or by the header's `String`; idemcache
 //! building its `Key` and the request's `Fingerprint` on every call, inside the timing.
 //! The peers are in `benches/support/natural.rs`; `benches/peers.rs` keeps the

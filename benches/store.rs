@@ -15,13 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use idemcache::store::{Store, StoreClaim, Tiered, TieredClaim};
+use idemcache::{Bytes, Cache, Claim, Fingerprint, Key};
 use idemcache_postgres::PostgresStore;
 use idemcache_redis::RedisStore;
 use idemcache_sqlite::SqliteStore;
-use idemcache::store::{
-    Store, StoreClaim, Tiered, TieredClaim,
-};
-use idemcache::{Bytes, Cache, Claim, Fingerprint, Key};
 use tokio::runtime::Runtime;
 
 const LEASE: Duration = Duration::from_secs(30);

@@ -250,7 +250,8 @@ impl Cache {
             }
             woken = guard.deferred.wakers.take_all();
         }
-        let freed: [Option<Bytes>; FREE_BATCH] = std::array::from_fn(|_| guard.deferred.graveyard.pop());
+        let freed: [Option<Bytes>; FREE_BATCH] =
+            std::array::from_fn(|_| guard.deferred.graveyard.pop());
         let removed = std::mem::take(&mut guard.deferred.removed);
         drop(guard);
         drop(freed);

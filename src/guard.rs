@@ -9,7 +9,6 @@
 use std::fmt;
 use std::time::Duration;
 
-
 use crate::cache::{Cache, Ticket};
 use crate::config::check_duration;
 use crate::{DropPolicy, ExtendLeaseError, FencingToken, LeaseLost, SetResultTtlError, Timestamp};

@@ -7,28 +7,30 @@
 //! | `key.rs` | [`Key`](crate::Key) and its limits | a key exists only in its validated, length-prefixed form |
 //! | `fingerprint.rs` | [`Fingerprint`](crate::Fingerprint) | the digest of given input never changes (pinned vectors) |
 //! | `clock.rs` | [`Clock`](crate::Clock) and its two implementations | time never goes backwards |
-//! | `entry.rs` | one key's entry | live while `now < deadline`, whatever the state |
-//! | `shard.rs` | **the state machine**, single-threaded (`&mut self`) | every transition; counters match contents; bounds hold |
-//! | `wheel.rs` | hierarchical timing wheel over slab ids | each id fires once, at the first poll at or after its tick |
-//! | `evict.rs` | the capacity policy and the age list | only COMPLETED entries are evictable, oldest first |
-//! | `arena.rs` | each shard's results: small ones packed into chunks, the rest as given; the 8-byte reference an entry holds | a buffer lives exactly while an entry names it; a shared chunk is never written |
+//! | `shard/mod.rs` | **the state machine**, single-threaded (`&mut self`), and `Deferred`, the work it leaves for after unlocking | every transition; counters match contents; bounds hold |
+//! | `shard/entry.rs` | one key's entry | live while `now < deadline`, whatever the state |
+//! | `shard/wheel.rs` | hierarchical timing wheel over slab ids (Varghese and Lauck; tokio's driver) | each id fires once, at the first poll at or after its tick |
+//! | `shard/evict.rs` | the capacity policy and the age list | only COMPLETED entries are evictable, oldest first |
+//! | `shard/arena.rs` | each shard's results: small ones packed into chunks, the rest as given; the 8-byte reference an entry holds | a buffer lives exactly while an entry names it; a shared chunk is never written |
 //! | `cache.rs` | locks, hashing, `claim_wait` | one shard lock per operation, never two |
 //! | `wait.rs` | [`WaitForClaim`](crate::WaitForClaim), the async wait, and each shard's wakers | a waiting future's waker is filed under the lock it looked under |
 //! | `guard.rs` | [`ClaimGuard`](crate::ClaimGuard) | a guard acts only under its own fencing token |
 //! | `claim.rs`, `error.rs`, `stats.rs`, `config.rs` | public values, errors, counters, settings | a built config is valid |
 //! | `sync.rs` | the loom shim | every lock and atomic is imported from here |
-//! | `layer/` (feature `tower`) | the HTTP layer: header, stored responses, problem answers, the service | a guarded request reaches the handler only holding its claim; it uses only the public API |
+//! | `into_bytes.rs` | [`IntoBytes`](crate::IntoBytes), what `complete` accepts | owned buffers are never copied |
+//! | `layer/` (feature `tower`) | the HTTP layer: `layer.rs` (the Layer), `service.rs` (the state machine per request), `backend.rs` (the cache or a tiered store behind one interface), `stored_response.rs`, `header.rs`, `problem.rs`, `renewal.rs`, `timing.rs`, `body.rs` | a guarded request reaches the handler only holding its claim; it uses only the public API |
+//! | `store/` (feature `store`) | the `Store` trait, `dynamic.rs` (its object-safe form), `tiered.rs`, `encoding.rs` (what stores share), `unique.rs`, `conformance.rs` (feature `test-utils`) | the dedup fact lives in the store; the hot tier only answers for what the store committed |
 //!
-//! **Where does a claim become PROCESSING?** `Shard::acquire` in `src/shard.rs`, called
+//! **Where does a claim become PROCESSING?** `Shard::acquire` in `src/shard/mod.rs`, called
 //! from `Shard::claim` when the key is absent or its entry is dead. Every other
 //! transition is a method of `Shard` named after it (`complete`, `release`,
 //! `mark_unknown`, `extend_lease`, `resolve`, `forget`, `remove`, and `insert_known` for
 //! a fact learned elsewhere).
 //!
-//! This departs from the layout first proposed in DESIGN.md in one way that matters: the
-//! claim logic lives in `shard.rs`, a plain data structure tested without threads, and
-//! `cache.rs` is only the thin locking layer over it (as quick_cache splits `shard.rs`
-//! from `sync.rs`). A concurrency bug can then only be a locking bug, and the locking
+//! The layout has one choice that matters: the claim logic lives in `shard/`, a plain
+//! data structure tested without threads, with its private structures (entry, arena,
+//! wheel, eviction) beside it, and `cache.rs` is only the thin locking layer over it
+//! (as quick_cache splits `shard.rs` from `sync.rs`). A concurrency bug can then only be a locking bug, and the locking
 //! layer is small enough to model in loom whole.
 //!
 //! # The map
@@ -80,7 +82,7 @@
 //!
 //! Every check reads the clock once per operation (under the shard lock) and compares it
 //! with the entry's one `deadline`, so an expired entry is never returned, swept or not.
-//! Memory comes back three ways, all through the shard's timing wheel (`wheel.rs`):
+//! Memory comes back three ways, all through the shard's timing wheel (`shard/wheel.rs`):
 //!
 //! - every insert spends a bounded amount of wheel work (16 node moves) reclaiming
 //!   expired entries: more than it adds, so the wheel keeps up, and no call does
@@ -167,12 +169,12 @@
 //! # Results
 //!
 //! A result of up to 512 bytes kept for the default `completed_ttl` is copied into the
-//! shard's open 16 KiB chunk (`arena.rs`); larger results, and results given their own
+//! shard's open 16 KiB chunk (`shard/arena.rs`); larger results, and results given their own
 //! TTL, are kept as the caller's `Bytes`. Either way the entry holds an 8-byte
 //! `ResultRef` (buffer id, start, length) into the shard's table of buffers, not a
 //! 32-byte `Bytes`: the 24 bytes went to the key, so keys of up to 69 bytes (a scope, a
 //! tenant and a UUID) are compared inside the 128-byte entry, with no allocation to
-//! build them and no pointer to follow on a lookup (issue 13's replay of a 60-byte key,
+//! build them and no pointer to follow on a lookup (the replay of a 60-byte key,
 //! `bench_report --natural-only`: 402 ns on the heap, 317 inline, 271 with the probe
 //! below). A replay of a result in the open
 //! chunk takes the write lock once, to seal the chunk (a chunk is only written before

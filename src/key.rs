@@ -52,7 +52,7 @@ pub struct Key {
 /// loaded instead of missing the cache on a second allocation, building a key allocates
 /// nothing, and a short key costs less memory than a `Box<[u8]>` and its allocation
 /// would. `("POST /v1/orders", "user:42", <UUID>)` is 64 bytes; with a 32-character hex
-/// key, 60. 69 is what the 128-byte map entry has room for (see `src/entry.rs`).
+/// key, 60. 69 is what the 128-byte map entry has room for (see `src/shard/entry.rs`).
 pub(crate) const INLINE_KEY_LEN: usize = 69;
 
 /// Stored forms up to this long are encoded on the stack before being copied to the heap

@@ -92,8 +92,8 @@ mod config;
 mod error;
 mod fingerprint;
 mod guard;
-mod into_bytes;
 pub mod implementation;
+mod into_bytes;
 mod key;
 #[cfg(feature = "tower")]
 pub mod layer;
@@ -117,7 +117,6 @@ pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{
     CacheBuilder, DropPolicy, MAX_DURATION, MAX_RESULT_SIZE_LIMIT, MAX_SHARDS, MAX_TICK, MIN_TICK,
 };
-pub use shard::entry::ENTRY_OVERHEAD;
 pub use error::{
     BuildError, ClaimError, ExtendLeaseError, InsertError, LeaseLost, ResolveError,
     SetResultTtlError,
@@ -126,5 +125,6 @@ pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use guard::ClaimGuard;
 pub use into_bytes::IntoBytes;
 pub use key::{Key, KeyError, MAX_CLIENT_KEY_LEN, MAX_SCOPE_AND_TENANT_LEN};
+pub use shard::entry::ENTRY_OVERHEAD;
 pub use stats::Stats;
 pub use wait::WaitForClaim;

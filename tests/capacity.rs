@@ -8,7 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use idemcache::{Cache, Claim, ClaimError, EntryState, Key, ManualClock, RemovalCause};
+use std::time::Duration;
+
+use idemcache::{
+    Cache, Claim, ClaimError, EntryState, Key, ManualClock, RemovalCause, ENTRY_OVERHEAD,
+};
 use proptest::prelude::*;
 
 /// One shard, so the bound is exact and eviction order is global.
@@ -321,4 +325,154 @@ proptest! {
             }
         }
     }
+}
+
+// The edges of the contract an adversarial review found; each test failed before its
+// fix, and the comment above it says how.
+
+// Before: `make_room` swept to floor(now / tick) while a dead entry is due at
+// ceil(deadline / tick), so 64 lapsed leases inside the current tick still filled the
+// shard and the claim was refused.
+#[test]
+fn entries_dead_within_the_current_tick_do_not_count_against_the_bound() {
+    let clock = ManualClock::new();
+    let cache = one_shard(&clock).max_entries(64).lease(secs(10)).build().unwrap();
+    clock.advance(ms(500));
+    let guards: Vec<_> =
+        (0..64).map(|i| acquire(&cache, &key(&format!("k{i}")), fp("r"))).collect();
+    clock.advance(secs(10) + ms(200)); // every lease ended at 10.5 s; now 10.7 s
+    let _new = acquire(&cache, &key("new"), fp("r"));
+    let stats = cache.stats();
+    assert_eq!((stats.capacity_refusals, stats.evictions, stats.takeovers), (0, 0, 64));
+    assert_eq!(stats.entries, 1);
+    drop(guards);
+    cache.debug_validate();
+}
+
+// D1, second form. Before: 54 lapsed in-flight entries kept their room, so the new claim
+// evicted a live completed result instead.
+#[test]
+fn a_live_completed_result_is_not_evicted_while_dead_entries_hold_room() {
+    let clock = ManualClock::new();
+    let cache = one_shard(&clock)
+        .max_entries(64)
+        .lease(secs(10))
+        .completed_ttl(secs(3600))
+        .build()
+        .unwrap();
+    clock.advance(ms(500));
+    for i in 0..10 {
+        acquire(&cache, &key(&format!("done{i}")), fp("r")).complete(&b"ok"[..]).unwrap();
+    }
+    let stale: Vec<_> = (0..54).map(|i| acquire(&cache, &key(&format!("k{i}")), fp("r"))).collect();
+    clock.advance(secs(10) + ms(200));
+    let _new = acquire(&cache, &key("new"), fp("r"));
+    assert_eq!(cache.stats().evictions, 0);
+    for i in 0..10 {
+        assert_eq!(replay(&cache, &key(&format!("done{i}")), fp("r")).body.unwrap(), "ok");
+    }
+    drop(stale);
+    cache.debug_validate();
+}
+
+// D1 on the system clock's default settings, with time driven by hand: a 100 ms lease
+// and the 1 s tick. Before: refused until the next whole second.
+#[test]
+fn a_short_lease_frees_its_room_at_its_end_not_at_the_next_tick() {
+    let clock = ManualClock::new();
+    let cache = one_shard(&clock).max_entries(64).lease(ms(100)).build().unwrap();
+    clock.advance(ms(10));
+    let stale: Vec<_> = (0..64).map(|i| acquire(&cache, &key(&format!("k{i}")), fp("r"))).collect();
+    assert_eq!(cache.claim(&key("early"), fp("r")).unwrap_err(), ClaimError::CapacityExhausted);
+    clock.advance(ms(100)); // 110 ms: every lease ended at 110 ms
+    let _new = acquire(&cache, &key("new"), fp("r"));
+    drop(stale);
+    // `run_pending` reclaims what died inside the tick too: "every expired entry".
+    clock.advance(ms(150));
+    assert_eq!(cache.run_pending(), 1, "the new claim's own lease ended at 210 ms");
+    assert_eq!(cache.stats().entries, 0);
+    cache.debug_validate();
+}
+
+// Before: 50 small results were evicted to make room for a body that could not fit
+// even in an empty shard, and the body was dropped anyway.
+#[test]
+fn a_body_that_cannot_fit_evicts_nothing_and_is_kept_without_its_body() {
+    let clock = ManualClock::new();
+    let cache = one_shard(&clock).max_bytes(64 * 1024).build().unwrap();
+    for i in 0..50 {
+        acquire(&cache, &key(&format!("done{i}")), fp("r")).complete(&b"receipt"[..]).unwrap();
+    }
+    acquire(&cache, &key("big"), fp("r")).complete(vec![7u8; 64 * 1024]).unwrap();
+    let stats = cache.stats();
+    assert_eq!((stats.evictions, stats.oversized, stats.entries), (0, 1, 51));
+    assert_eq!(replay(&cache, &key("big"), fp("r")).body, None);
+    assert_eq!(replay(&cache, &key("done0"), fp("r")).body.unwrap(), "receipt");
+    cache.debug_validate();
+}
+
+// D2, second form. Before: the refused claim evicted the one completed entry first.
+#[test]
+fn a_claim_refused_for_lack_of_room_evicts_nothing() {
+    let clock = ManualClock::new();
+    let cache = one_shard(&clock).max_bytes(64 * 1024).lease(secs(1000)).build().unwrap();
+    let long = |i: usize| Key::new("POST /v1/orders", &"t".repeat(1000), &format!("k{i}")).unwrap();
+    let per_entry = long(0).as_bytes().len() + ENTRY_OVERHEAD;
+    acquire(&cache, &key("done"), fp("r")).complete(&b"kept"[..]).unwrap();
+    let room = 64 * 1024 - (key("done").as_bytes().len() + 4 + ENTRY_OVERHEAD);
+    let fill = room / per_entry;
+    let held: Vec<_> = (0..fill).map(|i| acquire(&cache, &long(i), fp("r"))).collect();
+    // One completed entry's room is less than a long-keyed entry's: evicting it cannot help.
+    assert!(key("done").as_bytes().len() + 4 + ENTRY_OVERHEAD + room % per_entry < per_entry);
+    let before = cache.stats();
+    assert_eq!(cache.claim(&long(fill), fp("r")).unwrap_err(), ClaimError::CapacityExhausted);
+    let after = cache.stats();
+    assert_eq!(after.evictions, 0);
+    assert_eq!((after.entries, after.bytes), (before.entries, before.bytes));
+    assert_eq!(replay(&cache, &key("done"), fp("r")).body.unwrap(), "kept");
+    drop(held);
+    cache.debug_validate();
+}
+
+#[test]
+fn the_builder_refuses_results_larger_than_the_whole_byte_bound_and_shards_for_large_ones() {
+    let err = Cache::builder().max_bytes(64 * 1024).max_result_size(64 * 1024 + 1).build();
+    assert_eq!(
+        err.unwrap_err(),
+        idemcache::BuildError::MaxResultSizeAboveMaxBytes {
+            max_result_size: 64 * 1024 + 1,
+            max_bytes: 64 * 1024
+        }
+    );
+    // 1 MiB over 16 shards would leave 64 KiB a shard, a single default-size result: the
+    // shard count is lowered until each shard holds four.
+    let cache = Cache::builder().shards(16).max_bytes(1024 * 1024).build().unwrap();
+    assert_eq!(cache.shard_count(), 4);
+    let cache = Cache::builder().shards(16).max_bytes(1024 * 1024).max_result_size(1024).build();
+    assert_eq!(cache.unwrap().shard_count(), 16);
+}
+
+// `max_entries / shards` was rounded up: eight shards of 65 held 520 > 513 entries.
+// (Shards now hold at least 512 entries: eight of 513 hold 4,104 > 4,097.)
+#[test]
+fn the_shards_together_never_hold_more_than_max_entries() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).shards(8).max_entries(4097).lease(secs(1000)).build().unwrap();
+    assert_eq!(cache.shard_count(), 8);
+    let mut held = Vec::new();
+    for i in 0..12_000 {
+        if let Ok(Claim::Acquired(guard)) = cache.claim(&key(&format!("k{i}")), fp("r")) {
+            held.push(guard);
+        }
+    }
+    assert!(held.len() <= 4097, "{} entries held", held.len());
+    assert_eq!(held.len(), 8 * (4097 / 8));
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn one_shard(clock: &ManualClock) -> idemcache::CacheBuilder {
+    Cache::builder().clock(clock.clone()).shards(1)
 }

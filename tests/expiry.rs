@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
-use idemcache::{Cache, Claim, Key, ManualClock, RemovalCause, SweeperError};
+use idemcache::{Cache, Claim, ClaimError, Key, ManualClock, RemovalCause, SweeperError, MAX_TICK};
 
 type Heard = Arc<Mutex<Vec<(String, RemovalCause)>>>;
 
@@ -259,4 +259,107 @@ fn a_removed_result_is_freed_by_the_removal_itself() {
     acquire(&cache, &key("k"), fp("r")).complete(tracked_body(&drops)).unwrap();
     cache.remove(&key("k")).unwrap();
     assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+// The edges of the contract an adversarial review found; each test failed before its
+// fix, and the comment above it says how.
+
+// Before: `now + lease` saturated to `now`, so a fresh guard was born dead (its
+// `complete` got `LeaseLost`) and its entry, due at a tick no clock reaches, was never
+// reclaimed.
+#[test]
+fn a_clock_at_the_end_of_time_refuses_claims_and_changes_nothing() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).build().unwrap();
+    clock.advance(Duration::from_nanos(u64::MAX - 5_000_000_000));
+    match cache.claim(&key("late"), fp("r")) {
+        Err(ClaimError::ClockOutOfRange { now }) => assert_eq!(now, cache.now()),
+        other => panic!("expected ClockOutOfRange, got {other:?}"),
+    }
+    assert_eq!(cache.stats().entries, 0);
+}
+
+#[test]
+fn entries_made_near_the_end_of_time_live_their_lease_and_are_always_reclaimed() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).tick(MAX_TICK).build().unwrap();
+    // The latest start a lease of LEASE can run its length from.
+    let latest = u64::MAX - MAX_TICK.as_nanos() as u64 - LEASE.as_nanos() as u64;
+    clock.advance(Duration::from_nanos(latest - 1));
+    let guards: Vec<_> =
+        (0..11).map(|i| acquire(&cache, &key(&format!("k{i}")), fp("r"))).collect();
+    let mut guards = guards.into_iter();
+    clock.advance(LEASE - Duration::from_nanos(1));
+    guards.next().unwrap().complete(&b"r"[..]).unwrap();
+    guards.next().unwrap().mark_unknown().unwrap();
+    let mut extended = guards.next().unwrap();
+    extended.extend_lease(secs(3600)).unwrap();
+    clock.advance(Duration::from_nanos(u64::MAX)); // saturates at the end of time
+    cache.run_pending();
+    let stats = cache.stats();
+    assert_eq!((stats.entries, stats.bytes), (0, 0));
+    drop((guards, extended));
+}
+
+// A fact inserted within an hour of the end of time was refused as `TtlTooLong`; it is
+// kept until the last deadline, as a completion that late is.
+#[test]
+fn a_fact_inserted_near_the_end_of_time_is_kept_until_the_last_deadline() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).build().unwrap();
+    clock.advance(Duration::from_nanos(u64::MAX - 2 * MAX_TICK.as_nanos() as u64));
+    let now = cache.now();
+    let fact =
+        idemcache::Known::Unknown { marked_at: now, expires_at: now.saturating_add(secs(7200)) };
+    cache.insert(&key("late"), fp("r"), fact).unwrap();
+    let Ok(Claim::Unknown { expires_at, .. }) = cache.claim(&key("late"), fp("r")) else {
+        panic!("expected the inserted mark")
+    };
+    assert_eq!(expires_at, now.saturating_add(MAX_TICK));
+    clock.advance(MAX_TICK);
+    let too_late = idemcache::Known::Unknown {
+        marked_at: cache.now(),
+        expires_at: cache.now().saturating_add(secs(5)),
+    };
+    assert_eq!(
+        cache.insert(&key("later"), fp("r"), too_late),
+        Err(idemcache::InsertError::Expired)
+    );
+    cache.run_pending();
+    assert_eq!(cache.stats().entries, 0);
+}
+
+// The wheel's validator rejected a state the wheel allows: a bounded sweep stopping part
+// way through cascading a higher slot (a false failure for every test that validates).
+#[test]
+fn a_sweep_stopped_mid_cascade_leaves_a_valid_wheel_and_finishes_later() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).shards(1).completed_ttl(secs(100)).build().unwrap();
+    for i in 0..40 {
+        acquire(&cache, &key(&format!("k{i}")), fp("r")).complete(&b"x"[..]).unwrap();
+    }
+    clock.advance(secs(300));
+    // This claim's bounded sweep (16 moves) stops among the 40 due entries.
+    acquire(&cache, &key("sweeper"), fp("r")).release().unwrap();
+    assert!(cache.stats().entries > 0, "the sweep was meant to stop part way");
+    cache.debug_validate();
+    cache.run_pending();
+    assert_eq!((cache.stats().entries, cache.stats().bytes), (0, 0));
+    cache.debug_validate();
+}
+
+// D4's boundary: the last deadline is reachable. A lease that ends exactly there is
+// granted; one nanosecond later it could not run its length.
+#[test]
+fn a_lease_ending_exactly_at_the_last_deadline_is_granted_and_not_a_nanosecond_later() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).build().unwrap();
+    let latest = u64::MAX - MAX_TICK.as_nanos() as u64 - LEASE.as_nanos() as u64;
+    clock.advance(Duration::from_nanos(latest));
+    let guard = acquire(&cache, &key("a"), fp("r"));
+    assert_eq!(guard.lease_ends_at().as_nanos(), u64::MAX - MAX_TICK.as_nanos() as u64);
+    clock.advance(Duration::from_nanos(1));
+    assert!(matches!(cache.claim(&key("b"), fp("r")), Err(ClaimError::ClockOutOfRange { .. })));
+    guard.complete(&b"r"[..]).unwrap();
+    cache.debug_validate();
 }

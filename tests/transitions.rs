@@ -1,4 +1,4 @@
-//! One test per transition of the contract in DESIGN.md, each driven by a manual clock.
+//! One test per transition of the contract (the state table in the crate docs), each driven by a manual clock.
 
 mod common;
 

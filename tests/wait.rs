@@ -13,7 +13,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use common::*;
-use idemcache::{Claim, EntryState};
+use idemcache::{Claim, EntryState, ManualClock};
 
 /// A waker that counts its wake-ups.
 #[derive(Default)]
@@ -224,4 +224,49 @@ fn every_future_filed_on_a_shard_is_woken() {
         assert!(matches!(poll(future, &wakers[0]), Poll::Ready(Ok(Claim::Completed(_)))));
     }
     assert!(poll(&mut futures[2], &wakers[2]).is_pending(), "b is still in progress: filed again");
+}
+
+// The edges of the contract an adversarial review found; each test failed before its
+// fix, and the comment above it says how.
+
+// Before: every wake-up of a waiter counted another "in progress" answer, including
+// wake-ups for other keys of its shard.
+#[test]
+fn one_claim_wait_counts_one_answer_however_often_it_wakes() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).shards(1).build().unwrap();
+    let owner = acquire(&cache, &key("slow"), fp("r"));
+    let waiter = {
+        let cache = cache.clone();
+        std::thread::spawn(move || cache.claim_wait(&key("slow"), fp("r"), secs(60)).unwrap())
+    };
+    let give_up = std::time::Instant::now() + secs(30);
+    while cache.stats().waiting == 0 {
+        assert!(std::time::Instant::now() < give_up, "the waiter never slept");
+        std::thread::yield_now();
+    }
+    // Other keys of the same (only) shard leave PROCESSING: each may wake the waiter,
+    // which finds its own key still in progress and sleeps again.
+    for i in 0..10 {
+        acquire(&cache, &key(&format!("other{i}")), fp("r")).complete(&b"x"[..]).unwrap();
+    }
+    owner.complete(&b"done"[..]).unwrap();
+    assert!(matches!(waiter.join().unwrap(), Claim::Completed(_)));
+    // The call's one answer is the replay; its looks at the key in progress are not
+    // answers (before: at least one, and one more per wake-up).
+    let stats = cache.stats();
+    assert_eq!((stats.in_progress, stats.replayed, stats.waiting), (0, 1, 0));
+}
+
+#[test]
+fn a_claim_wait_that_times_out_counts_one_in_progress_answer() {
+    let (cache, _clock) = cache();
+    let _owner = acquire(&cache, &key("slow"), fp("r"));
+    let claim = cache.claim_wait(&key("slow"), fp("r"), ms(1)).unwrap();
+    assert!(matches!(claim, Claim::InProgress { .. }));
+    assert_eq!(cache.stats().in_progress, 1);
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
 }

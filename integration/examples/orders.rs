@@ -45,8 +45,8 @@ use idemcache::layer::{client_key, IdempotencyLayer};
 use idemcache::store::{Store, Tiered};
 use idemcache::Cache;
 use idemcache_any::redacted;
-use idemcache_sqlite::rusqlite::{self, params, Connection};
 use idemcache_sqlite::is_unique_violation;
+use idemcache_sqlite::rusqlite::{self, params, Connection};
 use serde::Deserialize;
 use serde_json::json;
 

@@ -768,7 +768,8 @@ mod over_a_store {
         assert_eq!(replayed, 19, "every duplicate is a replay");
         // A third instance (a restart: a fresh cache) replays from the store.
         let c =
-            serve(IdempotencyLayer::tiered(tiered(&path).await).tenant(bearer), handler.clone()).await;
+            serve(IdempotencyLayer::tiered(tiered(&path).await).tenant(bearer), handler.clone())
+                .await;
         let again = req("shared", "{}").send(c).await;
         assert_eq!((again.status, again.body.as_str()), (201, replies[0].body.as_str()));
         assert_eq!(again.header("idempotent-replayed"), Some("true"));
@@ -781,8 +782,10 @@ mod over_a_store {
     #[tokio::test]
     async fn an_unavailable_store_answers_503_and_never_runs_the_handler() {
         // A store without its schema fails every claim with a backend error.
-        let broken =
-            Tiered::new(Cache::builder().build().unwrap(), SqliteStore::connect("sqlite::memory:").await.unwrap());
+        let broken = Tiered::new(
+            Cache::builder().build().unwrap(),
+            SqliteStore::connect("sqlite::memory:").await.unwrap(),
+        );
         let handler = Handler::open();
         let addr = serve(IdempotencyLayer::tiered(broken).tenant(bearer), handler.clone()).await;
         let reply = req("k", "{}").send(addr).await;
@@ -804,7 +807,8 @@ mod over_a_store {
         assert_eq!(failing.send(addr).await.status, 500);
         // Another instance runs the retry: the store let the key go.
         let other =
-            serve(IdempotencyLayer::tiered(tiered(&path).await).tenant(bearer), handler.clone()).await;
+            serve(IdempotencyLayer::tiered(tiered(&path).await).tenant(bearer), handler.clone())
+                .await;
         assert_eq!(req("k5", "{}").send(other).await.status, 201);
         assert_eq!(handler.runs(), 2);
     }

@@ -127,7 +127,10 @@ async fn an_unreachable_store_is_a_typed_error_and_nothing_executes() {
     let missing = std::env::temp_dir().join("idemcache-no-such-dir/x/records.db");
     let url = format!("sqlite:{}", missing.display());
     let opened = SqliteStore::connect(&url).await;
-    assert!(matches!(&opened, Err(StoreError::Backend(e)) if e.to_string().contains("idemcache-no-such-dir")), "{opened:?}");
+    assert!(
+        matches!(&opened, Err(StoreError::Backend(e)) if e.to_string().contains("idemcache-no-such-dir")),
+        "{opened:?}"
+    );
     // A store without its schema fails every claim with a backend error, and the
     // cache in front lets the key go (the next claim asks the store again).
     let bare = SqliteStore::connect("sqlite::memory:").await.unwrap();
@@ -272,7 +275,8 @@ mod postgres {
     #[tokio::test]
     async fn an_unreachable_postgres_is_a_typed_error_and_nothing_executes() {
         // A port nobody listens on.
-        let store = PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 2).await.unwrap();
+        let store =
+            PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 2).await.unwrap();
         let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
         match tiered.claim(&key("down"), fp("r")).await {
             Err(idemcache::store::TieredError::Store(StoreError::Backend(_))) => {}

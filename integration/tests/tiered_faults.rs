@@ -126,7 +126,12 @@ impl<S: Store> Store for Faulty<S> {
     async fn release(&self, key: &Key, token: FencingToken) -> Result<(), StoreError> {
         self.inner.release(key, token).await
     }
-    async fn mark_unknown(&self, key: &Key, token: FencingToken, ttl: Duration) -> Result<(), StoreError> {
+    async fn mark_unknown(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
         self.inner.mark_unknown(key, token, ttl).await
     }
     async fn resolve(
@@ -269,7 +274,8 @@ async fn a_cancelled_claim_leaves_nothing_in_the_hot_tier() {
     }
     f.hang_before_claim.store(false, Ordering::SeqCst);
     // The store never saw the key: a fresh Tiered over it acquires.
-    let other = Tiered::new(Cache::builder().build().unwrap(), SqliteStore::open(&path).await.unwrap());
+    let other =
+        Tiered::new(Cache::builder().build().unwrap(), SqliteStore::open(&path).await.unwrap());
     let fresh = other.claim(&key("f1-other"), fp("r")).await.unwrap();
     assert!(matches!(fresh, TieredClaim::Acquired(_)));
     let again = tiered.claim(&k, fp("r")).await.unwrap();
@@ -504,7 +510,10 @@ async fn a_stale_owner_is_fenced_across_instances() {
         Err(TieredError::Store(StoreError::LeaseLost(_)))
     ));
     gb.complete(&b"B"[..]).await.unwrap();
-    assert!(matches!(ga.complete(&b"A"[..]).await, Err(TieredError::Store(StoreError::LeaseLost(_)))));
+    assert!(matches!(
+        ga.complete(&b"A"[..]).await,
+        Err(TieredError::Store(StoreError::LeaseLost(_)))
+    ));
     for t in [&a, &b] {
         match t.claim(&k, fp("r")).await.unwrap() {
             TieredClaim::Completed(r) => assert_eq!(r.body.unwrap(), "B"),
@@ -544,7 +553,10 @@ async fn bad_durations_are_typed_errors_and_nothing_runs() {
 
 #[tokio::test]
 async fn an_unreachable_postgres_is_503_and_nothing_runs() {
-    let store = idemcache_postgres::PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 2).await.unwrap();
+    let store =
+        idemcache_postgres::PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 2)
+            .await
+            .unwrap();
     let h = H::new(Semaphore::MAX_PERMITS);
     let svc =
         h.service(&IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), store)));

@@ -18,7 +18,7 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
-use super::records::{Held, Renewal};
+use super::backend::{Held, Renewal};
 
 /// A held claim, renewed while [`Renewing::run`] awaits its execution's futures.
 pub(crate) struct Renewing {

@@ -21,11 +21,12 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 
+use super::backend::{Found, Held, Records, Settled};
 use super::body::LayerBody;
+use super::layer::Settings;
 use super::problem::Refusal;
-use super::records::{Found, Held, Records, Settled};
 use super::renewal::{Panicked, Read, Renewing};
-use super::{header, record, Settings, IDEMPOTENCY_EXPIRES, IDEMPOTENT_REPLAYED};
+use super::{header, stored_response, IDEMPOTENCY_EXPIRES, IDEMPOTENT_REPLAYED};
 use crate::{Fingerprint, Key, KeyError};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -371,8 +372,13 @@ where
     };
     if stored {
         let set_cookie = settings.replay_set_cookie;
-        let record =
-            record::encode(parts.status, &parts.headers, set_cookie, &body, trailers.as_ref());
+        let record = stored_response::encode(
+            parts.status,
+            &parts.headers,
+            set_cookie,
+            &body,
+            trailers.as_ref(),
+        );
         match held.complete(record).await {
             Settled::Recorded => {
                 decided!("completed", key);
@@ -420,7 +426,7 @@ fn replayed<ResB, E>(
                       keep; it was not executed again";
         return refuse(Refusal::ResponseNotKept, detail, None);
     };
-    let Some(stored) = record::decode(body) else {
+    let Some(stored) = stored_response::decode(body) else {
         let detail = "the result stored under this key is not a stored HTTP response";
         return refuse(Refusal::RecordCorrupt, detail, None);
     };

@@ -16,7 +16,7 @@ use bytes::Bytes;
 use crate::shard::arena::ResultRef;
 use crate::{EntrySnapshot, EntryState, FencingToken, Fingerprint, Key, Replay, Timestamp};
 
-/// The three states of the contract (DESIGN.md); "absent" is the lack of an entry.
+/// The three states of the contract (the state table in the crate docs); "absent" is the lack of an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum State {
     Processing,
@@ -63,7 +63,8 @@ const _: () = assert!(ENTRY_OVERHEAD == 128 + 4 + 1 + 24 + 40);
 
 // The layout argument above depends on this, and the memory figures on both.
 const _: () = assert!(std::mem::size_of::<Option<Entry>>() == 128);
-const _: () = assert!(std::mem::size_of::<crate::shard::wheel::Node<crate::shard::evict::AgeLinks>>() == 24);
+const _: () =
+    assert!(std::mem::size_of::<crate::shard::wheel::Node<crate::shard::evict::AgeLinks>>() == 24);
 
 impl Entry {
     #[inline]

@@ -36,12 +36,12 @@ use bytes::Bytes;
 use hashbrown::HashTable;
 
 use self::arena::{ResultArena, ResultRef};
-use crate::config::Config;
 use self::entry::{Entry, State};
 use self::evict::{AgeLinks, AgeList};
+use self::wheel::Wheel;
+use crate::config::Config;
 use crate::stats::Counters;
 use crate::wait::Wakers;
-use self::wheel::Wheel;
 use crate::{
     Claim, ClaimError, EntrySnapshot, Fingerprint, InsertError, Key, Known, LeaseLost,
     RemovalCause, Replay, ResolveError, Timestamp, UnknownEntry,

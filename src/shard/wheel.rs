@@ -8,6 +8,13 @@
 //! the shard keeps its age-list links there, so the bookkeeping of one entry outside
 //! its slab slot is one 24-byte node, one cache miss, not two arenas' worth.
 //!
+//! Prior art: the hierarchical timing wheel of Varghese and Lauck ("Hashed and
+//! Hierarchical Timing Wheels", SOSP 1987, scheme 7), in the shape tokio's time driver
+//! gives it (levels of 64 slots, each level's occupancy one `u64` bitfield, an item's
+//! level read from the highest digit where its deadline differs from now). What is this
+//! crate's own: ids into the shard's slab instead of allocated timer entries, a payload
+//! riding in each node, the overflow level, and the per-call work bound below.
+//!
 //! Shape: [`NUM_LEVELS`] levels of 64 slots. Level `L` slot `d` holds items whose deadline
 //! agrees with `elapsed` on every 6-bit digit above `L` and has digit `d` at `L`; an item's
 //! level is the highest digit where its deadline differs from `elapsed` (three lines in

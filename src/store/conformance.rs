@@ -123,10 +123,22 @@ async fn fencing<S: Store>(store: &S) {
     let k = key("fenced");
     let token = acquire(store, &k).await;
     let body = || Some(Bytes::from_static(b"x"));
-    assert!(matches!(store.complete(&k, next(token), body(), TTL).await, Err(StoreError::LeaseLost(_))));
-    assert!(matches!(store.release(&k, FencingToken::new(token.get().wrapping_sub(1))).await, Err(StoreError::LeaseLost(_))));
-    assert!(matches!(store.mark_unknown(&k, FencingToken::new(0), TTL).await, Err(StoreError::LeaseLost(_))));
-    assert!(matches!(store.extend_lease(&k, next(token), LEASE).await, Err(StoreError::LeaseLost(_))));
+    assert!(matches!(
+        store.complete(&k, next(token), body(), TTL).await,
+        Err(StoreError::LeaseLost(_))
+    ));
+    assert!(matches!(
+        store.release(&k, FencingToken::new(token.get().wrapping_sub(1))).await,
+        Err(StoreError::LeaseLost(_))
+    ));
+    assert!(matches!(
+        store.mark_unknown(&k, FencingToken::new(0), TTL).await,
+        Err(StoreError::LeaseLost(_))
+    ));
+    assert!(matches!(
+        store.extend_lease(&k, next(token), LEASE).await,
+        Err(StoreError::LeaseLost(_))
+    ));
     let longer = store.extend_lease(&k, token, 4 * LEASE).await.unwrap();
     assert!(longer > SystemTime::now() + 3 * LEASE, "the lease now ends later: {longer:?}");
     match store.claim(&k, fp("r"), LEASE).await.unwrap() {
@@ -211,8 +223,7 @@ async fn bad_input<S: Store>(store: &S) {
     assert!(matches!(forever, Err(StoreError::InvalidInput(_))), "{forever:?}");
     let zero = store.extend_lease(&k, token, Duration::ZERO).await;
     assert!(matches!(zero, Err(StoreError::InvalidInput(_))), "{zero:?}");
-    let over =
-        store.extend_lease(&k, token, crate::MAX_DURATION + Duration::from_nanos(1)).await;
+    let over = store.extend_lease(&k, token, crate::MAX_DURATION + Duration::from_nanos(1)).await;
     assert!(matches!(over, Err(StoreError::InvalidInput(_))), "{over:?}");
     // The longest lease the cache allows is allowed here too.
     store.extend_lease(&k, token, crate::MAX_DURATION).await.unwrap();
@@ -314,7 +325,6 @@ pub async fn tiered_exactly_once<S: Store + std::fmt::Debug>(
         }
     }
 }
-
 
 /// The token after `token`: one no claim was given.
 fn next(token: FencingToken) -> FencingToken {

@@ -61,7 +61,10 @@ pub trait DynStore: Send + Sync + 'static {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Replay<SystemTime>, StoreError>>;
     fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<(), StoreError>>;
-    fn unknown(&self, limit: usize) -> BoxFuture<'_, Result<Vec<UnknownEntry<SystemTime>>, StoreError>>;
+    fn unknown(
+        &self,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<UnknownEntry<SystemTime>>, StoreError>>;
     fn purge_expired(&self, limit: usize) -> BoxFuture<'_, Result<usize, StoreError>>;
     fn ensure_schema(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     /// The store's `Debug` form (a trait object cannot require `Debug` of its own).
@@ -120,7 +123,10 @@ impl<S: Store + std::fmt::Debug> DynStore for S {
     fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(Store::forget(self, key))
     }
-    fn unknown(&self, limit: usize) -> BoxFuture<'_, Result<Vec<UnknownEntry<SystemTime>>, StoreError>> {
+    fn unknown(
+        &self,
+        limit: usize,
+    ) -> BoxFuture<'_, Result<Vec<UnknownEntry<SystemTime>>, StoreError>> {
         Box::pin(Store::unknown(self, limit))
     }
     fn purge_expired(&self, limit: usize) -> BoxFuture<'_, Result<usize, StoreError>> {
@@ -160,14 +166,16 @@ impl std::fmt::Debug for AnyStore {
 }
 
 impl Store for AnyStore {
-    async fn claim(        &self,
+    async fn claim(
+        &self,
         key: &Key,
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Result<StoreClaim, StoreError> {
         self.0.claim(key, fingerprint, lease).await
     }
-    async fn complete(        &self,
+    async fn complete(
+        &self,
         key: &Key,
         token: FencingToken,
         body: Option<Bytes>,
@@ -175,27 +183,27 @@ impl Store for AnyStore {
     ) -> Result<Replay<SystemTime>, StoreError> {
         self.0.complete(key, token, body, ttl).await
     }
-    async fn extend_lease(        &self,
+    async fn extend_lease(
+        &self,
         key: &Key,
         token: FencingToken,
         lease: Duration,
     ) -> Result<SystemTime, StoreError> {
         self.0.extend_lease(key, token, lease).await
     }
-    async fn release(        &self,
-        key: &Key,
-        token: FencingToken,
-    ) -> Result<(), StoreError> {
+    async fn release(&self, key: &Key, token: FencingToken) -> Result<(), StoreError> {
         self.0.release(key, token).await
     }
-    async fn mark_unknown(        &self,
+    async fn mark_unknown(
+        &self,
         key: &Key,
         token: FencingToken,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         self.0.mark_unknown(key, token, ttl).await
     }
-    async fn resolve(        &self,
+    async fn resolve(
+        &self,
         key: &Key,
         body: Option<Bytes>,
         ttl: Duration,
@@ -205,9 +213,7 @@ impl Store for AnyStore {
     async fn forget(&self, key: &Key) -> Result<(), StoreError> {
         self.0.forget(key).await
     }
-    async fn unknown(        &self,
-        limit: usize,
-    ) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
         self.0.unknown(limit).await
     }
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {

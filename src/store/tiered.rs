@@ -363,7 +363,10 @@ impl<S: Store> TieredGuard<S> {
     /// leaves the outcome to the store (the write may have committed): the cache lets the
     /// key go, so the next claim asks the store; and unless the lease was lost, the record
     /// is marked UNKNOWN if the store answers that (a completion that did commit stays).
-    pub async fn complete(mut self, result: impl crate::IntoBytes) -> Result<Replay<SystemTime>, TieredError> {
+    pub async fn complete(
+        mut self,
+        result: impl crate::IntoBytes,
+    ) -> Result<Replay<SystemTime>, TieredError> {
         let tiered = &self.tiered;
         let body = Some(result.into_bytes());
         let asked = tiered.cache.now();

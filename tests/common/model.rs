@@ -2,7 +2,7 @@
 //! operation against both and asserts they agree. Shared by the proptest suite and the
 //! `ops` fuzz target, so both check the same contract.
 //!
-//! The model is written from DESIGN.md's state table, not from the implementation: a
+//! The model is written from the crate docs' state table, not from the implementation: a
 //! BTreeMap of keys to `(fingerprint, state, since, deadline, owner)`. Dead entries stay
 //! in the model until a key operation touches them or `RunPending` sweeps; the cache may
 //! reclaim them earlier (a bounded sweep rides on every insert), so the counters that

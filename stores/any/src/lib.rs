@@ -121,7 +121,10 @@ pub async fn open(url: &str) -> Result<AnyStore, OpenError> {
     match scheme {
         "sqlite" => {
             #[cfg(feature = "sqlite")]
-            return idemcache_sqlite::SqliteStore::connect(url).await.map(AnyStore::new).map_err(failed);
+            return idemcache_sqlite::SqliteStore::connect(url)
+                .await
+                .map(AnyStore::new)
+                .map_err(failed);
             #[cfg(not(feature = "sqlite"))]
             return Err(OpenError::NotBuilt { scheme: "sqlite", feature: "sqlite" });
         }
@@ -136,7 +139,10 @@ pub async fn open(url: &str) -> Result<AnyStore, OpenError> {
         }
         "redis" | "rediss" => {
             #[cfg(feature = "redis")]
-            return idemcache_redis::RedisStore::connect(url).await.map(AnyStore::new).map_err(failed);
+            return idemcache_redis::RedisStore::connect(url)
+                .await
+                .map(AnyStore::new)
+                .map_err(failed);
             #[cfg(not(feature = "redis"))]
             return Err(OpenError::NotBuilt { scheme: "redis", feature: "redis" });
         }
@@ -155,7 +161,10 @@ mod tests {
     fn passwords_never_reach_a_message() {
         assert_eq!(redacted("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
         assert_eq!(redacted("redis://:pw@cache:6379/0"), "redis://:***@cache:6379/0");
-        assert_eq!(redacted("postgres://db/x?user=a&password=pw&x=1"), "postgres://db/x?user=a&password=***&x=1");
+        assert_eq!(
+            redacted("postgres://db/x?user=a&password=pw&x=1"),
+            "postgres://db/x?user=a&password=***&x=1"
+        );
         assert_eq!(redacted("postgres://a:b@c@db/x"), "postgres://a:***@db/x");
         assert_eq!(redacted("sqlite:/tmp/x.db"), "sqlite:/tmp/x.db");
     }

@@ -9,7 +9,9 @@ use mysql_async::prelude::Queryable;
 
 #[tokio::test]
 async fn mysql_async_against_mariadb() {
-    let Some(url) = service_url("IDEMCACHE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test") else { return };
+    let Some(url) = service_url("IDEMCACHE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test") else {
+        return;
+    };
     let table = format!("{}_mysql_async", table());
     let pool = mysql_async::Pool::new(url.as_str());
     let mut db = pool.get_conn().await.unwrap();

@@ -280,7 +280,8 @@ impl Store for PostgresStore {
                  RETURNING r.settled_at, r.expires_at"
             );
             let stored = body.as_deref();
-            let params: [&(dyn ToSql + Sync); 4] = [&key, &(token.get() as i64), &stored, &micros(ttl)];
+            let params: [&(dyn ToSql + Sync); 4] =
+                [&key, &(token.get() as i64), &stored, &micros(ttl)];
             let (at, until) = self.settle(&key, sql, &params, StoreError::LeaseLost(lost)).await?;
             Ok(Replay::new(body, from_micros(at), from_micros(until)))
         }
@@ -322,7 +323,9 @@ impl Store for PostgresStore {
                  WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
-            self.settle(&key, sql, &[&key, &(token.get() as i64)], StoreError::LeaseLost(lost)).await.map(drop)
+            self.settle(&key, sql, &[&key, &(token.get() as i64)], StoreError::LeaseLost(lost))
+                .await
+                .map(drop)
         }
     }
 
@@ -402,7 +405,8 @@ impl Store for PostgresStore {
                 key(&stored)?,
                 fingerprint(&fp).map_err(|e| corrupt(&stored, e))?,
                 from_micros(
-                    marked_at.ok_or_else(|| corrupt(&stored, "it has no mark time (settled_at)"))?,
+                    marked_at
+                        .ok_or_else(|| corrupt(&stored, "it has no mark time (settled_at)"))?,
                 ),
                 from_micros(column(&row, 3, &stored)?),
             ));

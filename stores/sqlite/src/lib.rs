@@ -158,7 +158,8 @@ impl SqliteStore {
     /// (for tests and CLIs). The schema is not created: call
     /// [`ensure_schema`](Store::ensure_schema).
     pub async fn connect(url: &str) -> Result<SqliteStore, StoreError> {
-        let path = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).unwrap_or(url);
+        let path =
+            url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).unwrap_or(url);
         match path {
             "" => Err(StoreError::InvalidInput(format!("{url:?} names no SQLite database"))),
             ":memory:" => {
@@ -216,19 +217,20 @@ impl SqliteStore {
     fn start() -> (SqliteStore, Opener) {
         let (jobs, inbox) = mpsc::channel::<Job>();
         let (open, opened) = mpsc::channel::<Open>();
-        let spawned = std::thread::Builder::new().name("idemcache-sqlite".into()).spawn(move || {
-            let mut db = None;
-            if let Ok(open) = opened.recv() {
-                open(&mut db);
-            }
-            // No connection: the jobs are dropped unanswered, and each `Reply` answers
-            // its caller with an error.
-            let Some(mut db) = db else { return };
-            // Ends when the store's last clone (the only senders) is dropped.
-            for job in inbox {
-                job(&mut db);
-            }
-        });
+        let spawned =
+            std::thread::Builder::new().name("idemcache-sqlite".into()).spawn(move || {
+                let mut db = None;
+                if let Ok(open) = opened.recv() {
+                    open(&mut db);
+                }
+                // No connection: the jobs are dropped unanswered, and each `Reply` answers
+                // its caller with an error.
+                let Some(mut db) = db else { return };
+                // Ends when the store's last clone (the only senders) is dropped.
+                for job in inbox {
+                    job(&mut db);
+                }
+            });
         (SqliteStore { jobs }, Opener { open, spawned: spawned.err().map(|e| e.to_string()) })
     }
 
@@ -458,8 +460,12 @@ impl Store for SqliteStore {
                 "
                  RETURNING started_at, expires_at"
             );
-            let (_, until) =
-                settle(db, sql, &[&key, &(token.get() as i64), &micros(lease)], StoreError::LeaseLost(lost))?;
+            let (_, until) = settle(
+                db,
+                sql,
+                &[&key, &(token.get() as i64), &micros(lease)],
+                StoreError::LeaseLost(lost),
+            )?;
             Ok(from_micros(until))
         })
     }
@@ -500,7 +506,13 @@ impl Store for SqliteStore {
                 "
                  RETURNING settled_at, expires_at"
             );
-            settle(db, sql, &[&key, &(token.get() as i64), &micros(ttl)], StoreError::LeaseLost(lost)).map(drop)
+            settle(
+                db,
+                sql,
+                &[&key, &(token.get() as i64), &micros(ttl)],
+                StoreError::LeaseLost(lost),
+            )
+            .map(drop)
         })
     }
 

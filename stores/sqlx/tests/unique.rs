@@ -28,16 +28,19 @@ macro_rules! sqlx_engine {
 
 #[tokio::test]
 async fn sqlx_against_mariadb() {
-    let Some(url) = service_url("IDEMCACHE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test") else { return };
+    let Some(url) = service_url("IDEMCACHE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test") else {
+        return;
+    };
     // InnoDB: the engine that checks foreign keys.
     sqlx_engine!(sqlx::MySqlConnection, &url, " ENGINE=InnoDB");
 }
 
 #[tokio::test]
 async fn sqlx_against_postgres() {
-    let Some(url) = service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test") else {
+    let Some(url) =
+        service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+    else {
         return;
     };
     sqlx_engine!(sqlx::PgConnection, &url, "");
 }
-

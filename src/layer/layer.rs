@@ -1,0 +1,193 @@
+//! [`IdempotencyLayer`]: the layer's configuration, and the `Layer` that wraps a
+//! service in [`Idempotency`](super::Idempotency).
+//!
+//! Invariant: the settings are fixed once the layer wraps a service (each wrapped
+//! service shares them behind an `Arc`), so every request of one service is judged by
+//! the same rules.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{HeaderName, CONTENT_TYPE};
+use http::request::Parts;
+use http::{Method, StatusCode};
+
+use super::backend::Records;
+use super::service::Idempotency;
+use super::DEFAULT_MAX_REQUEST_BODY;
+use crate::Cache;
+
+type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
+type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
+type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// A tower `Layer` wrapping a service in [`Idempotency`]. Cheap to clone.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    settings: Arc<Settings>,
+}
+
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) records: Records,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) require_key: bool,
+    pub(crate) max_request_body: usize,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) scope: Arc<ScopeFn>,
+    pub(crate) tenant: Option<Arc<TenantFn>>,
+    pub(crate) store: Arc<StoreFn>,
+    pub(crate) replay_set_cookie: bool,
+    /// Shared by every clone: the scopes' recent execution times, for `Retry-After`.
+    pub(crate) times: Arc<super::timing::ExecutionTimes>,
+}
+
+impl IdempotencyLayer {
+    /// A layer over `cache` with the defaults: POST and PATCH require a key; 1 MiB
+    /// request bodies; `Content-Type` in the fingerprint; no waiting (409 at once); scope
+    /// = method + path; one tenant; 2xx and 4xx stored; `Set-Cookie` never replayed.
+    pub fn new(cache: Cache) -> Self {
+        Self::over(Records::Memory(cache))
+    }
+
+    /// A layer over a [`Tiered`](crate::store::Tiered) store (the cache in front of a
+    /// durable store), with [`new`](IdempotencyLayer::new)'s defaults: exactly-once
+    /// across processes and restarts. Feature `store` (with a store's feature).
+    ///
+    /// What changes against a cache alone: a duplicate executing in another process is
+    /// looked at again every 10 ms (doubling to 250 ms) while [`wait`](Self::wait)ing, as
+    /// a store cannot tell a waiter when a key settles; the store unreachable is 503
+    /// `idempotency_store_unavailable` (never executed unguarded); the lease is the
+    /// `Tiered`'s, renewed in the store while the execution runs (a renewal the store fails
+    /// is tried again at the next beat); a `Tiered` whose lease or TTLs the store would
+    /// refuse answers 500 before anything runs; and a completion the store fails to
+    /// record is answered to its client and marked UNKNOWN if the store answers again,
+    /// else its record stays PROCESSING until its lease lapses (keep a `UNIQUE` backstop
+    /// in your own tables for that window). A store that never answers holds its request
+    /// (and key) as long: give its client or pool a timeout.
+    #[cfg(feature = "store")]
+    pub fn tiered<S: crate::store::Store>(tiered: crate::store::Tiered<S>) -> Self {
+        Self::over(Records::Durable(Arc::new(tiered)))
+    }
+
+    fn over(records: Records) -> Self {
+        IdempotencyLayer {
+            settings: Arc::new(Settings {
+                records,
+                methods: vec![Method::POST, Method::PATCH],
+                require_key: true,
+                max_request_body: DEFAULT_MAX_REQUEST_BODY,
+                fingerprint_headers: vec![CONTENT_TYPE],
+                wait: None,
+                scope: Arc::new(|parts: &Parts| format!("{} {}", parts.method, parts.uri.path())),
+                tenant: None,
+                store: Arc::new(|status: StatusCode| !status.is_server_error()),
+                replay_set_cookie: false,
+                times: Arc::default(),
+            }),
+        }
+    }
+
+    fn settings(&mut self) -> &mut Settings {
+        Arc::make_mut(&mut self.settings)
+    }
+
+    /// The methods the layer guards (others pass straight through). Default POST, PATCH.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.settings().methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Whether a guarded method without a key is refused with 400 (default `true`);
+    /// `false` lets it through unguarded, before anything else is asked of it (no
+    /// tenant is needed).
+    pub fn require_key(mut self, required: bool) -> Self {
+        self.settings().require_key = required;
+        self
+    }
+
+    /// The largest request body buffered for the fingerprint; larger ones get 413.
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        self.settings().max_request_body = bytes;
+        self
+    }
+
+    /// The request headers that are part of the fingerprint (default `Content-Type`).
+    pub fn fingerprint_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.settings().fingerprint_headers = names.into_iter().collect();
+        self
+    }
+
+    /// Wait up to `timeout` for a duplicate's first execution to finish, then replay it
+    /// (or take the key over if its owner's lease lapses), instead of answering 409 at
+    /// once. Waiting holds no thread ([`Cache::claim_wait_async`]).
+    pub fn wait(mut self, timeout: Duration) -> Self {
+        self.settings().wait = Some(timeout);
+        self
+    }
+
+    /// How a request's scope is named (default: method and path). With axum, name it by
+    /// the matched route, so `/orders/1` and `/orders/2` share nothing but their route:
+    /// `.scope(|p| format!("{} {}", p.method, p.extensions.get::<MatchedPath>().map_or("", |m| m.as_str())))`.
+    pub fn scope(mut self, scope: impl Fn(&Parts) -> String + Send + Sync + 'static) -> Self {
+        self.settings().scope = Arc::new(scope);
+        self
+    }
+
+    /// Who the request is from (an authenticated user, an API key's account): keys are
+    /// per tenant. `None` from `tenant` answers 401. Without it, all requests share one.
+    pub fn tenant(
+        mut self,
+        tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.settings().tenant = Some(Arc::new(tenant));
+        self
+    }
+
+    /// Which responses are stored for replay (the rest release the key so a retry runs
+    /// again). Default: everything but 5xx.
+    pub fn store_when(
+        mut self,
+        store: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.settings().store = Arc::new(store);
+        self
+    }
+
+    /// Whether `Set-Cookie` is stored and replayed (default `false`: a cookie replayed to
+    /// whoever retries with the key would hand over a session).
+    pub fn replay_set_cookie(mut self, replay: bool) -> Self {
+        self.settings().replay_set_cookie = replay;
+        self
+    }
+}
+
+impl<S> tower_layer::Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Idempotency<S> {
+        Idempotency::new(inner, self.settings.clone())
+    }
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.settings.fmt(f)
+    }
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("methods", &self.methods)
+            .field("require_key", &self.require_key)
+            .field("max_request_body", &self.max_request_body)
+            .field("fingerprint_headers", &self.fingerprint_headers)
+            .field("wait", &self.wait)
+            .field("tenant", &self.tenant.is_some())
+            .field("replay_set_cookie", &self.replay_set_cookie)
+            .finish_non_exhaustive()
+    }
+}
