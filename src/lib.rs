@@ -72,11 +72,28 @@
 //! # Where things are
 //!
 //! See [`implementation`] for the design notes: how shards, slots and fencing tokens fit
-//! together, and where each transition lives. Built on the public API, behind features:
-//! `layer` (feature `tower`: an HTTP layer speaking `Idempotency-Key`) and `store`
-//! (features `store`, `sqlite`, `postgres`, `redis`: durable records, and [`Cache`] in
-//! front of them). Async code waits with [`Cache::claim_wait_async`].
+//! together, and where each transition lives. Async code waits with
+//! [`Cache::claim_wait_async`]. Built on the public API, behind features, and in crates of
+//! their own:
+//!
+//! | feature / crate | what it adds | dependencies |
+//! |---|---|---|
+//! | (none) | [`Cache`], the in-process tier | ahash, bytes, hashbrown, parking_lot, xxhash-rust |
+//! | `tower` | `layer`: an HTTP layer speaking `Idempotency-Key` | http, http-body(-util), httpdate, tokio (rt, time), tower-layer, tower-service |
+//! | `tracing` | one `tracing` event per decision of the layer | tracing |
+//! | `store` | `store`: the durable [`Store`](crate::store::Store) trait, its object-safe form, `Tiered` (the cache in front of a store), the engines' unique-violation codes | none |
+//! | `test-utils` | `store::conformance`: the suite every store passes, for yours | none |
+//! | `idemcache-sqlite` | `SqliteStore` (rusqlite, bundled) and rusqlite's classifier | rusqlite |
+//! | `idemcache-postgres` | `PostgresStore` (tokio-postgres, deadpool) and its classifier | tokio-postgres, deadpool-postgres |
+//! | `idemcache-redis` | `RedisStore` (Lua scripts, Cluster-ready keys) | redis |
+//! | `idemcache-sqlx`, `idemcache-mysql-async` | those drivers' unique-violation classifiers | sqlx, mysql_async |
+//! | `idemcache-any` | `open(url)`: any of the stores from `sqlite:`, `postgres://` or `redis://` | the three store crates |
+//!
+//! Each store crate tracks its driver's current release and re-exports it, so that an
+//! application and its store link one driver; this crate's own version does not move
+//! when a driver's does.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 
@@ -96,10 +113,12 @@ pub mod implementation;
 mod into_bytes;
 mod key;
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod layer;
 mod shard;
 mod stats;
 #[cfg(feature = "store")]
+#[cfg_attr(docsrs, doc(cfg(feature = "store")))]
 pub mod store;
 mod sync;
 mod wait;

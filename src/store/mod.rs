@@ -24,6 +24,7 @@
 //! This module uses the core's public API only, like any user of the crate.
 
 #[cfg(feature = "test-utils")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod conformance;
 mod dynamic;
 pub mod encoding;

@@ -18,6 +18,8 @@
 //! Invariant: `open` only connects. It creates no schema (call
 //! [`ensure_schema`](idemcache::store::Store::ensure_schema)) and never executes anything.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::fmt;
 
 pub use idemcache::store::AnyStore;

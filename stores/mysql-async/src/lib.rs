@@ -7,6 +7,8 @@
 //! Invariant: only a duplicate key (server error 1062, `ER_DUP_ENTRY`) answers `true`;
 //! `NOT NULL`, `CHECK` and foreign-key failures are real errors.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use idemcache::store::unique::is_unique_mysql_code;
 pub use mysql_async;
 

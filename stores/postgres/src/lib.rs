@@ -14,6 +14,8 @@
 //! write matches no row. Tokens come from a sequence: they increase across processes and
 //! restarts.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 

@@ -28,6 +28,8 @@
 //! token of the key while its record lives, and after it expired as long as Redis's
 //! clock does not step back.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 

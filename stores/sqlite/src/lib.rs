@@ -14,6 +14,8 @@
 //! futures it answers need no runtime, so synchronous code runs them with
 //! [`block_on`](idemcache::store::block_on).
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;

@@ -9,6 +9,8 @@
 //! Invariant: only a violation of a uniqueness constraint (or primary key) answers
 //! `true`; `NOT NULL`, `CHECK` and foreign-key failures are real errors.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub use sqlx;
 
 /// Whether a sqlx error (any database) is a uniqueness violation, by sqlx's own
