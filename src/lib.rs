@@ -81,7 +81,7 @@
 //! | (none) | [`Cache`], the in-process tier | ahash, bytes, hashbrown, parking_lot, xxhash-rust |
 //! | `tower` | `layer`: an HTTP layer speaking `Idempotency-Key` | http, http-body(-util), httpdate, tokio (rt, time), tower-layer, tower-service |
 //! | `tracing` | one `tracing` event per decision of the layer | tracing |
-//! | `store` | `store`: the durable [`Store`](crate::store::Store) trait, its object-safe form, `Tiered` (the cache in front of a store), the engines' unique-violation codes | none |
+//! | `store` | `store`: the durable `Store` trait, its object-safe form, `Tiered` (the cache in front of a store), the engines' unique-violation codes | none |
 //! | `test-utils` | `store::conformance`: the suite every store passes, for yours | none |
 //! | `idemcache-sqlite` | `SqliteStore` (rusqlite, bundled) and rusqlite's classifier | rusqlite |
 //! | `idemcache-postgres` | `PostgresStore` (tokio-postgres, deadpool) and its classifier | tokio-postgres, deadpool-postgres |

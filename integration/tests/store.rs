@@ -176,7 +176,7 @@ mod postgres {
     async fn postgres_conforms() {
         let Some(store) = store().await else { return };
         conformance::run(&store).await;
-        assert!(format!("{store:?}").starts_with("PostgresStore { pool: "), "{store:?}");
+        assert!(format!("{store:?}").starts_with("PostgresStore { server: Some("), "{store:?}");
     }
 
     /// `ensure_schema` against a database that has none of it: every object the store

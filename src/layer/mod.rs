@@ -1,5 +1,5 @@
 //! An HTTP layer ([`tower`](https://docs.rs/tower) `Layer`) that makes unsafe requests
-//! idempotent by their `Idempotency-Key` header, on top of a [`Cache`] (one process) or of
+//! idempotent by their `Idempotency-Key` header, on top of a [`Cache`](crate::Cache) (one process) or of
 //! a [`Tiered`](crate::store::Tiered) durable store (several processes, restarts).
 //! Feature `tower`.
 //!

@@ -83,7 +83,7 @@ local function record()
 end
 local function owned(token)
   local rec = record()
-  return rec ~= nil and rec.state == 1 and rec.token == tonumber(token.get()) and rec.expires > now
+  return rec ~= nil and rec.state == 1 and rec.token == tonumber(token) and rec.expires > now
 end
 local function unknown()
   local rec = record()
@@ -177,7 +177,7 @@ for i, member in ipairs(ARGV) do
     local rec, bad = read(key)
     if bad then
       table.insert(out, {member, false, false, bad, false})
-    elseif rec and rec.state == 3 and rec.expires > now and rec.token == tonumber(token.get()) then
+    elseif rec and rec.state == 3 and rec.expires > now and rec.token == tonumber(token) then
       local r = redis.call('HMGET', key, 'fp', 'settled')
       table.insert(out, {member, r[1] or false, int(r[2]) or false, false, rec.expires})
     end
@@ -234,15 +234,23 @@ impl std::fmt::Debug for RedisStore {
 /// that does not read as a record is [`StoreError::Corrupt`]; anything else is the
 /// server failing or unreachable.
 fn backend(e: redis::RedisError) -> StoreError {
-    if e.code() == Some("IDEMCACHE_CORRUPT") {
-        // The detail ends with where in which script: not the reader's concern.
-        let why = e.detail().unwrap_or_default();
-        let why = why.split(" script: ").next().unwrap_or(why);
-        return StoreError::Corrupt(why.to_owned());
+    // A script's error inside a pipeline (`mark_unknown`'s) is one of the pipeline's
+    // server errors, not the error's own code: look at each.
+    for (_, server) in e.clone().into_server_errors().iter().flat_map(|errors| errors.iter()) {
+        match server.code() {
+            "IDEMCACHE_CORRUPT" => {
+                // The detail ends with where in which script: not the reader's concern.
+                let why = server.details().unwrap_or_default();
+                let why = why.split(" script: ").next().unwrap_or(why);
+                return StoreError::Corrupt(why.to_owned());
+            }
+            "WRONGTYPE" => {
+                return StoreError::Corrupt(format!("a key of the store does not read as one: {e}"))
+            }
+            _ => {}
+        }
     }
-    if e.code() == Some("WRONGTYPE")
-        || matches!(e.kind(), redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse)
-    {
+    if matches!(e.kind(), redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse) {
         return StoreError::Corrupt(format!("a key of the store does not read as one: {e}"));
     }
     StoreError::Backend(Box::new(e))

@@ -14,14 +14,15 @@ macro_rules! sqlx_engine {
         let table = format!("{}_sqlx", table());
         let mut db = <$connection>::connect($url).await.unwrap();
         for sql in schema(&table, $engine) {
-            sqlx::raw_sql(&sql).execute(&mut db).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone())).execute(&mut db).await.unwrap();
         }
         for (sql, unique) in probes(&table) {
-            let error = sqlx::raw_sql(&sql).execute(&mut db).await.unwrap_err();
+            let error =
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone())).execute(&mut db).await.unwrap_err();
             assert_eq!(is_unique_violation(&error), unique, "{sql}: {error}");
         }
         for sql in cleanup(&table) {
-            sqlx::raw_sql(&sql).execute(&mut db).await.unwrap();
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone())).execute(&mut db).await.unwrap();
         }
     }};
 }
