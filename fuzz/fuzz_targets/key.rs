@@ -9,7 +9,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     // Raw bytes as a stored form: parse, and if accepted, it must re-encode to itself.
-    if let Ok(key) = Key::from_stored(data) {
+    if let Ok(key) = Key::from_bytes(data) {
         assert_eq!(key.as_bytes(), data);
         let rebuilt = match key.tenant() {
             Some(t) => Key::new(key.scope(), t, key.client_key()),
@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(key) = built {
         // Injective: the stored form decodes to exactly these parts.
         assert_eq!((key.scope(), key.tenant(), key.client_key()), (scope, tenant, client));
-        assert_eq!(Key::from_stored(key.as_bytes()).as_ref(), Ok(&key));
+        assert_eq!(Key::from_bytes(key.as_bytes()).as_ref(), Ok(&key));
     }
 
     // Fingerprints: any input, deterministic, never a panic.
