@@ -9,7 +9,18 @@ use std::thread;
 
 use idemcache::{Cache, Claim, Fingerprint, Key};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    // An error is printed as a person reads it (its `Display`), not as a `Debug` dump.
+    match tour() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn tour() -> Result<(), Box<dyn std::error::Error>> {
     let cache = Cache::builder().build()?;
 
     // A client sends "create order" with Idempotency-Key: order-7f3a.
@@ -58,7 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             started.0.send(()).unwrap();
             proceed.1.recv().unwrap(); // still "executing" until main has tried its duplicate
-            guard.complete(&b"{\"payment\":\"pay_1\",\"status\":\"captured\"}"[..]).unwrap();
+            guard.complete(b"{\"payment\":\"pay_1\",\"status\":\"captured\"}").unwrap();
         })
     };
     started.1.recv()?;

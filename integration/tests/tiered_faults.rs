@@ -255,6 +255,15 @@ where
     panic!("always 409");
 }
 
+/// A store of one's own (this wrapper, outside the crate) proves the contract with the
+/// exported suite, as the crate's stores do.
+#[tokio::test]
+async fn a_store_of_ones_own_passes_the_conformance_suite() {
+    let (store, faults) = faulty(&scratch("conforms")).await;
+    idemcache::store::conformance::run(&store).await;
+    assert!(faults.claims.load(Ordering::SeqCst) > 0, "the suite went through the wrapper");
+}
+
 // ---------------------------------------------------------------- cancellation
 
 /// A `Tiered::claim` future dropped while the store is asked (a timeout, a client gone)

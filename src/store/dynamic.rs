@@ -23,7 +23,7 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// [`Store`] with boxed futures, so that it can be a trait object (`dyn DynStore`).
 /// Implemented for every `Store`; see that trait for what each method does.
 #[allow(missing_docs)] // Each method is the `Store` method of the same name.
-pub trait DynStore: Send + Sync + 'static {
+pub trait DynStore: Send + Sync + std::fmt::Debug + 'static {
     fn claim<'a>(
         &'a self,
         key: &'a Key,
@@ -67,8 +67,6 @@ pub trait DynStore: Send + Sync + 'static {
     ) -> BoxFuture<'_, Result<Vec<UnknownEntry<SystemTime>>, StoreError>>;
     fn purge_expired(&self, limit: usize) -> BoxFuture<'_, Result<usize, StoreError>>;
     fn ensure_schema(&self) -> BoxFuture<'_, Result<(), StoreError>>;
-    /// The store's `Debug` form (a trait object cannot require `Debug` of its own).
-    fn describe(&self) -> String;
 }
 
 impl<S: Store + std::fmt::Debug> DynStore for S {
@@ -135,9 +133,6 @@ impl<S: Store + std::fmt::Debug> DynStore for S {
     fn ensure_schema(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(Store::ensure_schema(self))
     }
-    fn describe(&self) -> String {
-        format!("{self:?}")
-    }
 }
 
 /// A store chosen at run time: any [`Store`] behind one type, itself a `Store` (so
@@ -161,7 +156,7 @@ impl AnyStore {
 
 impl std::fmt::Debug for AnyStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0.describe())
+        self.0.fmt(f)
     }
 }
 

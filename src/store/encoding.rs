@@ -2,7 +2,8 @@
 //! that they agree: times in microseconds since the Unix epoch on the store's clock,
 //! durations in whole microseconds rounded up (a lease never shrinks to zero), keys as
 //! [`Key::as_bytes`], fingerprints as their 16 bytes; and the error for a record that
-//! does not read back, naming its key.
+//! does not read back, naming its key; and [`check_url`], the check every store makes of
+//! a connection URL before its driver reads it.
 //!
 //! Invariant: every function here is total. Out-of-range times saturate, and bytes that
 //! are not a key or a fingerprint are a [`StoreError::Corrupt`], never a panic.
@@ -75,6 +76,24 @@ pub fn corrupt(stored_key: &[u8], why: impl fmt::Display) -> StoreError {
     }
 }
 
+/// Refuses a connection URL whose user or password holds an unencoded `@` or `/`
+/// (`postgres://app:p@ss/word@db/x`): a driver reads such a URL differently from its
+/// author (the host becomes `ss`, part of the password), so it would connect elsewhere
+/// and name part of the password as the server in its errors. The error names neither.
+pub fn check_url(url: &str) -> Result<(), StoreError> {
+    let Some((_, rest)) = url.split_once("://") else { return Ok(()) };
+    let before_query = rest.split(['?', '#']).next().unwrap_or(rest);
+    let Some(at) = before_query.rfind('@') else { return Ok(()) };
+    if before_query[..at].contains(['@', '/']) {
+        return Err(StoreError::InvalidInput(
+            "the URL's user or password holds an unencoded '@' or '/': percent-encode them \
+             (%40, %2F)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 /// `bytes` in lowercase hex, two digits a byte.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -108,6 +127,18 @@ mod tests {
         assert_eq!(micros(Duration::from_nanos(1000)), 1);
         assert_eq!(micros(Duration::from_nanos(1001)), 2);
         assert_eq!(micros(Duration::MAX), i64::MAX);
+    }
+
+    #[test]
+    fn urls_a_driver_would_misread_are_refused_without_echoing_them() {
+        for ok in ["postgres://app:pw@db:5432/x", "redis://:p%40ss@cache/0", "sqlite:/tmp/x.db"] {
+            assert!(check_url(ok).is_ok(), "{ok}");
+        }
+        assert!(check_url("postgres://db/x?password=a@b/c").is_ok(), "a query is not userinfo");
+        for bad in ["postgres://app:p@ss/secret@db:1/x", "redis://u:a/b@cache/0"] {
+            let Err(StoreError::InvalidInput(why)) = check_url(bad) else { panic!("{bad}") };
+            assert!(!why.contains("secret") && !why.contains("ss/") && !why.contains("a/b"));
+        }
     }
 
     #[test]

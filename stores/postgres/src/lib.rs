@@ -24,7 +24,9 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
 
-use idemcache::store::encoding::{check_duration, corrupt, fingerprint, from_micros, key, micros};
+use idemcache::store::encoding::{
+    check_duration, check_url, corrupt, fingerprint, from_micros, key, micros,
+};
 use idemcache::store::{Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
@@ -124,6 +126,7 @@ impl PostgresStore {
     /// [`StoreError::Backend`], naming its host and port, from the first operation. The
     /// schema is not created: call [`ensure_schema`](Store::ensure_schema).
     pub async fn connect(url: &str, max_connections: usize) -> Result<PostgresStore, StoreError> {
+        check_url(url)?;
         let config: tokio_postgres::Config = url.parse().map_err(|e| {
             StoreError::InvalidInput(format!("not a PostgreSQL connection string: {e}"))
         })?;

@@ -37,7 +37,9 @@ use bytes::Bytes;
 use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, RedisResult, Script};
 
-use idemcache::store::encoding::{check_duration, corrupt, fingerprint, from_micros, hex, micros};
+use idemcache::store::encoding::{
+    check_duration, check_url, corrupt, fingerprint, from_micros, hex, micros,
+};
 use idemcache::store::{Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
@@ -273,6 +275,7 @@ impl RedisStore {
     /// unreachable server is [`StoreError::Backend`] naming its host and port, here or
     /// (the driver's own message) from any later operation. Redis needs no schema.
     pub async fn connect(url: &str) -> Result<RedisStore, StoreError> {
+        check_url(url)?;
         let client = redis::Client::open(url)
             .map_err(|e| StoreError::InvalidInput(format!("not a Redis URL: {e}")))?;
         let server = client.get_connection_info().addr().to_string();
