@@ -279,7 +279,13 @@ mod postgres {
             PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 2).await.unwrap();
         let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
         match tiered.claim(&key("down"), fp("r")).await {
-            Err(idemcache::store::TieredError::Store(StoreError::Backend(_))) => {}
+            Err(idemcache::store::TieredError::Store(e @ StoreError::Backend(_))) => {
+                let said = e.to_string();
+                assert!(
+                    said.contains("PostgreSQL at 127.0.0.1:1/test"),
+                    "names the server: {said}"
+                );
+            }
             other => panic!("expected a backend error, got {other:?}"),
         }
         assert_eq!(tiered.cache().stats().entries, 0);
@@ -752,7 +758,10 @@ mod redis_store {
     #[tokio::test]
     async fn an_unreachable_redis_is_a_typed_error() {
         match RedisStore::connect("redis://127.0.0.1:1/0").await {
-            Err(StoreError::Backend(_)) => {}
+            Err(e @ StoreError::Backend(_)) => {
+                let said = e.to_string();
+                assert!(said.contains("Redis at 127.0.0.1:1"), "names the server: {said}");
+            }
             other => panic!("expected a backend error, got {other:?}"),
         }
     }
@@ -890,6 +899,8 @@ async fn killed_mid_request<S: Store + std::fmt::Debug>(
     relay.cut();
     let completed = guard.complete(&b"effect happened"[..]).await;
     assert!(matches!(completed, Err(TieredError::Store(StoreError::Backend(_)))), "{completed:?}");
+    let said = completed.unwrap_err().to_string();
+    assert!(said.contains(&relay.addr.to_string()), "names the server it lost: {said}");
     let again = tiered.claim(&k, fp("r")).await;
     assert!(matches!(again, Err(TieredError::Store(StoreError::Backend(_)))), "{again:?}");
     let other = tiered.claim(&key(&format!("{prefix}-during")), fp("r")).await;

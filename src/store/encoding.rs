@@ -94,6 +94,41 @@ pub fn check_url(url: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// `error` from the server `server` names (`"PostgreSQL at db:5432/app"`), as a
+/// [`StoreError::Backend`] that says where it failed and keeps `error` as its source.
+pub fn at_server(
+    server: impl Into<String>,
+    error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+) -> StoreError {
+    StoreError::Backend(Box::new(ServerError { server: server.into(), error: error.into() }))
+}
+
+/// An error naming the server it came from; see [`at_server`].
+#[derive(Debug)]
+pub struct ServerError {
+    server: String,
+    error: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl ServerError {
+    /// The server, as named (`"Redis at cache:6379"`).
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+}
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.server, self.error)
+    }
+}
+
+impl std::error::Error for ServerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.error)
+    }
+}
+
 /// `bytes` in lowercase hex, two digits a byte.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -139,6 +174,17 @@ mod tests {
             let Err(StoreError::InvalidInput(why)) = check_url(bad) else { panic!("{bad}") };
             assert!(!why.contains("secret") && !why.contains("ss/") && !why.contains("a/b"));
         }
+    }
+
+    #[test]
+    fn a_server_error_names_the_server_and_keeps_its_cause() {
+        let e = at_server("Redis at cache:6379", std::io::Error::other("connection refused"));
+        assert_eq!(
+            e.to_string(),
+            "the idempotency store failed: Redis at cache:6379: connection refused"
+        );
+        let StoreError::Backend(inner) = &e else { panic!("{e:?}") };
+        assert_eq!(inner.source().unwrap().to_string(), "connection refused");
     }
 
     #[test]

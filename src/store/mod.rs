@@ -5,7 +5,7 @@
 //! The stores themselves are crates of their own, each tracking its driver's current
 //! release: `idemcache-sqlite`, `idemcache-postgres`, `idemcache-redis`; and
 //! `idemcache-any` opens one of them from a URL. [`encoding`] is what they share to
-//! write records alike; [`conformance`] (feature `test-utils`) is the suite every store
+//! write records alike; `conformance` (feature `test-utils`) is the suite every store
 //! passes, for a store of your own to prove the same contract.
 //!
 //! The contract is the cache's (absent → PROCESSING → COMPLETED or UNKNOWN, a lapsed

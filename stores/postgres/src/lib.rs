@@ -25,7 +25,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
 
 use idemcache::store::encoding::{
-    check_duration, check_url, corrupt, fingerprint, from_micros, key, micros,
+    at_server, check_duration, check_url, corrupt, fingerprint, from_micros, key, micros,
 };
 use idemcache::store::{Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
@@ -153,10 +153,15 @@ impl PostgresStore {
 
     /// A connection from the pool; failing, an error naming the server.
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
-        self.pool.get().await.map_err(|e| match &self.server {
-            Some(server) => StoreError::Backend(format!("PostgreSQL at {server}: {e}").into()),
+        self.pool.get().await.map_err(|e| self.failed(e))
+    }
+
+    /// `e` as [`StoreError::Backend`], naming the server when the store knows it.
+    fn failed(&self, e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+        match &self.server {
+            Some(server) => at_server(format!("PostgreSQL at {server}"), e),
             None => backend(e),
-        })
+        }
     }
 
     /// Runs one statement (prepared once per connection) and returns its rows.
@@ -166,8 +171,8 @@ impl PostgresStore {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
         let client = self.client().await?;
-        let statement = client.prepare_cached(sql).await.map_err(backend)?;
-        client.query(&statement, params).await.map_err(backend)
+        let statement = client.prepare_cached(sql).await.map_err(|e| self.failed(e))?;
+        client.query(&statement, params).await.map_err(|e| self.failed(e))
     }
 
     /// A settling write on `key` (the statement's `$1`) returning `settled_at,
@@ -209,11 +214,13 @@ impl Store for PostgresStore {
     /// Creates the sequence, table and index of [`POSTGRES_SCHEMA`] if missing.
     async fn ensure_schema(&self) -> Result<(), StoreError> {
         let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(backend)?;
+        let tx = client.transaction().await.map_err(|e| self.failed(e))?;
         // Concurrent CREATE ... IF NOT EXISTS can still collide; one at a time.
-        tx.execute("SELECT pg_advisory_xact_lock(7315993121)", &[]).await.map_err(backend)?;
-        tx.batch_execute(POSTGRES_SCHEMA).await.map_err(backend)?;
-        tx.commit().await.map_err(backend)
+        tx.execute("SELECT pg_advisory_xact_lock(7315993121)", &[])
+            .await
+            .map_err(|e| self.failed(e))?;
+        tx.batch_execute(POSTGRES_SCHEMA).await.map_err(|e| self.failed(e))?;
+        tx.commit().await.map_err(|e| self.failed(e))
     }
 
     fn claim(

@@ -38,7 +38,7 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, RedisResult, Script};
 
 use idemcache::store::encoding::{
-    check_duration, check_url, corrupt, fingerprint, from_micros, hex, micros,
+    at_server, check_duration, check_url, corrupt, fingerprint, from_micros, hex, micros,
 };
 use idemcache::store::{Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
@@ -206,6 +206,8 @@ pub struct RedisStore {
     scripts: std::sync::Arc<Scripts>,
     /// Where the next `purge_expired` looks in the UNKNOWN index (a rank).
     purge_from: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// `host:port`, as connection errors name the server, when the store connected.
+    server: Option<std::sync::Arc<str>>,
 }
 
 /// How many windows of the UNKNOWN index one `purge_expired` call checks at most.
@@ -286,8 +288,8 @@ impl RedisStore {
         let connection = client
             .get_connection_manager_with_config(config)
             .await
-            .map_err(|e| StoreError::Backend(format!("Redis at {server}: {e}").into()))?;
-        Ok(RedisStore::from_connection(connection))
+            .map_err(|e| at_server(format!("Redis at {server}"), e))?;
+        Ok(RedisStore { server: Some(server.into()), ..RedisStore::from_connection(connection) })
     }
 
     /// A store over your own connection manager (with the timeouts, TLS and retries you
@@ -308,6 +310,19 @@ impl RedisStore {
             connection,
             scripts: std::sync::Arc::new(scripts),
             purge_from: std::sync::Arc::default(),
+            server: None,
+        }
+    }
+
+    /// A Redis error as a store error ([`backend`]); one of reaching the server names it.
+    fn failed(&self, e: redis::RedisError) -> StoreError {
+        let unreachable = e.is_io_error()
+            || e.is_connection_refusal()
+            || e.is_connection_dropped()
+            || e.is_timeout();
+        match &self.server {
+            Some(server) if unreachable => at_server(format!("Redis at {server}"), e),
+            _ => backend(e),
         }
     }
 
@@ -324,8 +339,10 @@ impl RedisStore {
             invocation.arg(arg);
         }
         let mut connection = self.connection.clone();
-        let done: Option<(i64, i64)> =
-            invocation.invoke_async(&mut connection).await.map_err(|e| named(key, backend(e)))?;
+        let done: Option<(i64, i64)> = invocation
+            .invoke_async(&mut connection)
+            .await
+            .map_err(|e| named(key, self.failed(e)))?;
         done.ok_or_else(|| missing(key.clone()))
     }
 }
@@ -356,7 +373,7 @@ impl Store for RedisStore {
                 .arg(micros(lease))
                 .invoke_async(&mut connection)
                 .await
-                .map_err(|e| named(&key, backend(e)))?;
+                .map_err(|e| named(&key, self.failed(e)))?;
             let (state, fp, token, body, settled, expires) = reply;
             let token =
                 token.ok_or_else(|| corrupt(key.as_bytes(), "its token is not a number"))?;
@@ -455,10 +472,13 @@ impl Store for RedisStore {
                 pipe.query_async(&mut connection).await;
             if matches!(&done, Err(e) if e.code() == Some("NOSCRIPT")) {
                 // Redis lost its script cache (a restart, SCRIPT FLUSH): load and again.
-                mark.prepare_invoke().load_async(&mut connection).await.map_err(backend)?;
+                mark.prepare_invoke()
+                    .load_async(&mut connection)
+                    .await
+                    .map_err(|e| self.failed(e))?;
                 done = pipe.query_async(&mut connection).await;
             }
-            let (done,) = done.map_err(|e| named(&key, backend(e)))?;
+            let (done,) = done.map_err(|e| named(&key, self.failed(e)))?;
             done.map(drop).ok_or(StoreError::LeaseLost(key.clone()))
         }
     }
@@ -604,7 +624,7 @@ impl RedisStore {
         let first = isize::try_from(start).unwrap_or(isize::MAX);
         let last = first.saturating_add(isize::try_from(n).unwrap_or(isize::MAX) - 1);
         let members: Vec<String> =
-            connection.zrange(UNKNOWN_INDEX, first, last).await.map_err(backend)?;
+            connection.zrange(UNKNOWN_INDEX, first, last).await.map_err(|e| self.failed(e))?;
         if members.is_empty() {
             return Ok(empty);
         }
@@ -612,14 +632,15 @@ impl RedisStore {
         for member in &members {
             invocation.arg(member);
         }
-        let kept: Vec<Kept> = invocation.invoke_async(&mut connection).await.map_err(backend)?;
+        let kept: Vec<Kept> =
+            invocation.invoke_async(&mut connection).await.map_err(|e| self.failed(e))?;
         let stale: Vec<&String> =
             members.iter().filter(|m| !kept.iter().any(|k| k.member == **m)).collect();
         // Counted as Redis removed them: a purge or listing running beside this one may
         // have trimmed some first.
         let trimmed: usize = match stale.is_empty() {
             true => 0,
-            false => connection.zrem(UNKNOWN_INDEX, &stale).await.map_err(backend)?,
+            false => connection.zrem(UNKNOWN_INDEX, &stale).await.map_err(|e| self.failed(e))?,
         };
         Ok(IndexBatch { members: members.len(), trimmed, kept })
     }
