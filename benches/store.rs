@@ -9,13 +9,14 @@
 //! ```
 //!
 //! Without a URL, that store is left out (and says so). SQLite runs on a file in the
-//! temporary directory (WAL), as a service would use it.
+//! temporary directory (WAL), as a service would use it, and again behind `AnyStore` (a
+//! store chosen at run time: boxed futures), side by side.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use idemcache::store::{Store, StoreClaim, Tiered, TieredClaim};
+use idemcache::store::{AnyStore, Store, StoreClaim, Tiered, TieredClaim};
 use idemcache::{Bytes, Cache, Claim, Fingerprint, Key};
 use idemcache_postgres::PostgresStore;
 use idemcache_redis::RedisStore;
@@ -43,7 +44,7 @@ async fn claim_complete<S: Store>(store: &S, k: &Key) {
 }
 
 /// Replay and claim + complete for one store, and its replay through `Tiered`.
-fn bench_store<S: Store + std::fmt::Debug>(c: &mut Criterion, rt: &Runtime, name: &str, store: S) {
+fn bench_store<S: Store>(c: &mut Criterion, rt: &Runtime, name: &str, store: S) {
     let run = format!("bench-{}-{name}", std::process::id());
     let mut group = c.benchmark_group(format!("store/{name}"));
     let fresh = AtomicU64::new(1);
@@ -90,7 +91,9 @@ fn stores(c: &mut Criterion) {
     let path = std::env::temp_dir().join(format!("idemcache-bench-{}.db", std::process::id()));
     let sqlite = rt.block_on(SqliteStore::open(&path)).unwrap();
     rt.block_on(sqlite.ensure_schema()).unwrap();
-    bench_store(c, &rt, "sqlite", sqlite);
+    bench_store(c, &rt, "sqlite", sqlite.clone());
+    // The same store chosen at run time: what `DynStore`'s boxed futures cost.
+    bench_store(c, &rt, "sqlite as AnyStore", AnyStore::new(sqlite));
     let _ = std::fs::remove_file(&path);
 
     match std::env::var("IDEMCACHE_POSTGRES_URL") {

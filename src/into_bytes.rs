@@ -1,8 +1,8 @@
 //! [`IntoBytes`]: what `complete` and `resolve` accept as a result, so that a caller
 //! passes what it has (`b"..."`, a `Vec`, a `String`, [`Bytes`]) without converting.
 //!
-//! Invariant: owned buffers (`Vec`, `String`, `Box<[u8]>`, `Bytes`) are taken without a
-//! copy; borrowed ones (`&[u8]`, `&str`, `&[u8; N]`) are copied once, which the cache
+//! Invariant: owned buffers (`Vec`, `String`, `Box<[u8]>`, `Bytes`, `BytesMut`) are
+//! taken without a copy; borrowed ones (`&[u8]`, `&str`, `&[u8; N]`) are copied once, which the cache
 //! does anyway for a small result (it packs them into its arena). For a `'static` buffer
 //! kept without a copy, pass `Bytes::from_static`.
 
@@ -17,6 +17,12 @@ pub trait IntoBytes {
 impl IntoBytes for Bytes {
     fn into_bytes(self) -> Bytes {
         self
+    }
+}
+
+impl IntoBytes for bytes::BytesMut {
+    fn into_bytes(self) -> Bytes {
+        self.freeze()
     }
 }
 
@@ -69,6 +75,7 @@ mod tests {
         assert_eq!(String::from("ok").into_bytes(), want);
         assert_eq!(b"ok".to_vec().into_bytes(), want);
         assert_eq!(Box::<[u8]>::from(&b"ok"[..]).into_bytes(), want);
+        assert_eq!(bytes::BytesMut::from(&b"ok"[..]).into_bytes(), want);
         assert_eq!(want.clone().into_bytes(), want);
     }
 
@@ -77,5 +84,8 @@ mod tests {
         let v = b"a result".to_vec();
         let at = v.as_ptr();
         assert_eq!(v.into_bytes().as_ptr(), at);
+        let m = bytes::BytesMut::from(&b"a result"[..]);
+        let at = m.as_ptr();
+        assert_eq!(m.into_bytes().as_ptr(), at);
     }
 }

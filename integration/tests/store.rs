@@ -57,6 +57,22 @@ async fn two_sqlite_stores_on_one_file_share_records_and_tokens() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A query string (sqlx's `?mode=rwc`) is refused, not made part of the file's name;
+/// the scheme is read in any case.
+#[tokio::test]
+async fn a_sqlite_url_takes_no_parameters_and_any_case_of_scheme() {
+    let dir = std::env::temp_dir().join(format!("idemcache-sqlite-url-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}/records.db?mode=rwc", dir.display());
+    let refused = SqliteStore::connect(&url).await;
+    assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no file was made");
+    let store = SqliteStore::connect(&format!("SQLite:{}/records.db", dir.display())).await;
+    store.unwrap().ensure_schema().await.unwrap();
+    assert!(dir.join("records.db").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn sync_code_runs_a_sqlite_store_with_block_on() {
     use idemcache::store::block_on;
@@ -885,11 +901,7 @@ mod relay {
 /// The store killed mid-request: a claim is taken, then the store goes away before the
 /// completion. Every operation is then a typed backend error and nothing executes; when
 /// the store is back, the key is still held (the lease has not lapsed): not executed again.
-async fn killed_mid_request<S: Store + std::fmt::Debug>(
-    store: S,
-    relay: &relay::Relay,
-    prefix: &str,
-) {
+async fn killed_mid_request<S: Store>(store: S, relay: &relay::Relay, prefix: &str) {
     use idemcache::store::TieredError;
     let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
     let k = key(&format!("{prefix}-killed"));
@@ -919,4 +931,53 @@ async fn killed_mid_request<S: Store + std::fmt::Debug>(
         matches!(answer, Ok(TieredClaim::InProgress { .. })),
         "held until its lease lapses, never executed again: {answer:?}"
     );
+}
+
+/// A reply that does not parse on the wire (another service on the port, a broken
+/// stream) is the server failing, `Backend` (503, retry), never `Corrupt` ("fix the
+/// record"): with redis 1.x a parse error of the wire and one of a reply's fields share
+/// one kind, so replies are read apart from the wire. A fake server that answers `+OK`
+/// to every command and bytes that are not RESP to scripts; no Redis needed.
+#[tokio::test]
+async fn a_reply_that_is_not_resp_is_backend_not_corrupt() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            std::thread::spawn(move || {
+                let mut out = conn.try_clone().unwrap();
+                let mut commands = BufReader::new(conn);
+                loop {
+                    let mut line = String::new();
+                    if commands.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let n: usize = line.trim_start_matches('*').trim().parse().unwrap_or(0);
+                    let mut args = Vec::new();
+                    for _ in 0..n {
+                        let mut len = String::new();
+                        commands.read_line(&mut len).unwrap();
+                        let len: usize = len.trim_start_matches('$').trim().parse().unwrap();
+                        let mut arg = vec![0; len + 2];
+                        commands.read_exact(&mut arg).unwrap();
+                        arg.truncate(len);
+                        args.push(String::from_utf8_lossy(&arg).to_uppercase());
+                    }
+                    let reply: &[u8] = match args.first().map(String::as_str) {
+                        Some("EVALSHA" | "EVAL") => b"?this is not RESP\r\n",
+                        _ => b"+OK\r\n",
+                    };
+                    if out.write_all(reply).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let url = format!("redis://127.0.0.1:{port}/0");
+    let store = idemcache_redis::RedisStore::connect(&url).await.unwrap();
+    let got = store.claim(&key("garbled-wire"), fp("r"), LEASE).await;
+    assert!(matches!(got, Err(StoreError::Backend(_))), "{got:?}");
 }

@@ -693,7 +693,7 @@ async fn the_hot_tier_never_outlives_the_store_when_its_clock_is_ahead() {
 mod remote {
     use super::*;
 
-    async fn prefix_over<S: Store + std::fmt::Debug, F: Fn() -> S>(make: F, tag: &str) {
+    async fn prefix_over<S: Store, F: Fn() -> S>(make: F, tag: &str) {
         let max = 1024;
         let run = format!(
             "{tag}-{}",

@@ -104,7 +104,11 @@ async fn state_table<S: Store>(store: &S) {
     store.mark_unknown(&k, token, TTL).await.unwrap();
     assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Unknown { .. }));
     let listed = store.unknown(10).await.unwrap();
-    assert!(listed.iter().any(|u| u.key == k && u.fingerprint == fp("r")));
+    let entry = listed.iter().find(|u| u.key == k).expect("the UNKNOWN record is listed");
+    assert_eq!(entry.fingerprint, fp("r"));
+    // The mark expires its TTL after it was made, on the store's clock.
+    let lived = entry.expires_at.duration_since(entry.marked_at).unwrap_or_default();
+    assert!(lived.abs_diff(TTL) < Duration::from_secs(1), "marked {entry:?} for {lived:?}");
     store.resolve(&k, None, TTL).await.unwrap();
     match store.claim(&k, fp("r"), LEASE).await.unwrap() {
         StoreClaim::Completed(replay) => assert_eq!(replay.body, None, "completed without a body"),
@@ -260,12 +264,7 @@ async fn suite<S: Store>(store: &S, purges_itself: bool) {
 ///
 /// Then a restarted instance (a new cache over `restarted`, a new connection) replays
 /// every key's result from the store.
-pub async fn tiered_exactly_once<S: Store + std::fmt::Debug>(
-    first: S,
-    second: S,
-    restarted: S,
-    prefix: &str,
-) {
+pub async fn tiered_exactly_once<S: Store>(first: S, second: S, restarted: S, prefix: &str) {
     let instances = [
         std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), first)),
         std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), second)),

@@ -69,7 +69,7 @@ pub trait DynStore: Send + Sync + std::fmt::Debug + 'static {
     fn ensure_schema(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
-impl<S: Store + std::fmt::Debug> DynStore for S {
+impl<S: Store> DynStore for S {
     fn claim<'a>(
         &'a self,
         key: &'a Key,

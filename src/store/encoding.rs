@@ -76,18 +76,23 @@ pub fn corrupt(stored_key: &[u8], why: impl fmt::Display) -> StoreError {
     }
 }
 
-/// Refuses a connection URL whose user or password holds an unencoded `@` or `/`
-/// (`postgres://app:p@ss/word@db/x`): a driver reads such a URL differently from its
-/// author (the host becomes `ss`, part of the password), so it would connect elsewhere
-/// and name part of the password as the server in its errors. The error names neither.
+/// Refuses a connection URL a driver would read differently from its author: one with
+/// an `@` anywhere but as the end of its user and password, or with a `/`, `?` or `#`
+/// before that `@` (`postgres://app:p@ss/word@db/x`, `redis://:pa?ss@cache`, or a query
+/// `password=a@b`, which tokio-postgres takes for the user part). A driver would connect
+/// elsewhere (the host becomes `ss`, part of the password) and name it in its errors.
+/// Percent-encode such characters (`%40`, `%2F`, `%3F`, `%23`). The error echoes
+/// nothing of the URL.
 pub fn check_url(url: &str) -> Result<(), StoreError> {
     let Some((_, rest)) = url.split_once("://") else { return Ok(()) };
-    let before_query = rest.split(['?', '#']).next().unwrap_or(rest);
-    let Some(at) = before_query.rfind('@') else { return Ok(()) };
-    if before_query[..at].contains(['@', '/']) {
+    let misread = match rest.find('@') {
+        None => false,
+        Some(at) => rest[at + 1..].contains('@') || rest[..at].contains(['/', '?', '#']),
+    };
+    if misread {
         return Err(StoreError::InvalidInput(
-            "the URL's user or password holds an unencoded '@' or '/': percent-encode them \
-             (%40, %2F)"
+            "the URL holds an unencoded '@', or a '/', '?' or '#' before its '@': \
+             percent-encode them in the user, password and parameters (%40, %2F, %3F, %23)"
                 .into(),
         ));
     }
@@ -169,8 +174,22 @@ mod tests {
         for ok in ["postgres://app:pw@db:5432/x", "redis://:p%40ss@cache/0", "sqlite:/tmp/x.db"] {
             assert!(check_url(ok).is_ok(), "{ok}");
         }
-        assert!(check_url("postgres://db/x?password=a@b/c").is_ok(), "a query is not userinfo");
-        for bad in ["postgres://app:p@ss/secret@db:1/x", "redis://u:a/b@cache/0"] {
+        for ok in [
+            "postgres://[::1]:5432/x",
+            "postgres:///db?host=/tmp",
+            "postgres://db/x?password=a%40b",
+            "rediss://u:p@cache:6380/0#insecure",
+            "redis+unix:///tmp/redis.sock?db=1",
+        ] {
+            assert!(check_url(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "postgres://app:p@ss/secret@db:1/x",
+            "redis://u:a/b@cache/0",
+            "redis://:pa?zzsecret@cache/0",
+            // tokio-postgres takes everything before the first '@' for the user part.
+            "postgres://db:5432/x?user=u&password=pa@zzsecret",
+        ] {
             let Err(StoreError::InvalidInput(why)) = check_url(bad) else { panic!("{bad}") };
             assert!(!why.contains("secret") && !why.contains("ss/") && !why.contains("a/b"));
         }

@@ -132,7 +132,10 @@ impl<S: Store> Tiered<S> {
         self
     }
 
-    /// How long the store keeps a completed result.
+    /// How long the store keeps a completed result. The hot tier keeps one it completed
+    /// for the store's TTL less the time the store took to answer and less 10 ms (two
+    /// ticks of the coarse clock), so that it never replays what the store has dropped: a
+    /// TTL of 10 ms or less is never kept in memory (every repeat asks the store).
     pub fn completed_ttl(mut self, ttl: Duration) -> Self {
         self.completed_ttl = ttl;
         self

@@ -1,6 +1,7 @@
 //! Open any idemcache store from a URL, so that configuration picks the store and the
 //! code has one path: `sqlite:PATH` (or `sqlite::memory:`), `postgres://...` (or
-//! `postgresql://`), `redis://...` (or `rediss://`).
+//! `postgresql://`), `redis://...` (or `rediss://`, `redis+unix://`, `unix://`). Schemes
+//! are read whatever their case.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -88,30 +89,50 @@ impl From<OpenError> for StoreError {
     }
 }
 
-/// `url` without its password (in the user part, or a `password=` query parameter),
-/// for messages and logs.
+/// `url` without its passwords, for messages and logs: the password of its user part
+/// (up to the last `@`, whatever it holds: a password may hold `@`, `/`, `?` or `#`), and
+/// the value of every `password=` or `pass=` parameter, in a URL's query or a libpq
+/// key/value string (`host=db password=secret`), quoted or not.
 pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let (before_query, query) = rest.split_at(rest.find('?').unwrap_or(rest.len()));
-    // The user part ends at the last `@`: a password may hold `@` or `/`.
-    let authority = match before_query.rsplit_once('@') {
-        Some((user, host)) if user.contains(':') => {
-            let name = user.split(':').next().unwrap_or_default();
-            format!("{name}:***@{host}")
-        }
-        _ => before_query.to_owned(),
-    };
-    let tail = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if name.trim_start_matches('?').eq_ignore_ascii_case("password") => {
-                format!("{name}=***")
+    let mut out = hide_parameters(url);
+    if let Some(start) = out.find("://").map(|i| i + 3) {
+        if let Some(at) = out[start..].rfind('@').map(|i| start + i) {
+            if let Some(colon) = out[start..at].find(':').map(|i| start + i) {
+                out.replace_range(colon + 1..at, "***");
             }
-            _ => pair.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join("&");
-    format!("{scheme}://{authority}{tail}")
+        }
+    }
+    out
+}
+
+/// `text` with the value of each `password=`/`pass=` parameter (at the start, or after
+/// `?`, `&`, `;` or whitespace) replaced by `***`.
+fn hide_parameters(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    let mut at_boundary = true;
+    while let Some(c) = rest.chars().next() {
+        if at_boundary {
+            let lower = rest.get(..9).unwrap_or(rest).to_ascii_lowercase();
+            let name = ["password=", "pass="].into_iter().find(|n| lower.starts_with(n));
+            if let Some(name) = name {
+                out.push_str(&rest[..name.len()]);
+                rest = &rest[name.len()..];
+                let end = match rest.strip_prefix('\'') {
+                    Some(quoted) => quoted.find('\'').map_or(rest.len(), |i| i + 2),
+                    None => rest.find(['&', ' ', '\t', '\n', ';', '#']).unwrap_or(rest.len()),
+                };
+                out.push_str("***");
+                rest = &rest[end..];
+                at_boundary = false;
+                continue;
+            }
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+        at_boundary = matches!(c, '?' | '&' | ';') || c.is_whitespace();
+    }
+    out
 }
 
 /// Opens the store `url` names (see the crate docs for the schemes). Connects, or for
@@ -119,8 +140,9 @@ pub fn redacted(url: &str) -> String {
 /// creates no schema.
 pub async fn open(url: &str) -> Result<AnyStore, OpenError> {
     let failed = |error| OpenError::Store { url: redacted(url), error };
-    let scheme = url.split_once(':').map_or("", |(scheme, _)| scheme);
-    match scheme {
+    let scheme =
+        url.split_once(':').map_or(String::new(), |(scheme, _)| scheme.to_ascii_lowercase());
+    match scheme.as_str() {
         "sqlite" => {
             #[cfg(feature = "sqlite")]
             return idemcache_sqlite::SqliteStore::connect(url)
@@ -139,7 +161,7 @@ pub async fn open(url: &str) -> Result<AnyStore, OpenError> {
             #[cfg(not(feature = "postgres"))]
             return Err(OpenError::NotBuilt { scheme: "postgres", feature: "postgres" });
         }
-        "redis" | "rediss" => {
+        "redis" | "rediss" | "redis+unix" | "unix" => {
             #[cfg(feature = "redis")]
             return idemcache_redis::RedisStore::connect(url)
                 .await
@@ -169,15 +191,64 @@ mod tests {
         );
         assert_eq!(redacted("postgres://a:b@c@db/x"), "postgres://a:***@db/x");
         assert_eq!(redacted("sqlite:/tmp/x.db"), "sqlite:/tmp/x.db");
+        assert_eq!(redacted("redis://:pa?zzsecret@cache:6379/12"), "redis://:***@cache:6379/12");
+        assert_eq!(redacted("postgres://app:pa#zz@db/x"), "postgres://app:***@db/x");
+        assert_eq!(
+            redacted("host=127.0.0.1 user=postgres password=zzsecret dbname=test"),
+            "host=127.0.0.1 user=postgres password=*** dbname=test"
+        );
+        assert_eq!(redacted("host=db password='a b c' user=u"), "host=db password=*** user=u");
+        assert_eq!(
+            redacted("redis+unix:///tmp/x.sock?db=12&pass=zzsecret"),
+            "redis+unix:///tmp/x.sock?db=12&pass=***"
+        );
+        assert_eq!(
+            redacted("postgres://db:5432/x?user=u&password=pa@zzsecret"),
+            "postgres://db:5432/x?user=u&password=***"
+        );
+        assert_eq!(redacted("postgres://u@db/x?bypass=1"), "postgres://u@db/x?bypass=1");
     }
 
     #[tokio::test]
     async fn a_url_of_no_store_is_a_typed_error_naming_it() {
-        for url in ["mysql://root:pw@db/x", "records.db", ""] {
+        for url in ["mysql://root:pw@db/x", "records.db", "", "host=db password=pw user=u"] {
             match open(url).await {
-                Err(OpenError::UnknownScheme { url: named }) => assert!(!named.contains("pw")),
+                Err(e @ OpenError::UnknownScheme { .. }) => {
+                    assert!(!format!("{e} {e:?}").contains("pw"), "{e:?}");
+                }
                 other => panic!("{url}: {other:?}"),
             }
+        }
+    }
+
+    #[tokio::test]
+    async fn schemes_are_read_whatever_their_case() {
+        for url in ["SQLITE::memory:", "Sqlite::memory:"] {
+            let store = open(url).await.unwrap();
+            assert!(format!("{store:?}").contains("SqliteStore"), "{url}");
+        }
+        // A Redis nobody listens on: the Redis store was asked (it names the server).
+        for url in ["REDIS://127.0.0.1:1/0", "Redis://127.0.0.1:1/0"] {
+            let e = open(url).await.unwrap_err();
+            assert!(e.to_string().contains("127.0.0.1:1"), "{url}: {e}");
+            assert!(matches!(e, OpenError::Store { .. }), "{url}: {e:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_password_the_driver_would_misread_is_refused_and_never_printed() {
+        for url in [
+            "redis://:pa?zzsecret@127.0.0.1:6379/12",
+            "postgres://127.0.0.1:5432/test?user=postgres&password=pa@zzsecret",
+            "postgres://postgres:p@ss/zzsecret@127.0.0.1:1/test",
+        ] {
+            let e = open(url).await.unwrap_err();
+            let said = format!("{e} {e:?} {}", std::error::Error::source(&e).unwrap());
+            assert!(!said.contains("zzsecret") && !said.contains("ss/"), "{said}");
+            assert!(
+                matches!(e, OpenError::Store { error: StoreError::InvalidInput(_), .. }),
+                "{e:?}"
+            );
         }
     }
 

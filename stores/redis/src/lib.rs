@@ -234,9 +234,9 @@ impl std::fmt::Debug for RedisStore {
 }
 
 /// A Redis error as a store error: a record a script found unreadable
-/// (`IDEMCACHE_CORRUPT`), a record key holding another type (`WRONGTYPE`) or a reply
-/// that does not read as a record is [`StoreError::Corrupt`]; anything else is the
-/// server failing or unreachable.
+/// (`IDEMCACHE_CORRUPT`) or a record key holding another type (`WRONGTYPE`) is
+/// [`StoreError::Corrupt`]; anything else is the server failing or unreachable (a reply
+/// that does not read as a record is [`read_reply`]'s).
 fn backend(e: redis::RedisError) -> StoreError {
     // A script's error inside a pipeline (`mark_unknown`'s) is one of the pipeline's
     // server errors, not the error's own code: look at each.
@@ -254,10 +254,16 @@ fn backend(e: redis::RedisError) -> StoreError {
             _ => {}
         }
     }
-    if matches!(e.kind(), redis::ErrorKind::UnexpectedReturnType | redis::ErrorKind::Parse) {
-        return StoreError::Corrupt(format!("a key of the store does not read as one: {e}"));
-    }
     StoreError::Backend(Box::new(e))
+}
+
+/// A reply Redis sent, read as `T`: one that does not read (a field of another type) is
+/// [`StoreError::Corrupt`]. Replies are fetched as `redis::Value` and read here, so a
+/// parse error from the driver itself is the wire failing (a broken stream, another
+/// service on the port: [`backend`]), never mistaken for a record that does not read.
+fn read_reply<T: redis::FromRedisValue>(v: redis::Value) -> Result<T, StoreError> {
+    redis::from_redis_value(v)
+        .map_err(|e| StoreError::Corrupt(format!("a reply does not read as a record: {e}")))
 }
 
 fn record_key(key: &Key) -> String {
@@ -339,10 +345,11 @@ impl RedisStore {
             invocation.arg(arg);
         }
         let mut connection = self.connection.clone();
-        let done: Option<(i64, i64)> = invocation
+        let done: redis::Value = invocation
             .invoke_async(&mut connection)
             .await
             .map_err(|e| named(key, self.failed(e)))?;
+        let done: Option<(i64, i64)> = read_reply(done).map_err(|e| named(key, e))?;
         done.ok_or_else(|| missing(key.clone()))
     }
 }
@@ -365,7 +372,7 @@ impl Store for RedisStore {
         async move {
             check_duration("lease", lease)?;
             let mut connection = self.connection.clone();
-            let reply: ClaimReply = self
+            let reply: redis::Value = self
                 .scripts
                 .claim
                 .key(record)
@@ -374,6 +381,7 @@ impl Store for RedisStore {
                 .invoke_async(&mut connection)
                 .await
                 .map_err(|e| named(&key, self.failed(e)))?;
+            let reply: ClaimReply = read_reply(reply).map_err(|e| named(&key, e))?;
             let (state, fp, token, body, settled, expires) = reply;
             let token =
                 token.ok_or_else(|| corrupt(key.as_bytes(), "its token is not a number"))?;
@@ -468,8 +476,7 @@ impl Store for RedisStore {
             pipe.cmd("EVAL").arg(INDEX_MARK).arg(1).arg(UNKNOWN_INDEX).arg(&member).ignore();
             pipe.cmd("EVALSHA").arg(mark.get_hash()).arg(1).arg(&record);
             pipe.arg(number(token.get())).arg(number(micros(ttl)));
-            let mut done: RedisResult<(Option<(i64, i64)>,)> =
-                pipe.query_async(&mut connection).await;
+            let mut done: RedisResult<(redis::Value,)> = pipe.query_async(&mut connection).await;
             if matches!(&done, Err(e) if e.code() == Some("NOSCRIPT")) {
                 // Redis lost its script cache (a restart, SCRIPT FLUSH): load and again.
                 mark.prepare_invoke()
@@ -479,6 +486,7 @@ impl Store for RedisStore {
                 done = pipe.query_async(&mut connection).await;
             }
             let (done,) = done.map_err(|e| named(&key, self.failed(e)))?;
+            let done: Option<(i64, i64)> = read_reply(done).map_err(|e| named(&key, e))?;
             done.map(drop).ok_or(StoreError::LeaseLost(key.clone()))
         }
     }
@@ -623,8 +631,9 @@ impl RedisStore {
         let mut connection = self.connection.clone();
         let first = isize::try_from(start).unwrap_or(isize::MAX);
         let last = first.saturating_add(isize::try_from(n).unwrap_or(isize::MAX) - 1);
-        let members: Vec<String> =
+        let members: redis::Value =
             connection.zrange(UNKNOWN_INDEX, first, last).await.map_err(|e| self.failed(e))?;
+        let members: Vec<String> = read_reply(members)?;
         if members.is_empty() {
             return Ok(empty);
         }
@@ -632,15 +641,20 @@ impl RedisStore {
         for member in &members {
             invocation.arg(member);
         }
-        let kept: Vec<Kept> =
+        let kept: redis::Value =
             invocation.invoke_async(&mut connection).await.map_err(|e| self.failed(e))?;
+        let kept: Vec<Kept> = read_reply(kept)?;
         let stale: Vec<&String> =
             members.iter().filter(|m| !kept.iter().any(|k| k.member == **m)).collect();
         // Counted as Redis removed them: a purge or listing running beside this one may
         // have trimmed some first.
         let trimmed: usize = match stale.is_empty() {
             true => 0,
-            false => connection.zrem(UNKNOWN_INDEX, &stale).await.map_err(|e| self.failed(e))?,
+            false => {
+                let removed: redis::Value =
+                    connection.zrem(UNKNOWN_INDEX, &stale).await.map_err(|e| self.failed(e))?;
+                read_reply(removed)?
+            }
         };
         Ok(IndexBatch { members: members.len(), trimmed, kept })
     }

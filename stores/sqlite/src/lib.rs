@@ -155,13 +155,25 @@ pub fn is_unique_violation(error: &rusqlite::Error) -> bool {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database `url` names: `sqlite:PATH` (also
-    /// `sqlite://PATH`, or a bare path), as [`open`](Self::open) does; or
+    /// `sqlite://PATH`, the scheme in any case, or a bare path; no `?` parameters), as
+    /// [`open`](Self::open) does; or
     /// `sqlite::memory:`, a private in-memory database gone when the store is dropped
     /// (for tests and CLIs). The schema is not created: call
     /// [`ensure_schema`](Store::ensure_schema).
     pub async fn connect(url: &str) -> Result<SqliteStore, StoreError> {
-        let path =
-            url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).unwrap_or(url);
+        let path = match url.split_once(':') {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("sqlite") => {
+                rest.strip_prefix("//").unwrap_or(rest)
+            }
+            _ => url,
+        };
+        if path.contains('?') {
+            // sqlx's `?mode=rwc` and the like would become part of the file's name.
+            return Err(StoreError::InvalidInput(format!(
+                "{url:?}: SQLite URLs take no parameters (for a file whose name holds '?', \
+                 use SqliteStore::open)"
+            )));
+        }
         match path {
             "" => Err(StoreError::InvalidInput(format!("{url:?} names no SQLite database"))),
             ":memory:" => {
