@@ -72,7 +72,8 @@ mod tests {
         assert_eq!(b"ok".into_bytes(), want);
         assert_eq!((&b"ok"[..]).into_bytes(), want);
         assert_eq!("ok".into_bytes(), want);
-        assert_eq!(String::from("ok").into_bytes(), want);
+        // Through the trait: `String` has an inherent `into_bytes` (to a `Vec`) of its own.
+        assert_eq!(IntoBytes::into_bytes(String::from("ok")), want);
         assert_eq!(b"ok".to_vec().into_bytes(), want);
         assert_eq!(Box::<[u8]>::from(&b"ok"[..]).into_bytes(), want);
         assert_eq!(bytes::BytesMut::from(&b"ok"[..]).into_bytes(), want);

@@ -204,6 +204,8 @@ mod tests {
         );
         let StoreError::Backend(inner) = &e else { panic!("{e:?}") };
         assert_eq!(inner.source().unwrap().to_string(), "connection refused");
+        let named = inner.downcast_ref::<ServerError>().expect("a ServerError");
+        assert_eq!(named.server(), "Redis at cache:6379");
     }
 
     #[test]
