@@ -18,6 +18,17 @@ async fn open(url: &str) -> SqliteStore {
     SqliteStore::connect(url).await.unwrap()
 }
 
+/// `IDEMCACHE_POSTGRES_URL`, or `None` after saying the test is skipped.
+fn postgres_url() -> Option<String> {
+    conformance::service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+}
+
+/// `IDEMCACHE_REDIS_STORE_URL`, or `None` after saying the test is skipped. The tests
+/// also use (and flush) the database numbered one below it.
+fn redis_url() -> Option<String> {
+    conformance::service_url("IDEMCACHE_REDIS_STORE_URL", "redis://127.0.0.1:6379/14")
+}
+
 async fn sqlite_memory() -> SqliteStore {
     let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
     store.ensure_schema().await.unwrap();
@@ -176,13 +187,7 @@ mod postgres {
     }
 
     async fn store() -> Option<PostgresStore> {
-        let Ok(url) = std::env::var("IDEMCACHE_POSTGRES_URL") else {
-            eprintln!(
-                "skipped: set IDEMCACHE_POSTGRES_URL (e.g. postgres://postgres@127.0.0.1:5432/test) \
-                 to run the PostgreSQL tests"
-            );
-            return None;
-        };
+        let url = postgres_url()?;
         let store = PostgresStore::connect(&url, 8).await.unwrap();
         store.ensure_schema().await.unwrap();
         Some(store)
@@ -223,7 +228,7 @@ mod postgres {
     async fn store_in_a_schema_of_its_own(
         name: &str,
     ) -> Option<(tokio_postgres::Client, PostgresStore, String)> {
-        let url = std::env::var("IDEMCACHE_POSTGRES_URL").ok()?;
+        let url = postgres_url()?;
         let admin = client(&url).await;
         let schema = format!("idemcache_{name}_{}", std::process::id());
         admin
@@ -330,7 +335,7 @@ mod postgres {
     #[tokio::test]
     async fn unique_violations_are_classified_against_the_real_engine() {
         use idemcache_postgres::is_unique_violation;
-        let Ok(url) = std::env::var("IDEMCACHE_POSTGRES_URL") else { return };
+        let Some(url) = postgres_url() else { return };
         let client = client(&url).await;
         let table = format!("idemcache_unique_{}", std::process::id());
         client
@@ -364,13 +369,7 @@ mod redis_store {
     use idemcache_redis::RedisStore;
 
     async fn store() -> Option<RedisStore> {
-        let Ok(url) = std::env::var("IDEMCACHE_REDIS_STORE_URL") else {
-            eprintln!(
-                "skipped: set IDEMCACHE_REDIS_STORE_URL (e.g. redis://127.0.0.1:6379/14) to run the \
-                 Redis store tests"
-            );
-            return None;
-        };
+        let url = redis_url()?;
         Some(RedisStore::connect(&url).await.unwrap())
     }
 
@@ -427,7 +426,7 @@ mod redis_store {
 
     /// The URL of the database apart: the store tests' own, its number less one.
     fn apart_url() -> Option<String> {
-        let url = std::env::var("IDEMCACHE_REDIS_STORE_URL").ok()?;
+        let url = redis_url()?;
         let info: redis::ConnectionInfo =
             redis::IntoConnectionInfo::into_connection_info(url.as_str()).unwrap();
         let redis::ConnectionAddr::Tcp(host, port) = info.addr().clone() else {

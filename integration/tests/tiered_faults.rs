@@ -734,12 +734,10 @@ mod remote {
 
     #[tokio::test]
     async fn boundaries_replay_exactly_over_postgres_and_redis() {
-        let (Ok(pg), Ok(redis)) =
-            (std::env::var("IDEMCACHE_POSTGRES_URL"), std::env::var("IDEMCACHE_REDIS_STORE_URL"))
-        else {
-            eprintln!("skipped: set IDEMCACHE_POSTGRES_URL and IDEMCACHE_REDIS_STORE_URL");
-            return;
-        };
+        use idemcache::store::conformance::service_url;
+        let pg = service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test");
+        let redis = service_url("IDEMCACHE_REDIS_STORE_URL", "redis://127.0.0.1:6379/14");
+        let (Some(pg), Some(redis)) = (pg, redis) else { return };
         let pg = idemcache_postgres::PostgresStore::connect(&pg, 4).await.unwrap();
         pg.ensure_schema().await.unwrap();
         prefix_over(|| pg.clone(), "pg").await;

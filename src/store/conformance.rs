@@ -12,8 +12,12 @@
 //! ```
 //!
 //! Stores judge time by their own clock, so the checks of lapses and expiry use short
-//! leases and TTLs and wait (bounded) until the store says the time has passed; nothing
-//! asserts a duration. The suite needs no async runtime of its own (it waits on a
+//! leases and TTLs and wait (bounded, ~4 s) until the store says the time has passed;
+//! times are only compared with other times the store gave (its clock may be apart from
+//! the test machine's, but must run at real speed). Every call keys its records apart
+//! (a tenant per process, a prefix per call), so calls on one shared database, and
+//! records an earlier run left there, never meet; listings ask for every live UNKNOWN
+//! record, so a database holding many is slower to check, never wrong. The suite needs no async runtime of its own (it waits on a
 //! thread), so it runs under whichever runtime the store needs.
 
 use std::future::Future;
@@ -34,8 +38,9 @@ pub const LEASE: Duration = Duration::from_secs(30);
 /// The TTL the suite completes with.
 pub const TTL: Duration = Duration::from_secs(3600);
 
-/// The key `k` of this test run: keys are per run (a tenant of their own), so records a
-/// shared database kept from an earlier run never meet this one's.
+/// The key `k` of this test process: keys are per process (a tenant of their own), so
+/// records a shared database kept from an earlier run never meet this one's. The suite's
+/// own keys are also per call ([`run`] twice in one process meets no key twice).
 pub fn key(k: &str) -> Key {
     static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let run = RUN.get_or_init(|| {
@@ -45,6 +50,27 @@ pub fn key(k: &str) -> Key {
     Key::new("POST /orders", run, k).unwrap()
 }
 
+/// A prefix no other call in this process gets: each call of the suite keys its records
+/// under one, so two calls on one database (one after the other, or at once) never meet.
+fn fresh() -> String {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!("call{}/", CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
+
+/// The service URL in the environment variable `var`, or `None` after saying the test
+/// is skipped and what to set (`example`). Said on the process's stderr directly, not
+/// through `eprintln!`, which the test harness captures and shows only for a failing
+/// test: a skipped test passes, and its reason must still be seen.
+pub fn service_url(var: &str, example: &str) -> Option<String> {
+    use std::io::Write;
+    let url = std::env::var(var).ok().filter(|url| !url.is_empty());
+    if url.is_none() {
+        let test = std::thread::current().name().unwrap_or("a test").to_owned();
+        let _ = writeln!(std::io::stderr(), "skipped {test}: set {var} (e.g. {example}) to run it");
+    }
+    url
+}
+
 /// The fingerprint of the request named `r`.
 pub fn fp(r: &str) -> Fingerprint {
     Fingerprint::of(r.as_bytes())
@@ -52,11 +78,13 @@ pub fn fp(r: &str) -> Fingerprint {
 
 /// Claims `k` for the request `"r"`, which must be acquired; returns the token.
 pub async fn acquire<S: Store>(store: &S, k: &Key) -> FencingToken {
+    acquire_until(store, k).await.0
+}
+
+/// [`acquire`], with the lease's end as the store said it.
+async fn acquire_until<S: Store>(store: &S, k: &Key) -> (FencingToken, SystemTime) {
     match store.claim(k, fp("r"), LEASE).await.unwrap() {
-        StoreClaim::Acquired { token, lease_ends_at } => {
-            assert!(lease_ends_at > SystemTime::now() + LEASE - Duration::from_secs(5));
-            token
-        }
+        StoreClaim::Acquired { token, lease_ends_at } => (token, lease_ends_at),
         other => panic!("expected Acquired, got {other:?}"),
     }
 }
@@ -75,9 +103,10 @@ pub async fn until_acquired<S: Store>(store: &S, k: &Key, r: &str) -> FencingTok
 
 /// The state table: absent → PROCESSING → COMPLETED / absent / UNKNOWN → COMPLETED /
 /// absent, with the answers a repeat and a different request get in each.
-async fn state_table<S: Store>(store: &S) {
+async fn state_table<S: Store>(store: &S, run: &str) {
+    let key = |k: &str| key(&format!("{run}{k}"));
     let k = key("states");
-    let token = acquire(store, &k).await;
+    let (token, lease_ends_at) = acquire_until(store, &k).await;
     assert!(matches!(
         store.claim(&k, fp("r"), LEASE).await.unwrap(),
         StoreClaim::InProgress { .. }
@@ -87,6 +116,12 @@ async fn state_table<S: Store>(store: &S) {
         store.complete(&k, token, Some(Bytes::from_static(b"receipt")), TTL).await.unwrap();
     assert_eq!(record.body.as_deref(), Some(&b"receipt"[..]));
     assert!(record.expires_at > record.completed_at + TTL - Duration::from_secs(1));
+    // Both on the store's clock: the lease ran from the claim, a moment before.
+    let lease_left = lease_ends_at.duration_since(record.completed_at).unwrap_or_default();
+    assert!(
+        lease_left > LEASE - Duration::from_secs(5) && lease_left <= LEASE,
+        "the lease ended {lease_left:?} after the completion, of a {LEASE:?} lease"
+    );
     match store.claim(&k, fp("r"), LEASE).await.unwrap() {
         StoreClaim::Completed(replay) => assert_eq!(replay, record),
         other => panic!("{other:?}"),
@@ -103,7 +138,8 @@ async fn state_table<S: Store>(store: &S) {
     let token = acquire(store, &k).await;
     store.mark_unknown(&k, token, TTL).await.unwrap();
     assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Unknown { .. }));
-    let listed = store.unknown(10).await.unwrap();
+    // Every live UNKNOWN record: a shared database may hold older ones, listed first.
+    let listed = store.unknown(usize::MAX).await.unwrap();
     let entry = listed.iter().find(|u| u.key == k).expect("the UNKNOWN record is listed");
     assert_eq!(entry.fingerprint, fp("r"));
     // The mark expires its TTL after it was made, on the store's clock.
@@ -123,9 +159,10 @@ async fn state_table<S: Store>(store: &S) {
 }
 
 /// Every write names its token; a stale or wrong one changes nothing.
-async fn fencing<S: Store>(store: &S) {
+async fn fencing<S: Store>(store: &S, run: &str) {
+    let key = |k: &str| key(&format!("{run}{k}"));
     let k = key("fenced");
-    let token = acquire(store, &k).await;
+    let (token, first_end) = acquire_until(store, &k).await;
     let body = || Some(Bytes::from_static(b"x"));
     assert!(matches!(
         store.complete(&k, next(token), body(), TTL).await,
@@ -144,7 +181,8 @@ async fn fencing<S: Store>(store: &S) {
         Err(StoreError::LeaseLost(_))
     ));
     let longer = store.extend_lease(&k, token, 4 * LEASE).await.unwrap();
-    assert!(longer > SystemTime::now() + 3 * LEASE, "the lease now ends later: {longer:?}");
+    // From the store's now, after the claim: at least 3 leases past the first end.
+    assert!(longer > first_end + 2 * LEASE, "the lease now ends later: {longer:?}");
     match store.claim(&k, fp("r"), LEASE).await.unwrap() {
         StoreClaim::InProgress { lease_ends_at } => assert_eq!(lease_ends_at, longer),
         other => panic!("{other:?}"),
@@ -159,7 +197,8 @@ async fn fencing<S: Store>(store: &S) {
 }
 
 /// A lapsed lease is taken over with a larger token; the stale owner is refused.
-async fn takeover<S: Store>(store: &S) {
+async fn takeover<S: Store>(store: &S, run: &str) {
+    let key = |k: &str| key(&format!("{run}{k}"));
     let k = key("lapsed");
     let stale = match store.claim(&k, fp("r"), Duration::from_millis(20)).await.unwrap() {
         StoreClaim::Acquired { token, .. } => token,
@@ -180,7 +219,8 @@ async fn takeover<S: Store>(store: &S) {
 
 /// Expired records read as absent and are purged in bounded batches (a store that
 /// expires records by itself, as Redis does, has fewer or none left to purge).
-async fn expiry<S: Store>(store: &S, purges_itself: bool) {
+async fn expiry<S: Store>(store: &S, run: &str, purges_itself: bool) {
+    let key = |k: &str| key(&format!("{run}{k}"));
     for i in 0..5 {
         let k = key(&format!("short{i}"));
         let token = acquire(store, &k).await;
@@ -218,7 +258,8 @@ async fn expiry<S: Store>(store: &S, purges_itself: bool) {
 }
 
 /// Bad input is refused with a typed error and changes nothing.
-async fn bad_input<S: Store>(store: &S) {
+async fn bad_input<S: Store>(store: &S, run: &str) {
+    let key = |k: &str| key(&format!("{run}{k}"));
     let k = key("bad");
     let zero = store.claim(&k, fp("r"), Duration::ZERO).await;
     assert!(matches!(zero, Err(StoreError::InvalidInput(_))), "{zero:?}");
@@ -251,11 +292,12 @@ pub async fn run_self_expiring<S: Store>(store: &S) {
 }
 
 async fn suite<S: Store>(store: &S, purges_itself: bool) {
-    state_table(store).await;
-    fencing(store).await;
-    takeover(store).await;
-    expiry(store, purges_itself).await;
-    bad_input(store).await;
+    let run = fresh();
+    state_table(store, &run).await;
+    fencing(store, &run).await;
+    takeover(store, &run).await;
+    expiry(store, &run, purges_itself).await;
+    bad_input(store, &run).await;
 }
 
 /// Two `Tiered` instances (separate caches, separate connections: two processes' worth)
@@ -263,8 +305,10 @@ async fn suite<S: Store>(store: &S, purges_itself: bool) {
 /// every other claim replays its result.
 ///
 /// Then a restarted instance (a new cache over `restarted`, a new connection) replays
-/// every key's result from the store.
+/// every key's result from the store. `prefix` names the keys in messages; each call
+/// keys its records apart from every other call's.
 pub async fn tiered_exactly_once<S: Store>(first: S, second: S, restarted: S, prefix: &str) {
+    let prefix = format!("{}{prefix}", fresh());
     let instances = [
         std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), first)),
         std::sync::Arc::new(Tiered::new(Cache::builder().build().unwrap(), second)),

@@ -123,8 +123,23 @@ impl ServerError {
 }
 
 impl fmt::Display for ServerError {
+    /// The server, the driver's error, and each cause under it that the line does not
+    /// already say (drivers often keep the reason a few causes down: "db error" above
+    /// `database "x" does not exist`), so that `{e}` alone tells what failed. As
+    /// [`StoreError`]'s own `Display`, it says its causes; `source()` still hands the
+    /// driver's error to code that downcasts it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.server, self.error)
+        let mut line = format!("{}: {}", self.server, self.error);
+        let mut cause = self.error.source();
+        while let Some(e) = cause {
+            let said = e.to_string();
+            if !line.contains(&said) {
+                line.push_str(": ");
+                line.push_str(&said);
+            }
+            cause = e.source();
+        }
+        f.write_str(&line)
     }
 }
 
@@ -206,6 +221,26 @@ mod tests {
         assert_eq!(inner.source().unwrap().to_string(), "connection refused");
         let named = inner.downcast_ref::<ServerError>().expect("a ServerError");
         assert_eq!(named.server(), "Redis at cache:6379");
+
+        /// An error whose reason is its cause's, as drivers' often are.
+        #[derive(Debug)]
+        struct Vague(std::io::Error);
+        impl fmt::Display for Vague {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("db error")
+            }
+        }
+        impl std::error::Error for Vague {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let reason = std::io::Error::other("database \"x\" does not exist");
+        let e = at_server("PostgreSQL at db:5432/x", Vague(reason));
+        assert!(
+            e.to_string().ends_with("db:5432/x: db error: database \"x\" does not exist"),
+            "{e}"
+        );
     }
 
     #[test]

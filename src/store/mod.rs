@@ -124,8 +124,8 @@ impl std::error::Error for StoreError {
 /// Methods return `Send` futures that never block the runtime they run on; from
 /// synchronous code, run them with [`block_on`] (for stores that need no runtime, such
 /// as `idemcache-sqlite`'s). A store chosen at run time is a [`DynStore`]: every `Store`
-/// is one. A store is `Debug` (what it connects to, never a password), so that errors
-/// and logs can say which store answered.
+/// is one. A store is `Debug` (what it connects to, as far as it knows, never a
+/// password), so that errors and logs can say which store answered.
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Claims `key` for the request `fingerprint` with a lease of `lease`, atomically.
     fn claim(

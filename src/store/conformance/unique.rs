@@ -3,15 +3,7 @@
 //! foreign key, and one statement breaking each (only the first two are "that row
 //! already exists"). For a classifier of your own, or another driver's.
 
-/// The service URL in the environment variable `var`, or `None` after printing why the
-/// test is skipped (with `example` for what to set).
-pub fn service_url(var: &str, example: &str) -> Option<String> {
-    let url = std::env::var(var).ok();
-    if url.is_none() {
-        eprintln!("skipped: set {var} (e.g. {example}) to run this test");
-    }
-    url
-}
+pub use super::service_url;
 
 /// A table name of this process's own, so concurrent runs never meet.
 pub fn table() -> String {

@@ -146,7 +146,9 @@ impl PostgresStore {
         Ok(PostgresStore { pool, server: Some(server) })
     }
 
-    /// A store over your own pool (with the TLS and sizes you chose).
+    /// A store over your own pool (with the TLS and sizes you chose). The store cannot
+    /// read where the pool connects, so its errors are the driver's own, not named by the
+    /// server as [`connect`](Self::connect)'s are.
     pub fn from_pool(pool: Pool) -> PostgresStore {
         PostgresStore { pool, server: None }
     }

@@ -229,7 +229,7 @@ struct Scripts {
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisStore").finish_non_exhaustive()
+        f.debug_struct("RedisStore").field("server", &self.server).finish_non_exhaustive()
     }
 }
 
@@ -299,7 +299,9 @@ impl RedisStore {
     }
 
     /// A store over your own connection manager (with the timeouts, TLS and retries you
-    /// chose); it is cloned per operation, as the manager is meant to be.
+    /// chose); it is cloned per operation, as the manager is meant to be. The store does
+    /// not know where the manager connects, so its errors are the driver's own, not
+    /// named by the server as [`connect`](Self::connect)'s are.
     pub fn from_connection(connection: ConnectionManager) -> RedisStore {
         let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
         let scripts = Scripts {

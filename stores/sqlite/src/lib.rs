@@ -117,9 +117,18 @@ impl Opener {
 /// assert!(matches!(claim, StoreClaim::Acquired { .. }));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SqliteStore {
     jobs: mpsc::Sender<Job>,
+    /// The database, as `Debug` names it: its path, `:memory:`, or a connection of the
+    /// application's own.
+    database: Arc<str>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("database", &&*self.database).finish_non_exhaustive()
+    }
 }
 
 fn backend(e: rusqlite::Error) -> StoreError {
@@ -177,8 +186,8 @@ impl SqliteStore {
         match path {
             "" => Err(StoreError::InvalidInput(format!("{url:?} names no SQLite database"))),
             ":memory:" => {
-                Self::opened(|| Connection::open_in_memory().map_err(|e| opening(":memory:", e)))
-                    .await
+                let open = || Connection::open_in_memory().map_err(|e| opening(":memory:", e));
+                Self::opened(":memory:", open).await
             }
             path => Self::open(path).await,
         }
@@ -190,8 +199,9 @@ impl SqliteStore {
     /// schema is not created: call [`ensure_schema`](Store::ensure_schema).
     pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
         let path = path.as_ref().to_owned();
-        Self::opened(move || {
-            let named = path.display().to_string();
+        let database = path.display().to_string();
+        Self::opened(&database.clone(), move || {
+            let named = database;
             let db = Connection::open(&path).map_err(|e| opening(&named, e))?;
             db.pragma_update(None, "journal_mode", "WAL").map_err(|e| opening(&named, e))?;
             db.busy_timeout(Duration::from_secs(10)).map_err(|e| opening(&named, e))?;
@@ -202,9 +212,10 @@ impl SqliteStore {
 
     /// A store whose worker thread opens its connection with `open`.
     async fn opened(
+        database: &str,
         open: impl FnOnce() -> Result<Connection, StoreError> + Send + 'static,
     ) -> Result<SqliteStore, StoreError> {
-        let (store, worker) = Self::start();
+        let (store, worker) = Self::start(database);
         worker
             .run(move |slot| {
                 *slot = Some(open()?);
@@ -218,7 +229,8 @@ impl SqliteStore {
     /// processes share: WAL mode and a busy timeout, as [`connect`](Self::connect) sets).
     /// The connection moves to the store's worker thread.
     pub fn from_connection(db: Connection) -> SqliteStore {
-        let (store, worker) = Self::start();
+        let database = db.path().filter(|p| !p.is_empty()).unwrap_or(":memory:").to_owned();
+        let (store, worker) = Self::start(&database);
         drop(worker.run(move |slot| {
             *slot = Some(db);
             Ok(())
@@ -228,7 +240,7 @@ impl SqliteStore {
 
     /// A store whose worker thread has no connection yet, and the handle that gives it
     /// one (the first thing the worker does).
-    fn start() -> (SqliteStore, Opener) {
+    fn start(database: &str) -> (SqliteStore, Opener) {
         let (jobs, inbox) = mpsc::channel::<Job>();
         let (open, opened) = mpsc::channel::<Open>();
         let spawned =
@@ -245,7 +257,8 @@ impl SqliteStore {
                     job(&mut db);
                 }
             });
-        (SqliteStore { jobs }, Opener { open, spawned: spawned.err().map(|e| e.to_string()) })
+        let store = SqliteStore { jobs, database: database.into() };
+        (store, Opener { open, spawned: spawned.err().map(|e| e.to_string()) })
     }
 
     /// Runs `op` on the worker thread; the future resolves with its result.
