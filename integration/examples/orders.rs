@@ -42,6 +42,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idemcache::layer::{client_key, IdempotencyLayer};
+use idemcache::store::encoding::one_line;
 use idemcache::store::{Store, Tiered};
 use idemcache::Cache;
 use idemcache_any::redacted;
@@ -220,28 +221,12 @@ fn doing<T, E: Into<Box<dyn std::error::Error>>>(
     result.map_err(|cause| Box::new(Startup { doing: doing(), cause: cause.into() }).into())
 }
 
-/// An error and its causes on one line, each cause once (an error that repeats its
-/// cause's message is not printed twice).
-fn report(error: &dyn std::error::Error) -> String {
-    let mut line = error.to_string();
-    let mut cause = error.source();
-    while let Some(e) = cause {
-        let text = e.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        cause = e.source();
-    }
-    line
-}
-
 fn main() -> std::process::ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build();
     match runtime.map_err(Into::into).and_then(|runtime| runtime.block_on(serve())) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", report(&*e));
+            eprintln!("error: {}", one_line(&*e));
             std::process::ExitCode::FAILURE
         }
     }

@@ -129,18 +129,24 @@ impl fmt::Display for ServerError {
     /// [`StoreError`]'s own `Display`, it says its causes; `source()` still hands the
     /// driver's error to code that downcasts it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut line = format!("{}: {}", self.server, self.error);
-        let mut cause = self.error.source();
-        while let Some(e) = cause {
-            let said = e.to_string();
-            if !line.contains(&said) {
-                line.push_str(": ");
-                line.push_str(&said);
-            }
-            cause = e.source();
-        }
-        f.write_str(&line)
+        write!(f, "{}: {}", self.server, one_line(&*self.error))
     }
+}
+
+/// `error` and its causes on one line, `: `-separated, each said once (a cause whose
+/// message the line already holds is not repeated): for a log line or a program's
+/// `error: ...` on stderr, where a `Debug` dump or a bare top-level message would not
+/// tell a person what failed.
+pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    for cause in std::iter::successors(error.source(), |e| e.source()) {
+        let said = cause.to_string();
+        if !line.contains(&said) {
+            line.push_str(": ");
+            line.push_str(&said);
+        }
+    }
+    line
 }
 
 impl std::error::Error for ServerError {
