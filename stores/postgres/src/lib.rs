@@ -178,17 +178,17 @@ impl PostgresStore {
     }
 
     /// A settling write on `key` (the statement's `$1`) returning `settled_at,
-    /// expires_at` of the one row it changed.
+    /// expires_at` of the one row it changed; no row is `missing` of `key`.
     async fn settle(
         &self,
-        key: &[u8],
+        key: &Key,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
-        missing: StoreError,
+        missing: fn(Key) -> StoreError,
     ) -> Result<(i64, i64), StoreError> {
         let rows = self.rows(sql, params).await?;
-        let row = rows.first().ok_or(missing)?;
-        Ok((column(row, 0, key)?, column(row, 1, key)?))
+        let row = rows.first().ok_or_else(|| missing(key.clone()))?;
+        Ok((column(row, 0, key.as_bytes())?, column(row, 1, key.as_bytes())?))
     }
 }
 
@@ -282,7 +282,7 @@ impl Store for PostgresStore {
         body: Option<Bytes>,
         ttl: Duration,
     ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
+        let key = key.clone();
         async move {
             check_duration("result TTL", ttl)?;
             let sql = concat!(
@@ -295,8 +295,8 @@ impl Store for PostgresStore {
             );
             let stored = body.as_deref();
             let params: [&(dyn ToSql + Sync); 4] =
-                [&key, &(token.get() as i64), &stored, &micros(ttl)];
-            let (at, until) = self.settle(&key, sql, &params, StoreError::LeaseLost(lost)).await?;
+                [&key.as_bytes(), &(token.get() as i64), &stored, &micros(ttl)];
+            let (at, until) = self.settle(&key, sql, &params, StoreError::LeaseLost).await?;
             Ok(Replay::new(body, from_micros(at), from_micros(until)))
         }
     }
@@ -307,7 +307,7 @@ impl Store for PostgresStore {
         token: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send {
-        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
+        let key = key.clone();
         async move {
             check_duration("lease", lease)?;
             let sql = concat!(
@@ -317,8 +317,9 @@ impl Store for PostgresStore {
                  WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
-            let params: [&(dyn ToSql + Sync); 3] = [&key, &(token.get() as i64), &micros(lease)];
-            let (_, until) = self.settle(&key, sql, &params, StoreError::LeaseLost(lost)).await?;
+            let params: [&(dyn ToSql + Sync); 3] =
+                [&key.as_bytes(), &(token.get() as i64), &micros(lease)];
+            let (_, until) = self.settle(&key, sql, &params, StoreError::LeaseLost).await?;
             Ok(from_micros(until))
         }
     }
@@ -328,7 +329,7 @@ impl Store for PostgresStore {
         key: &Key,
         token: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
+        let key = key.clone();
         async move {
             let sql = concat!(
                 "WITH ",
@@ -337,7 +338,7 @@ impl Store for PostgresStore {
                  WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
-            self.settle(&key, sql, &[&key, &(token.get() as i64)], StoreError::LeaseLost(lost))
+            self.settle(&key, sql, &[&key.as_bytes(), &(token.get() as i64)], StoreError::LeaseLost)
                 .await
                 .map(drop)
         }
@@ -349,7 +350,7 @@ impl Store for PostgresStore {
         token: FencingToken,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
+        let key = key.clone();
         async move {
             check_duration("unknown TTL", ttl)?;
             let sql = concat!(
@@ -360,8 +361,9 @@ impl Store for PostgresStore {
                  WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
                  RETURNING r.settled_at, r.expires_at"
             );
-            let params: [&(dyn ToSql + Sync); 3] = [&key, &(token.get() as i64), &micros(ttl)];
-            self.settle(&key, sql, &params, StoreError::LeaseLost(lost)).await.map(drop)
+            let params: [&(dyn ToSql + Sync); 3] =
+                [&key.as_bytes(), &(token.get() as i64), &micros(ttl)];
+            self.settle(&key, sql, &params, StoreError::LeaseLost).await.map(drop)
         }
     }
 
@@ -371,7 +373,7 @@ impl Store for PostgresStore {
         body: Option<Bytes>,
         ttl: Duration,
     ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
+        let key = key.clone();
         async move {
             check_duration("result TTL", ttl)?;
             let sql = concat!(
@@ -383,14 +385,14 @@ impl Store for PostgresStore {
                  RETURNING r.settled_at, r.expires_at"
             );
             let stored = body.as_deref();
-            let params: [&(dyn ToSql + Sync); 3] = [&key, &stored, &micros(ttl)];
-            let (at, until) = self.settle(&key, sql, &params, StoreError::NotUnknown(lost)).await?;
+            let params: [&(dyn ToSql + Sync); 3] = [&key.as_bytes(), &stored, &micros(ttl)];
+            let (at, until) = self.settle(&key, sql, &params, StoreError::NotUnknown).await?;
             Ok(Replay::new(body, from_micros(at), from_micros(until)))
         }
     }
 
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
+        let key = key.clone();
         async move {
             let sql = concat!(
                 "WITH ",
@@ -399,7 +401,7 @@ impl Store for PostgresStore {
                  WHERE r.key = $1 AND r.state = 3 AND r.expires_at > now.us
                  RETURNING r.started_at, r.expires_at"
             );
-            self.settle(&key, sql, &[&key], StoreError::NotUnknown(lost)).await.map(drop)
+            self.settle(&key, sql, &[&key.as_bytes()], StoreError::NotUnknown).await.map(drop)
         }
     }
 

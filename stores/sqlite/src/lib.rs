@@ -403,17 +403,18 @@ fn claim(
 }
 
 /// A settling write: `sql` updates the live row in `state` (and under the token, if
-/// the statement names `?2`), returning `settled_at, expires_at`; no row is `missing`.
+/// the statement names `?2`), returning `settled_at, expires_at`; no row is `missing` of `key`.
 fn settle(
     db: &mut Connection,
+    key: &Key,
     sql: &str,
     args: &[&dyn rusqlite::ToSql],
-    missing: StoreError,
+    missing: fn(Key) -> StoreError,
 ) -> Result<(i64, i64), StoreError> {
     db.query_row(sql, args, |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()
         .map_err(backend)?
-        .ok_or(missing)
+        .ok_or_else(|| missing(key.clone()))
 }
 
 impl Store for SqliteStore {
@@ -442,7 +443,7 @@ impl Store for SqliteStore {
         body: Option<Bytes>,
         ttl: Duration,
     ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
+        let key = key.clone();
         let checked = check_duration("result TTL", ttl);
         self.run(move |db| {
             checked?;
@@ -460,9 +461,10 @@ impl Store for SqliteStore {
             let stored = body.as_deref().map(<[u8]>::to_vec);
             let (at, until) = settle(
                 db,
+                &key,
                 sql,
-                &[&key, &(token.get() as i64), &stored, &micros(ttl)],
-                StoreError::LeaseLost(lost),
+                &[&key.as_bytes(), &(token.get() as i64), &stored, &micros(ttl)],
+                StoreError::LeaseLost,
             )?;
             Ok(Replay::new(body, from_micros(at), from_micros(until)))
         })
@@ -474,7 +476,7 @@ impl Store for SqliteStore {
         token: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send {
-        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
+        let key = key.clone();
         let checked = check_duration("lease", lease);
         self.run(move |db| {
             checked?;
@@ -489,9 +491,10 @@ impl Store for SqliteStore {
             );
             let (_, until) = settle(
                 db,
+                &key,
                 sql,
-                &[&key, &(token.get() as i64), &micros(lease)],
-                StoreError::LeaseLost(lost),
+                &[&key.as_bytes(), &(token.get() as i64), &micros(lease)],
+                StoreError::LeaseLost,
             )?;
             Ok(from_micros(until))
         })
@@ -502,11 +505,11 @@ impl Store for SqliteStore {
         key: &Key,
         token: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
+        let key = key.clone();
         self.run(move |db| {
             let sql = concat!("DELETE FROM idemcache_records WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > ", now!());
-            match db.execute(sql, params![key, token.get() as i64]).map_err(backend)? {
-                0 => Err(StoreError::LeaseLost(lost)),
+            match db.execute(sql, params![key.as_bytes(), token.get() as i64]).map_err(backend)? {
+                0 => Err(StoreError::LeaseLost(key)),
                 _ => Ok(()),
             }
         })
@@ -518,7 +521,7 @@ impl Store for SqliteStore {
         token: FencingToken,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
+        let key = key.clone();
         let checked = check_duration("unknown TTL", ttl);
         self.run(move |db| {
             checked?;
@@ -535,9 +538,10 @@ impl Store for SqliteStore {
             );
             settle(
                 db,
+                &key,
                 sql,
-                &[&key, &(token.get() as i64), &micros(ttl)],
-                StoreError::LeaseLost(lost),
+                &[&key.as_bytes(), &(token.get() as i64), &micros(ttl)],
+                StoreError::LeaseLost,
             )
             .map(drop)
         })
@@ -549,7 +553,7 @@ impl Store for SqliteStore {
         body: Option<Bytes>,
         ttl: Duration,
     ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
+        let key = key.clone();
         let checked = check_duration("result TTL", ttl);
         self.run(move |db| {
             checked?;
@@ -565,21 +569,26 @@ impl Store for SqliteStore {
                  RETURNING settled_at, expires_at"
             );
             let stored = body.as_deref().map(<[u8]>::to_vec);
-            let (at, until) =
-                settle(db, sql, &[&key, &stored, &micros(ttl)], StoreError::NotUnknown(lost))?;
+            let (at, until) = settle(
+                db,
+                &key,
+                sql,
+                &[&key.as_bytes(), &stored, &micros(ttl)],
+                StoreError::NotUnknown,
+            )?;
             Ok(Replay::new(body, from_micros(at), from_micros(until)))
         })
     }
 
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let (lost, key) = (key.clone(), key.as_bytes().to_vec());
+        let key = key.clone();
         self.run(move |db| {
             let sql = concat!(
                 "DELETE FROM idemcache_records WHERE key = ?1 AND state = 3 AND expires_at > ",
                 now!()
             );
-            match db.execute(sql, params![key]).map_err(backend)? {
-                0 => Err(StoreError::NotUnknown(lost)),
+            match db.execute(sql, params![key.as_bytes()]).map_err(backend)? {
+                0 => Err(StoreError::NotUnknown(key)),
                 _ => Ok(()),
             }
         })
