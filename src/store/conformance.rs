@@ -57,6 +57,15 @@ fn fresh() -> String {
     format!("call{}/", CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
+/// One call of the suite: its keys are [`key`]'s under a [`fresh`] prefix.
+struct Run(String);
+
+impl Run {
+    fn key(&self, k: &str) -> Key {
+        key(&format!("{}{k}", self.0))
+    }
+}
+
 /// The service URL in the environment variable `var`, or `None` after saying the test
 /// is skipped and what to set (`example`). Said on the process's stderr directly, not
 /// through `eprintln!`, which the test harness captures and shows only for a failing
@@ -103,9 +112,8 @@ pub async fn until_acquired<S: Store>(store: &S, k: &Key, r: &str) -> FencingTok
 
 /// The state table: absent → PROCESSING → COMPLETED / absent / UNKNOWN → COMPLETED /
 /// absent, with the answers a repeat and a different request get in each.
-async fn state_table<S: Store>(store: &S, run: &str) {
-    let key = |k: &str| key(&format!("{run}{k}"));
-    let k = key("states");
+async fn state_table<S: Store>(store: &S, run: &Run) {
+    let k = run.key("states");
     let (token, lease_ends_at) = acquire_until(store, &k).await;
     assert!(matches!(
         store.claim(&k, fp("r"), LEASE).await.unwrap(),
@@ -128,13 +136,13 @@ async fn state_table<S: Store>(store: &S, run: &str) {
     }
     assert_eq!(store.claim(&k, fp("other"), LEASE).await.unwrap(), StoreClaim::Mismatch);
 
-    let k = key("released");
+    let k = run.key("released");
     let token = acquire(store, &k).await;
     store.release(&k, token).await.unwrap();
     let again = acquire(store, &k).await;
     assert!(again > token, "tokens increase: {again} after {token}");
 
-    let k = key("unknown");
+    let k = run.key("unknown");
     let token = acquire(store, &k).await;
     store.mark_unknown(&k, token, TTL).await.unwrap();
     assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Unknown { .. }));
@@ -151,7 +159,7 @@ async fn state_table<S: Store>(store: &S, run: &str) {
         other => panic!("{other:?}"),
     }
 
-    let k = key("forgotten");
+    let k = run.key("forgotten");
     let token = acquire(store, &k).await;
     store.mark_unknown(&k, token, TTL).await.unwrap();
     store.forget(&k).await.unwrap();
@@ -159,9 +167,8 @@ async fn state_table<S: Store>(store: &S, run: &str) {
 }
 
 /// Every write names its token; a stale or wrong one changes nothing.
-async fn fencing<S: Store>(store: &S, run: &str) {
-    let key = |k: &str| key(&format!("{run}{k}"));
-    let k = key("fenced");
+async fn fencing<S: Store>(store: &S, run: &Run) {
+    let k = run.key("fenced");
     let (token, first_end) = acquire_until(store, &k).await;
     let body = || Some(Bytes::from_static(b"x"));
     assert!(matches!(
@@ -197,9 +204,8 @@ async fn fencing<S: Store>(store: &S, run: &str) {
 }
 
 /// A lapsed lease is taken over with a larger token; the stale owner is refused.
-async fn takeover<S: Store>(store: &S, run: &str) {
-    let key = |k: &str| key(&format!("{run}{k}"));
-    let k = key("lapsed");
+async fn takeover<S: Store>(store: &S, run: &Run) {
+    let k = run.key("lapsed");
     let stale = match store.claim(&k, fp("r"), Duration::from_millis(20)).await.unwrap() {
         StoreClaim::Acquired { token, .. } => token,
         other => panic!("{other:?}"),
@@ -219,10 +225,9 @@ async fn takeover<S: Store>(store: &S, run: &str) {
 
 /// Expired records read as absent and are purged in bounded batches (a store that
 /// expires records by itself, as Redis does, has fewer or none left to purge).
-async fn expiry<S: Store>(store: &S, run: &str, purges_itself: bool) {
-    let key = |k: &str| key(&format!("{run}{k}"));
+async fn expiry<S: Store>(store: &S, run: &Run, purges_itself: bool) {
     for i in 0..5 {
-        let k = key(&format!("short{i}"));
+        let k = run.key(&format!("short{i}"));
         let token = acquire(store, &k).await;
         store
             .complete(&k, token, Some(Bytes::from_static(b"x")), Duration::from_millis(10))
@@ -230,7 +235,7 @@ async fn expiry<S: Store>(store: &S, run: &str, purges_itself: bool) {
             .unwrap();
     }
     // The last one expires: a claim of a different request then acquires (absent).
-    until_acquired(store, &key("short4"), "another request").await;
+    until_acquired(store, &run.key("short4"), "another request").await;
     let mut purged = 0;
     loop {
         let n = store.purge_expired(2).await.unwrap();
@@ -245,22 +250,21 @@ async fn expiry<S: Store>(store: &S, run: &str, purges_itself: bool) {
         "the four other expired records were purged, got {purged}"
     );
     for i in 0..4 {
-        let k = key(&format!("short{i}"));
+        let k = run.key(&format!("short{i}"));
         assert!(matches!(
             store.claim(&k, fp("r"), LEASE).await.unwrap(),
             StoreClaim::Acquired { .. }
         ));
     }
     assert!(matches!(
-        store.claim(&key("short4"), fp("r"), LEASE).await.unwrap(),
+        store.claim(&run.key("short4"), fp("r"), LEASE).await.unwrap(),
         StoreClaim::Mismatch
     ));
 }
 
 /// Bad input is refused with a typed error and changes nothing.
-async fn bad_input<S: Store>(store: &S, run: &str) {
-    let key = |k: &str| key(&format!("{run}{k}"));
-    let k = key("bad");
+async fn bad_input<S: Store>(store: &S, run: &Run) {
+    let k = run.key("bad");
     let zero = store.claim(&k, fp("r"), Duration::ZERO).await;
     assert!(matches!(zero, Err(StoreError::InvalidInput(_))), "{zero:?}");
     let token = acquire(store, &k).await;
@@ -292,7 +296,7 @@ pub async fn run_self_expiring<S: Store>(store: &S) {
 }
 
 async fn suite<S: Store>(store: &S, purges_itself: bool) {
-    let run = fresh();
+    let run = Run(fresh());
     state_table(store, &run).await;
     fencing(store, &run).await;
     takeover(store, &run).await;

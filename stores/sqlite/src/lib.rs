@@ -87,8 +87,7 @@ impl Opener {
         self,
         op: impl FnOnce(&mut Option<Connection>) -> Result<(), StoreError> + Send + 'static,
     ) -> Answer<()> {
-        let slot = Arc::new(Mutex::new(Slot { value: None, waker: None }));
-        let reply = Reply(slot.clone());
+        let (reply, answer) = exchange();
         match self.spawned {
             Some(why) => {
                 let why = format!("spawning the SQLite worker thread: {why}");
@@ -96,7 +95,7 @@ impl Opener {
             }
             None => drop(self.open.send(Box::new(move |db| reply.send(op(db))))),
         }
-        Answer(slot)
+        answer
     }
 }
 
@@ -266,14 +265,20 @@ impl SqliteStore {
         &self,
         op: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Answer<T> {
-        let slot = Arc::new(Mutex::new(Slot { value: None, waker: None }));
-        let reply = Reply(slot.clone());
+        let (reply, answer) = exchange();
         let job: Job = Box::new(move |db| reply.send(op(db)));
         // If the worker is gone, the job comes back in the error and is dropped here:
         // its `Reply` then answers the slot with an error.
         drop(self.jobs.send(job));
-        Answer(slot)
+        answer
     }
+}
+
+/// The two halves of one answer from the worker: its [`Reply`] and the caller's
+/// [`Answer`], sharing one slot.
+fn exchange<T>() -> (Reply<T>, Answer<T>) {
+    let slot = Arc::new(Mutex::new(Slot { value: None, waker: None }));
+    (Reply(slot.clone()), Answer(slot))
 }
 
 struct Slot<T> {
