@@ -175,3 +175,13 @@ fn debug_output_shows_what_each_value_holds() {
     assert!(format!("{guard:?}").contains(&format!("{:?}", guard.token())));
     assert!(format!("{cache:?}").contains("listener: false"));
 }
+
+/// A store hands out tokens from its own counter; one prints as its number, as it goes
+/// into a `WHERE fence < $token`.
+#[test]
+fn a_fencing_token_is_made_from_and_printed_as_its_number() {
+    let token = idemcache::FencingToken::new(1_700_000_000_000_000_042);
+    assert_eq!(token.get(), 1_700_000_000_000_000_042);
+    assert_eq!(token.to_string(), "1700000000000000042");
+    assert!(idemcache::FencingToken::new(2) > idemcache::FencingToken::new(1));
+}
