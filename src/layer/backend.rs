@@ -136,6 +136,16 @@ impl Held {
     }
 
     /// Records `body` as the key's result.
+    /// The claim for a handler that records its outcome in its own transaction: over a
+    /// durable store only (the cache's claims live in this process alone).
+    #[cfg(feature = "store")]
+    pub(crate) fn open_claim(&self) -> Option<crate::store::OpenClaim> {
+        match self {
+            Held::Memory(..) => None,
+            Held::Durable(held) => Some(held.open_claim()),
+        }
+    }
+
     pub(crate) async fn complete(self, body: Bytes) -> Settled {
         match self {
             Held::Memory(guard, _) => match guard.complete(body) {
@@ -213,6 +223,7 @@ pub(crate) mod durable {
         fn complete(self: Box<Self>, body: Bytes) -> BoxFuture<'static, Settled>;
         fn release(self: Box<Self>) -> BoxFuture<'static, ()>;
         fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()>;
+        fn open_claim(&self) -> crate::store::OpenClaim;
     }
 
     /// A [`TieredGuard`] with what the layer needs from its `Tiered`.
@@ -291,6 +302,10 @@ pub(crate) mod durable {
 
         fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()> {
             Box::pin(async move { drop(self.guard.mark_unknown().await) })
+        }
+
+        fn open_claim(&self) -> crate::store::OpenClaim {
+            self.guard.open_claim()
         }
     }
 

@@ -90,6 +90,8 @@
 mod backend;
 mod body;
 mod header;
+#[cfg(feature = "store")]
+mod in_transaction;
 #[allow(clippy::module_inception)] // tower-http's layout: `layer.rs` holds the Layer.
 mod layer;
 mod problem;
@@ -100,6 +102,9 @@ mod timing;
 
 pub use body::LayerBody;
 pub use header::{client_key, KeyHeaderError, IDEMPOTENCY_KEY};
+#[cfg(feature = "store")]
+#[cfg_attr(docsrs, doc(cfg(feature = "store")))]
+pub use in_transaction::InTransaction;
 pub use layer::IdempotencyLayer;
 pub use service::Idempotency;
 

@@ -4,7 +4,9 @@
 //! response body) is being awaited, the lease is renewed at least every `beat` (a third
 //! of the lease) — when the future is pending at the beat, and also when it is ready at
 //! once past the beat (a body whose frames are always ready never lets a timer fire) —
-//! until the backend says the key is lost, after which it is never asked again. A panic
+//! until the backend says the key is lost, or the handler hands the claim over to its
+//! own transaction (see [`OpenClaim`](crate::store::OpenClaim)), after which it is never
+//! asked again. A panic
 //! in the future is caught and returned, never unwound through the layer.
 
 use std::future::Future;
@@ -23,6 +25,11 @@ use super::backend::{Held, Renewal};
 /// A held claim, renewed while [`Renewing::run`] awaits its execution's futures.
 pub(crate) struct Renewing {
     held: Held,
+    /// The claim as handed to the handler (over a durable store): once the handler
+    /// hands it over to its own transaction, renewing stops (the transaction may hold
+    /// the record's row lock, and a renewal awaited here would wait on it for ever).
+    #[cfg(feature = "store")]
+    open: Option<crate::store::OpenClaim>,
     lease: Duration,
     beat: Duration,
     next: Instant,
@@ -45,7 +52,29 @@ impl Renewing {
     pub(crate) fn new(held: Held) -> Self {
         let lease = held.lease();
         let beat = (lease / 3).max(Duration::from_millis(1));
-        Renewing { held, lease, beat, next: Instant::now() + beat, renewing: true }
+        Renewing {
+            #[cfg(feature = "store")]
+            open: held.open_claim(),
+            held,
+            lease,
+            beat,
+            next: Instant::now() + beat,
+            renewing: true,
+        }
+    }
+
+    /// The claim for the handler's own transaction, over a durable store.
+    #[cfg(feature = "store")]
+    pub(crate) fn open_claim(&self) -> Option<&crate::store::OpenClaim> {
+        self.open.as_ref()
+    }
+
+    /// Whether the handler handed the claim over to its own transaction.
+    pub(crate) fn handed_over(&self) -> bool {
+        #[cfg(feature = "store")]
+        return self.open.as_ref().is_some_and(crate::store::OpenClaim::handed_over);
+        #[cfg(not(feature = "store"))]
+        false
     }
 
     /// The claim, to be settled.
@@ -115,6 +144,9 @@ impl Renewing {
     async fn renew(&mut self) {
         // Lost (taken over, removed): nothing to renew; its outcome will not be kept.
         // A store that failed this once is asked again at the next beat.
+        if self.renewing && self.handed_over() {
+            self.renewing = false;
+        }
         if self.renewing {
             self.renewing = !matches!(self.held.extend_lease(self.lease).await, Renewal::Lost);
         }

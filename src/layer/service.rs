@@ -23,6 +23,8 @@ use tower_service::Service;
 
 use super::backend::{Found, Held, Records, Settled};
 use super::body::LayerBody;
+#[cfg(feature = "store")]
+use super::in_transaction::InTransaction;
 use super::layer::Settings;
 use super::problem::Refusal;
 use super::renewal::{Panicked, Read, Renewing};
@@ -327,6 +329,15 @@ where
 {
     let started = tokio::time::Instant::now();
     let mut renewing = Renewing::new(held);
+    #[cfg(feature = "store")]
+    let request = {
+        let mut request = request;
+        if let Some(claim) = renewing.open_claim() {
+            let handed = InTransaction::new(claim.clone(), settings.replay_set_cookie);
+            request.extensions_mut().insert(handed);
+        }
+        request
+    };
     let answered = renewing.run(inner.call(request)).await;
     let read = match answered {
         Ok(Ok(response)) => {
@@ -340,6 +351,7 @@ where
         }
         Err(panicked) => Err(panicked),
     };
+    let handed_over = renewing.handed_over();
     let held = renewing.into_held();
     let (parts, read) = match read {
         Ok(done) => done,
@@ -370,7 +382,13 @@ where
             return refuse(Refusal::Internal, detail, None);
         }
     };
-    if stored {
+    if handed_over {
+        // The handler wrote the record in its own transaction: committed, it stands (and
+        // this fenced release is refused); rolled back, the record is still PROCESSING
+        // under this claim, and releasing it lets a retry run (nothing committed).
+        decided!("recorded_in_transaction", key);
+        held.release().await;
+    } else if stored {
         let set_cookie = settings.replay_set_cookie;
         let record = stored_response::encode(
             parts.status,

@@ -28,6 +28,7 @@
 pub mod conformance;
 mod dynamic;
 pub mod encoding;
+mod open_claim;
 mod tiered;
 pub mod unique;
 
@@ -38,6 +39,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 pub use dynamic::{AnyStore, BoxFuture, DynStore};
+pub use open_claim::OpenClaim;
 pub use tiered::{Tiered, TieredClaim, TieredError, TieredGuard};
 
 use crate::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};

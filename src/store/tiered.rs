@@ -350,6 +350,13 @@ impl<S: Store> TieredGuard<S> {
         self.lease_ends_at
     }
 
+    /// This claim for code that completes it inside its own transaction on the store's
+    /// database (`complete_in` of the SQL store crates): its key, token, and the TTL
+    /// this `Tiered` keeps completions for. See [`OpenClaim`](super::OpenClaim).
+    pub fn open_claim(&self) -> super::OpenClaim {
+        super::OpenClaim::new(self.key.clone(), self.token, self.tiered.completed_ttl)
+    }
+
     /// Renews the lease in the store (and in the cache) to end `lease` from the store's
     /// now. Refused with [`StoreError::LeaseLost`] if the key has moved on.
     pub async fn extend_lease(&mut self, lease: Duration) -> Result<SystemTime, TieredError> {

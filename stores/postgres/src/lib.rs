@@ -59,6 +59,23 @@ macro_rules! now {
     };
 }
 
+/// PROCESSING → COMPLETED of `$1` under the token `$2`, the body `$3` kept for `$4` µs,
+/// while the lease is live; returns `settled_at, expires_at`. The store's `complete` and
+/// [`complete_in`] (the same write in the caller's transaction) share it. The server's
+/// `clock_timestamp()`, not `now()`: inside a caller's transaction `now()` is when the
+/// transaction began, and a lease that lapsed since would still look live.
+const COMPLETE: &str = concat!(
+    "WITH ",
+    now!(),
+    " UPDATE idemcache_records r
+     SET state = 2, body = $3, settled_at = now.us, expires_at = now.us + $4 FROM now
+     WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
+     RETURNING r.settled_at, r.expires_at"
+);
+
+mod in_transaction;
+pub use in_transaction::complete_in;
+
 /// Idempotency records in PostgreSQL. See the module docs for the guarantees.
 /// Cheap to clone (the pool is shared).
 #[derive(Clone)]
@@ -285,18 +302,10 @@ impl Store for PostgresStore {
         let key = key.clone();
         async move {
             check_duration("result TTL", ttl)?;
-            let sql = concat!(
-                "WITH ",
-                now!(),
-                " UPDATE idemcache_records r
-                 SET state = 2, body = $3, settled_at = now.us, expires_at = now.us + $4 FROM now
-                 WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
-                 RETURNING r.settled_at, r.expires_at"
-            );
             let stored = body.as_deref();
             let params: [&(dyn ToSql + Sync); 4] =
                 [&key.as_bytes(), &(token.get() as i64), &stored, &micros(ttl)];
-            let (at, until) = self.settle(&key, sql, &params, StoreError::LeaseLost).await?;
+            let (at, until) = self.settle(&key, COMPLETE, &params, StoreError::LeaseLost).await?;
             Ok(Replay::new(body, from_micros(at), from_micros(until)))
         }
     }

@@ -66,6 +66,24 @@ macro_rules! now {
     };
 }
 
+/// PROCESSING → COMPLETED of `?1` under the token `?2`, the body `?3` kept for `?4` µs,
+/// while the lease is live; returns `settled_at, expires_at`. The store's `complete` and
+/// [`complete_in`] (the same write in the caller's transaction) share it.
+const COMPLETE: &str = concat!(
+    "UPDATE idemcache_records SET state = 2, body = ?3, settled_at = ",
+    now!(),
+    ", expires_at = ",
+    now!(),
+    " + ?4
+     WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > ",
+    now!(),
+    "
+     RETURNING settled_at, expires_at"
+);
+
+mod in_transaction;
+pub use in_transaction::complete_in;
+
 const PROCESSING: i64 = 1;
 const COMPLETED: i64 = 2;
 const UNKNOWN: i64 = 3;
@@ -410,7 +428,7 @@ fn claim(
 /// A settling write: `sql` updates the live row in `state` (and under the token, if
 /// the statement names `?2`), returning `settled_at, expires_at`; no row is `missing` of `key`.
 fn settle(
-    db: &mut Connection,
+    db: &Connection,
     key: &Key,
     sql: &str,
     args: &[&dyn rusqlite::ToSql],
@@ -452,22 +470,11 @@ impl Store for SqliteStore {
         let checked = check_duration("result TTL", ttl);
         self.run(move |db| {
             checked?;
-            let sql = concat!(
-                "UPDATE idemcache_records SET state = 2, body = ?3, settled_at = ",
-                now!(),
-                ", expires_at = ",
-                now!(),
-                " + ?4
-                 WHERE key = ?1 AND token = ?2 AND state = 1 AND expires_at > ",
-                now!(),
-                "
-                 RETURNING settled_at, expires_at"
-            );
             let stored = body.as_deref().map(<[u8]>::to_vec);
             let (at, until) = settle(
                 db,
                 &key,
-                sql,
+                COMPLETE,
                 &[&key.as_bytes(), &(token.get() as i64), &stored, &micros(ttl)],
                 StoreError::LeaseLost,
             )?;

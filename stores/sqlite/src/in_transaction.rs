@@ -1,0 +1,72 @@
+//! [`complete_in`]: a claim's completion written in the caller's own transaction, so
+//! that it commits with the business change it records, or not at all.
+//!
+//! Invariant: the write is the store's own completion (the same statement), fenced by
+//! the claim's token and refused once the key has moved on; it changes nothing but the
+//! claim's record, and commits or rolls back with the caller's transaction.
+
+use std::time::SystemTime;
+
+use rusqlite::{OptionalExtension, Transaction};
+
+use idemcache::store::encoding::{check_duration, from_micros, micros};
+use idemcache::store::{OpenClaim, StoreError};
+use idemcache::{Bytes, Replay};
+
+use crate::{backend, COMPLETE};
+
+/// Completes `claim` with `body` inside `tx`, a transaction on a connection to the
+/// database the [`SqliteStore`](crate::SqliteStore) keeps its records in, so that the
+/// record commits with your business writes in `tx`, or neither does. Returns the
+/// record as it will be replayed once `tx` commits.
+///
+/// Refused with [`StoreError::LeaseLost`] if the claim no longer owns its key (the
+/// lease lapsed, or it was settled): roll `tx` back then, someone else owns the key.
+/// Hands the claim over first ([`OpenClaim::hand_over`]): the HTTP layer then neither
+/// renews the lease nor completes the claim itself. Open `tx` with
+/// [`TransactionBehavior::Immediate`](rusqlite::TransactionBehavior) as the store does,
+/// so a write lock taken late cannot fail it with `SQLITE_BUSY`.
+///
+/// ```
+/// use idemcache::store::{block_on, OpenClaim, Store, StoreClaim};
+/// use idemcache::{Fingerprint, Key};
+/// use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
+/// use idemcache_sqlite::{complete_in, SqliteStore};
+/// use std::time::Duration;
+///
+/// let path = std::env::temp_dir().join(format!("complete-in-doc-{}.db", std::process::id()));
+/// let store = block_on(SqliteStore::open(&path))?;
+/// block_on(store.ensure_schema())?;
+/// let key = Key::new("POST /orders", "user:1", "k1")?;
+/// let StoreClaim::Acquired { token, .. } =
+///     block_on(store.claim(&key, Fingerprint::of(b"req"), Duration::from_secs(30)))?
+/// else { unreachable!() };
+/// let claim = OpenClaim::new(key.clone(), token, Duration::from_secs(3600));
+///
+/// let mut db = Connection::open(&path)?;
+/// db.execute_batch("CREATE TABLE IF NOT EXISTS orders (item TEXT NOT NULL)")?;
+/// let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+/// tx.execute("INSERT INTO orders (item) VALUES ('book')", [])?;
+/// complete_in(&tx, &claim, Some(b"201 created"))?;
+/// tx.commit()?; // the order and its record, together
+///
+/// let again = block_on(store.claim(&key, Fingerprint::of(b"req"), Duration::from_secs(30)))?;
+/// assert!(matches!(again, StoreClaim::Completed(r) if r.body.as_deref() == Some(&b"201 created"[..])));
+/// # drop(store); let _ = std::fs::remove_file(&path);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn complete_in(
+    tx: &Transaction<'_>,
+    claim: &OpenClaim,
+    body: Option<&[u8]>,
+) -> Result<Replay<SystemTime>, StoreError> {
+    let ttl = claim.result_ttl();
+    check_duration("result TTL", ttl)?;
+    claim.hand_over();
+    let key = claim.key();
+    let args = rusqlite::params![key.as_bytes(), claim.token().get() as i64, body, micros(ttl)];
+    let settled: Option<(i64, i64)> =
+        tx.query_row(COMPLETE, args, |r| Ok((r.get(0)?, r.get(1)?))).optional().map_err(backend)?;
+    let (at, until) = settled.ok_or_else(|| StoreError::LeaseLost(key.clone()))?;
+    Ok(Replay::new(body.map(Bytes::copy_from_slice), from_micros(at), from_micros(until)))
+}
