@@ -11,20 +11,31 @@
 //! Environment (all optional):
 //! - `PORT`: listens on `127.0.0.1:$PORT` (default 3000); prints `listening on http://ADDR`
 //!   once ready.
-//! - `ORDERS_DB`: the SQLite file for the orders table (default: in memory). Two instances
-//!   may share one file: WAL mode and a busy timeout keep their writes from failing.
+//! - `ORDERS_DB`: the orders table's database (default: SQLite in memory): a SQLite file
+//!   (`PATH` or `sqlite:PATH`) or `postgres://user@host:port/db`. Two instances may share
+//!   one: WAL mode and a busy timeout keep their SQLite writes from failing.
 //! - `ORDER_DELAY_MS`: sleep this long inside the handler, to widen races (default 0).
 //! - `IDEMPOTENCY_WAIT_MS`: how long a duplicate waits for the first request to finish
 //!   and gets its replay (default 10000); `0` answers 409 with `Retry-After` at once.
 //! - `IDEMPOTENCY_STORE`: the durable tier behind the cache (default: none, the cache
 //!   alone): `sqlite:PATH`, `postgres://user@host:port/db` or `redis://host:port/db`.
 //!   Instances over one store execute each key once between them, and a restarted one
-//!   replays what they stored.
+//!   replays what they stored. When it names the database `ORDERS_DB` names (the same
+//!   SQLite file, or the same PostgreSQL host, port, user and database), each order and
+//!   its idempotency record commit in one transaction (the handler writes the record
+//!   with `complete_in`), and the example prints `records commit with the orders` at
+//!   start: after a crash at any instant, a retry either creates the order (nothing
+//!   committed) or replays it (both committed), never creating it twice. Otherwise the
+//!   record is written after the order commits, and the `UNIQUE` constraint is what
+//!   stops a second order after a crash between the two; the example then prints `the
+//!   backstop caught a second execution of KEY` on stderr when it does.
+//! - `IDEMPOTENCY_LEASE_MS`: the lease a claim takes (default 60000); a lease held by an
+//!   instance that died lapses after it, and a retry may then run the request.
 //!
-//! Two instances over one PostgreSQL, sharing one SQLite file for the orders:
+//! Two instances over one PostgreSQL holding both the orders and their records:
 //!
 //! ```sh
-//! export IDEMPOTENCY_STORE=postgres://postgres@127.0.0.1:5432/test ORDERS_DB=/tmp/orders.db
+//! export IDEMPOTENCY_STORE=postgres://postgres@127.0.0.1:5432/test ORDERS_DB=$IDEMPOTENCY_STORE
 //! PORT=3001 cargo run --release --example orders &
 //! PORT=3002 cargo run --release --example orders &
 //! ```
@@ -33,28 +44,39 @@
 //! <user>` as the tenant, 401 without it) answers 201 with `{"id", "item", "qty"}` and
 //! `Location: /orders/{id}`; `GET /orders/count` answers `{"count": n}`, outside the layer.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{MatchedPath, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
-use idemcache::layer::{client_key, IdempotencyLayer};
+use axum::{Extension, Json, Router};
+use idemcache::layer::{client_key, IdempotencyLayer, InTransaction};
 use idemcache::store::encoding::one_line;
 use idemcache::store::{Store, Tiered};
 use idemcache::Cache;
 use idemcache_any::redacted;
-use idemcache_sqlite::is_unique_violation;
-use idemcache_sqlite::rusqlite::{self, params, Connection};
+use idemcache_postgres::{deadpool_postgres, tokio_postgres};
+use idemcache_sqlite::rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::Deserialize;
 use serde_json::json;
 
 #[derive(Clone)]
 struct App {
-    db: Arc<Mutex<Connection>>,
+    orders: Orders,
     delay: Duration,
+    /// The orders live in the idempotency store's database: record in the same
+    /// transaction.
+    together: bool,
+}
+
+/// Where the orders table lives.
+#[derive(Clone)]
+enum Orders {
+    Sqlite(Arc<Mutex<Connection>>),
+    Postgres(deadpool_postgres::Pool),
 }
 
 #[derive(Deserialize)]
@@ -77,9 +99,61 @@ fn env_number(name: &str, default: u64) -> Result<u64, String> {
     }
 }
 
-fn open_db() -> rusqlite::Result<Connection> {
-    let db = match std::env::var("ORDERS_DB") {
-        Ok(path) if !path.is_empty() => {
+/// `ORDERS_DB`, or the empty string (SQLite in memory).
+fn orders_db() -> String {
+    std::env::var("ORDERS_DB").unwrap_or_default()
+}
+
+fn is_postgres(url: &str) -> bool {
+    let lower = url.to_ascii_lowercase();
+    lower.starts_with("postgres://") || lower.starts_with("postgresql://")
+}
+
+/// The SQLite path a `PATH`, `sqlite:PATH` or `sqlite://PATH` names.
+fn sqlite_path(spec: &str) -> &str {
+    match spec.split_once(':') {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("sqlite") => {
+            rest.strip_prefix("//").unwrap_or(rest)
+        }
+        _ => spec,
+    }
+}
+
+const SQLITE_ORDERS: &str = "CREATE TABLE IF NOT EXISTS orders (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    user TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    item TEXT NOT NULL,
+    qty INTEGER NOT NULL,
+    UNIQUE (user, idempotency_key)
+)";
+
+const POSTGRES_ORDERS: &str = "CREATE TABLE IF NOT EXISTS orders (
+    id BIGSERIAL PRIMARY KEY,
+    \"user\" TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    item TEXT NOT NULL,
+    qty BIGINT NOT NULL,
+    UNIQUE (\"user\", idempotency_key)
+)";
+
+async fn open_orders(spec: &str) -> Result<Orders, Box<dyn std::error::Error>> {
+    if is_postgres(spec) {
+        let config: tokio_postgres::Config = spec.parse()?;
+        let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+        let pool = deadpool_postgres::Pool::builder(manager).max_size(16).build()?;
+        let mut client = pool.get().await?;
+        // Instances starting together: CREATE TABLE IF NOT EXISTS can still collide.
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock(7041)", &[]).await?;
+        tx.batch_execute(POSTGRES_ORDERS).await?;
+        tx.commit().await?;
+        drop(client);
+        return Ok(Orders::Postgres(pool));
+    }
+    let db = match sqlite_path(spec) {
+        "" | ":memory:" => Connection::open_in_memory()?,
+        path => {
             let db = Connection::open(path)?;
             // Several processes on one file: readers never block the writer, and a
             // writer waits for the lock instead of failing with SQLITE_BUSY.
@@ -87,23 +161,84 @@ fn open_db() -> rusqlite::Result<Connection> {
             db.busy_timeout(Duration::from_secs(10))?;
             db
         }
-        _ => Connection::open_in_memory()?,
     };
-    db.execute_batch(
-        "CREATE TABLE IF NOT EXISTS orders (
-             id INTEGER PRIMARY KEY AUTOINCREMENT,
-             user TEXT NOT NULL,
-             idempotency_key TEXT NOT NULL,
-             item TEXT NOT NULL,
-             qty INTEGER NOT NULL,
-             UNIQUE (user, idempotency_key)
-         )",
-    )?;
-    Ok(db)
+    db.execute_batch(SQLITE_ORDERS)?;
+    Ok(Orders::Sqlite(Arc::new(Mutex::new(db))))
 }
+
+/// Whether the idempotency store `store` names the database `orders` names.
+fn same_database(store: &str, orders: &str) -> bool {
+    if is_postgres(store) && is_postgres(orders) {
+        let (Ok(a), Ok(b)) =
+            (store.parse::<tokio_postgres::Config>(), orders.parse::<tokio_postgres::Config>())
+        else {
+            return false;
+        };
+        return a.get_hosts() == b.get_hosts()
+            && a.get_ports() == b.get_ports()
+            && a.get_dbname() == b.get_dbname()
+            && a.get_user() == b.get_user();
+    }
+    let scheme = store.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
+    if scheme.as_deref() != Some("sqlite") || is_postgres(orders) {
+        return false;
+    }
+    let (store, orders) = (sqlite_path(store), sqlite_path(orders));
+    let real = |p: &str| std::fs::canonicalize(Path::new(p)).ok();
+    !matches!(store, "" | ":memory:") && real(store).is_some() && real(store) == real(orders)
+}
+
+/// An order's answer: what the handler returns, and (in one transaction with the
+/// order) records.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn created(id: i64, item: &str, qty: i64) -> Answer {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Ok(location) = HeaderValue::from_str(&format!("/orders/{id}")) {
+            headers.insert(header::LOCATION, location);
+        }
+        let body = json!({ "id": id, "item": item, "qty": qty }).to_string().into_bytes();
+        Answer { status: StatusCode::CREATED, headers, body }
+    }
+
+    fn key_reused() -> Answer {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let body = json!({ "error": "this Idempotency-Key created a different order" });
+        Answer {
+            status: StatusCode::UNPROCESSABLE_ENTITY,
+            headers,
+            body: body.to_string().into_bytes(),
+        }
+    }
+
+    /// The answer when this key's row already exists: the same order (an earlier
+    /// execution of this request, which the idempotency record did not stop) or another.
+    fn existing(key: &str, found: (i64, String, i64), order: &NewOrder) -> Answer {
+        let (id, item, qty) = found;
+        if (&item, qty) != (&order.item, order.qty) {
+            return Answer::key_reused();
+        }
+        eprintln!("the backstop caught a second execution of {key}");
+        Answer::created(id, &item, qty)
+    }
+
+    fn into_response(self) -> Response {
+        (self.status, self.headers, self.body).into_response()
+    }
+}
+
+type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 async fn create_order(
     State(app): State<App>,
+    held: Option<Extension<InTransaction>>,
     headers: HeaderMap,
     Json(order): Json<NewOrder>,
 ) -> Response {
@@ -114,76 +249,133 @@ async fn create_order(
     if !app.delay.is_zero() {
         tokio::time::sleep(app.delay).await;
     }
-    let db = app.db.clone();
-    let created = tokio::task::spawn_blocking(move || -> rusqlite::Result<Created> {
-        let db = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let inserted = db.execute(
-            "INSERT INTO orders (user, idempotency_key, item, qty) VALUES (?1, ?2, ?3, ?4)",
-            params![user, key, order.item, order.qty],
-        );
-        match inserted {
-            Ok(_) => Ok(Created::New(db.last_insert_rowid(), order.item, order.qty)),
-            // The backstop: this key already created an order (in another process, or
-            // one whose cache forgot it). Never a second row: the same order is answered
-            // as created, a different one under the same key is refused.
-            Err(e) if is_unique_violation(&e) => {
-                let (id, item, qty): (i64, String, i64) = db.query_row(
-                    "SELECT id, item, qty FROM orders WHERE user = ?1 AND idempotency_key = ?2",
-                    params![user, key],
-                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
-                )?;
-                Ok(if (&item, qty) == (&order.item, order.qty) {
-                    Created::New(id, item, qty)
-                } else {
-                    Created::KeyReused
-                })
-            }
-            Err(e) => Err(e),
+    // Record in the order's transaction when both live in one database.
+    let held = held.filter(|_| app.together).map(|Extension(held)| held);
+    let created = match &app.orders {
+        Orders::Sqlite(db) => {
+            let db = db.clone();
+            let task = move || sqlite_order(&db, &user, &key, &order, held.as_ref());
+            tokio::task::spawn_blocking(task).await.map_err(Failure::from).and_then(|r| r)
         }
-    })
-    .await;
+        Orders::Postgres(pool) => postgres_order(pool, &user, &key, &order, held.as_ref()).await,
+    };
     match created {
-        Ok(Ok(Created::New(id, item, qty))) => (
-            StatusCode::CREATED,
-            [(header::LOCATION, format!("/orders/{id}"))],
-            Json(json!({ "id": id, "item": item, "qty": qty })),
-        )
-            .into_response(),
-        Ok(Ok(Created::KeyReused)) => (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            Json(json!({ "error": "this Idempotency-Key created a different order" })),
-        )
-            .into_response(),
-        // A 5xx releases the key: the client's retry runs again.
-        _ => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        Ok(answer) => answer.into_response(),
+        // A 5xx releases the key (nothing committed): the client's retry runs again.
+        Err(e) => {
+            eprintln!("order failed: {}", one_line(&*e));
+            StatusCode::INTERNAL_SERVER_ERROR.into_response()
+        }
     }
 }
 
-/// What the insert found.
-enum Created {
-    /// The order's row: inserted now, or by an earlier execution of this same request.
-    New(i64, String, i64),
-    /// The key's row is a different order.
-    KeyReused,
+/// The order in SQLite: inserted, or (the backstop) the key's existing row answered;
+/// with its record in the same transaction when `held`.
+fn sqlite_order(
+    db: &Mutex<Connection>,
+    user: &str,
+    key: &str,
+    order: &NewOrder,
+    held: Option<&InTransaction>,
+) -> Result<Answer, Failure> {
+    let mut db = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let inserted = tx
+        .query_row(
+            "INSERT INTO orders (user, idempotency_key, item, qty) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (user, idempotency_key) DO NOTHING RETURNING id",
+            params![user, key, order.item, order.qty],
+            |row| row.get::<_, i64>(0),
+        )
+        .optional()?;
+    let answer = match inserted {
+        Some(id) => Answer::created(id, &order.item, order.qty),
+        None => {
+            let found = tx.query_row(
+                "SELECT id, item, qty FROM orders WHERE user = ?1 AND idempotency_key = ?2",
+                params![user, key],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            )?;
+            Answer::existing(key, found, order)
+        }
+    };
+    if let Some(held) = held {
+        let record = held.record(answer.status, &answer.headers, &answer.body);
+        idemcache_sqlite::complete_in(&tx, held.claim(), Some(&record))?;
+    }
+    tx.commit()?;
+    Ok(answer)
+}
+
+/// The order in PostgreSQL, as [`sqlite_order`] does it.
+async fn postgres_order(
+    pool: &deadpool_postgres::Pool,
+    user: &str,
+    key: &str,
+    order: &NewOrder,
+    held: Option<&InTransaction>,
+) -> Result<Answer, Failure> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    let inserted = tx
+        .query_opt(
+            "INSERT INTO orders (\"user\", idempotency_key, item, qty) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (\"user\", idempotency_key) DO NOTHING RETURNING id",
+            &[&user, &key, &order.item, &order.qty],
+        )
+        .await?;
+    let answer = match inserted {
+        Some(row) => Answer::created(row.try_get(0)?, &order.item, order.qty),
+        None => {
+            let row = tx
+                .query_one(
+                    "SELECT id, item, qty FROM orders WHERE \"user\" = $1 AND idempotency_key = $2",
+                    &[&user, &key],
+                )
+                .await?;
+            Answer::existing(key, (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?), order)
+        }
+    };
+    if let Some(held) = held {
+        let record = held.record(answer.status, &answer.headers, &answer.body);
+        idemcache_postgres::complete_in(&tx, held.claim(), Some(&record)).await?;
+    }
+    tx.commit().await?;
+    Ok(answer)
 }
 
 async fn count_orders(State(app): State<App>) -> Response {
-    let db = app.db.clone();
-    let count = tokio::task::spawn_blocking(move || {
-        let db = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        db.query_row("SELECT COUNT(*) FROM orders", [], |row| row.get::<_, i64>(0))
-    })
-    .await;
+    let count: Result<i64, Failure> = match &app.orders {
+        Orders::Sqlite(db) => {
+            let db = db.clone();
+            tokio::task::spawn_blocking(move || {
+                let db = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                db.query_row("SELECT COUNT(*) FROM orders", [], |row| row.get::<_, i64>(0))
+            })
+            .await
+            .map_err(Failure::from)
+            .and_then(|r| r.map_err(Failure::from))
+        }
+        Orders::Postgres(pool) => {
+            async {
+                let client = pool.get().await?;
+                Ok(client.query_one("SELECT COUNT(*) FROM orders", &[]).await?.try_get(0)?)
+            }
+            .await
+        }
+    };
     match count {
-        Ok(Ok(count)) => Json(json!({ "count": count })).into_response(),
-        _ => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        Ok(count) => Json(json!({ "count": count })).into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
 }
 
 /// The layer over the cache alone, or over the tier `IDEMPOTENCY_STORE` names: one
 /// path whichever store it is (`idemcache_any::open` picks it from the URL).
-async fn idempotency_layer() -> Result<IdempotencyLayer, Box<dyn std::error::Error>> {
-    let cache = Cache::builder().build()?;
+async fn idempotency_layer(
+    lease: Duration,
+) -> Result<IdempotencyLayer, Box<dyn std::error::Error>> {
+    let cache = Cache::builder().lease(lease).build()?;
     let url = std::env::var("IDEMPOTENCY_STORE").unwrap_or_default();
     if url.is_empty() {
         return Ok(IdempotencyLayer::new(cache));
@@ -191,7 +383,7 @@ async fn idempotency_layer() -> Result<IdempotencyLayer, Box<dyn std::error::Err
     let opening = || format!("could not open the idempotency store {}", redacted(&url));
     let store = doing(idemcache_any::open(&url).await, opening)?;
     doing(store.ensure_schema().await, opening)?;
-    Ok(IdempotencyLayer::tiered(Tiered::new(cache, store)))
+    Ok(IdempotencyLayer::tiered(Tiered::new(cache, store).lease(lease)))
 }
 
 /// A failure at startup: what was being done (and where), and why.
@@ -237,20 +429,28 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         u16::try_from(env_number("PORT", 3000)?).map_err(|_| "PORT must be a port number")?;
     let delay = Duration::from_millis(env_number("ORDER_DELAY_MS", 0)?);
     let wait = Duration::from_millis(env_number("IDEMPOTENCY_WAIT_MS", 10_000)?);
-    let orders = doing(open_db(), || {
-        let db = std::env::var("ORDERS_DB").unwrap_or_default();
-        format!(
-            "could not open the orders database {:?}",
-            if db.is_empty() { ":memory:" } else { &db }
-        )
+    let lease = Duration::from_millis(env_number("IDEMPOTENCY_LEASE_MS", 60_000)?);
+    if lease.is_zero() {
+        return Err("IDEMPOTENCY_LEASE_MS must be at least 1".into());
+    }
+    // The store first: opening it creates a SQLite file the orders may share.
+    let layer = idempotency_layer(lease).await?;
+    let spec = orders_db();
+    let orders = doing(open_orders(&spec).await, || {
+        let shown = if spec.is_empty() { ":memory:".to_owned() } else { redacted(&spec) };
+        format!("could not open the orders database {shown}")
     })?;
-    let app = App { db: Arc::new(Mutex::new(orders)), delay };
+    let store = std::env::var("IDEMPOTENCY_STORE").unwrap_or_default();
+    let together = same_database(&store, &spec);
+    if together {
+        println!("records commit with the orders");
+    }
+    let app = App { orders, delay, together };
 
-    let mut idempotency =
-        idempotency_layer().await?.tenant(|request| bearer(&request.headers)).scope(|request| {
-            let route = request.extensions.get::<MatchedPath>().map_or("", |m| m.as_str());
-            format!("{} {route}", request.method)
-        });
+    let mut idempotency = layer.tenant(|request| bearer(&request.headers)).scope(|request| {
+        let route = request.extensions.get::<MatchedPath>().map_or("", |m| m.as_str());
+        format!("{} {route}", request.method)
+    });
     if !wait.is_zero() {
         idempotency = idempotency.wait(wait);
     }
