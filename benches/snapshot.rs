@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 #[path = "support/peers.rs"]
-#[allow(dead_code)]
 mod peers;
 
 use idemcache::snapshot::{Load, SnapshotFile};
