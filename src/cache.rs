@@ -598,6 +598,17 @@ impl Cache {
         stats
     }
 
+    /// Every live entry of shard `shard` as a fact [`Cache::insert`] restores, copied
+    /// under that shard's lock alone (see `Shard::export`): for snapshots, one shard at a
+    /// time while the others serve.
+    pub(crate) fn export_shard(&self, shard: usize) -> Vec<(Key, Fingerprint, Known)> {
+        self.with_shard(shard, |s, now, cfg| {
+            let mut out = Vec::new();
+            s.export(now, cfg, &mut out);
+            out
+        })
+    }
+
     /// The number of shards (a power of two).
     pub fn shard_count(&self) -> usize {
         self.inner.shards.len()

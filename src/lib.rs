@@ -116,6 +116,7 @@ mod key;
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod layer;
 mod shard;
+pub mod snapshot;
 mod stats;
 #[cfg(feature = "store")]
 #[cfg_attr(docsrs, doc(cfg(feature = "store")))]

@@ -28,6 +28,7 @@
 pub(crate) mod arena;
 pub(crate) mod entry;
 pub(crate) mod evict;
+mod export;
 pub(crate) mod wheel;
 
 use std::time::{Duration, Instant};

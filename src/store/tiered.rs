@@ -195,9 +195,9 @@ impl<S: Store> Tiered<S> {
             Claim::InProgress { lease_ends_at, .. } => {
                 TieredClaim::InProgress { lease_ends_at: self.cache.system_time(lease_ends_at) }
             }
-            Claim::Unknown { marked_at, .. } => {
-                TieredClaim::Unknown { marked_at: self.cache.system_time(marked_at) }
-            }
+            // Never this tier's own (its marks go to the store); one loaded from a
+            // snapshot is a hint the store outranks: ask it.
+            Claim::Unknown { .. } => return Ok(Err(None)),
             Claim::Mismatch => TieredClaim::Mismatch,
         }))
     }

@@ -1,0 +1,44 @@
+//! [`Shard::export`]: a copy of one shard's live facts, for a snapshot.
+//!
+//! Invariant: what is exported is exactly the shard's live entries at one instant (the
+//! caller holds the shard's lock for the whole copy), each as a fact a later
+//! [`Cache::insert`](crate::Cache::insert) can restore: COMPLETED with its result (a
+//! `Bytes` sharing the shard's buffer, so the copy allocates no result bytes), UNKNOWN as
+//! it is, and PROCESSING as UNKNOWN marked now: whoever holds it will not settle it in
+//! the process that loads the snapshot, and nobody knows whether its effect happened.
+
+use super::entry::State;
+use super::{deadline_after, Shard};
+use crate::config::Config;
+use crate::{Fingerprint, Key, Known, Timestamp};
+
+impl Shard {
+    /// Appends every live entry of this shard to `out` as a fact (see the module docs).
+    pub(crate) fn export(
+        &mut self,
+        now: Timestamp,
+        cfg: &Config,
+        out: &mut Vec<(Key, Fingerprint, Known)>,
+    ) {
+        out.reserve(self.table.len());
+        for i in 0..self.slots.len() {
+            let Some(e) = self.slots[i].as_ref().filter(|e| e.is_live(now)) else { continue };
+            let (state, since, deadline, body) = (e.state, e.since, e.deadline, e.body);
+            let key = e.key.clone();
+            let fingerprint = e.fingerprint;
+            let known = match state {
+                State::Completed => Known::Completed {
+                    body: body.map(|r| self.results.sealed(r)),
+                    completed_at: since,
+                    expires_at: deadline,
+                },
+                State::Unknown => Known::Unknown { marked_at: since, expires_at: deadline },
+                State::Processing => Known::Unknown {
+                    marked_at: now,
+                    expires_at: deadline_after(now, cfg.unknown_ttl),
+                },
+            };
+            out.push((key, fingerprint, known));
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! Snapshots: a round trip keeps every fact; expiry runs on across a restart; a file
+//! truncated at any byte or with any bit flipped loads nothing and says why; a foreign
+//! file or a later version is refused; a live entry is never displaced; a save that
+//! fails leaves the cache serving; and a writer killed (SIGKILL) mid-save leaves the
+//! previous snapshot whole.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idemcache::snapshot::{read_bytes, Load, SnapshotError, SnapshotFile, SnapshotState};
+use idemcache::{Cache, Claim, EntryState, Fingerprint, Key, Known, ManualClock};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("idemcache-snap-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("cache.snap")
+}
+
+fn key(n: &str) -> Key {
+    Key::new("POST /orders", "user:1", n).unwrap()
+}
+
+fn fp(s: &str) -> Fingerprint {
+    Fingerprint::of(s.as_bytes())
+}
+
+fn manual() -> (Cache, ManualClock) {
+    let clock = ManualClock::new();
+    let cache = Cache::builder().clock(clock.clone()).max_result_size(64).build().unwrap();
+    (cache, clock)
+}
+
+fn complete(cache: &Cache, k: &str, body: &[u8]) {
+    match cache.claim(&key(k), fp(k)).unwrap() {
+        Claim::Acquired(guard) => guard.complete(body.to_vec()).unwrap(),
+        other => panic!("{k}: {other:?}"),
+    }
+}
+
+/// A cache holding each kind of fact: a result, a result too large to keep, an UNKNOWN
+/// mark, and a claim still executing.
+fn filled() -> (Cache, ManualClock) {
+    let (cache, clock) = manual();
+    complete(&cache, "kept", b"order 1");
+    complete(&cache, "too-large", &[7u8; 100]);
+    match cache.claim(&key("unknown"), fp("unknown")).unwrap() {
+        Claim::Acquired(guard) => guard.mark_unknown().unwrap(),
+        other => panic!("{other:?}"),
+    }
+    match cache.claim(&key("running"), fp("running")).unwrap() {
+        Claim::Acquired(guard) => std::mem::forget(guard),
+        other => panic!("{other:?}"),
+    }
+    (cache, clock)
+}
+
+#[test]
+fn a_round_trip_keeps_every_fact_and_writes_processing_as_unknown() {
+    let path = scratch("round-trip");
+    let (cache, _clock) = filled();
+    let saved = SnapshotFile::new(&path).save(&cache).unwrap();
+    assert_eq!((saved.generation, saved.entries), (1, 4));
+    assert_eq!(saved.bytes, std::fs::metadata(&path).unwrap().len());
+
+    let (restarted, _clock) = manual();
+    let loaded = SnapshotFile::new(&path).load(&restarted, Load::Strict).unwrap();
+    assert_eq!((loaded.inserted, loaded.expired, loaded.occupied), (4, 0, 0));
+    assert_eq!(loaded.generation, Some(1));
+    match restarted.claim(&key("kept"), fp("kept")).unwrap() {
+        Claim::Completed(replay) => assert_eq!(replay.body.as_deref(), Some(&b"order 1"[..])),
+        other => panic!("{other:?}"),
+    }
+    match restarted.claim(&key("too-large"), fp("too-large")).unwrap() {
+        Claim::Completed(replay) => assert!(replay.body.is_none()),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        restarted.claim(&key("unknown"), fp("unknown")).unwrap(),
+        Claim::Unknown { .. }
+    ));
+    assert!(matches!(
+        restarted.claim(&key("running"), fp("running")).unwrap(),
+        Claim::Unknown { .. }
+    ));
+    // Fingerprints travel with their keys.
+    assert!(matches!(restarted.claim(&key("kept"), fp("other")).unwrap(), Claim::Mismatch));
+    restarted.debug_validate();
+}
+
+static WALL: AtomicU64 = AtomicU64::new(1_800_000_000_000_000);
+
+fn wall() -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(WALL.load(Ordering::SeqCst))
+}
+
+#[test]
+fn expiry_runs_on_across_a_restart_an_hour_later_has_an_hour_less() {
+    let path = scratch("expiry");
+    let (cache, _clock) = manual();
+    let now = cache.now();
+    let minutes = |m: u64| Duration::from_secs(60 * m);
+    for (k, ttl) in [("half-hour", minutes(30)), ("two-hours", minutes(120))] {
+        let known =
+            Known::Completed { body: None, completed_at: now, expires_at: now.saturating_add(ttl) };
+        cache.insert(&key(k), fp(k), known).unwrap();
+    }
+    SnapshotFile::new(&path).wall_clock(wall).save(&cache).unwrap();
+    WALL.fetch_add(minutes(60).as_micros() as u64, Ordering::SeqCst); // down for an hour
+
+    let (restarted, clock) = manual();
+    let loaded = SnapshotFile::new(&path).wall_clock(wall).load(&restarted, Load::Strict).unwrap();
+    assert_eq!((loaded.inserted, loaded.expired), (1, 1));
+    assert!(restarted.peek(&key("half-hour")).is_none());
+    clock.advance(minutes(59));
+    assert!(restarted.peek(&key("two-hours")).is_some(), "an hour is left");
+    clock.advance(minutes(2));
+    assert!(restarted.peek(&key("two-hours")).is_none(), "and no more");
+}
+
+#[test]
+fn a_file_truncated_at_any_byte_or_with_any_bit_flipped_loads_nothing_and_says_why() {
+    let path = scratch("damage");
+    let (cache, _clock) = filled();
+    SnapshotFile::new(&path).save(&cache).unwrap();
+    let whole = std::fs::read(&path).unwrap();
+    read_bytes(&whole).unwrap();
+    let damaged = path.with_file_name("damaged.snap");
+    let check = |bytes: &[u8], what: &str| {
+        assert!(read_bytes(bytes).is_err(), "{what}: decoded");
+        std::fs::write(&damaged, bytes).unwrap();
+        let (fresh, _clock) = manual();
+        let strict = SnapshotFile::new(&damaged).load(&fresh, Load::Strict);
+        assert!(strict.is_err(), "{what}: loaded strictly");
+        let quiet = SnapshotFile::new(&damaged).load(&fresh, Load::Quiet).unwrap();
+        let why = quiet.refused.unwrap_or_else(|| panic!("{what}: no reason given"));
+        assert!(!why.to_string().is_empty());
+        assert_eq!((quiet.inserted, fresh.stats().entries), (0, 0), "{what}: inserted something");
+    };
+    for len in 0..whole.len() {
+        check(&whole[..len], &format!("truncated to {len} bytes"));
+    }
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for at in 0..whole.len() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let mut flipped = whole.clone();
+        flipped[at] ^= 1 << (state % 8);
+        check(&flipped, &format!("bit {} of byte {at} flipped", state % 8));
+    }
+}
+
+#[test]
+fn a_foreign_file_or_a_later_version_is_refused_by_name() {
+    assert!(matches!(read_bytes(b"{\"not\": \"a snapshot\"}"), Err(SnapshotError::NotASnapshot)));
+    assert!(matches!(read_bytes(b"IDEM"), Err(SnapshotError::Truncated)));
+    let mut later = b"IDEMSNAP".to_vec();
+    later.extend_from_slice(&2u16.to_be_bytes());
+    later.extend_from_slice(&[0; 40]);
+    let refused = read_bytes(&later).unwrap_err();
+    assert!(matches!(refused, SnapshotError::UnsupportedVersion(2)));
+    assert!(refused.to_string().contains("version 2"));
+    // A missing file: an error when strict, an empty start when quiet.
+    let missing = scratch("missing");
+    let (cache, _clock) = manual();
+    let err = SnapshotFile::new(&missing).load(&cache, Load::Strict).unwrap_err();
+    assert!(err.to_string().contains(&missing.display().to_string()), "{err}");
+    let quiet = SnapshotFile::new(&missing).load(&cache, Load::Quiet).unwrap();
+    assert!(quiet.refused.is_none() && quiet.generation.is_none());
+}
+
+#[test]
+fn loading_never_displaces_a_live_entry_and_generations_count_up() {
+    let path = scratch("occupied");
+    let (cache, _clock) = filled();
+    let mut file = SnapshotFile::new(&path);
+    file.save(&cache).unwrap();
+    let (restarted, _clock) = manual();
+    complete(&restarted, "kept", b"the live one");
+    let mut reader = SnapshotFile::new(&path);
+    let loaded = reader.load(&restarted, Load::Strict).unwrap();
+    assert_eq!((loaded.inserted, loaded.occupied), (3, 1));
+    match restarted.peek(&key("kept")).unwrap().state {
+        EntryState::Completed(replay) => {
+            assert_eq!(replay.body.as_deref(), Some(&b"the live one"[..]))
+        }
+        other => panic!("{other:?}"),
+    }
+    // The reader goes on from the generation it loaded.
+    assert_eq!(reader.save(&restarted).unwrap().generation, 2);
+    assert_eq!(file.save(&cache).unwrap().generation, 2);
+}
+
+#[test]
+fn a_save_that_fails_names_the_file_and_the_cache_goes_on_serving() {
+    let dir = scratch("fails").with_file_name("no-such-dir");
+    let (cache, _clock) = filled();
+    let err = SnapshotFile::new(dir.join("cache.snap")).save(&cache).unwrap_err();
+    assert!(matches!(err, SnapshotError::Io { .. }));
+    assert!(err.to_string().contains("no-such-dir"), "{err}");
+    complete(&cache, "after", b"still serving");
+}
+
+const CHILD: &str = "IDEMCACHE_SNAPSHOT_WRITER";
+
+/// The child process of the crash test: saves a large snapshot to `$CHILD` over and
+/// over until it is killed. Does nothing in a normal run.
+#[test]
+fn snapshot_writer_child_process() {
+    let Ok(path) = std::env::var(CHILD) else { return };
+    let cache = Cache::builder().max_entries(100_000).build().unwrap();
+    for i in 0..3_000 {
+        let k = Key::new("POST /big", "child", &format!("k{i}")).unwrap();
+        if let Claim::Acquired(guard) = cache.claim(&k, fp("child")).unwrap() {
+            guard.complete(vec![i as u8; 60_000]).unwrap();
+        }
+    }
+    let mut file = SnapshotFile::new(&path);
+    loop {
+        file.save(&cache).unwrap();
+    }
+}
+
+#[test]
+fn a_writer_killed_mid_save_leaves_the_previous_snapshot_whole() {
+    let path = scratch("killed");
+    let (cache, _clock) = filled();
+    let mut file = SnapshotFile::new(&path);
+    file.save(&cache).unwrap();
+    let before = std::fs::read(&path).unwrap();
+
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "snapshot_writer_child_process", "--nocapture", "--test-threads=1"])
+        .env(CHILD, &path)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let temporary = path.with_file_name(format!("cache.snap.tmp-{}", child.id()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    // Mid-write: the temporary file exists and holds part of the new snapshot.
+    while std::fs::metadata(&temporary).map_or(0, |m| m.len()) < 4 << 20 {
+        assert!(std::time::Instant::now() < deadline, "the writer never started writing");
+        assert!(child.try_wait().unwrap().is_none(), "the writer exited");
+        std::thread::yield_now();
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    // The target was never touched mid-write: it is the previous snapshot, byte for
+    // byte, unless the writer finished a whole save (and rename) first, which is a
+    // whole snapshot too.
+    let after = std::fs::read(&path).unwrap();
+    let snapshot = read_bytes(&after).unwrap();
+    if after != before {
+        assert_eq!(snapshot.entries.len(), 3_000, "a renamed snapshot is whole");
+    }
+    let (restarted, _clock) = manual();
+    let loaded = SnapshotFile::new(&path).load(&restarted, Load::Strict).unwrap();
+    assert_eq!(loaded.inserted + loaded.no_room, snapshot.entries.len());
+    assert!(matches!(
+        snapshot.entries.iter().find(|e| e.key == key("kept")).map(|e| &e.state),
+        Some(SnapshotState::Completed { .. }) | None
+    ));
+}
