@@ -163,7 +163,8 @@ mod tests {
             let answer = known.check(consumer, id, fp);
             assert_ne!(answer, Some(Receipt::New));
             let told = model.get(&(consumer.to_owned(), id.to_owned()));
-            let expected = told.map(|t| if *t == fp { Receipt::Duplicate } else { Receipt::Mismatch });
+            let expected =
+                told.map(|t| if *t == fp { Receipt::Duplicate } else { Receipt::Mismatch });
             assert_eq!(answer, expected, "round {round}: {consumer:?} {id:?}");
             if round % 3 == 0 && told.is_none() {
                 assert!(known.committed(consumer, id, fp));

@@ -76,7 +76,10 @@ impl Retention {
     /// Records are kept at least `window`; `redelivery_horizon` is the longest a broker
     /// may take to redeliver an unacknowledged message (see the module docs). Refuses a
     /// zero window or horizon, and a window shorter than the horizon (equal is allowed).
-    pub fn new(window: Duration, redelivery_horizon: Duration) -> Result<Retention, RetentionError> {
+    pub fn new(
+        window: Duration,
+        redelivery_horizon: Duration,
+    ) -> Result<Retention, RetentionError> {
         if window.is_zero() {
             return Err(RetentionError::ZeroWindow);
         }
@@ -180,7 +183,10 @@ mod tests {
         let e = Retention::new(149 * S, 150 * S).unwrap_err();
         assert_eq!(
             e,
-            RetentionError::WindowShorterThanHorizon { window: 149 * S, redelivery_horizon: 150 * S }
+            RetentionError::WindowShorterThanHorizon {
+                window: 149 * S,
+                redelivery_horizon: 150 * S
+            }
         );
         assert!(e.to_string().contains("shorter than the redelivery horizon 150s"), "{e}");
         let equal = Retention::new(150 * S, 150 * S).unwrap();
