@@ -30,6 +30,11 @@
 //! is in flight, and is redelivered. Only `receive` should write the inbox's table; a
 //! row inserted otherwise, uncommitted, would still be waited on.
 //!
+//! The lock is held to the end of the transaction whatever `receive` answered, so a
+//! delivery that meets a transaction still judging the same message (one answered
+//! `Duplicate` that has not ended yet) is `InFlight` too: end a duplicate's transaction
+//! at once (roll it back); the redelivery after it is `Duplicate`.
+//!
 //! # Isolation
 //!
 //! READ COMMITTED (PostgreSQL's default) is what the inbox needs: the read after a

@@ -214,37 +214,42 @@ async fn repeatable_read_sees_a_record_committed_after_its_snapshot_through_the_
     db.drop().await;
 }
 
+/// A consumer on a connection of its own delivering `id` `rounds` times, each in its
+/// own transaction, applied when New.
+async fn deliveries(
+    db: &Db,
+    id: &'static str,
+    fp: Fingerprint,
+    rounds: usize,
+) -> tokio::task::JoinHandle<Vec<Receipt>> {
+    let mut c = db.conn().await;
+    tokio::spawn(async move {
+        let mut receipts = Vec::new();
+        for _ in 0..rounds {
+            let mut tx = c.begin().await.unwrap();
+            let receipt = receive(&mut tx, "ledger", id, fp).await.unwrap();
+            receipts.push(receipt);
+            if receipt == Receipt::New {
+                sqlx::query("UPDATE accounts SET balance = balance + 5")
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            } else {
+                tx.rollback().await.unwrap();
+            }
+        }
+        receipts
+    })
+}
+
 #[tokio::test]
 async fn concurrent_deliveries_apply_once_and_concurrent_duplicates_never_deadlock() {
     let Some(db) = Db::new("concurrent").await else { return };
     let fp = Fingerprint::of(b"5");
-    let deliver = |id: &'static str, rounds: usize| {
-        let db_conn = db.conn();
-        async move {
-            let mut c = db_conn.await;
-            tokio::spawn(async move {
-                let mut receipts = Vec::new();
-                for _ in 0..rounds {
-                    let mut tx = c.begin().await.unwrap();
-                    let receipt = receive(&mut tx, "ledger", id, fp).await.unwrap();
-                    receipts.push(receipt);
-                    if receipt == Receipt::New {
-                        sqlx::query("UPDATE accounts SET balance = balance + 5")
-                            .execute(&mut *tx)
-                            .await
-                            .unwrap();
-                        tx.commit().await.unwrap();
-                    } else {
-                        tx.rollback().await.unwrap();
-                    }
-                }
-                receipts
-            })
-        }
-    };
     let mut tasks = Vec::new();
     for _ in 0..6 {
-        tasks.push(deliver("m-1", 5).await);
+        tasks.push(deliveries(&db, "m-1", fp, 5).await);
     }
     let mut all = Vec::new();
     for t in tasks {
@@ -257,7 +262,7 @@ async fn concurrent_deliveries_apply_once_and_concurrent_duplicates_never_deadlo
     // Committed now: concurrent duplicates all read it, none deadlocks or waits out.
     let mut tasks = Vec::new();
     for _ in 0..6 {
-        tasks.push(deliver("m-1", 5).await);
+        tasks.push(deliveries(&db, "m-1", fp, 5).await);
     }
     for t in tasks {
         let receipts = t.await.unwrap();

@@ -18,6 +18,11 @@
 //! spurious `InFlight` (a redelivery). The two-integer key space is apart from the
 //! one-bigint one. Only `receive` should write the table.
 //!
+//! The lock is held to the end of the transaction whatever `receive` answered, so a
+//! delivery that meets a transaction still judging the same message (one answered
+//! `Duplicate` that has not ended yet) is `InFlight` too: end a duplicate's transaction
+//! at once (roll it back); the redelivery after it is `Duplicate`.
+//!
 //! # Isolation
 //!
 //! READ COMMITTED (the default) is what the inbox needs: the read after a conflict is a
