@@ -29,6 +29,9 @@
 //! only share the lock: the second of them answers a spurious `InFlight` while the first
 //! is in flight, and is redelivered. Only `receive` should write the inbox's table; a
 //! row inserted otherwise, uncommitted, would still be waited on.
+//! Advisory locks belong to the database, not to a schema: inbox tables in several
+//! schemas of one database share them, so two schemas receiving the same (consumer,
+//! message id) at the same moment make one of them answer a spurious `InFlight`.
 //!
 //! The lock is held to the end of the transaction whatever `receive` answered, so a
 //! delivery that meets a transaction still judging the same message (one answered

@@ -16,6 +16,11 @@ use idemcache_postgres::inbox::{
 };
 use idemcache_postgres::tokio_postgres::{self, Client, GenericClient, IsolationLevel, NoTls};
 
+/// The consumer these tests receive as. Advisory locks are per database, not per
+/// schema: a name of their own keeps other suites on the same server from holding
+/// these tests' message locks (which would answer them InFlight).
+const LEDGER: &str = "idemcache-inbox-test-ledger";
+
 struct Db {
     url: String,
     schema: String,
@@ -85,12 +90,15 @@ async fn new_duplicate_mismatch_rollback_and_consumers_apart() {
     let mut c = db.client().await;
     ensure_schema(&c).await.unwrap(); // idempotent
     let (a, b) = (Fingerprint::of(b"a"), Fingerprint::of(b"b"));
-    assert_eq!(once(&mut c, "ledger", "m-1", a).await, Receipt::New);
-    assert_eq!(once(&mut c, "ledger", "m-1", a).await, Receipt::Duplicate);
-    assert_eq!(once(&mut c, "ledger", "m-1", b).await, Receipt::Mismatch);
-    for (consumer, id) in
-        [("audit", "m-1"), ("Ledger", "m-1"), ("ledger", "M-1"), ("ledger", "m-1 ")]
-    {
+    assert_eq!(once(&mut c, LEDGER, "m-1", a).await, Receipt::New);
+    assert_eq!(once(&mut c, LEDGER, "m-1", a).await, Receipt::Duplicate);
+    assert_eq!(once(&mut c, LEDGER, "m-1", b).await, Receipt::Mismatch);
+    for (consumer, id) in [
+        ("idemcache-inbox-test-audit", "m-1"),
+        ("Idemcache-inbox-test-ledger", "m-1"),
+        (LEDGER, "M-1"),
+        (LEDGER, "m-1 "),
+    ] {
         assert_eq!(once(&mut c, consumer, id, a).await, Receipt::New, "{consumer:?} {id:?}");
     }
     assert_eq!(rows(&c).await, 5);
@@ -98,14 +106,14 @@ async fn new_duplicate_mismatch_rollback_and_consumers_apart() {
     // A rollback leaves neither the record nor the change.
     {
         let tx = c.transaction().await.unwrap();
-        assert_eq!(receive(&tx, "ledger", "m-2", a).await.unwrap(), Receipt::New);
+        assert_eq!(receive(&tx, LEDGER, "m-2", a).await.unwrap(), Receipt::New);
         // Twice in the claiming transaction: its own record.
-        assert_eq!(receive(&tx, "ledger", "m-2", a).await.unwrap(), Receipt::Duplicate);
+        assert_eq!(receive(&tx, LEDGER, "m-2", a).await.unwrap(), Receipt::Duplicate);
         tx.execute("UPDATE accounts SET balance = balance + 5", &[]).await.unwrap();
         tx.rollback().await.unwrap();
     }
     assert_eq!((rows(&c).await, balance(&c).await), (5, 0));
-    assert_eq!(once(&mut c, "ledger", "m-2", a).await, Receipt::New);
+    assert_eq!(once(&mut c, LEDGER, "m-2", a).await, Receipt::New);
 
     // Refused input, an unreadable row, a missing table: typed errors.
     let tx = c.transaction().await.unwrap();
@@ -113,16 +121,16 @@ async fn new_duplicate_mismatch_rollback_and_consumers_apart() {
         let e = receive(&tx, consumer, id, a).await.unwrap_err();
         assert!(matches!(e, InboxError::InvalidInput(_)), "{e:?}");
     }
-    tx.execute("INSERT INTO idemcache_inbox VALUES ('ledger', 'short', '\\x010203', 0)", &[])
+    tx.execute("INSERT INTO idemcache_inbox VALUES ('idemcache-inbox-test-ledger', 'short', '\\x010203', 0)", &[])
         .await
         .unwrap();
-    let e = receive(&tx, "ledger", "short", a).await.unwrap_err();
+    let e = receive(&tx, LEDGER, "short", a).await.unwrap_err();
     assert!(matches!(e, InboxError::Corrupt(_)) && e.to_string().contains("3 bytes"), "{e}");
     tx.rollback().await.unwrap();
     let mut bare = db.raw().await;
     bare.batch_execute("SET search_path TO pg_catalog").await.unwrap();
     let tx = bare.transaction().await.unwrap();
-    let e = receive(&tx, "ledger", "m", a).await.unwrap_err();
+    let e = receive(&tx, LEDGER, "m", a).await.unwrap_err();
     assert!(matches!(e, InboxError::Database(_)), "{e:?}");
     assert!(e.to_string().contains("idemcache_inbox\" does not exist"), "{e}");
     drop(tx);
@@ -137,29 +145,26 @@ async fn a_second_delivery_of_an_uncommitted_message_is_in_flight_at_once() {
         let mut first = db.client().await;
         let mut second = db.client().await;
         let tx1 = first.transaction().await.unwrap();
-        assert_eq!(receive(&tx1, "ledger", id, fp).await.unwrap(), Receipt::New);
+        assert_eq!(receive(&tx1, LEDGER, id, fp).await.unwrap(), Receipt::New);
 
         let tx2 = second.transaction().await.unwrap();
         let started = Instant::now();
         // A timeout, so that a receive that waits fails the test instead of hanging it.
-        let second_delivery = receive(&tx2, "ledger", id, fp);
+        let second_delivery = receive(&tx2, LEDGER, id, fp);
         let receipt = tokio::time::timeout(Duration::from_secs(10), second_delivery).await;
         assert_eq!(receipt.expect("the second delivery waited").unwrap(), Receipt::InFlight);
         let waited = started.elapsed();
         assert!(waited < Duration::from_secs(2), "waited {waited:?} for the first transaction");
         // Its transaction is still usable: another message is claimed in it.
-        assert_eq!(
-            receive(&tx2, "ledger", &format!("{id}-other"), fp).await.unwrap(),
-            Receipt::New
-        );
+        assert_eq!(receive(&tx2, LEDGER, &format!("{id}-other"), fp).await.unwrap(), Receipt::New);
         tx2.rollback().await.unwrap();
 
         if first_commits {
             tx1.commit().await.unwrap();
-            assert_eq!(once(&mut second, "ledger", id, fp).await, Receipt::Duplicate);
+            assert_eq!(once(&mut second, LEDGER, id, fp).await, Receipt::Duplicate);
         } else {
             tx1.rollback().await.unwrap();
-            assert_eq!(once(&mut second, "ledger", id, fp).await, Receipt::New);
+            assert_eq!(once(&mut second, LEDGER, id, fp).await, Receipt::New);
         }
     }
     db.drop().await;
@@ -177,8 +182,8 @@ async fn read_committed_sees_a_record_committed_during_the_transaction() {
         .await
         .unwrap();
     assert_eq!(balance(&tx2).await, 0);
-    assert_eq!(once(&mut first, "ledger", "m-1", fp).await, Receipt::New);
-    assert_eq!(receive(&tx2, "ledger", "m-1", fp).await.unwrap(), Receipt::Duplicate);
+    assert_eq!(once(&mut first, LEDGER, "m-rc", fp).await, Receipt::New);
+    assert_eq!(receive(&tx2, LEDGER, "m-rc", fp).await.unwrap(), Receipt::Duplicate);
     tx2.rollback().await.unwrap();
     db.drop().await;
 }
@@ -194,22 +199,22 @@ async fn snapshot_isolation_answers_in_flight_for_a_record_committed_after_the_s
         let tx2 = second.build_transaction().isolation_level(level).start().await.unwrap();
         // The snapshot is taken by the first statement: before the record's commit.
         tx2.query_one("SELECT count(*) FROM accounts", &[]).await.unwrap();
-        assert_eq!(once(&mut first, "ledger", id, fp).await, Receipt::New);
-        assert_eq!(receive(&tx2, "ledger", id, fp).await.unwrap(), Receipt::InFlight, "{level:?}");
+        assert_eq!(once(&mut first, LEDGER, id, fp).await, Receipt::New);
+        assert_eq!(receive(&tx2, LEDGER, id, fp).await.unwrap(), Receipt::InFlight, "{level:?}");
         // As documented: the serialization failure aborted the transaction.
         let e = tx2.query_one("SELECT 1", &[]).await.unwrap_err();
         assert_eq!(e.code(), Some(&tokio_postgres::error::SqlState::IN_FAILED_SQL_TRANSACTION));
         tx2.rollback().await.unwrap();
         // The redelivery, in a new transaction at the same level, sees the record.
         let tx2 = second.build_transaction().isolation_level(level).start().await.unwrap();
-        assert_eq!(receive(&tx2, "ledger", id, fp).await.unwrap(), Receipt::Duplicate);
+        assert_eq!(receive(&tx2, LEDGER, id, fp).await.unwrap(), Receipt::Duplicate);
         // A record committed before the snapshot is an ordinary duplicate, and the
         // transaction goes on.
         assert_eq!(
-            receive(&tx2, "ledger", id, Fingerprint::of(b"b")).await.unwrap(),
+            receive(&tx2, LEDGER, id, Fingerprint::of(b"b")).await.unwrap(),
             Receipt::Mismatch
         );
-        assert_eq!(receive(&tx2, "ledger", &format!("{id}-2"), fp).await.unwrap(), Receipt::New);
+        assert_eq!(receive(&tx2, LEDGER, &format!("{id}-2"), fp).await.unwrap(), Receipt::New);
         tx2.commit().await.unwrap();
     }
     db.drop().await;
@@ -226,7 +231,7 @@ async fn concurrent_deliveries_of_one_message_apply_it_once() {
             let mut receipts = Vec::new();
             for _ in 0..10 {
                 let tx = c.transaction().await.unwrap();
-                let receipt = receive(&tx, "ledger", "m-1", fp).await.unwrap();
+                let receipt = receive(&tx, LEDGER, "m-concurrent", fp).await.unwrap();
                 receipts.push(receipt);
                 match receipt {
                     Receipt::New => {
@@ -260,13 +265,13 @@ async fn purge_in_bounded_batches_and_never_within_a_horizon_of_a_start() {
     let us = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_micros() as i64;
     for i in 0..5 {
         let id = format!("old-{i}");
-        assert_eq!(once(&mut c, "ledger", &id, fp).await, Receipt::New);
+        assert_eq!(once(&mut c, LEDGER, &id, fp).await, Receipt::New);
         let at = us(crash) + i;
         c.execute("UPDATE idemcache_inbox SET received_at = $1 WHERE message_id = $2", &[&at, &id])
             .await
             .unwrap();
     }
-    assert_eq!(once(&mut c, "ledger", "recent", fp).await, Receipt::New);
+    assert_eq!(once(&mut c, LEDGER, "recent", fp).await, Receipt::New);
     let recent = us(crash + 240 * hour);
     c.execute(
         "UPDATE idemcache_inbox SET received_at = $1 WHERE message_id = 'recent'",
@@ -279,21 +284,17 @@ async fn purge_in_bounded_batches_and_never_within_a_horizon_of_a_start() {
     let restart = crash + 240 * hour;
     let purger = Purger::new(Retention::new(24 * hour, hour).unwrap(), restart);
     assert_eq!(purger.cutoff(restart + Duration::from_secs(1)), None);
-    assert_eq!(
-        once(&mut c, "ledger", "old-0", fp).await,
-        Receipt::Duplicate,
-        "redelivered in time"
-    );
+    assert_eq!(once(&mut c, LEDGER, "old-0", fp).await, Receipt::Duplicate, "redelivered in time");
     let cutoff = purger.cutoff(restart + hour).unwrap();
     assert_eq!(purge(&c, cutoff, 0).await.unwrap(), 0);
     assert_eq!(purge(&c, cutoff, 2).await.unwrap(), 2);
     // Oldest first.
-    assert_eq!(once(&mut c, "ledger", "old-2", fp).await, Receipt::Duplicate);
+    assert_eq!(once(&mut c, LEDGER, "old-2", fp).await, Receipt::Duplicate);
     assert_eq!(purge(&c, cutoff, 2).await.unwrap(), 2);
     assert_eq!(purge(&c, cutoff, 2).await.unwrap(), 1);
     assert_eq!(purge(&c, cutoff, 2).await.unwrap(), 0);
     assert_eq!(rows(&c).await, 1);
-    assert_eq!(once(&mut c, "ledger", "recent", fp).await, Receipt::Duplicate);
+    assert_eq!(once(&mut c, LEDGER, "recent", fp).await, Receipt::Duplicate);
     db.drop().await;
 }
 
@@ -312,7 +313,7 @@ async fn schema_creation_is_safe_from_several_clients_at_once() {
     }
     assert_eq!(rows(&c).await, 0);
     // The lock key is stable: what pg_locks shows for a message.
-    assert_eq!(inbox::lock_key("ledger", "m-1"), inbox::lock_key("ledger", "m-1"));
-    assert_ne!(inbox::lock_key("ledger", "m-1"), inbox::lock_key("ledger", "m-2"));
+    assert_eq!(inbox::lock_key(LEDGER, "m-1"), inbox::lock_key(LEDGER, "m-1"));
+    assert_ne!(inbox::lock_key(LEDGER, "m-1"), inbox::lock_key(LEDGER, "m-2"));
     db.drop().await;
 }

@@ -16,7 +16,8 @@
 //! [`TransactionBehavior::Immediate`](rusqlite::TransactionBehavior::Immediate)
 //! (`BEGIN IMMEDIATE`): it takes the write lock at `BEGIN`, waiting up to the
 //! connection's busy timeout for another writer (another consumer applying a message)
-//! to finish. A deferred transaction that has already read cannot wait for the lock
+//! to finish. (rusqlite sets a busy timeout of 5 s on every connection it opens;
+//! [`Connection::busy_timeout`] changes it.) A deferred transaction that has already read cannot wait for the lock
 //! when it writes: if another connection wrote since its read, SQLite answers
 //! `SQLITE_BUSY` at once, whatever the busy timeout.
 //!

@@ -17,6 +17,9 @@
 //! which answers only after waiting. A hash collision of two messages only yields a
 //! spurious `InFlight` (a redelivery). The two-integer key space is apart from the
 //! one-bigint one. Only `receive` should write the table.
+//! Advisory locks belong to the database, not to a schema: inbox tables in several
+//! schemas of one database share them, so two schemas receiving the same (consumer,
+//! message id) at the same moment make one of them answer a spurious `InFlight`.
 //!
 //! The lock is held to the end of the transaction whatever `receive` answered, so a
 //! delivery that meets a transaction still judging the same message (one answered
