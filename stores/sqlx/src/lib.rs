@@ -13,6 +13,8 @@
 
 pub use sqlx;
 
+pub mod inbox;
+
 /// Whether a sqlx error (any database) is a uniqueness violation, by sqlx's own
 /// `ErrorKind::UniqueViolation`. For MySQL/MariaDB this is the right test: sqlx-mysql's
 /// `code()` is the SQLSTATE `23000`, which other integrity errors share.

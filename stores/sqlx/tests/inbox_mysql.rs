@@ -1,0 +1,315 @@
+//! The sqlx MySQL/MariaDB inbox against a real server (`IDEMCACHE_MYSQL_URL`; skipped
+//! with a printed reason when unset): New / Duplicate / Mismatch, byte-for-byte ids, a
+//! rollback leaves nothing, a second delivery of an uncommitted message answers InFlight
+//! within the lock-wait bound and the session's own bound is restored, REPEATABLE READ
+//! sees a record committed after its snapshot through the locking read, concurrent
+//! duplicates never deadlock, concurrent deliveries apply once, purges go in bounded
+//! batches. Each test works in a database of its own, dropped at its end.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use idemcache::store::conformance::service_url;
+use idemcache::Fingerprint;
+use idemcache_sqlx::inbox::mysql::{ensure_schema, purge, receive, LOCK_WAIT_SECONDS};
+use idemcache_sqlx::inbox::{InboxError, Purger, Receipt, Retention};
+use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection};
+
+struct Db {
+    url: String,
+    name: String,
+}
+
+impl Db {
+    async fn new(test: &str) -> Option<Db> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let url = service_url("IDEMCACHE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")?;
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let name = format!("idemcache_inbox_{test}_{}_{n}", std::process::id());
+        let db = Db { url, name };
+        let mut admin = MySqlConnection::connect(&db.url).await.unwrap();
+        let create = format!("CREATE DATABASE {}", db.name);
+        admin.execute(sqlx::raw_sql(AssertSqlSafe(create))).await.unwrap();
+        let mut c = db.conn().await;
+        ensure_schema(&mut c).await.unwrap();
+        c.execute(sqlx::raw_sql(
+            "CREATE TABLE accounts (id VARCHAR(20) PRIMARY KEY, balance BIGINT NOT NULL) ENGINE=InnoDB;
+             INSERT INTO accounts VALUES ('a1', 0);",
+        ))
+        .await
+        .unwrap();
+        Some(db)
+    }
+
+    async fn conn(&self) -> MySqlConnection {
+        let mut c = MySqlConnection::connect(&self.url).await.unwrap();
+        c.execute(sqlx::raw_sql(AssertSqlSafe(format!("USE {}", self.name)))).await.unwrap();
+        c
+    }
+
+    async fn drop(self) {
+        let mut admin = MySqlConnection::connect(&self.url).await.unwrap();
+        let drop = format!("DROP DATABASE {}", self.name);
+        admin.execute(sqlx::raw_sql(AssertSqlSafe(drop))).await.unwrap();
+    }
+}
+
+async fn count(c: &mut MySqlConnection, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(c).await.unwrap()
+}
+
+async fn rows(c: &mut MySqlConnection) -> i64 {
+    count(c, "SELECT count(*) FROM idemcache_inbox").await
+}
+
+async fn balance(c: &mut MySqlConnection) -> i64 {
+    count(c, "SELECT balance FROM accounts WHERE id = 'a1'").await
+}
+
+async fn once(c: &mut MySqlConnection, consumer: &str, id: &str, fp: Fingerprint) -> Receipt {
+    let mut tx = c.begin().await.unwrap();
+    let receipt = receive(&mut tx, consumer, id, fp).await.unwrap();
+    if receipt == Receipt::New {
+        tx.commit().await.unwrap();
+    }
+    receipt
+}
+
+#[tokio::test]
+async fn new_duplicate_mismatch_rollback_and_ids_apart_byte_for_byte() {
+    let Some(db) = Db::new("basic").await else { return };
+    let mut c = db.conn().await;
+    ensure_schema(&mut c).await.unwrap(); // idempotent
+    let (a, b) = (Fingerprint::of(b"a"), Fingerprint::of(b"b"));
+    assert_eq!(once(&mut c, "ledger", "m-1", a).await, Receipt::New);
+    assert_eq!(once(&mut c, "ledger", "m-1", a).await, Receipt::Duplicate);
+    assert_eq!(once(&mut c, "ledger", "m-1", b).await, Receipt::Mismatch);
+    // The server's default collations would take each of these for "m-1" / "ledger".
+    for (consumer, id) in [
+        ("audit", "m-1"),
+        ("Ledger", "m-1"),
+        ("ledger", "M-1"),
+        ("ledger", "m-1 "),
+        ("ledger", "ünï"),
+    ] {
+        assert_eq!(once(&mut c, consumer, id, a).await, Receipt::New, "{consumer:?} {id:?}");
+    }
+    assert_eq!(rows(&mut c).await, 6);
+
+    {
+        let mut tx = c.begin().await.unwrap();
+        assert_eq!(receive(&mut tx, "ledger", "m-2", a).await.unwrap(), Receipt::New);
+        assert_eq!(receive(&mut tx, "ledger", "m-2", a).await.unwrap(), Receipt::Duplicate);
+        sqlx::query("UPDATE accounts SET balance = balance + 5").execute(&mut *tx).await.unwrap();
+        tx.rollback().await.unwrap();
+    }
+    assert_eq!((rows(&mut c).await, balance(&mut c).await), (6, 0));
+    assert_eq!(once(&mut c, "ledger", "m-2", a).await, Receipt::New);
+
+    let mut tx = c.begin().await.unwrap();
+    for (consumer, id) in [("", "m"), ("c", ""), ("c", "m\0")] {
+        let e = receive(&mut tx, consumer, id, a).await.unwrap_err();
+        assert!(matches!(e, InboxError::InvalidInput(_)), "{e:?}");
+    }
+    sqlx::query("INSERT INTO idemcache_inbox VALUES ('ledger', 'short', x'010203', 0)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let e = receive(&mut tx, "ledger", "short", a).await.unwrap_err();
+    assert!(matches!(e, InboxError::Corrupt(_)) && e.to_string().contains("3 bytes"), "{e}");
+    tx.rollback().await.unwrap();
+    // A missing table is a database error that says so.
+    sqlx::raw_sql("DROP TABLE idemcache_inbox").execute(&mut c).await.unwrap();
+    let mut tx = c.begin().await.unwrap();
+    let e = receive(&mut tx, "ledger", "m", a).await.unwrap_err();
+    assert!(matches!(e, InboxError::Database(_)), "{e:?}");
+    assert!(e.to_string().contains("idemcache_inbox' doesn't exist"), "{e}");
+    drop(tx);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_second_delivery_of_an_uncommitted_message_is_in_flight_within_the_bound() {
+    let Some(db) = Db::new("inflight").await else { return };
+    let fp = Fingerprint::of(b"a");
+    for (id, first_commits) in [("m-commit", true), ("m-rollback", false)] {
+        let mut first = db.conn().await;
+        let mut second = db.conn().await;
+        // The session's own bound, which receive must restore.
+        second.execute(sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 7")).await.unwrap();
+        let mut tx1 = first.begin().await.unwrap();
+        assert_eq!(receive(&mut tx1, "ledger", id, fp).await.unwrap(), Receipt::New);
+
+        let mut tx2 = second.begin().await.unwrap();
+        let started = Instant::now();
+        let second_delivery = receive(&mut tx2, "ledger", id, fp);
+        let receipt = tokio::time::timeout(Duration::from_secs(20), second_delivery).await;
+        assert_eq!(
+            receipt.expect("the second delivery waited unbounded").unwrap(),
+            Receipt::InFlight
+        );
+        let waited = started.elapsed();
+        let bound = Duration::from_secs(LOCK_WAIT_SECONDS.into());
+        assert!(waited < bound + Duration::from_secs(2), "waited {waited:?}, bound {bound:?}");
+        let restored: u64 = sqlx::query_scalar("SELECT @@SESSION.innodb_lock_wait_timeout")
+            .fetch_one(&mut *tx2)
+            .await
+            .unwrap();
+        assert_eq!(restored, 7);
+        // Only the statement failed: the transaction goes on.
+        let other = format!("{id}-other");
+        assert_eq!(receive(&mut tx2, "ledger", &other, fp).await.unwrap(), Receipt::New);
+        tx2.rollback().await.unwrap();
+
+        if first_commits {
+            tx1.commit().await.unwrap();
+            assert_eq!(once(&mut second, "ledger", id, fp).await, Receipt::Duplicate);
+        } else {
+            tx1.rollback().await.unwrap();
+            assert_eq!(once(&mut second, "ledger", id, fp).await, Receipt::New);
+        }
+    }
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn repeatable_read_sees_a_record_committed_after_its_snapshot_through_the_locking_read() {
+    let Some(db) = Db::new("rr").await else { return };
+    let (mut first, mut second) = (db.conn().await, db.conn().await);
+    let fp = Fingerprint::of(b"a");
+    for (level, id) in
+        [("REPEATABLE READ", "m-rr"), ("READ COMMITTED", "m-rc"), ("SERIALIZABLE", "m-ser")]
+    {
+        let set = format!("SET SESSION TRANSACTION ISOLATION LEVEL {level}");
+        second.execute(sqlx::raw_sql(AssertSqlSafe(set))).await.unwrap();
+        let mut tx2 = second.begin().await.unwrap();
+        // The first read takes the snapshot, before the record's commit (of another
+        // table: under SERIALIZABLE a read of the inbox would lock its range, and the
+        // first delivery would wait on it).
+        assert_eq!(count(&mut tx2, "SELECT balance FROM accounts WHERE id = 'a1'").await, 0);
+        assert_eq!(once(&mut first, "ledger", id, fp).await, Receipt::New);
+        if level == "REPEATABLE READ" {
+            // Why the read must lock: the snapshot does not have the record.
+            let seen: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM idemcache_inbox WHERE message_id = ?")
+                    .bind(id)
+                    .fetch_one(&mut *tx2)
+                    .await
+                    .unwrap();
+            assert_eq!(seen, 0);
+        }
+        assert_eq!(
+            receive(&mut tx2, "ledger", id, fp).await.unwrap(),
+            Receipt::Duplicate,
+            "{level}"
+        );
+        assert_eq!(
+            receive(&mut tx2, "ledger", id, Fingerprint::of(b"b")).await.unwrap(),
+            Receipt::Mismatch
+        );
+        let next = format!("{id}-2");
+        assert_eq!(receive(&mut tx2, "ledger", &next, fp).await.unwrap(), Receipt::New);
+        tx2.commit().await.unwrap();
+    }
+    db.drop().await;
+}
+
+/// A consumer on a connection of its own delivering `id` `rounds` times, each in its
+/// own transaction, applied when New.
+async fn deliveries(
+    db: &Db,
+    id: &'static str,
+    fp: Fingerprint,
+    rounds: usize,
+) -> tokio::task::JoinHandle<Vec<Receipt>> {
+    let mut c = db.conn().await;
+    tokio::spawn(async move {
+        let mut receipts = Vec::new();
+        for _ in 0..rounds {
+            let mut tx = c.begin().await.unwrap();
+            let receipt = receive(&mut tx, "ledger", id, fp).await.unwrap();
+            receipts.push(receipt);
+            if receipt == Receipt::New {
+                sqlx::query("UPDATE accounts SET balance = balance + 5")
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                tx.commit().await.unwrap();
+            } else {
+                tx.rollback().await.unwrap();
+            }
+        }
+        receipts
+    })
+}
+
+#[tokio::test]
+async fn concurrent_deliveries_apply_once_and_concurrent_duplicates_never_deadlock() {
+    let Some(db) = Db::new("concurrent").await else { return };
+    let fp = Fingerprint::of(b"5");
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        tasks.push(deliveries(&db, "m-1", fp, 5).await);
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    assert_eq!(all.iter().filter(|r| **r == Receipt::New).count(), 1, "{all:?}");
+    let mut c = db.conn().await;
+    assert_eq!(balance(&mut c).await, 5);
+
+    // Committed now: concurrent duplicates all read it, none deadlocks or waits out.
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        tasks.push(deliveries(&db, "m-1", fp, 5).await);
+    }
+    for t in tasks {
+        let receipts = t.await.unwrap();
+        assert!(receipts.iter().all(|r| *r == Receipt::Duplicate), "{receipts:?}");
+    }
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn purge_in_bounded_batches_and_never_within_a_horizon_of_a_start() {
+    let Some(db) = Db::new("purge").await else { return };
+    let mut c = db.conn().await;
+    let fp = Fingerprint::of(b"a");
+    let hour = Duration::from_secs(3600);
+    let crash = SystemTime::UNIX_EPOCH + 100_000 * hour;
+    let us = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_micros() as i64;
+    for i in 0..5 {
+        let id = format!("old-{i}");
+        assert_eq!(once(&mut c, "ledger", &id, fp).await, Receipt::New);
+        sqlx::query("UPDATE idemcache_inbox SET received_at = ? WHERE message_id = ?")
+            .bind(us(crash) + i)
+            .bind(&id)
+            .execute(&mut c)
+            .await
+            .unwrap();
+    }
+    assert_eq!(once(&mut c, "ledger", "recent", fp).await, Receipt::New);
+    // The server's clock wrote received_at: now, in microseconds, UTC.
+    let now: i64 =
+        sqlx::query_scalar("SELECT received_at FROM idemcache_inbox WHERE message_id = 'recent'")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    let skew = (now - us(SystemTime::now())).abs();
+    assert!(skew < 60_000_000, "received_at {now} is {skew} µs from this machine's clock");
+
+    let restart = crash + 240 * hour;
+    let purger = Purger::new(Retention::new(24 * hour, hour).unwrap(), restart);
+    assert_eq!(purger.cutoff(restart + Duration::from_secs(1)), None);
+    assert_eq!(once(&mut c, "ledger", "old-0", fp).await, Receipt::Duplicate);
+    let cutoff = purger.cutoff(restart + hour).unwrap();
+    assert_eq!(purge(&mut c, cutoff, 0).await.unwrap(), 0);
+    assert_eq!(purge(&mut c, cutoff, 2).await.unwrap(), 2);
+    assert_eq!(once(&mut c, "ledger", "old-2", fp).await, Receipt::Duplicate, "oldest first");
+    assert_eq!(purge(&mut c, cutoff, 2).await.unwrap(), 2);
+    assert_eq!(purge(&mut c, cutoff, 2).await.unwrap(), 1);
+    assert_eq!(purge(&mut c, cutoff, 2).await.unwrap(), 0);
+    assert_eq!(rows(&mut c).await, 1, "the recent record is kept");
+    db.drop().await;
+}
