@@ -207,6 +207,12 @@ impl Cache {
         self.inner.config.max_result_size
     }
 
+    /// How long a completed result is replayed (`completed_ttl`): how long the inbox's
+    /// pre-filter remembers a committed message.
+    pub(crate) fn completed_ttl(&self) -> Duration {
+        self.inner.config.completed_ttl
+    }
+
     /// What a [`ClaimGuard`] dropped without an outcome does ([`DropPolicy`](crate::DropPolicy)): for layers
     /// that settle an abandoned execution the way the cache would.
     pub fn drop_policy(&self) -> crate::DropPolicy {

@@ -110,6 +110,7 @@ mod error;
 mod fingerprint;
 mod guard;
 pub mod implementation;
+pub mod inbox;
 mod into_bytes;
 mod key;
 #[cfg(feature = "tower")]
