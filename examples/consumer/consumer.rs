@@ -126,6 +126,9 @@ impl Config {
             Ok(n) if n > 0 => n,
             _ => return Err(format!("PREFETCH must be a whole number in 1..=65535, got {prefetch:?}")),
         };
+        let consumer = text("CONSUMER", "ledger")?;
+        idemcache::inbox::check(&consumer, "a message id")
+            .map_err(|e| format!("CONSUMER {consumer:?} is refused: {e}"))?;
         let database_url = text("DATABASE_URL", "")?;
         if database_url.is_empty() {
             return Err("set DATABASE_URL: sqlite:PATH or postgres://user@host:port/db".into());
@@ -133,7 +136,7 @@ impl Config {
         Ok(Config {
             amqp_url: text("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")?,
             queue: text("QUEUE", "payments")?,
-            consumer: text("CONSUMER", "ledger")?,
+            consumer,
             database_url,
             prefetch,
             apply_delay: millis("APPLY_DELAY_MS")?,
@@ -186,7 +189,14 @@ impl From<tokio_postgres::Error> for Failure {
 
 impl From<InboxError> for Failure {
     fn from(e: InboxError) -> Self {
-        Failure::Database(one_line(&e))
+        match e {
+            // The consumer name was checked at start, so it is the message id (one
+            // holding a NUL character): no redelivery will make it acceptable.
+            InboxError::InvalidInput(_) => Failure::Refused(e.to_string()),
+            // A record that cannot be read: whether the message was applied is unknown,
+            // so it is neither applied nor dropped, but requeued until someone fixes it.
+            _ => Failure::Database(one_line(&e)),
+        }
     }
 }
 
@@ -304,9 +314,22 @@ async fn open_postgres(url: &str) -> Result<tokio_postgres::Client, String> {
         .map_err(failed)?;
     tx.batch_execute(POSTGRES_ACCOUNTS).await.map_err(failed)?;
     tx.commit().await.map_err(failed)?;
-    idemcache_postgres::inbox::ensure_schema(&client)
+    // Only when absent: `CREATE INDEX IF NOT EXISTS` takes a lock on the table before it
+    // sees that the index exists, so it waits for every open transaction that wrote to
+    // the inbox, and a consumer started while another applies a payment would wait for
+    // that commit (holding the schema's advisory lock, so every other start waits too).
+    // The table and its index are created in one transaction: the table's presence
+    // says both are there.
+    let present: bool = client
+        .query_one("SELECT to_regclass('idemcache_inbox') IS NOT NULL", &[])
         .await
-        .map_err(|e| format!("cannot create the inbox: {}", one_line(&e)))?;
+        .map_err(failed)?
+        .get(0);
+    if !present {
+        idemcache_postgres::inbox::ensure_schema(&client)
+            .await
+            .map_err(|e| format!("cannot create the inbox: {}", one_line(&e)))?;
+    }
     Ok(client)
 }
 
@@ -346,6 +369,8 @@ async fn apply_postgres(
     payment: &Payment,
     fingerprint: Fingerprint,
 ) -> Result<Outcome, Failure> {
+    // READ COMMITTED, PostgreSQL's default, as the inbox asks: its read after a conflict
+    // sees the record the conflict found.
     let tx = client.transaction().await?;
     // Every early return drops `tx`: rolled back, nothing kept.
     let receipt =
