@@ -115,16 +115,19 @@ impl Config {
         };
         let millis = |name: &str| -> Result<Duration, String> {
             let value = text(name, "0")?;
-            value
-                .parse()
-                .map(Duration::from_millis)
-                .map_err(|_| format!("{name} must be a whole number of milliseconds, got {value:?}"))
+            value.parse().map(Duration::from_millis).map_err(|_| {
+                format!("{name} must be a whole number of milliseconds, got {value:?}")
+            })
         };
         let prefetch = text("PREFETCH", "10")?;
         let prefetch = match prefetch.parse::<u16>() {
             // 0 would be "no limit" to the broker, not a prefetch of none.
             Ok(n) if n > 0 => n,
-            _ => return Err(format!("PREFETCH must be a whole number in 1..=65535, got {prefetch:?}")),
+            _ => {
+                return Err(format!(
+                    "PREFETCH must be a whole number in 1..=65535, got {prefetch:?}"
+                ))
+            }
         };
         let consumer = text("CONSUMER", "ledger")?;
         idemcache::inbox::check(&consumer, "a message id")
@@ -345,7 +348,8 @@ fn apply_sqlite(
     // split by another connection.
     let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
     // Every early return drops `tx`: rolled back, nothing kept.
-    if let Some(settled) = settled(idemcache_sqlite::inbox::receive(&tx, consumer, id, fingerprint)?)
+    if let Some(settled) =
+        settled(idemcache_sqlite::inbox::receive(&tx, consumer, id, fingerprint)?)
     {
         return Ok(settled);
     }
@@ -519,9 +523,7 @@ async fn settle(delivery: &Delivery, how: Settle) -> Result<(), String> {
     let sent = match how {
         Settle::Ack => delivery.ack(BasicAckOptions::default()).await,
         Settle::Reject => delivery.reject(BasicRejectOptions { requeue: false }).await,
-        Settle::Requeue => {
-            delivery.nack(BasicNackOptions { multiple: false, requeue: true }).await
-        }
+        Settle::Requeue => delivery.nack(BasicNackOptions { multiple: false, requeue: true }).await,
     };
     match sent {
         Ok(true) => Ok(()),

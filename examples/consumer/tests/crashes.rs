@@ -28,7 +28,8 @@ async fn killed_before_the_commit_the_redelivery_is_applied_once() {
         let consumer = unique("ledger");
         let hold = [("APPLY_DELAY_MS", HOLD_MS)];
         let label = format!("consumer over {} (killed)", ledger.engine());
-        let mut first = Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &hold)).await;
+        let mut first =
+            Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &hold)).await;
         broker.pay(&queue, "p1", "a1", 5).await;
         first.wait_for(Stream::Err, "applying p1").await;
         first.kill();
@@ -38,7 +39,8 @@ async fn killed_before_the_commit_the_redelivery_is_applied_once() {
         assert_eq!(ledger.inbox_rows(&consumer).await, 0, "{}", ledger.engine());
 
         let label = format!("consumer over {} (restarted)", ledger.engine());
-        let mut second = Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &[])).await;
+        let mut second =
+            Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &[])).await;
         second.wait_for(Stream::Out, "applied p1").await;
         // A copy published now is a duplicate of the committed redelivery.
         broker.pay(&queue, "p1", "a1", 5).await;
@@ -59,7 +61,8 @@ async fn killed_between_the_commit_and_the_ack_the_redelivery_is_a_duplicate() {
         let consumer = unique("ledger");
         let hold = [("ACK_DELAY_MS", HOLD_MS)];
         let label = format!("consumer over {} (killed)", ledger.engine());
-        let mut first = Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &hold)).await;
+        let mut first =
+            Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &hold)).await;
         broker.pay(&queue, "p1", "a1", 5).await;
         first.wait_for(Stream::Out, "applied p1").await;
         first.kill();
@@ -68,7 +71,8 @@ async fn killed_between_the_commit_and_the_ack_the_redelivery_is_a_duplicate() {
         assert_eq!(ledger.inbox_rows(&consumer).await, 1, "{}", ledger.engine());
 
         let label = format!("consumer over {} (restarted)", ledger.engine());
-        let mut second = Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &[])).await;
+        let mut second =
+            Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &[])).await;
         second.wait_for(Stream::Out, "duplicate p1").await;
         // A later payment goes through the same consumer: the redelivery settled first.
         broker.pay(&queue, "p2", "a1", 7).await;
@@ -89,7 +93,8 @@ async fn killed_after_the_ack_a_copy_published_later_is_a_duplicate() {
         let consumer = unique("ledger");
         let one = [("PREFETCH", "1")];
         let label = format!("consumer over {} (killed)", ledger.engine());
-        let mut first = Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &one)).await;
+        let mut first =
+            Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &one)).await;
         broker.pay(&queue, "p1", "a1", 5).await;
         broker.pay(&queue, "p2", "a2", 7).await;
         // With a prefetch of 1, p2 arrives only once the broker took p1's ack.
@@ -101,7 +106,8 @@ async fn killed_after_the_ack_a_copy_published_later_is_a_duplicate() {
         // The publisher sends p1 again (say, it never saw the confirm).
         broker.pay(&queue, "p1", "a1", 5).await;
         let label = format!("consumer over {} (restarted)", ledger.engine());
-        let mut second = Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &one)).await;
+        let mut second =
+            Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &one)).await;
         second.wait_for(Stream::Out, "duplicate p1").await;
         let said = second.transcript();
         // p2 may come back too (the kill may have beaten its ack): a duplicate if so.
@@ -132,7 +138,8 @@ async fn a_second_consumer_never_applies_what_the_first_holds_uncommitted() {
         // The first holds its one delivery, so the copy goes to the second.
         let label = format!("second consumer over {}", ledger.engine());
         let one = [("PREFETCH", "1")];
-        let mut second = Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &one)).await;
+        let mut second =
+            Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &one)).await;
         broker.pay(&queue, "p1", "a1", 5).await;
         if matches!(ledger, Ledger::Postgres { .. }) {
             // PostgreSQL's inbox answers at once that another transaction holds it; SQLite's

@@ -100,7 +100,8 @@ async fn a_payment_that_would_overflow_the_balance_is_rejected_and_the_balance_k
         c.kill();
         let said = c.transcript();
         assert_eq!(c.ids("applied"), ["big", "under"], "{said}");
-        let refused = c.seen.iter().filter(|(s, l)| *s == Stream::Err && l.starts_with("rejected over: "));
+        let refused =
+            c.seen.iter().filter(|(s, l)| *s == Stream::Err && l.starts_with("rejected over: "));
         assert_eq!(refused.count(), 1, "{said}");
         assert_eq!(ledger.balances().await, [("a1".to_owned(), i64::MAX - 1)].into(), "{said}");
         // The refused payment's inbox record rolled back with it.

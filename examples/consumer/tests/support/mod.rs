@@ -246,7 +246,10 @@ impl Ledger {
             Ledger::Postgres { url, .. } => {
                 let client = pg_connect(url).await;
                 client
-                    .query_one("SELECT count(*) FROM idemcache_inbox WHERE consumer = $1", &[&consumer])
+                    .query_one(
+                        "SELECT count(*) FROM idemcache_inbox WHERE consumer = $1",
+                        &[&consumer],
+                    )
                     .await
                     .expect("counting the inbox")
                     .get(0)
