@@ -19,8 +19,11 @@
 //! 3. on `New`, apply the payment in the same transaction and commit;
 //! 4. only then acknowledge the delivery.
 //!
-//! The inbox row and the balance commit together or not at all, and the broker forgets
-//! the message only after both did. So, with the queue durable and messages persistent:
+//! Invariant: a delivery is acknowledged only after the transaction holding its inbox
+//! row committed, or when the inbox says a committed row holds its id (a duplicate, a
+//! mismatch); one that can never apply is rejected, anything else requeued. The inbox
+//! row and the balance commit together or not at all, and the broker forgets the
+//! message only after both did. So, with the queue durable and messages persistent:
 //!
 //! | failure | what happens |
 //! |---|---|
@@ -28,7 +31,7 @@
 //! | it dies between the commit and the ack | the broker redelivers; the inbox answers `Duplicate`: acknowledged, not applied again |
 //! | it dies after the ack | the message is gone from the queue; nothing to redo |
 //! | the publisher sends a message twice (a retry after a lost confirm) | the second copy is a `Duplicate` |
-//! | two consumers (processes) on one queue over one database get copies of one message | one applies it; the other sees `InFlight` while the first's transaction is open (requeued, then `Duplicate`) or `Duplicate` after its commit |
+//! | two consumers (processes) on one queue over one database get copies of one message | one applies it; the other gets `Duplicate` after its commit; while the first's transaction is open, PostgreSQL answers the other `InFlight` at once (rolled back, requeued) and SQLite makes it wait for the write lock (up to its 10 s busy timeout; past it, a database error: requeued) |
 //! | the same id arrives with another body | `Mismatch`: never applied, acknowledged, logged |
 //!
 //! What it does not protect: consumers over *different* databases (each inbox knows only
