@@ -43,7 +43,8 @@
 //! give each program its own `CONSUMER`).
 //!
 //! Environment:
-//! - `AMQP_URL`: the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
+//! - `AMQP_URL`: the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`); plain
+//!   `amqp://` only, as this example is built without a TLS stack.
 //! - `QUEUE`: the queue consumed (default `payments`), declared durable if absent.
 //! - `CONSUMER`: this consumer's name in the inbox (default `ledger`). Instances of one
 //!   program share it, so that they apply each message once between them.
