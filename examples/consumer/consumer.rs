@@ -321,22 +321,11 @@ async fn open_postgres(url: &str) -> Result<tokio_postgres::Client, String> {
         .map_err(failed)?;
     tx.batch_execute(POSTGRES_ACCOUNTS).await.map_err(failed)?;
     tx.commit().await.map_err(failed)?;
-    // Only when absent: `CREATE INDEX IF NOT EXISTS` takes a lock on the table before it
-    // sees that the index exists, so it waits for every open transaction that wrote to
-    // the inbox, and a consumer started while another applies a payment would wait for
-    // that commit (holding the schema's advisory lock, so every other start waits too).
-    // The table and its index are created in one transaction: the table's presence
-    // says both are there.
-    let present: bool = client
-        .query_one("SELECT to_regclass('idemcache_inbox') IS NOT NULL", &[])
+    // Takes no lock when the inbox exists: a consumer starting while another applies a
+    // payment does not wait for that commit.
+    idemcache_postgres::inbox::ensure_schema(&client)
         .await
-        .map_err(failed)?
-        .get(0);
-    if !present {
-        idemcache_postgres::inbox::ensure_schema(&client)
-            .await
-            .map_err(|e| format!("cannot create the inbox: {}", one_line(&e)))?;
-    }
+        .map_err(|e| format!("cannot create the inbox: {}", one_line(&e)))?;
     Ok(client)
 }
 

@@ -323,3 +323,39 @@ async fn send_owned(app: &Router, key: &str) -> (StatusCode, HeaderMap, Bytes) {
     let (parts, body) = response.into_parts();
     (parts.status, parts.headers, body.collect().await.unwrap().to_bytes())
 }
+
+/// PostgreSQL: a starting instance's `ensure_schema` does not wait for a handler's open
+/// transaction holding a record it completed (`CREATE INDEX IF NOT EXISTS` would, and
+/// every later claim would queue behind it): the schema is checked before any lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_ensure_schema_beside_an_open_completion_does_not_wait() {
+    let Some(url) = conformance::service_url(
+        "IDEMCACHE_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    ) else {
+        return;
+    };
+    let store = idemcache_postgres::PostgresStore::connect(&url, 2).await.unwrap();
+    store.ensure_schema().await.unwrap();
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let key = Key::new("POST /orders", "schema", &format!("k-{}", nanos.as_nanos())).unwrap();
+    let StoreClaim::Acquired { token, .. } =
+        store.claim(&key, Fingerprint::of(b"o"), Duration::from_secs(30)).await.unwrap()
+    else {
+        panic!("a fresh key is acquired");
+    };
+    let (mut client, connection) = idemcache_postgres::tokio_postgres::connect(
+        &url,
+        idemcache_postgres::tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    let tx = client.transaction().await.unwrap();
+    let claim = OpenClaim::new(key, token, Duration::from_secs(60));
+    idemcache_postgres::complete_in(&tx, &claim, Some(b"open")).await.unwrap();
+    let starting = idemcache_postgres::PostgresStore::connect(&url, 1).await.unwrap();
+    let started = tokio::time::timeout(Duration::from_secs(5), starting.ensure_schema()).await;
+    assert!(matches!(started, Ok(Ok(()))), "ensure_schema waited for an open transaction");
+    tx.commit().await.unwrap();
+}

@@ -116,11 +116,12 @@ DELETE FROM idemcache_inbox WHERE (consumer, message_id) IN (
     FOR UPDATE SKIP LOCKED)";
 
 /// Creates the inbox's table and index if they do not exist, holding an advisory lock
-/// so that several processes may run it at once. One multi-statement query, so it is
+/// so that several processes may run it at once; when they exist it takes no lock at all
+/// (a starting consumer never waits for the others' open transactions). One multi-statement query, so it is
 /// one transaction of its own on a client (`&client`, or `&**object` for a deadpool
 /// object), or part of yours on a [`Transaction`].
 pub async fn ensure_schema<C: GenericClient + Sync>(client: &C) -> Result<(), InboxError> {
-    let sql = format!("SELECT pg_advisory_xact_lock({SCHEMA_LOCK});{SCHEMA}");
+    let sql = crate::schema_once(SCHEMA_LOCK, "idemcache_inbox_received", SCHEMA);
     client.batch_execute(&sql).await.map_err(database)
 }
 

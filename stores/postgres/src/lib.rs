@@ -53,6 +53,24 @@ CREATE TABLE IF NOT EXISTS idemcache_records (
 CREATE INDEX IF NOT EXISTS idemcache_records_expiry ON idemcache_records (expires_at);
 ";
 
+/// `ddl` run once per database, as one statement: skipped when `last` (the object `ddl`
+/// creates last) exists, else run under the advisory lock `lock`, so processes starting
+/// together do not collide (concurrent `CREATE ... IF NOT EXISTS` can). The check comes
+/// first because `CREATE INDEX IF NOT EXISTS` takes its table's lock before it finds the
+/// index there: it would wait for every open transaction that wrote to the table (a
+/// handler's, holding a record it completes in its own transaction), and every later
+/// writer would queue behind it, so a restarting instance would stall the others.
+pub(crate) fn schema_once(lock: i64, last: &str, ddl: &str) -> String {
+    format!(
+        "DO $idemcache$ BEGIN
+           IF to_regclass('{last}') IS NULL THEN
+             PERFORM pg_advisory_xact_lock({lock});
+             {ddl}
+           END IF;
+         END $idemcache$;"
+    )
+}
+
 /// "Now" on the server's clock, in microseconds, as a one-row CTE named `now`: a macro,
 /// so every statement is one `concat!`ed constant.
 macro_rules! now {
@@ -234,14 +252,9 @@ const CLAIM: &str = concat!("WITH ", now!(), ",
 impl Store for PostgresStore {
     /// Creates the sequence, table and index of [`POSTGRES_SCHEMA`] if missing.
     async fn ensure_schema(&self) -> Result<(), StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(|e| self.failed(e))?;
-        // Concurrent CREATE ... IF NOT EXISTS can still collide; one at a time.
-        tx.execute("SELECT pg_advisory_xact_lock(7315993121)", &[])
-            .await
-            .map_err(|e| self.failed(e))?;
-        tx.batch_execute(POSTGRES_SCHEMA).await.map_err(|e| self.failed(e))?;
-        tx.commit().await.map_err(|e| self.failed(e))
+        let client = self.client().await?;
+        let ensure = schema_once(7_315_993_121, "idemcache_records_expiry", POSTGRES_SCHEMA);
+        client.batch_execute(&ensure).await.map_err(|e| self.failed(e))
     }
 
     fn claim(

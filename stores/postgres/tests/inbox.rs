@@ -317,3 +317,20 @@ async fn schema_creation_is_safe_from_several_clients_at_once() {
     assert_ne!(inbox::lock_key(LEDGER, "m-1"), inbox::lock_key(LEDGER, "m-2"));
     db.drop().await;
 }
+
+/// `ensure_schema` on an inbox that exists takes no lock: it does not wait for a
+/// transaction holding an uncommitted record (a consumer mid-message), so a consumer
+/// starting beside a busy one starts at once.
+#[tokio::test]
+async fn ensure_schema_on_an_existing_inbox_does_not_wait_for_open_transactions() {
+    let Some(db) = Db::new("schema_busy").await else { return };
+    let mut busy = db.client().await;
+    let tx = busy.transaction().await.unwrap();
+    let fp = Fingerprint::of(b"{}");
+    assert_eq!(receive(&tx, LEDGER, "schema-busy-1", fp).await.unwrap(), Receipt::New);
+    let starting = db.client().await;
+    let started = tokio::time::timeout(Duration::from_secs(5), ensure_schema(&starting)).await;
+    assert!(matches!(started, Ok(Ok(()))), "ensure_schema waited for an open transaction");
+    tx.rollback().await.unwrap();
+    db.drop().await;
+}

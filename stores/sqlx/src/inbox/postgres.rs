@@ -74,9 +74,15 @@ pub const SCHEMA: &str = schema!();
 /// The first key of the inbox's advisory locks (the same as idemcache-postgres's).
 pub const ADVISORY_LOCK_CLASS: i32 = 0x1de0_1b0c;
 
-/// The schema under an advisory lock, as one multi-statement query: one implicit
-/// transaction, so the lock is held until the schema exists.
-const ENSURE: &str = concat!("SELECT pg_advisory_xact_lock(7315993122);", schema!());
+/// The schema under an advisory lock, as one statement, skipped (no lock taken) when its
+/// index exists: `CREATE INDEX IF NOT EXISTS` would take the table's lock before finding
+/// the index, waiting for every open transaction on the inbox while later ones queue.
+const ENSURE: &str = concat!(
+    "DO $idemcache$ BEGIN IF to_regclass('idemcache_inbox_received') IS NULL THEN ",
+    "PERFORM pg_advisory_xact_lock(7315993122);",
+    schema!(),
+    " END IF; END $idemcache$;"
+);
 
 /// The lock, then the claim, in one statement; returns (got the lock, rows inserted).
 const CLAIM: &str = "
