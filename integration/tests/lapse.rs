@@ -35,6 +35,18 @@ async fn sqlite_under_mark_unknown_never_re_runs_a_lapsed_lease() {
     conformance::reconcile_as_checked(&store).await;
 }
 
+/// A store chosen at run time takes the setting too (`idemcache_any::open_with`).
+#[tokio::test]
+async fn a_store_opened_from_a_url_marks_lapses_unknown_when_asked() {
+    let lapse = idemcache::store::Lapse::new(LapsePolicy::MarkUnknown, UNKNOWN_TTL).unwrap();
+    let store = idemcache_any::open_with("sqlite::memory:", lapse).await.unwrap();
+    store.ensure_schema().await.unwrap();
+    conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
+    let taking = idemcache_any::open("sqlite::memory:").await.unwrap();
+    taking.ensure_schema().await.unwrap();
+    conformance::run(&taking).await;
+}
+
 #[tokio::test]
 async fn a_lapse_setting_is_checked_and_take_over_stays_the_default() {
     let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
