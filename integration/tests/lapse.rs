@@ -278,3 +278,123 @@ mod redis_store {
         store.forget(&k).await.unwrap();
     }
 }
+
+/// A store whose `forget` fails (the server went away mid-pass), all else SQLite's.
+#[derive(Debug)]
+struct ForgetFails(SqliteStore);
+
+impl Store for ForgetFails {
+    fn claim(
+        &self,
+        key: &idemcache::Key,
+        fingerprint: idemcache::Fingerprint,
+        lease: Duration,
+    ) -> impl std::future::Future<Output = Result<idemcache::store::StoreClaim, StoreError>> + Send
+    {
+        self.0.claim(key, fingerprint, lease)
+    }
+    fn complete(
+        &self,
+        key: &idemcache::Key,
+        token: idemcache::FencingToken,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl std::future::Future<
+        Output = Result<idemcache::Replay<std::time::SystemTime>, StoreError>,
+    > + Send {
+        self.0.complete(key, token, body, ttl)
+    }
+    fn extend_lease(
+        &self,
+        key: &idemcache::Key,
+        token: idemcache::FencingToken,
+        lease: Duration,
+    ) -> impl std::future::Future<Output = Result<std::time::SystemTime, StoreError>> + Send {
+        self.0.extend_lease(key, token, lease)
+    }
+    fn release(
+        &self,
+        key: &idemcache::Key,
+        token: idemcache::FencingToken,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.0.release(key, token)
+    }
+    fn mark_unknown(
+        &self,
+        key: &idemcache::Key,
+        token: idemcache::FencingToken,
+        ttl: Duration,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.0.mark_unknown(key, token, ttl)
+    }
+    fn resolve(
+        &self,
+        key: &idemcache::Key,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl std::future::Future<
+        Output = Result<idemcache::Replay<std::time::SystemTime>, StoreError>,
+    > + Send {
+        self.0.resolve(key, body, ttl)
+    }
+    fn forget(
+        &self,
+        _key: &idemcache::Key,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Err(StoreError::Backend("the server went away".into())))
+    }
+    fn unknown(
+        &self,
+        limit: usize,
+    ) -> impl std::future::Future<
+        Output = Result<Vec<idemcache::UnknownEntry<std::time::SystemTime>>, StoreError>,
+    > + Send {
+        self.0.unknown(limit)
+    }
+    fn purge_expired(
+        &self,
+        limit: usize,
+    ) -> impl std::future::Future<Output = Result<usize, StoreError>> + Send {
+        self.0.purge_expired(limit)
+    }
+}
+
+/// A store error stops a reconciling pass at once, and the error says what was done
+/// before it: the record resolved first stays resolved, the one after is not checked.
+#[tokio::test]
+async fn a_store_error_stops_reconciling_and_says_what_was_done() {
+    let store = ForgetFails(sqlite_marking().await);
+    let keys: Vec<_> =
+        ["first", "second", "third"].iter().map(|k| key(&format!("stop-{k}"))).collect();
+    for k in &keys {
+        let token = conformance::acquire(&store, k).await;
+        store.mark_unknown(k, token, conformance::TTL).await.unwrap();
+        // Marks a moment apart, so they are listed in this order.
+        conformance::pause(Duration::from_millis(2)).await;
+    }
+    let mut checked = 0;
+    let error = idemcache::store::reconcile(&store, usize::MAX, conformance::TTL, |_| {
+        checked += 1;
+        let verdict = if checked == 1 {
+            Verdict::Happened(Some(Bytes::from_static(b"paid")))
+        } else {
+            Verdict::DidNotHappen
+        };
+        async move { verdict }
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(checked, 2, "the pass stopped at the failing forget");
+    assert_eq!((error.done.resolved, error.done.forgotten, error.done.left), (1, 0, 0));
+    assert!(matches!(error.error, StoreError::Backend(_)), "{error:?}");
+    let said = error.to_string();
+    assert!(said.contains("1 resolved") && said.contains("the server went away"), "{said}");
+    match store.claim(&keys[0], fp("r"), conformance::LEASE).await.unwrap() {
+        idemcache::store::StoreClaim::Completed(replay) => assert_eq!(replay.body.unwrap(), "paid"),
+        other => panic!("{other:?}"),
+    }
+    for k in &keys[1..] {
+        let still = store.claim(k, fp("r"), conformance::LEASE).await.unwrap();
+        assert!(matches!(still, idemcache::store::StoreClaim::Unknown { .. }), "{still:?}");
+    }
+}
