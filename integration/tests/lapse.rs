@@ -240,8 +240,7 @@ mod redis_store {
     #[tokio::test]
     async fn redis_under_mark_unknown_never_re_runs_a_lapsed_lease() {
         let Some(store) = marking_store().await else { return };
-        // Redis keeps no index of leases: a lapse is listed once a claim turned it.
-        conformance::run_mark_unknown(&store, UNKNOWN_TTL, false).await;
+        conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
         conformance::reconcile_as_checked(&store).await;
     }
 
