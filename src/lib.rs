@@ -121,6 +121,7 @@ mod stats;
 #[cfg_attr(docsrs, doc(cfg(feature = "store")))]
 pub mod store;
 mod sync;
+pub mod transition;
 mod wait;
 
 /// The byte buffer results are stored and replayed as, re-exported so that naming it
