@@ -281,7 +281,7 @@ mod tests {
         let from: Vec<String> = (0..MAX_SOURCES).map(|n| format!("S{n}")).collect();
         let from: Vec<&str> = from.iter().map(String::as_str).collect();
         let sql = payments().plan(Dialect::Postgres, &from, "PAID").unwrap().update_sql();
-        assert!(sql.ends_with(&format!("$101, $102)")), "{sql}");
+        assert!(sql.ends_with("$101, $102)"), "{sql}");
         assert_eq!(sql.matches('$').count(), 2 + MAX_SOURCES);
     }
 

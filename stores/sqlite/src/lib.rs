@@ -34,6 +34,8 @@ use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
 pub use rusqlite;
 
+pub mod transition;
+
 /// The schema [`ensure_schema`](Store::ensure_schema) creates (idempotent).
 ///
 /// `state` is 1 PROCESSING, 2 COMPLETED, 3 UNKNOWN; `expires_at` is the lease's end while
