@@ -32,6 +32,8 @@ use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
 pub use {deadpool_postgres, tokio_postgres};
 
+pub mod transition;
+
 /// The schema [`ensure_schema`](Store::ensure_schema) creates (idempotent, and safe to run from
 /// several processes at once: it holds an advisory lock). Columns as in SQLite's:
 /// `state` 1 PROCESSING, 2 COMPLETED, 3 UNKNOWN; `expires_at` the lease's end while
