@@ -208,6 +208,30 @@ async fn null_statuses_duplicate_ids_and_mistyped_ids_are_typed_errors() {
     t.drop_tables().await;
 }
 
+/// Every answer but NotFound leaves the row locked until the transaction ends, so it
+/// still holds when the caller commits: another transaction cannot take the row's lock
+/// (`NOWAIT`: refused at once with SQLSTATE 55P03, no timing involved) until then.
+#[tokio::test]
+async fn an_answer_holds_the_row_until_the_transaction_ends() {
+    let Some(t) = Tables::new().await else { return };
+    let (mut client, mut other) = (t.client().await, t.client().await);
+    let grab = format!("SELECT status FROM {} WHERE id = 'p2' FOR UPDATE NOWAIT", t.payments);
+    for to in ["PAID", "REFUNDED"] {
+        let tx = client.transaction().await.unwrap();
+        let outcome = transition(&tx, &t.column(), &"p2", &["PENDING"], to).await.unwrap();
+        assert!(matches!(outcome, Transition::AlreadyInTarget | Transition::Illegal { .. }));
+        let competing = other.transaction().await.unwrap();
+        let refused = competing.query(&grab, &[]).await.unwrap_err();
+        assert_eq!(refused.code(), Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE));
+        competing.rollback().await.unwrap();
+        tx.commit().await.unwrap();
+        let competing = other.transaction().await.unwrap();
+        competing.query(&grab, &[]).await.unwrap();
+        competing.rollback().await.unwrap();
+    }
+    t.drop_tables().await;
+}
+
 /// What one concurrent handler got: its first attempt's answer (`None` for a
 /// conflict), and its retry's after a conflict.
 type Attempts = (Option<Transition>, Option<Transition>);

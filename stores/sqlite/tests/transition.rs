@@ -226,6 +226,26 @@ fn integer_ids_and_schema_qualified_tables() {
 }
 
 #[test]
+fn an_answer_holds_the_database_until_the_transaction_ends() {
+    let db = Db::new();
+    let (mut conn, mut other) = (db.open(), db.open());
+    // Refused at once instead of waiting: no timing involved.
+    other.busy_timeout(Duration::ZERO).unwrap();
+    for to in ["PAID", "REFUNDED"] {
+        // Deferred: the write lock comes from the transition's UPDATE, even one that
+        // matches no row.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred).unwrap();
+        let outcome = transition(&tx, &payments(), "p2", &["PENDING"], to).unwrap();
+        assert!(matches!(outcome, Transition::AlreadyInTarget | Transition::Illegal { .. }));
+        let refused = other.transaction_with_behavior(TransactionBehavior::Immediate);
+        assert!(refused.is_err(), "the database was not locked after {to}");
+        drop(refused);
+        tx.commit().unwrap();
+        other.transaction_with_behavior(TransactionBehavior::Immediate).unwrap().commit().unwrap();
+    }
+}
+
+#[test]
 fn concurrent_callbacks_on_their_own_connections_apply_once() {
     const CALLBACKS: usize = 8;
     let db = Db::new();

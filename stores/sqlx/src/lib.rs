@@ -13,6 +13,10 @@
 
 pub use sqlx;
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
+pub mod transition;
+
 /// Whether a sqlx error (any database) is a uniqueness violation, by sqlx's own
 /// `ErrorKind::UniqueViolation`. For MySQL/MariaDB this is the right test: sqlx-mysql's
 /// `code()` is the SQLSTATE `23000`, which other integrity errors share.
