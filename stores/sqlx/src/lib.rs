@@ -4,7 +4,9 @@
 //!
 //! This crate tracks sqlx's current release and re-exports it ([`sqlx`]) with no
 //! default features: it needs only sqlx's error types. Enable the databases and runtime
-//! you use on your own `sqlx` dependency (one version, so they unify).
+//! you use on your own `sqlx` dependency (one version, so they unify). The features
+//! `postgres` and `mysql` add `transition`'s conditional status transitions on your
+//! own sqlx connection or transaction (they enable sqlx's drivers of those names).
 //!
 //! Invariant: only a violation of a uniqueness constraint (or primary key) answers
 //! `true`; `NOT NULL`, `CHECK` and foreign-key failures are real errors.

@@ -2,26 +2,34 @@
 //! (see [`idemcache::transition`] for the contract): [`postgres::transition`] (feature
 //! `postgres`) and [`mysql::transition`] (feature `mysql`, for MySQL and MariaDB).
 //!
-//! ```ignore
+//! ```no_run
+//! # #[cfg(feature = "mysql")]
+//! # mod example {
 //! use idemcache::transition::{StatusColumn, Transition};
 //! use idemcache_sqlx::transition::mysql::transition;
 //!
-//! // The payment provider's SUCCESS callback, in the transaction that books it.
-//! let payments = StatusColumn::new("payments", "id", "status")?;
-//! let mut tx = pool.begin().await?;
-//! let answer = match transition(&mut tx, &payments, &payment_id, &["PENDING"], "PAID").await? {
-//!     Transition::Applied => {
-//!         sqlx::query("INSERT INTO ledger (payment) VALUES (?)")
-//!             .bind(payment_id)
-//!             .execute(&mut *tx)
-//!             .await?;
-//!         200
-//!     }
-//!     Transition::AlreadyInTarget => 200, // a duplicate: no second effect
-//!     Transition::Illegal { .. } => 409,
-//!     Transition::NotFound => 404,
-//! };
-//! tx.commit().await?;
+//! type Error = Box<dyn std::error::Error + Send + Sync>;
+//!
+//! /// The payment provider's SUCCESS callback, in the transaction that books it.
+//! async fn on_success(pool: &sqlx::MySqlPool, payment: i64) -> Result<u16, Error> {
+//!     let payments = StatusColumn::new("payments", "id", "status")?;
+//!     let mut tx = pool.begin().await?;
+//!     let answer = match transition(&mut tx, &payments, &payment, &["PENDING"], "PAID").await? {
+//!         Transition::Applied => {
+//!             sqlx::query("INSERT INTO ledger (payment) VALUES (?)")
+//!                 .bind(payment)
+//!                 .execute(&mut *tx)
+//!                 .await?;
+//!             200
+//!         }
+//!         Transition::AlreadyInTarget => 200, // a duplicate: no second effect
+//!         Transition::Illegal { .. } => 409,
+//!         Transition::NotFound => 404,
+//!     };
+//!     tx.commit().await?;
+//!     Ok(answer)
+//! }
+//! # }
 //! ```
 //!
 //! Invariant: the transition is an `UPDATE` and, only if it matched no row, one
@@ -34,7 +42,8 @@
 //! Affected rows: sqlx connects to MySQL with `CLIENT_FOUND_ROWS`, so an `UPDATE`
 //! counts the rows it matched, not only those it changed; and since `to` is never among
 //! `from`, a matched row is always changed. Either way one row is
-//! [`Transition::Applied`] only if this call moved it.
+//! [`Transition::Applied`](idemcache::transition::Transition::Applied) only if this call
+//! moved it.
 //!
 //! The connection is `&mut` a `PgConnection` or `MySqlConnection`: pass a transaction
 //! as `&mut tx` (a `Transaction` dereferences to its connection) or a pooled connection
