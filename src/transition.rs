@@ -21,10 +21,11 @@
 //! Invariants:
 //! - No SQL is built from user input: only names [`StatusColumn::new`] validated are
 //!   interpolated (quoted), every status and id is a bound parameter.
-//! - `to` is never among `from` (compared ignoring ASCII case, as MySQL's default
-//!   collations compare), so the `UPDATE` can only match a row not yet in `to`: a
-//!   duplicate is never [`Transition::Applied`], whatever the engine counts as an
-//!   affected row.
+//! - `to` is never among `from` (compared ignoring ASCII case and trailing spaces, as
+//!   MySQL's default collations compare), so the `UPDATE` can only match a row not yet
+//!   in `to`: a duplicate is never [`Transition::Applied`], whatever the engine counts
+//!   as an affected row. (A collation that equates more, e.g. accents, is the schema's
+//!   to keep apart: see `idemcache_sqlx::transition::mysql`.)
 //! - Every answer but [`Transition::NotFound`] leaves the row locked until the caller's
 //!   transaction ends (the `UPDATE`'s lock, or the read's `FOR UPDATE`; SQLite's write
 //!   lock), so the answer still holds when the caller commits the effect.

@@ -3,7 +3,7 @@
 //! is decided here, once for every engine.
 //!
 //! Invariant: a `Plan` exists only for a `from` list of 1 to [`MAX_SOURCES`] statuses
-//! that does not hold `to` (ignoring ASCII case), so an `UPDATE` that matched a row moved
+//! that does not hold `to` (ignoring ASCII case and trailing spaces), so an `UPDATE` that matched a row moved
 //! it out of a source status into `to`, and only that is [`Transition::Applied`].
 
 use std::error::Error;
@@ -43,8 +43,9 @@ impl StatusColumn {
     /// The transition of this column's row from any of `from` to `to`, written in
     /// `dialect`. Refused with [`TransitionError::InvalidInput`] (no SQL exists yet)
     /// when `from` is empty or longer than [`MAX_SOURCES`], or holds `to` ignoring ASCII
-    /// case: a duplicate would then match the `UPDATE` and count as applied again (and
-    /// MySQL's default collations compare so, `paid` matching `PAID`).
+    /// case and trailing spaces: a duplicate would then match the `UPDATE` and count as
+    /// applied again (MySQL's default collations compare so: `paid` and `PAID ` match
+    /// `PAID`).
     ///
     /// Statuses are any strings, bound as parameters, compared by the column's
     /// collation in the `UPDATE` and byte for byte in the answer.
@@ -68,7 +69,8 @@ impl StatusColumn {
                 from.len()
             ));
         }
-        if let Some(same) = from.iter().find(|f| f.eq_ignore_ascii_case(to)) {
+        let loose = |s: &str| s.trim_end_matches(' ').to_ascii_lowercase();
+        if let Some(same) = from.iter().find(|f| loose(f) == loose(to)) {
             return refuse(format!(
                 "the target {to:?} is also a source ({same:?}): a duplicate would match the \
                  update and count as applied again; list only the statuses that move to it"
@@ -135,11 +137,13 @@ impl<'a> Plan<'a> {
         sql
     }
 
-    /// The answer from the `UPDATE`'s affected rows (matched rows: sqlx and mysql_async
-    /// connect to MySQL with `CLIENT_FOUND_ROWS`, and since `to` is never a source a
-    /// matched row is a changed one anyway): `Some(Applied)` for one, `None` for none
+    /// The answer from the `UPDATE`'s affected rows: `Some(Applied)` for one, `None` for none
     /// (read the status next), [`TransitionError::Corrupt`] for several (the id column
     /// is not unique; roll back). `id` names the row in that error.
+    ///
+    /// Either count of MySQL's will do: matched rows (sqlx connects with
+    /// `CLIENT_FOUND_ROWS`) or changed rows (mysql_async's default), since `to` is never
+    /// a source and a matched row is always changed.
     pub fn after_update(
         &self,
         rows: u64,
@@ -307,6 +311,9 @@ mod tests {
         assert!(message.contains("also a source"), "{message}");
         // MySQL's default collations would match "paid" against a row holding "PAID".
         assert!(refused(&["paid"], "PAID").contains("\"paid\""));
+        // And its PAD SPACE collations ignore trailing spaces.
+        assert!(refused(&["PENDING", "PAID  "], "paid").contains("\"PAID  \""));
+        assert!(refused(&["PAID"], "PAID ").contains("also a source"));
         let many = vec!["S"; MAX_SOURCES + 1];
         assert!(refused(&many, "PAID").contains("at most 100"));
         // Any strings otherwise, the empty one included.

@@ -149,9 +149,10 @@ pub mod postgres {
 ///
 /// Types: the status column is text (`VARCHAR`, `TEXT`, `ENUM` binds as text too); the
 /// id any type sqlx binds. Statuses are compared by the column's collation in the
-/// `UPDATE` (case-insensitive by default: which is why a `to` equal to a `from`
-/// ignoring ASCII case is refused) and byte for byte in the answer; for exact
-/// matching, give the column a binary collation (`utf8mb4_bin`).
+/// `UPDATE` (by default ignoring case, trailing spaces and accents: which is why a `to`
+/// equal to a `from` ignoring ASCII case and trailing spaces is refused; statuses that
+/// differ only by accents are yours to avoid) and byte for byte in the answer; for
+/// exact matching, give the column a binary collation (`utf8mb4_bin`).
 ///
 /// Isolation: under `REPEATABLE READ` (the default) or `READ COMMITTED`, a concurrent
 /// transition of the same row makes the `UPDATE` wait for its lock and then read the

@@ -388,16 +388,21 @@ mod mysql {
         t.drop_tables().await;
     }
 
-    /// MySQL's default collations compare case-insensitively: a row holding PAID
-    /// matches `status IN ('paid')`. Hence `to` may not equal a `from` ignoring case.
+    /// MySQL's default collations compare case-insensitively and ignore trailing
+    /// spaces: a row holding PAID matches `status IN ('paid')` and `('PAID  ')`. Hence
+    /// `to` may not equal a `from` so compared.
     #[tokio::test]
     async fn the_default_collation_ignores_case_so_such_sources_are_refused() {
         let Some(t) = Tables::new().await else { return };
         let mut conn = t.conn().await;
         let sql = format!("SELECT count(*) FROM {} WHERE status IN ('paid')", t.payments);
         assert_eq!(one_i64(&mut conn, sql).await, 1);
-        let refused = transition(&mut conn, &t.column(), &"p2", &["paid"], "PAID").await;
-        assert!(matches!(refused, Err(TransitionError::InvalidInput { .. })), "{refused:?}");
+        let sql = format!("SELECT count(*) FROM {} WHERE status IN ('PAID  ')", t.payments);
+        assert_eq!(one_i64(&mut conn, sql).await, 1, "PAD SPACE: trailing spaces ignored");
+        for source in ["paid", "PAID  "] {
+            let refused = transition(&mut conn, &t.column(), &"p2", &[source], "PAID").await;
+            assert!(matches!(refused, Err(TransitionError::InvalidInput { .. })), "{refused:?}");
+        }
         t.drop_tables().await;
     }
 
