@@ -74,8 +74,10 @@
 //!
 //! See [`implementation`] for the design notes: how shards, slots and fencing tokens fit
 //! together, and where each transition lives. Async code waits with
-//! [`Cache::claim_wait_async`]. Built on the public API, behind features, and in crates of
-//! their own:
+//! [`Cache::claim_wait_async`]. For the database's own half of idempotency,
+//! [`transition`] moves a row's status only from allowed sources (a callback's duplicate
+//! is told apart from its first delivery); the drivers' halves live in the store crates.
+//! Built on the public API, behind features, and in crates of their own:
 //!
 //! | feature / crate | what it adds | dependencies |
 //! |---|---|---|
@@ -126,6 +128,7 @@ mod stats;
 #[cfg_attr(docsrs, doc(cfg(feature = "store")))]
 pub mod store;
 mod sync;
+pub mod transition;
 mod wait;
 
 /// The byte buffer results are stored and replayed as, re-exported so that naming it

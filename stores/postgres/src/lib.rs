@@ -41,6 +41,7 @@ use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntr
 pub use {deadpool_postgres, tokio_postgres};
 
 pub mod inbox;
+pub mod transition;
 
 /// The schema [`ensure_schema`](Store::ensure_schema) creates (idempotent, and safe to run from
 /// several processes at once: it holds an advisory lock). Columns as in SQLite's:

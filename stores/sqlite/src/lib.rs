@@ -41,6 +41,7 @@ use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntr
 pub use rusqlite;
 
 pub mod inbox;
+pub mod transition;
 
 /// The schema [`ensure_schema`](Store::ensure_schema) creates (idempotent).
 ///

@@ -1,10 +1,13 @@
-//! sqlx's unique-violation classifier for idemcache: is this database error "that row
-//! already exists"? For your own business tables, whose `UNIQUE` constraint is the
-//! backstop behind the cache (see [`idemcache::store::unique`]).
+//! idemcache for sqlx: the unique-violation classifier (is this database error "that
+//! row already exists"? for your own business tables, whose `UNIQUE` constraint is the
+//! backstop behind the cache: see [`idemcache::store::unique`]), and on your own sqlx
+//! transaction the consumer [`inbox`] and conditional status `transition`s.
 //!
 //! This crate tracks sqlx's current release and re-exports it ([`sqlx`]) with no
 //! default features: it needs only sqlx's error types. Enable the databases and runtime
-//! you use on your own `sqlx` dependency (one version, so they unify).
+//! you use on your own `sqlx` dependency (one version, so they unify). The features
+//! `postgres` and `mysql` add the inbox and the transitions for those databases (they
+//! enable sqlx's drivers of those names).
 //!
 //! Invariant: only a violation of a uniqueness constraint (or primary key) answers
 //! `true`; `NOT NULL`, `CHECK` and foreign-key failures are real errors.
@@ -14,6 +17,9 @@
 pub use sqlx;
 
 pub mod inbox;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
+pub mod transition;
 
 /// Whether a sqlx error (any database) is a uniqueness violation, by sqlx's own
 /// `ErrorKind::UniqueViolation`. For MySQL/MariaDB this is the right test: sqlx-mysql's

@@ -1,0 +1,320 @@
+//! Conditional transitions against a real PostgreSQL (`IDEMCACHE_POSTGRES_URL`; skipped
+//! with a printed reason when unset): a payment provider's callbacks, each in its own
+//! transaction that books a ledger entry only when the transition applied. The ledger
+//! in the database is the witness: one entry per payment however many callbacks come,
+//! one after the other or at once, under `READ COMMITTED` and `REPEATABLE READ`.
+//!
+//! Every test creates tables of its own (pid and counter in the name) and drops them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use idemcache::store::conformance::service_url;
+use idemcache::transition::{StatusColumn, Transition, TransitionError};
+use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
+use idemcache_postgres::transition::transition;
+
+const EXAMPLE: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+async fn connect(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// A payments table and a ledger of this test's own, with p1 PENDING (500) and p2 PAID.
+struct Tables {
+    url: String,
+    payments: String,
+    ledger: String,
+}
+
+impl Tables {
+    async fn new() -> Option<Tables> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let url = service_url("IDEMCACHE_POSTGRES_URL", EXAMPLE)?;
+        let n = format!("{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let tables =
+            Tables { url, payments: format!("tr_payments_{n}"), ledger: format!("tr_ledger_{n}") };
+        let (payments, ledger) = (&tables.payments, &tables.ledger);
+        connect(&tables.url)
+            .await
+            .batch_execute(&format!(
+                "CREATE TABLE {payments} (id TEXT PRIMARY KEY, status VARCHAR(20), amount BIGINT NOT NULL);
+                 CREATE TABLE {ledger} (payment TEXT NOT NULL, amount BIGINT NOT NULL);
+                 INSERT INTO {payments} VALUES ('p1', 'PENDING', 500), ('p2', 'PAID', 700);"
+            ))
+            .await
+            .unwrap();
+        Some(tables)
+    }
+
+    fn column(&self) -> StatusColumn {
+        StatusColumn::new(&self.payments, "id", "status").unwrap()
+    }
+
+    async fn client(&self) -> Client {
+        connect(&self.url).await
+    }
+
+    async fn status(&self, id: &str) -> Option<String> {
+        let sql = format!("SELECT status FROM {} WHERE id = $1", self.payments);
+        self.client().await.query_one(&sql, &[&id]).await.unwrap().get(0)
+    }
+
+    async fn ledger(&self, id: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM {} WHERE payment = $1", self.ledger);
+        self.client().await.query_one(&sql, &[&id]).await.unwrap().get(0)
+    }
+
+    /// The SUCCESS callback's handler: in one transaction (`begin` says which),
+    /// optionally loading the payment first (as handlers do), PENDING -> PAID and the
+    /// ledger entry only if this call applied it.
+    async fn on_success(
+        &self,
+        client: &mut Client,
+        begin: &str,
+        id: &str,
+    ) -> Result<Transition, TransitionError> {
+        client.batch_execute(begin).await.unwrap();
+        let outcome = transition(&*client, &self.column(), &id, &["PENDING"], "PAID").await;
+        self.settle(client, outcome, id).await
+    }
+
+    /// Books the ledger entry if `outcome` is Applied and commits; rolls back on an error.
+    async fn settle(
+        &self,
+        client: &Client,
+        outcome: Result<Transition, TransitionError>,
+        id: &str,
+    ) -> Result<Transition, TransitionError> {
+        match outcome {
+            Ok(outcome) => {
+                if outcome == Transition::Applied {
+                    let sql = format!(
+                        "INSERT INTO {} SELECT id, amount FROM {} WHERE id = $1",
+                        self.ledger, self.payments
+                    );
+                    client.execute(&sql, &[&id]).await.unwrap();
+                }
+                client.batch_execute("COMMIT").await.unwrap();
+                Ok(outcome)
+            }
+            Err(error) => {
+                client.batch_execute("ROLLBACK").await.unwrap();
+                Err(error)
+            }
+        }
+    }
+
+    async fn drop_tables(self) {
+        let sql = format!("DROP TABLE {}; DROP TABLE {}", self.payments, self.ledger);
+        self.client().await.batch_execute(&sql).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_duplicate_success_callback_is_ok_with_no_second_effect() {
+    let Some(t) = Tables::new().await else { return };
+    let mut client = t.client().await;
+    assert_eq!(t.on_success(&mut client, "BEGIN", "p1").await.unwrap(), Transition::Applied);
+    for _ in 0..3 {
+        let again = t.on_success(&mut client, "BEGIN", "p1").await.unwrap();
+        assert_eq!(again, Transition::AlreadyInTarget);
+    }
+    assert_eq!((t.status("p1").await.as_deref(), t.ledger("p1").await), (Some("PAID"), 1));
+    t.drop_tables().await;
+}
+
+#[tokio::test]
+async fn paid_to_pending_is_refused_unknown_ids_are_not_found() {
+    let Some(t) = Tables::new().await else { return };
+    let client = t.client().await;
+    let column = t.column();
+    // On a plain client (autocommit) as well as in a transaction.
+    let outcome = transition(&client, &column, &"p2", &["FAILED"], "PENDING").await.unwrap();
+    assert_eq!(outcome, Transition::Illegal { current: "PAID".into() });
+    assert_eq!(t.status("p2").await.as_deref(), Some("PAID"));
+    let outcome = transition(&client, &column, &"p404", &["PENDING"], "PAID").await.unwrap();
+    assert_eq!(outcome, Transition::NotFound);
+    t.drop_tables().await;
+}
+
+#[tokio::test]
+async fn a_rolled_back_transition_leaves_the_row_for_the_redelivery() {
+    let Some(t) = Tables::new().await else { return };
+    let mut client = t.client().await;
+    {
+        let tx = client.transaction().await.unwrap();
+        let outcome = transition(&tx, &t.column(), &"p1", &["PENDING"], "PAID").await.unwrap();
+        assert_eq!(outcome, Transition::Applied);
+        tx.rollback().await.unwrap();
+    }
+    assert_eq!(t.status("p1").await.as_deref(), Some("PENDING"));
+    assert_eq!(t.on_success(&mut client, "BEGIN", "p1").await.unwrap(), Transition::Applied);
+    assert_eq!(t.ledger("p1").await, 1);
+    t.drop_tables().await;
+}
+
+#[tokio::test]
+async fn injection_attempts_are_refused_and_values_are_bound() {
+    let Some(t) = Tables::new().await else { return };
+    let client = t.client().await;
+    let hostile_table = format!("{}; DROP TABLE {}", t.payments, t.ledger);
+    for (table, id, status) in [
+        (hostile_table.as_str(), "id", "status"),
+        (&t.payments, "id\"; DROP TABLE x; --", "status"),
+        (&t.payments, "id", "status = 'PAID' --"),
+    ] {
+        let refused = StatusColumn::new(table, id, status).unwrap_err();
+        assert!(matches!(refused, TransitionError::InvalidIdentifier { .. }), "{refused:?}");
+    }
+    let hostile = format!("PENDING'); DROP TABLE {}; --", t.ledger);
+    let outcome =
+        transition(&client, &t.column(), &"p1", &[hostile.as_str()], "PAID").await.unwrap();
+    assert_eq!(outcome, Transition::Illegal { current: "PENDING".into() });
+    assert_eq!(t.ledger("p1").await, 0, "the ledger table still exists");
+    t.drop_tables().await;
+}
+
+#[tokio::test]
+async fn null_statuses_duplicate_ids_and_mistyped_ids_are_typed_errors() {
+    let Some(t) = Tables::new().await else { return };
+    let client = t.client().await;
+    let loose = format!("{}_loose", t.payments);
+    client
+        .batch_execute(&format!(
+            "INSERT INTO {} VALUES ('p3', NULL, 1);
+             CREATE TABLE {loose} (id BIGINT, status TEXT);
+             INSERT INTO {loose} VALUES (7, 'PAID'), (7, 'PAID');",
+            t.payments
+        ))
+        .await
+        .unwrap();
+    let error = transition(&client, &t.column(), &"p3", &["PENDING"], "PAID").await.unwrap_err();
+    assert!(matches!(error, TransitionError::Corrupt { .. }), "{error:?}");
+    let message = error.to_string();
+    assert!(message.contains(&format!("the row \"p3\" of {}.status", t.payments)), "{message}");
+    assert!(message.contains("NULL"), "{message}");
+
+    let column = StatusColumn::new(&loose, "id", "status").unwrap();
+    let error = transition(&client, &column, &7_i64, &["PENDING"], "PAID").await.unwrap_err();
+    assert!(error.to_string().contains("2 rows have this id"), "{error}");
+    // An i32 for a BIGINT column: refused by the driver's type check, nothing ran.
+    let error = transition(&client, &column, &7_i32, &["PENDING"], "PAID").await.unwrap_err();
+    assert!(matches!(error, TransitionError::Database { .. }), "{error:?}");
+    assert!(error.to_string().contains(&format!("transition of {loose}.status")), "{error}");
+    client.batch_execute(&format!("DROP TABLE {loose}")).await.unwrap();
+    t.drop_tables().await;
+}
+
+/// Every answer but NotFound leaves the row locked until the transaction ends, so it
+/// still holds when the caller commits: another transaction cannot take the row's lock
+/// (`NOWAIT`: refused at once with SQLSTATE 55P03, no timing involved) until then.
+#[tokio::test]
+async fn an_answer_holds_the_row_until_the_transaction_ends() {
+    let Some(t) = Tables::new().await else { return };
+    let (mut client, mut other) = (t.client().await, t.client().await);
+    let grab = format!("SELECT status FROM {} WHERE id = 'p2' FOR UPDATE NOWAIT", t.payments);
+    for to in ["PAID", "REFUNDED"] {
+        let tx = client.transaction().await.unwrap();
+        let outcome = transition(&tx, &t.column(), &"p2", &["PENDING"], to).await.unwrap();
+        assert!(matches!(outcome, Transition::AlreadyInTarget | Transition::Illegal { .. }));
+        let competing = other.transaction().await.unwrap();
+        let refused = competing.query(&grab, &[]).await.unwrap_err();
+        assert_eq!(refused.code(), Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE));
+        competing.rollback().await.unwrap();
+        tx.commit().await.unwrap();
+        let competing = other.transaction().await.unwrap();
+        competing.query(&grab, &[]).await.unwrap();
+        competing.rollback().await.unwrap();
+    }
+    t.drop_tables().await;
+}
+
+/// What one concurrent handler got: its first attempt's answer (`None` for a
+/// conflict), and its retry's after a conflict.
+type Attempts = (Option<Transition>, Option<Transition>);
+
+/// `CALLBACKS` handlers, each on its own connection: all begin (`begin`) and load the
+/// payment, then, past a barrier so that every snapshot predates the winner's commit,
+/// transition it; a handler that gets a conflict rolls back and runs again.
+async fn concurrent_callbacks(t: &Arc<Tables>, begin: &'static str) -> Vec<Attempts> {
+    const CALLBACKS: usize = 8;
+    let loaded = Arc::new(tokio::sync::Barrier::new(CALLBACKS));
+    let mut handlers = Vec::new();
+    for _ in 0..CALLBACKS {
+        let (t, loaded) = (t.clone(), loaded.clone());
+        handlers.push(tokio::spawn(async move {
+            let mut client = t.client().await;
+            client.batch_execute(begin).await.unwrap();
+            let load = format!("SELECT status FROM {} WHERE id = 'p1'", t.payments);
+            let seen: String = client.query_one(&load, &[]).await.unwrap().get(0);
+            assert_eq!(seen, "PENDING");
+            loaded.wait().await;
+            let first = transition(&client, &t.column(), &"p1", &["PENDING"], "PAID").await;
+            match t.settle(&client, first, "p1").await {
+                Ok(outcome) => (Some(outcome), None),
+                Err(error) => {
+                    assert!(error.is_conflict(), "{error:?}");
+                    (None, Some(t.on_success(&mut client, begin, "p1").await.unwrap()))
+                }
+            }
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for handler in handlers {
+        outcomes.push(handler.await.unwrap());
+    }
+    outcomes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callbacks_under_read_committed_apply_once() {
+    let Some(t) = Tables::new().await else { return };
+    let t = Arc::new(t);
+    let outcomes = concurrent_callbacks(&t, "BEGIN ISOLATION LEVEL READ COMMITTED").await;
+    // The losers waited on the winner's row lock, re-checked the row, and read PAID.
+    let applied = outcomes.iter().filter(|o| **o == (Some(Transition::Applied), None)).count();
+    let duplicates =
+        outcomes.iter().filter(|o| **o == (Some(Transition::AlreadyInTarget), None)).count();
+    assert_eq!((applied, duplicates), (1, 7), "{outcomes:?}");
+    assert_eq!(t.ledger("p1").await, 1);
+    Arc::into_inner(t).unwrap().drop_tables().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callbacks_under_repeatable_read_conflict_and_their_retries_are_duplicates() {
+    let Some(t) = Tables::new().await else { return };
+    let t = Arc::new(t);
+    let outcomes = concurrent_callbacks(&t, "BEGIN ISOLATION LEVEL REPEATABLE READ").await;
+    // Every loser's snapshot predates the winner's commit: a serialization failure, then
+    // a retry that sees PAID.
+    let applied = outcomes.iter().filter(|o| **o == (Some(Transition::Applied), None)).count();
+    let retried =
+        outcomes.iter().filter(|o| **o == (None, Some(Transition::AlreadyInTarget))).count();
+    assert_eq!((applied, retried), (1, 7), "{outcomes:?}");
+    assert_eq!(t.ledger("p1").await, 1);
+    Arc::into_inner(t).unwrap().drop_tables().await;
+}
+
+#[tokio::test]
+async fn repeatable_read_after_a_concurrent_commit_is_a_conflict_to_retry() {
+    let Some(t) = Tables::new().await else { return };
+    let (mut late, mut first) = (t.client().await, t.client().await);
+    let tx =
+        late.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead);
+    let tx = tx.start().await.unwrap();
+    // The handler loads the payment first: the snapshot is taken here.
+    let load = format!("SELECT status FROM {} WHERE id = 'p1'", t.payments);
+    assert_eq!(tx.query_one(&load, &[]).await.unwrap().get::<_, String>(0), "PENDING");
+    assert_eq!(t.on_success(&mut first, "BEGIN", "p1").await.unwrap(), Transition::Applied);
+    let error = transition(&tx, &t.column(), &"p1", &["PENDING"], "PAID").await.unwrap_err();
+    assert!(error.is_conflict(), "{error:?}");
+    assert!(error.to_string().contains("could not serialize access"), "{error}");
+    tx.rollback().await.unwrap();
+    let retry = t.on_success(&mut late, "BEGIN ISOLATION LEVEL REPEATABLE READ", "p1").await;
+    assert_eq!(retry.unwrap(), Transition::AlreadyInTarget);
+    assert_eq!(t.ledger("p1").await, 1);
+    t.drop_tables().await;
+}

@@ -1,0 +1,145 @@
+//! Conditional transitions of a status column on your own rusqlite connection or
+//! transaction (see [`idemcache::transition`] for the contract).
+//!
+//! ```
+//! use idemcache::transition::{StatusColumn, Transition};
+//! use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
+//! use idemcache_sqlite::transition::transition;
+//!
+//! let mut db = Connection::open_in_memory()?;
+//! db.execute_batch(
+//!     "CREATE TABLE payments (id TEXT PRIMARY KEY, status TEXT NOT NULL);
+//!      CREATE TABLE ledger (payment TEXT NOT NULL);
+//!      INSERT INTO payments VALUES ('p1', 'PENDING');",
+//! )?;
+//! let payments = StatusColumn::new("payments", "id", "status")?;
+//!
+//! // The payment provider's SUCCESS callback, delivered twice.
+//! for _ in 0..2 {
+//!     let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+//!     match transition(&tx, &payments, "p1", &["PENDING"], "PAID")? {
+//!         Transition::Applied => {
+//!             tx.execute("INSERT INTO ledger VALUES ('p1')", [])?;
+//!         }
+//!         Transition::AlreadyInTarget => {} // a duplicate: answer OK, do nothing
+//!         Transition::Illegal { current } => return Err(format!("409: payment is {current}").into()),
+//!         Transition::NotFound => return Err("404".into()),
+//!     }
+//!     tx.commit()?;
+//! }
+//! let entries: i64 = db.query_row("SELECT count(*) FROM ledger", [], |r| r.get(0))?;
+//! assert_eq!(entries, 1);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Invariant: the transition is an `UPDATE` and, only if it matched no row, one read on
+//! the same connection; both statements are the core's [`Plan`], with every value bound.
+//!
+//! Run it in a transaction begun `IMMEDIATE` (rusqlite's
+//! `transaction_with_behavior(TransactionBehavior::Immediate)`): the write lock is then
+//! held from the start, so the read sees what the `UPDATE` saw and the answer holds until
+//! you commit. In a `DEFERRED` transaction that read before, another connection's commit
+//! makes the `UPDATE` fail with `SQLITE_BUSY_SNAPSHOT`
+//! ([`TransitionError::Conflict`]: roll back and run it again). Outside any
+//! transaction the two statements commit apart, and a row moving in between is a
+//! `Conflict` too.
+
+use std::fmt;
+
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{Connection, ToSql};
+
+use idemcache::transition::{
+    is_conflict_sqlite_code, Dialect, Plan, StatusColumn, StoredStatus, Transition, TransitionError,
+};
+
+/// Moves the row of `column`'s table whose id is `id` from any status in `from` to
+/// `to`, and says what it found (see [`Transition`]). `conn` is a connection or, through
+/// `Deref`, a `Transaction` (pass `&tx`): do the effect of [`Transition::Applied`] in
+/// the same transaction before committing it.
+///
+/// `id` is any value rusqlite binds (an integer, a `&str`, ...); the status column holds
+/// text. A NULL or non-text status is [`TransitionError::Corrupt`]; invalid input
+/// ([`StatusColumn::plan`]) is refused before any SQL runs.
+pub fn transition(
+    conn: &Connection,
+    column: &StatusColumn,
+    id: impl ToSql,
+    from: &[&str],
+    to: &str,
+) -> Result<Transition, TransitionError> {
+    let plan = column.plan(Dialect::Sqlite, from, to)?;
+    let shown = Shown(&id);
+    let updated = update(conn, &plan, &id).map_err(|e| failed(&plan, e))?;
+    if let Some(done) = plan.after_update(updated as u64, &shown)? {
+        return Ok(done);
+    }
+    let rows = read(conn, &plan, &id).map_err(|e| failed(&plan, e))?;
+    plan.after_read(rows, &shown)
+}
+
+/// Runs the plan's `UPDATE`: the affected rows.
+fn update(conn: &Connection, plan: &Plan<'_>, id: &dyn ToSql) -> rusqlite::Result<usize> {
+    let to = plan.to();
+    let mut params: Vec<&dyn ToSql> = Vec::with_capacity(2 + plan.from().len());
+    params.push(&to);
+    params.push(id);
+    params.extend(plan.from().iter().map(|f| f as &dyn ToSql));
+    conn.prepare_cached(&plan.update_sql())?.execute(params.as_slice())
+}
+
+/// Runs the plan's read: the status of each row (at most two) with the id.
+fn read(conn: &Connection, plan: &Plan<'_>, id: &dyn ToSql) -> rusqlite::Result<Vec<StoredStatus>> {
+    let mut statement = conn.prepare_cached(&plan.select_sql())?;
+    let mut rows = statement.query([id])?;
+    let mut statuses = Vec::with_capacity(1);
+    while let Some(row) = rows.next()? {
+        statuses.push(match row.get_ref(0)? {
+            ValueRef::Text(bytes) => match std::str::from_utf8(bytes) {
+                Ok(text) => StoredStatus::Text(text.to_owned()),
+                Err(_) => StoredStatus::Other("TEXT that is not UTF-8".into()),
+            },
+            ValueRef::Null => StoredStatus::Null,
+            ValueRef::Integer(_) => StoredStatus::Other("INTEGER".into()),
+            ValueRef::Real(_) => StoredStatus::Other("REAL".into()),
+            ValueRef::Blob(_) => StoredStatus::Other("BLOB".into()),
+        });
+    }
+    Ok(statuses)
+}
+
+/// A rusqlite error as the transition's: `SQLITE_BUSY` in any form is a conflict.
+fn failed(plan: &Plan<'_>, error: rusqlite::Error) -> TransitionError {
+    let conflict = matches!(&error, rusqlite::Error::SqliteFailure(e, _)
+        if is_conflict_sqlite_code(e.extended_code));
+    plan.failed(error, conflict)
+}
+
+/// The id as error messages show it: `42`, `"p-1"`; formatted only when one is written.
+struct Shown<'a, T: ToSql>(&'a T);
+
+impl<T: ToSql> fmt::Debug for Shown<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Ok(output) = self.0.to_sql() else {
+            return f.write_str("(an id rusqlite cannot convert)");
+        };
+        let value = if let ToSqlOutput::Borrowed(value) = &output {
+            *value
+        } else if let ToSqlOutput::Owned(value) = &output {
+            ValueRef::from(value)
+        } else {
+            return f.write_str("(an id)");
+        };
+        match value {
+            ValueRef::Null => f.write_str("NULL"),
+            ValueRef::Integer(i) => write!(f, "{i}"),
+            ValueRef::Real(r) => write!(f, "{r}"),
+            ValueRef::Text(t) => write!(f, "{:?}", String::from_utf8_lossy(t)),
+            ValueRef::Blob(b) => {
+                f.write_str("x'")?;
+                b.iter().try_for_each(|byte| write!(f, "{byte:02x}"))?;
+                f.write_str("'")
+            }
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! Conditional transitions against SQLite files (WAL, as several processes share one):
+//! a payment provider's callbacks, each run in its own `IMMEDIATE` transaction that
+//! writes a ledger entry only when the transition applied. The ledger in the database
+//! is the witness: one entry per payment however many callbacks arrive, at once or not.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use idemcache::transition::{StatusColumn, Transition, TransitionError};
+use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
+use idemcache_sqlite::transition::transition;
+
+/// A database file of this test's own, removed (with its WAL files) when dropped.
+struct Db(PathBuf);
+
+impl Db {
+    fn new() -> Db {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "idemcache-transition-{}-{}.db",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let db = Db(std::env::temp_dir().join(name));
+        db.open()
+            .execute_batch(
+                "CREATE TABLE payments (id TEXT PRIMARY KEY, status TEXT, amount INTEGER NOT NULL);
+                 CREATE TABLE ledger (payment TEXT NOT NULL, amount INTEGER NOT NULL);
+                 CREATE TABLE x (keep INTEGER);
+                 INSERT INTO payments VALUES ('p1', 'PENDING', 500), ('p2', 'PAID', 700);",
+            )
+            .unwrap();
+        db
+    }
+
+    fn open(&self) -> Connection {
+        let conn = Connection::open(&self.0).unwrap();
+        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        conn.busy_timeout(Duration::from_secs(30)).unwrap();
+        conn
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut path = self.0.clone().into_os_string();
+            path.push(suffix);
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn payments() -> StatusColumn {
+    StatusColumn::new("payments", "id", "status").unwrap()
+}
+
+fn status(conn: &Connection, id: &str) -> Option<String> {
+    conn.query_row("SELECT status FROM payments WHERE id = ?", [id], |r| r.get(0)).unwrap()
+}
+
+fn ledger(conn: &Connection, id: &str) -> i64 {
+    conn.query_row("SELECT count(*) FROM ledger WHERE payment = ?", [id], |r| r.get(0)).unwrap()
+}
+
+/// The SUCCESS callback's handler: PENDING -> PAID, and the ledger entry only if this
+/// call applied it, in one `IMMEDIATE` transaction.
+fn on_success(conn: &mut Connection, id: &str) -> Result<Transition, TransitionError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
+    let outcome = transition(&tx, &payments(), id, &["PENDING"], "PAID")?;
+    if outcome == Transition::Applied {
+        tx.execute("INSERT INTO ledger SELECT id, amount FROM payments WHERE id = ?", [id])
+            .unwrap();
+    }
+    tx.commit().unwrap();
+    Ok(outcome)
+}
+
+#[test]
+fn a_duplicate_success_callback_is_ok_with_no_second_effect() {
+    let db = Db::new();
+    let mut conn = db.open();
+    assert_eq!(on_success(&mut conn, "p1").unwrap(), Transition::Applied);
+    assert_eq!((status(&conn, "p1").as_deref(), ledger(&conn, "p1")), (Some("PAID"), 1));
+    for _ in 0..3 {
+        assert_eq!(on_success(&mut conn, "p1").unwrap(), Transition::AlreadyInTarget);
+    }
+    assert_eq!((status(&conn, "p1").as_deref(), ledger(&conn, "p1")), (Some("PAID"), 1));
+}
+
+#[test]
+fn paid_to_pending_is_refused_and_changes_nothing() {
+    let db = Db::new();
+    let conn = db.open();
+    // A retry flow may move FAILED back to PENDING; a PAID payment never.
+    let outcome = transition(&conn, &payments(), "p2", &["FAILED"], "PENDING").unwrap();
+    assert_eq!(outcome, Transition::Illegal { current: "PAID".into() });
+    assert_eq!(status(&conn, "p2").as_deref(), Some("PAID"));
+}
+
+#[test]
+fn an_unknown_id_is_not_found() {
+    let db = Db::new();
+    let conn = db.open();
+    let outcome = transition(&conn, &payments(), "p404", &["PENDING"], "PAID").unwrap();
+    assert_eq!(outcome, Transition::NotFound);
+}
+
+#[test]
+fn a_rolled_back_transition_leaves_the_row_for_the_redelivery() {
+    let db = Db::new();
+    let mut conn = db.open();
+    {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
+        let outcome = transition(&tx, &payments(), "p1", &["PENDING"], "PAID").unwrap();
+        assert_eq!(outcome, Transition::Applied);
+        // Dropped without commit: the effect failed, or the process died.
+    }
+    assert_eq!(status(&conn, "p1").as_deref(), Some("PENDING"));
+    assert_eq!(on_success(&mut conn, "p1").unwrap(), Transition::Applied);
+    assert_eq!(ledger(&conn, "p1"), 1);
+}
+
+#[test]
+fn injection_attempts_are_refused_before_any_sql_runs() {
+    let db = Db::new();
+    let conn = db.open();
+    for (table, id, status) in [
+        ("payments; DROP TABLE x", "id", "status"),
+        ("payments", "id; DROP TABLE x", "status"),
+        ("payments", "id", "status = 'PAID'; DROP TABLE x; --"),
+        ("payments`; DROP TABLE x; --", "id", "status"),
+    ] {
+        let refused = StatusColumn::new(table, id, status).unwrap_err();
+        assert!(matches!(refused, TransitionError::InvalidIdentifier { .. }), "{refused:?}");
+    }
+    // Values are bound, so a hostile status is just a string that matches nothing.
+    let hostile = "PENDING'); DROP TABLE x; --";
+    let outcome = transition(&conn, &payments(), "p1", &[hostile], "PAID").unwrap();
+    assert_eq!(outcome, Transition::Illegal { current: "PENDING".into() });
+    let kept: i64 = conn.query_row("SELECT count(*) FROM x", [], |r| r.get(0)).unwrap();
+    assert_eq!(kept, 0, "table x still exists");
+}
+
+#[test]
+fn a_misspelled_column_is_an_error_not_a_silent_not_found() {
+    let db = Db::new();
+    let conn = db.open();
+    // Why the names are in backticks: SQLite reads a double-quoted name that matches no
+    // column as a string literal, so this matches no row instead of failing.
+    let silent = conn.execute(r#"UPDATE payments SET status = 'X' WHERE "idd" = 'p1'"#, []);
+    assert_eq!(silent.unwrap(), 0);
+    let column = StatusColumn::new("payments", "idd", "status").unwrap();
+    let error = transition(&conn, &column, "p1", &["PENDING"], "PAID").unwrap_err();
+    assert!(matches!(error, TransitionError::Database { .. }), "{error:?}");
+    assert!(error.to_string().contains("no such column: idd"), "{error}");
+}
+
+#[test]
+fn a_status_that_is_not_text_is_corrupt_naming_table_and_id() {
+    let db = Db::new();
+    let conn = db.open();
+    // A TEXT column turns numbers into text; a column without a type keeps them.
+    conn.execute_batch(
+        "INSERT INTO payments VALUES ('p3', NULL, 1), ('p5', x'00ff', 1);
+         CREATE TABLE untyped (id TEXT PRIMARY KEY, status);
+         INSERT INTO untyped VALUES ('p4', 42), ('p6', 4.5);",
+    )
+    .unwrap();
+    let untyped = StatusColumn::new("untyped", "id", "status").unwrap();
+    for (column, id, what) in [
+        (payments(), "p3", "NULL"),
+        (payments(), "p5", "BLOB"),
+        (untyped.clone(), "p4", "INTEGER"),
+        (untyped, "p6", "REAL"),
+    ] {
+        let error = transition(&conn, &column, id, &["PENDING"], "PAID").unwrap_err();
+        assert!(matches!(error, TransitionError::Corrupt { .. }), "{error:?}");
+        let message = error.to_string();
+        let row = format!("the row \"{id}\" of {}.status", column.table());
+        assert!(message.contains(&row), "{message}");
+        assert!(message.contains(what), "{message}");
+    }
+}
+
+#[test]
+fn a_non_unique_id_is_corrupt_and_the_rollback_undoes_it() {
+    let db = Db::new();
+    let mut conn = db.open();
+    conn.execute_batch(
+        "CREATE TABLE loose (id INTEGER, status TEXT);
+         INSERT INTO loose VALUES (7, 'PENDING'), (7, 'PENDING'), (8, 'PAID'), (8, 'PAID');",
+    )
+    .unwrap();
+    let loose = StatusColumn::new("loose", "id", "status").unwrap();
+    {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
+        let error = transition(&tx, &loose, 7, &["PENDING"], "PAID").unwrap_err();
+        assert!(error.to_string().contains("the row 7 of loose.status"), "{error}");
+        assert!(error.to_string().contains("2 rows were updated"), "{error}");
+    }
+    let pending: i64 = conn
+        .query_row("SELECT count(*) FROM loose WHERE status = 'PENDING'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(pending, 2);
+    let error = transition(&conn, &loose, 8_i64, &["PENDING"], "PAID").unwrap_err();
+    assert!(error.to_string().contains("2 rows have this id"), "{error}");
+}
+
+#[test]
+fn integer_ids_and_schema_qualified_tables() {
+    let db = Db::new();
+    let conn = db.open();
+    conn.execute_batch(
+        "CREATE TABLE orders (order_id INTEGER PRIMARY KEY, state TEXT NOT NULL);
+         INSERT INTO orders VALUES (41, 'NEW');",
+    )
+    .unwrap();
+    let orders = StatusColumn::new("main.orders", "order_id", "state").unwrap();
+    assert_eq!(transition(&conn, &orders, 41, &["NEW"], "SHIPPED").unwrap(), Transition::Applied);
+    let again = transition(&conn, &orders, 41_i64, &["NEW"], "SHIPPED").unwrap();
+    assert_eq!(again, Transition::AlreadyInTarget);
+    assert_eq!(transition(&conn, &orders, 42, &["NEW"], "SHIPPED").unwrap(), Transition::NotFound);
+}
+
+#[test]
+fn an_answer_holds_the_database_until_the_transaction_ends() {
+    let db = Db::new();
+    let (mut conn, mut other) = (db.open(), db.open());
+    // Refused at once instead of waiting: no timing involved.
+    other.busy_timeout(Duration::ZERO).unwrap();
+    for to in ["PAID", "REFUNDED"] {
+        // Deferred: the write lock comes from the transition's UPDATE, even one that
+        // matches no row.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred).unwrap();
+        let outcome = transition(&tx, &payments(), "p2", &["PENDING"], to).unwrap();
+        assert!(matches!(outcome, Transition::AlreadyInTarget | Transition::Illegal { .. }));
+        let refused = other.transaction_with_behavior(TransactionBehavior::Immediate);
+        assert!(refused.is_err(), "the database was not locked after {to}");
+        drop(refused);
+        tx.commit().unwrap();
+        other.transaction_with_behavior(TransactionBehavior::Immediate).unwrap().commit().unwrap();
+    }
+}
+
+#[test]
+fn concurrent_callbacks_on_their_own_connections_apply_once() {
+    const CALLBACKS: usize = 8;
+    let db = Db::new();
+    let start = Arc::new(Barrier::new(CALLBACKS));
+    let outcomes: Vec<Transition> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..CALLBACKS)
+            .map(|_| {
+                let (db, start) = (&db, start.clone());
+                s.spawn(move || {
+                    let mut conn = db.open();
+                    start.wait();
+                    on_success(&mut conn, "p1").unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let applied = outcomes.iter().filter(|o| **o == Transition::Applied).count();
+    assert_eq!(applied, 1, "{outcomes:?}");
+    assert!(outcomes
+        .iter()
+        .all(|o| matches!(o, Transition::Applied | Transition::AlreadyInTarget)));
+    assert_eq!(ledger(&db.open(), "p1"), 1);
+}
+
+#[test]
+fn a_deferred_transaction_with_a_stale_snapshot_gets_a_conflict_to_retry() {
+    let db = Db::new();
+    let (mut late, mut first) = (db.open(), db.open());
+    let tx = late.transaction_with_behavior(TransactionBehavior::Deferred).unwrap();
+    // The handler loads the payment first: the read starts the WAL snapshot.
+    assert_eq!(status(&tx, "p1").as_deref(), Some("PENDING"));
+    assert_eq!(on_success(&mut first, "p1").unwrap(), Transition::Applied);
+    // Its UPDATE cannot write over a snapshot another commit has passed: SQLITE_BUSY_SNAPSHOT.
+    let error = transition(&tx, &payments(), "p1", &["PENDING"], "PAID").unwrap_err();
+    assert!(error.is_conflict(), "{error:?}");
+    tx.rollback().unwrap();
+    // The retry sees the winner's status.
+    assert_eq!(on_success(&mut late, "p1").unwrap(), Transition::AlreadyInTarget);
+    assert_eq!(ledger(&late, "p1"), 1);
+}

@@ -1,0 +1,435 @@
+//! Conditional transitions through sqlx against real engines: PostgreSQL when
+//! `IDEMCACHE_POSTGRES_URL` is set, MariaDB/MySQL when `IDEMCACHE_MYSQL_URL` is
+//! (skipped with a printed reason otherwise; the features `postgres` and `mysql` build
+//! them). A payment provider's callbacks, each in its own transaction that books a
+//! ledger entry only when the transition applied; the ledger in the database is the
+//! witness: one entry per payment however many callbacks come, in turn or at once.
+//!
+//! Every test creates tables of its own (pid and counter in the name) and drops them.
+
+#[cfg(not(all(feature = "postgres", feature = "mysql")))]
+#[test]
+fn transitions_need_the_postgres_and_mysql_features() {
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "skipped the sqlx transition suites: build with --features postgres,mysql (or --all-features)"
+    );
+}
+
+/// The suite every engine passes: `$connection` its sqlx connection, `$transition` its
+/// `transition` function, `$var`/`$example` its URL's variable, `$engine` appended to
+/// each `CREATE TABLE`.
+#[cfg(all(feature = "postgres", feature = "mysql"))]
+macro_rules! suite {
+    ($connection:ty, $transition:path, $var:expr, $example:expr, $engine:expr) => {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        use std::sync::Arc;
+
+        use idemcache::store::conformance::service_url;
+        use idemcache::transition::{StatusColumn, Transition, TransitionError};
+        use sqlx::{AssertSqlSafe, Connection};
+
+        use $transition as transition;
+
+        type Db = $connection;
+
+        /// Runs `sql` (test-owned names and literals only) on `conn`.
+        async fn run(conn: &mut Db, sql: String) {
+            sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *conn).await.unwrap();
+        }
+
+        async fn one_i64(conn: &mut Db, sql: String) -> i64 {
+            sqlx::query_scalar(AssertSqlSafe(sql)).fetch_one(&mut *conn).await.unwrap()
+        }
+
+        async fn one_text(conn: &mut Db, sql: String) -> Option<String> {
+            sqlx::query_scalar(AssertSqlSafe(sql)).fetch_one(&mut *conn).await.unwrap()
+        }
+
+        /// Tables of this test's own: payments p1 PENDING (500), p2 PAID; a ledger.
+        pub(crate) struct Tables {
+            pub(crate) url: String,
+            pub(crate) payments: String,
+            pub(crate) ledger: String,
+        }
+
+        impl Tables {
+            pub(crate) async fn new() -> Option<Tables> {
+                static N: AtomicU64 = AtomicU64::new(0);
+                let url = service_url($var, $example)?;
+                let n = format!("{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+                let t = Tables {
+                    url,
+                    payments: format!("tr_sqlx_payments_{n}"),
+                    ledger: format!("tr_sqlx_ledger_{n}"),
+                };
+                let mut conn = t.conn().await;
+                run(
+                    &mut conn,
+                    format!(
+                        "CREATE TABLE {} (id VARCHAR(64) PRIMARY KEY, status VARCHAR(20), \
+                     amount BIGINT NOT NULL){}",
+                        t.payments, $engine
+                    ),
+                )
+                .await;
+                run(
+                    &mut conn,
+                    format!(
+                        "CREATE TABLE {} (payment VARCHAR(64) NOT NULL, amount BIGINT NOT NULL){}",
+                        t.ledger, $engine
+                    ),
+                )
+                .await;
+                run(
+                    &mut conn,
+                    format!(
+                        "INSERT INTO {} VALUES ('p1', 'PENDING', 500), ('p2', 'PAID', 700)",
+                        t.payments
+                    ),
+                )
+                .await;
+                Some(t)
+            }
+
+            pub(crate) fn column(&self) -> StatusColumn {
+                StatusColumn::new(&self.payments, "id", "status").unwrap()
+            }
+
+            pub(crate) async fn conn(&self) -> Db {
+                Db::connect(&self.url).await.unwrap()
+            }
+
+            pub(crate) async fn status(&self, id: &str) -> Option<String> {
+                let sql = format!("SELECT status FROM {} WHERE id = '{id}'", self.payments);
+                one_text(&mut self.conn().await, sql).await
+            }
+
+            pub(crate) async fn ledger(&self, id: &str) -> i64 {
+                let sql = format!("SELECT count(*) FROM {} WHERE payment = '{id}'", self.ledger);
+                one_i64(&mut self.conn().await, sql).await
+            }
+
+            /// Books the ledger entry of `id` in `conn`'s open transaction.
+            pub(crate) async fn book(&self, conn: &mut Db, id: &str) {
+                run(
+                    conn,
+                    format!(
+                        "INSERT INTO {} SELECT id, amount FROM {} WHERE id = '{id}'",
+                        self.ledger, self.payments
+                    ),
+                )
+                .await;
+            }
+
+            /// The SUCCESS callback's handler: in one transaction, PENDING -> PAID and
+            /// the ledger entry only if this call applied it.
+            pub(crate) async fn on_success(
+                &self,
+                conn: &mut Db,
+                id: &str,
+            ) -> Result<Transition, TransitionError> {
+                let mut tx = conn.begin().await.unwrap();
+                let outcome =
+                    transition(&mut tx, &self.column(), &id, &["PENDING"], "PAID").await?;
+                if outcome == Transition::Applied {
+                    self.book(&mut tx, id).await;
+                }
+                tx.commit().await.unwrap();
+                Ok(outcome)
+            }
+
+            pub(crate) async fn drop_tables(self) {
+                let mut conn = self.conn().await;
+                run(&mut conn, format!("DROP TABLE {}", self.payments)).await;
+                run(&mut conn, format!("DROP TABLE {}", self.ledger)).await;
+            }
+        }
+
+        #[tokio::test]
+        async fn a_duplicate_success_callback_is_ok_with_no_second_effect() {
+            let Some(t) = Tables::new().await else { return };
+            let mut conn = t.conn().await;
+            assert_eq!(t.on_success(&mut conn, "p1").await.unwrap(), Transition::Applied);
+            for _ in 0..3 {
+                let again = t.on_success(&mut conn, "p1").await.unwrap();
+                assert_eq!(again, Transition::AlreadyInTarget);
+            }
+            assert_eq!((t.status("p1").await.as_deref(), t.ledger("p1").await), (Some("PAID"), 1));
+            t.drop_tables().await;
+        }
+
+        #[tokio::test]
+        async fn paid_to_pending_is_refused_unknown_ids_are_not_found() {
+            let Some(t) = Tables::new().await else { return };
+            let mut conn = t.conn().await;
+            let column = t.column();
+            // On a plain connection (autocommit) as well as in a transaction.
+            let outcome = transition(&mut conn, &column, &"p2", &["FAILED"], "PENDING").await;
+            assert_eq!(outcome.unwrap(), Transition::Illegal { current: "PAID".into() });
+            assert_eq!(t.status("p2").await.as_deref(), Some("PAID"));
+            let outcome = transition(&mut conn, &column, &"p404", &["PENDING"], "PAID").await;
+            assert_eq!(outcome.unwrap(), Transition::NotFound);
+            t.drop_tables().await;
+        }
+
+        #[tokio::test]
+        async fn a_rolled_back_transition_leaves_the_row_for_the_redelivery() {
+            let Some(t) = Tables::new().await else { return };
+            let mut conn = t.conn().await;
+            {
+                let mut tx = conn.begin().await.unwrap();
+                let outcome = transition(&mut tx, &t.column(), &"p1", &["PENDING"], "PAID").await;
+                assert_eq!(outcome.unwrap(), Transition::Applied);
+                tx.rollback().await.unwrap();
+            }
+            assert_eq!(t.status("p1").await.as_deref(), Some("PENDING"));
+            assert_eq!(t.on_success(&mut conn, "p1").await.unwrap(), Transition::Applied);
+            assert_eq!(t.ledger("p1").await, 1);
+            t.drop_tables().await;
+        }
+
+        #[tokio::test]
+        async fn injection_attempts_are_refused_and_values_are_bound() {
+            let Some(t) = Tables::new().await else { return };
+            let mut conn = t.conn().await;
+            let hostile_table = format!("{}; DROP TABLE {}", t.payments, t.ledger);
+            for (table, id, status) in [
+                (hostile_table.as_str(), "id", "status"),
+                (&t.payments, "id`; DROP TABLE x; --", "status"),
+                (&t.payments, "id", "status = 'PAID' --"),
+            ] {
+                let refused = StatusColumn::new(table, id, status).unwrap_err();
+                assert!(
+                    matches!(refused, TransitionError::InvalidIdentifier { .. }),
+                    "{refused:?}"
+                );
+            }
+            let hostile = format!("PENDING'); DROP TABLE {}; --", t.ledger);
+            let outcome =
+                transition(&mut conn, &t.column(), &"p1", &[hostile.as_str()], "PAID").await;
+            assert_eq!(outcome.unwrap(), Transition::Illegal { current: "PENDING".into() });
+            assert_eq!(t.ledger("p1").await, 0, "the ledger table still exists");
+            t.drop_tables().await;
+        }
+
+        #[tokio::test]
+        async fn null_statuses_and_duplicate_ids_are_corrupt_naming_table_and_id() {
+            let Some(t) = Tables::new().await else { return };
+            let mut conn = t.conn().await;
+            let loose = format!("{}_loose", t.payments);
+            run(&mut conn, format!("INSERT INTO {} VALUES ('p3', NULL, 1)", t.payments)).await;
+            run(&mut conn, format!("CREATE TABLE {loose} (id BIGINT, status TEXT){}", $engine))
+                .await;
+            run(&mut conn, format!("INSERT INTO {loose} VALUES (7, 'PAID'), (7, 'PAID')")).await;
+            let error =
+                transition(&mut conn, &t.column(), &"p3", &["PENDING"], "PAID").await.unwrap_err();
+            assert!(matches!(error, TransitionError::Corrupt { .. }), "{error:?}");
+            let message = error.to_string();
+            let row = format!("the row \"p3\" of {}.status", t.payments);
+            assert!(message.contains(&row) && message.contains("NULL"), "{message}");
+            let column = StatusColumn::new(&loose, "id", "status").unwrap();
+            let error =
+                transition(&mut conn, &column, &7_i64, &["PENDING"], "PAID").await.unwrap_err();
+            let message = error.to_string();
+            assert!(message.contains(&format!("the row 7 of {loose}.status")), "{message}");
+            assert!(message.contains("2 rows have this id"), "{message}");
+            run(&mut conn, format!("DROP TABLE {loose}")).await;
+            t.drop_tables().await;
+        }
+
+        /// Every answer but NotFound leaves the row locked until the transaction ends,
+        /// so it still holds when the caller commits: another transaction cannot take
+        /// the row's lock (`NOWAIT`: refused at once, no timing involved) until then.
+        #[tokio::test]
+        async fn an_answer_holds_the_row_until_the_transaction_ends() {
+            let Some(t) = Tables::new().await else { return };
+            let (mut conn, mut other) = (t.conn().await, t.conn().await);
+            let grab =
+                format!("SELECT status FROM {} WHERE id = 'p2' FOR UPDATE NOWAIT", t.payments);
+            for to in ["PAID", "REFUNDED"] {
+                let mut tx = conn.begin().await.unwrap();
+                let outcome = transition(&mut tx, &t.column(), &"p2", &["PENDING"], to).await;
+                assert!(matches!(
+                    outcome.unwrap(),
+                    Transition::AlreadyInTarget | Transition::Illegal { .. }
+                ));
+                let mut competing = other.begin().await.unwrap();
+                let refused =
+                    sqlx::query(AssertSqlSafe(grab.clone())).fetch_all(&mut *competing).await;
+                assert!(refused.is_err(), "the row was not locked after {to}");
+                competing.rollback().await.unwrap();
+                tx.commit().await.unwrap();
+                let mut competing = other.begin().await.unwrap();
+                sqlx::query(AssertSqlSafe(grab.clone())).fetch_all(&mut *competing).await.unwrap();
+                competing.rollback().await.unwrap();
+            }
+            t.drop_tables().await;
+        }
+
+        /// 8 handlers, each on its own connection and in its own transaction (the
+        /// engine's default isolation), load the payment (a plain read: the snapshot),
+        /// wait until all have, then transition it and book on Applied.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn concurrent_callbacks_apply_once_the_rest_are_duplicates() {
+            const CALLBACKS: usize = 8;
+            let Some(t) = Tables::new().await else { return };
+            let t = Arc::new(t);
+            let loaded = Arc::new(tokio::sync::Barrier::new(CALLBACKS));
+            let mut handlers = Vec::new();
+            for _ in 0..CALLBACKS {
+                let (t, loaded) = (t.clone(), loaded.clone());
+                handlers.push(tokio::spawn(async move {
+                    let mut conn = t.conn().await;
+                    let mut tx = conn.begin().await.unwrap();
+                    let load = format!("SELECT status FROM {} WHERE id = 'p1'", t.payments);
+                    assert_eq!(one_text(&mut tx, load).await.as_deref(), Some("PENDING"));
+                    loaded.wait().await;
+                    let outcome =
+                        transition(&mut tx, &t.column(), &"p1", &["PENDING"], "PAID").await;
+                    let outcome = outcome.unwrap();
+                    if outcome == Transition::Applied {
+                        t.book(&mut tx, "p1").await;
+                    }
+                    tx.commit().await.unwrap();
+                    outcome
+                }));
+            }
+            let mut outcomes = Vec::new();
+            for handler in handlers {
+                outcomes.push(handler.await.unwrap());
+            }
+            let applied = outcomes.iter().filter(|o| **o == Transition::Applied).count();
+            let duplicates = outcomes.iter().filter(|o| **o == Transition::AlreadyInTarget).count();
+            assert_eq!((applied, duplicates), (1, CALLBACKS - 1), "{outcomes:?}");
+            assert_eq!(t.ledger("p1").await, 1);
+            Arc::into_inner(t).unwrap().drop_tables().await;
+        }
+    };
+}
+
+#[cfg(all(feature = "postgres", feature = "mysql"))]
+mod postgres {
+    suite!(
+        sqlx::PgConnection,
+        idemcache_sqlx::transition::postgres::transition,
+        "IDEMCACHE_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+        ""
+    );
+
+    /// Under `REPEATABLE READ`, a transaction whose snapshot predates a concurrent
+    /// transition's commit gets a serialization failure: `Conflict`, and its retry is a
+    /// duplicate.
+    #[tokio::test]
+    async fn repeatable_read_after_a_concurrent_commit_is_a_conflict_to_retry() {
+        let Some(t) = Tables::new().await else { return };
+        let (mut late, mut first) = (t.conn().await, t.conn().await);
+        let mut tx = late.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ").await.unwrap();
+        let load = format!("SELECT status FROM {} WHERE id = 'p1'", t.payments);
+        assert_eq!(one_text(&mut tx, load).await.as_deref(), Some("PENDING"));
+        assert_eq!(t.on_success(&mut first, "p1").await.unwrap(), Transition::Applied);
+        let error =
+            transition(&mut tx, &t.column(), &"p1", &["PENDING"], "PAID").await.unwrap_err();
+        assert!(error.is_conflict(), "{error:?}");
+        assert!(error.to_string().contains("could not serialize access"), "{error}");
+        tx.rollback().await.unwrap();
+        assert_eq!(t.on_success(&mut late, "p1").await.unwrap(), Transition::AlreadyInTarget);
+        assert_eq!(t.ledger("p1").await, 1);
+        t.drop_tables().await;
+    }
+}
+
+#[cfg(all(feature = "postgres", feature = "mysql"))]
+mod mysql {
+    suite!(
+        sqlx::MySqlConnection,
+        idemcache_sqlx::transition::mysql::transition,
+        "IDEMCACHE_MYSQL_URL",
+        "mysql://root@127.0.0.1:3306/test",
+        " ENGINE=InnoDB"
+    );
+
+    /// Why the read after the `UPDATE` must lock: under `REPEATABLE READ` a transaction
+    /// that read the row before a concurrent transition committed keeps seeing PENDING
+    /// in plain reads, while its `UPDATE` (a locking read) sees PAID and matches nothing.
+    /// A plain read would report PENDING; the transition says `AlreadyInTarget`.
+    #[tokio::test]
+    async fn under_repeatable_read_the_read_locks_or_it_would_see_the_old_snapshot() {
+        let Some(t) = Tables::new().await else { return };
+        let (mut late, mut first) = (t.conn().await, t.conn().await);
+        let load = format!("SELECT status FROM {} WHERE id = 'p1'", t.payments);
+        // The server's default isolation: REPEATABLE READ unless configured otherwise
+        // (then the plain read below would see PAID, and this test fail).
+        let mut tx = late.begin().await.unwrap();
+        assert_eq!(one_text(&mut tx, load.clone()).await.as_deref(), Some("PENDING"));
+        assert_eq!(t.on_success(&mut first, "p1").await.unwrap(), Transition::Applied);
+        // The plain read still says PENDING: the snapshot, not the committed row.
+        assert_eq!(one_text(&mut tx, load.clone()).await.as_deref(), Some("PENDING"));
+        let outcome = transition(&mut tx, &t.column(), &"p1", &["PENDING"], "PAID").await;
+        assert_eq!(outcome.unwrap(), Transition::AlreadyInTarget);
+        assert_eq!(one_text(&mut tx, load).await.as_deref(), Some("PENDING"));
+        tx.commit().await.unwrap();
+        assert_eq!(t.ledger("p1").await, 1);
+        t.drop_tables().await;
+    }
+
+    /// sqlx connects with `CLIENT_FOUND_ROWS`: an `UPDATE` that writes the value a row
+    /// already holds still counts it. (A `to` among `from` is refused, so the count is
+    /// never asked to tell a duplicate from a move.)
+    #[tokio::test]
+    async fn sqlx_counts_matched_rows_not_changed_ones() {
+        let Some(t) = Tables::new().await else { return };
+        let mut conn = t.conn().await;
+        let same = format!("UPDATE {} SET status = 'PAID' WHERE id = 'p2'", t.payments);
+        let result = sqlx::query(AssertSqlSafe(same)).execute(&mut conn).await.unwrap();
+        assert_eq!(result.rows_affected(), 1);
+        t.drop_tables().await;
+    }
+
+    /// MySQL's default collations compare case-insensitively and ignore trailing
+    /// spaces: a row holding PAID matches `status IN ('paid')` and `('PAID  ')`. Hence
+    /// `to` may not equal a `from` so compared.
+    #[tokio::test]
+    async fn the_default_collation_ignores_case_so_such_sources_are_refused() {
+        let Some(t) = Tables::new().await else { return };
+        let mut conn = t.conn().await;
+        let sql = format!("SELECT count(*) FROM {} WHERE status IN ('paid')", t.payments);
+        assert_eq!(one_i64(&mut conn, sql).await, 1);
+        let sql = format!("SELECT count(*) FROM {} WHERE status IN ('PAID  ')", t.payments);
+        assert_eq!(one_i64(&mut conn, sql).await, 1, "PAD SPACE: trailing spaces ignored");
+        for source in ["paid", "PAID  "] {
+            let refused = transition(&mut conn, &t.column(), &"p2", &[source], "PAID").await;
+            assert!(matches!(refused, Err(TransitionError::InvalidInput { .. })), "{refused:?}");
+        }
+        t.drop_tables().await;
+    }
+
+    /// MariaDB's `innodb_snapshot_isolation` makes `REPEATABLE READ` refuse to update a
+    /// row changed since the snapshot (error 1020): a `Conflict`, whose retry is a
+    /// duplicate. Skipped on servers without the variable (MySQL, MariaDB < 10.6.18).
+    #[tokio::test]
+    async fn mariadb_snapshot_isolation_refusal_is_a_conflict_to_retry() {
+        let Some(t) = Tables::new().await else { return };
+        let (mut late, mut first) = (t.conn().await, t.conn().await);
+        let on = sqlx::raw_sql("SET SESSION innodb_snapshot_isolation = ON").execute(&mut late);
+        if let Err(error) = on.await {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipped the snapshot isolation test: {error}");
+            t.drop_tables().await;
+            return;
+        }
+        let load = format!("SELECT status FROM {} WHERE id = 'p1'", t.payments);
+        let mut tx = late.begin().await.unwrap();
+        assert_eq!(one_text(&mut tx, load).await.as_deref(), Some("PENDING"));
+        assert_eq!(t.on_success(&mut first, "p1").await.unwrap(), Transition::Applied);
+        let error =
+            transition(&mut tx, &t.column(), &"p1", &["PENDING"], "PAID").await.unwrap_err();
+        assert!(error.is_conflict(), "{error:?}");
+        tx.rollback().await.unwrap();
+        assert_eq!(t.on_success(&mut late, "p1").await.unwrap(), Transition::AlreadyInTarget);
+        assert_eq!(t.ledger("p1").await, 1);
+        t.drop_tables().await;
+    }
+}
