@@ -76,7 +76,9 @@
 //! together, and where each transition lives. Async code waits with
 //! [`Cache::claim_wait_async`]. For the database's own half of idempotency,
 //! [`transition`] moves a row's status only from allowed sources (a callback's duplicate
-//! is told apart from its first delivery); the drivers' halves live in the store crates.
+//! is told apart from its first delivery), [`inbox`] is a message consumer's record in
+//! the transaction that applies the message, and [`snapshot`] carries a cache's facts
+//! across a restart; the drivers' halves live in the store crates.
 //! Built on the public API, behind features, and in crates of their own:
 //!
 //! | feature / crate | what it adds | dependencies |
@@ -86,10 +88,10 @@
 //! | `tracing` | one `tracing` event per decision of the layer | tracing |
 //! | `store` | `store`: the durable `Store` trait, its object-safe form, `Tiered` (the cache in front of a store), the engines' unique-violation codes | none |
 //! | `test-utils` | `store::conformance`: the suite every store passes, for yours | none |
-//! | `idemcache-sqlite` | `SqliteStore` (rusqlite, bundled) and rusqlite's classifier | rusqlite |
-//! | `idemcache-postgres` | `PostgresStore` (tokio-postgres, deadpool) and its classifier | tokio-postgres, deadpool-postgres |
+//! | `idemcache-sqlite` | `SqliteStore` (rusqlite, bundled), rusqlite's classifier, `complete_in`, the inbox and transitions on your own connection | rusqlite |
+//! | `idemcache-postgres` | `PostgresStore` (tokio-postgres, deadpool), its classifier, `complete_in`, the inbox and transitions on your own transaction | tokio-postgres, deadpool-postgres |
 //! | `idemcache-redis` | `RedisStore` (Lua scripts, Cluster-ready keys) | redis |
-//! | `idemcache-sqlx`, `idemcache-mysql-async` | those drivers' unique-violation classifiers | sqlx, mysql_async |
+//! | `idemcache-sqlx`, `idemcache-mysql-async` | those drivers' unique-violation classifiers; sqlx's inbox and transitions | sqlx, mysql_async |
 //! | `idemcache-any` | `open(url)`: any of the stores from `sqlite:`, `postgres://` or `redis://` | the three store crates |
 //!
 //! Each store crate tracks its driver's current release and re-exports it, so that an
