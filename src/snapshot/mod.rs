@@ -48,7 +48,7 @@
 //! copied is. The snapshot as a whole is therefore not one instant of the cache, only
 //! each shard is; nothing in it is ever half-written.
 //!
-//! **Over [`Tiered`](crate::store::Tiered)** the store is the authority and a snapshot
+//! **Over `Tiered`** (`idemcache::store::Tiered`, feature `store`) the store is the authority and a snapshot
 //! only a hint, which cannot resurrect what the store dropped or changed: `Tiered`
 //! answers from memory only COMPLETED results, and a store never changes a COMPLETED
 //! record before its TTL ends (no operation of the `Store` trait does: a completion is
