@@ -31,6 +31,7 @@ pub mod encoding;
 mod open_claim;
 mod tiered;
 pub mod unique;
+mod wait;
 
 use std::fmt;
 use std::future::Future;
@@ -41,6 +42,9 @@ use bytes::Bytes;
 pub use dynamic::{AnyStore, BoxFuture, DynStore};
 pub use open_claim::OpenClaim;
 pub use tiered::{Tiered, TieredClaim, TieredError, TieredGuard};
+pub use wait::claim_wait;
+#[cfg(feature = "tower")]
+pub(crate) use wait::look_while;
 
 use crate::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
