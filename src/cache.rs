@@ -138,6 +138,10 @@ impl Cache {
                         token_base,
                         limits,
                         config.listener.is_some(),
+                        match config.lapse_policy {
+                            crate::LapsePolicy::MarkUnknown => Some(config.unknown_ttl),
+                            _ => None,
+                        },
                     )),
                     sleep: Mutex::new(()),
                     changed: Condvar::new(),
@@ -213,6 +217,11 @@ impl Cache {
         self.inner.config.drop_policy
     }
 
+    /// What a lapsed lease becomes ([`LapsePolicy`](crate::LapsePolicy)).
+    pub fn lapse_policy(&self) -> crate::LapsePolicy {
+        self.inner.config.lapse_policy
+    }
+
     pub(crate) fn config(&self) -> &Config {
         &self.inner.config
     }
@@ -283,7 +292,9 @@ impl Cache {
     ///
     /// Exactly one of any number of concurrent callers gets [`Claim::Acquired`]; the
     /// others get the stored result, "in progress", "unknown" or a mismatch. A key whose
-    /// owner's lease has lapsed is taken over with a new fencing token.
+    /// owner's lease has lapsed is taken over with a new fencing token, or under
+    /// [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown) answers
+    /// [`Claim::Unknown`] (marked at the lease's end).
     ///
     /// Fails closed with [`ClaimError::CapacityExhausted`] when the key's shard is full
     /// and holds nothing evictable (only in-flight and unknown entries): do not execute.
@@ -313,7 +324,8 @@ impl Cache {
     ///
     /// Returns what a fresh claim would once the key leaves PROCESSING: the stored result,
     /// "unknown", or [`Claim::Acquired`] if the owner released the key or its lease
-    /// lapsed. If `timeout` passes first, returns [`Claim::InProgress`].
+    /// lapsed (under [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown) a
+    /// lapse answers "unknown"). If `timeout` passes first, returns [`Claim::InProgress`].
     ///
     /// **This blocks the calling thread** for up to `timeout`. Do not call it on an
     /// async runtime's worker thread: on a current-thread runtime the owner cannot run
@@ -464,6 +476,14 @@ impl Cache {
         self.with_shard(shard, |s, now, cfg| s.resolve(hash, key, &mut body, now, cfg))
     }
 
+    /// [`Cache::resolve`] with a body or none (completed without a body), for
+    /// [`Cache::reconcile`].
+    pub(crate) fn resolve_with(&self, key: &Key, body: Option<Bytes>) -> Result<(), ResolveError> {
+        let (hash, shard) = self.locate(key);
+        let mut body = body;
+        self.with_shard(shard, |s, now, cfg| s.resolve(hash, key, &mut body, now, cfg))
+    }
+
     /// Puts a fact learned elsewhere into the cache (warming it from a database,
     /// restoring it after a restart, remembering that a key belongs to one request),
     /// keeping its original times: absent → COMPLETED or UNKNOWN, no claim and no
@@ -493,15 +513,25 @@ impl Cache {
     /// reconciler to check against the authority and then
     /// [`resolve`](Cache::resolve) or [`forget`](Cache::forget).
     ///
-    /// Takes each shard's read lock in turn for the first `limit` entries of its list of
-    /// UNKNOWN entries (it never scans the map): `O(shards × limit)`, sorted by
-    /// `marked_at`. A shard's list is in the order entries became UNKNOWN in this cache,
-    /// so a fact [`insert`](Cache::insert)ed with an older mark than entries already
-    /// listed may wait for them. Entries you cannot settle yet are listed again, first,
-    /// on the next call.
+    /// Takes each shard's read lock in turn and walks its list of UNKNOWN entries (it
+    /// never scans the map) for the `limit` marked longest ago: `O(u log u)` for `u`
+    /// UNKNOWN entries, sorted by `marked_at` (a fact [`insert`](Cache::insert)ed with
+    /// an older mark is listed before entries marked since). Entries you cannot settle
+    /// yet are listed again, first, on the next call.
+    ///
+    /// Under [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown) it lists the
+    /// leases that lapsed too: each shard is first swept as
+    /// [`run_pending`](Cache::run_pending) sweeps it (write-locked, in bounded steps),
+    /// which turns them UNKNOWN and reclaims what is dead; its cost is what is due.
     pub fn unknown(&self, limit: usize) -> Vec<UnknownEntry> {
         let mut all = Vec::new();
-        for cell in self.inner.shards.iter() {
+        let lapses = self.inner.config.lapse_policy == crate::LapsePolicy::MarkUnknown;
+        for (i, cell) in self.inner.shards.iter().enumerate() {
+            if lapses {
+                // Listed under the lock that finished the sweep: nothing lapsed between.
+                all.extend(self.swept(i, |s, now| s.unknown(limit, now)).1);
+                continue;
+            }
             let shard = cell.shard.read();
             all.extend(shard.unknown(limit, self.now()));
         }
@@ -538,29 +568,34 @@ impl Cache {
     /// swept in bounded steps, releasing its lock between them. For CLIs and tests;
     /// services may prefer [`Cache::spawn_sweeper`].
     pub fn run_pending(&self) -> usize {
+        (0..self.inner.shards.len()).map(|shard| self.swept(shard, |_, _| ()).0).sum()
+    }
+
+    /// Sweeps one shard of everything due, in bounded write-locked steps, then runs
+    /// `last` under the lock of the step that finished; returns how many entries it
+    /// reclaimed and what `last` returned.
+    fn swept<T>(&self, shard: usize, last: impl Fn(&mut Shard, Timestamp) -> T) -> (usize, T) {
         /// Wheel moves per locked step: short enough not to stall a shard's callers.
         const STEP: usize = 1024;
         let mut reclaimed = 0;
-        for shard in 0..self.inner.shards.len() {
-            loop {
-                let (n, done, freed) = self.with_shard(shard, |s, now, _| {
-                    let (mut n, swept) = s.sweep(now, STEP);
-                    if swept {
-                        // What died since the current tick began, too: "every expired
-                        // entry", not every one a whole tick ago.
-                        n += s.reclaim_within_tick(now);
-                    }
-                    (n, swept, std::mem::take(&mut s.deferred.graveyard))
+        loop {
+            let (n, out, freed) = self.with_shard(shard, |s, now, _| {
+                let (mut n, swept) = s.sweep(now, STEP);
+                let out = swept.then(|| {
+                    // What died since the current tick began, too: "every expired
+                    // entry", not every one a whole tick ago.
+                    n += s.reclaim_within_tick(now);
+                    last(s, now)
                 });
-                // Dropped unlocked: departed results may own the caller's values.
-                drop(freed);
-                reclaimed += n;
-                if done {
-                    break;
-                }
+                (n, out, std::mem::take(&mut s.deferred.graveyard))
+            });
+            // Dropped unlocked: departed results may own the caller's values.
+            drop(freed);
+            reclaimed += n;
+            if let Some(out) = out {
+                return (reclaimed, out);
             }
         }
-        reclaimed
     }
 
     /// Starts a thread that calls [`Cache::run_pending`] every `interval` (real time),

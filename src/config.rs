@@ -6,7 +6,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{BuildError, Cache, Clock, Key, RemovalCause, SystemClock};
+use crate::{BuildError, Cache, Clock, Key, LapsePolicy, RemovalCause, SystemClock};
 
 /// A function told about every entry that leaves the cache, and why.
 pub(crate) type Listener = std::sync::Arc<dyn Fn(&Key, RemovalCause) + Send + Sync>;
@@ -58,6 +58,7 @@ pub(crate) struct Config {
     pub(crate) lease: Duration,
     pub(crate) unknown_ttl: Duration,
     pub(crate) drop_policy: DropPolicy,
+    pub(crate) lapse_policy: LapsePolicy,
     pub(crate) max_result_size: usize,
     pub(crate) tick: Duration,
     pub(crate) max_entries: usize,
@@ -73,6 +74,7 @@ impl fmt::Debug for Config {
             .field("lease", &self.lease)
             .field("unknown_ttl", &self.unknown_ttl)
             .field("drop_policy", &self.drop_policy)
+            .field("lapse_policy", &self.lapse_policy)
             .field("max_result_size", &self.max_result_size)
             .field("tick", &self.tick)
             .field("max_entries", &self.max_entries)
@@ -86,7 +88,7 @@ impl fmt::Debug for Config {
 ///
 /// Defaults: `available_parallelism() * 4` shards (rounded up to a power of two),
 /// completed results kept 24 h, leases of 60 s, unknown outcomes kept 24 h,
-/// [`DropPolicy::Release`], results up to 64 KiB kept, at most 1,000,000 entries and
+/// [`DropPolicy::Release`], [`LapsePolicy::TakeOver`], results up to 64 KiB kept, at most 1,000,000 entries and
 /// 512 MiB, a 1 s wheel tick, no removal listener, [`SystemClock`].
 ///
 /// The bounds are enforced per shard, each shard holding `max_entries / shards` entries
@@ -123,6 +125,7 @@ pub struct CacheBuilder {
     lease: Duration,
     unknown_ttl: Duration,
     drop_policy: DropPolicy,
+    lapse_policy: LapsePolicy,
     max_result_size: usize,
     tick: Duration,
     max_entries: usize,
@@ -139,6 +142,7 @@ impl fmt::Debug for CacheBuilder {
             .field("lease", &self.lease)
             .field("unknown_ttl", &self.unknown_ttl)
             .field("drop_policy", &self.drop_policy)
+            .field("lapse_policy", &self.lapse_policy)
             .field("max_result_size", &self.max_result_size)
             .field("tick", &self.tick)
             .field("max_entries", &self.max_entries)
@@ -157,6 +161,7 @@ impl Default for CacheBuilder {
             lease: Duration::from_secs(60),
             unknown_ttl: Duration::from_secs(24 * 3600),
             drop_policy: DropPolicy::Release,
+            lapse_policy: LapsePolicy::TakeOver,
             max_result_size: 64 * 1024,
             tick: Duration::from_secs(1),
             max_entries: 1_000_000,
@@ -196,6 +201,17 @@ impl CacheBuilder {
     /// What a guard dropped without an outcome does.
     pub fn drop_policy(mut self, policy: DropPolicy) -> Self {
         self.drop_policy = policy;
+        self
+    }
+
+    /// What a PROCESSING entry whose lease lapsed becomes: taken over by the next claim
+    /// ([`LapsePolicy::TakeOver`], the default) or UNKNOWN from the lease's end
+    /// ([`LapsePolicy::MarkUnknown`]: marked at the lease's end and kept
+    /// [`unknown_ttl`](CacheBuilder::unknown_ttl) from then; a claim answers
+    /// [`Claim::Unknown`](crate::Claim::Unknown), [`Cache::unknown`] lists it, it is
+    /// never evicted). The lapsed guard gets [`LeaseLost`](crate::LeaseLost) either way.
+    pub fn lapse_policy(mut self, policy: LapsePolicy) -> Self {
+        self.lapse_policy = policy;
         self
     }
 
@@ -299,6 +315,7 @@ impl CacheBuilder {
             lease: self.lease,
             unknown_ttl: self.unknown_ttl,
             drop_policy: self.drop_policy,
+            lapse_policy: self.lapse_policy,
             max_result_size: self.max_result_size,
             tick: self.tick,
             max_entries: self.max_entries,

@@ -35,9 +35,9 @@
 //! | state | reached by | a claim with the same fingerprint gets | leaves by |
 //! |---|---|---|---|
 //! | absent | start, release, forget, expiry | [`Claim::Acquired`] | claim |
-//! | PROCESSING | claim | [`Claim::InProgress`] | complete, release, mark_unknown, guard drop, lease lapse |
+//! | PROCESSING | claim | [`Claim::InProgress`] | complete, release, mark_unknown, guard drop, lease lapse (absent, or UNKNOWN under [`LapsePolicy::MarkUnknown`]) |
 //! | COMPLETED | complete, resolve | [`Claim::Completed`] with the stored bytes | TTL (default 24 h), eviction when full, remove |
-//! | UNKNOWN | mark_unknown, guard drop under [`DropPolicy::MarkUnknown`] | [`Claim::Unknown`] | resolve, forget, TTL, remove |
+//! | UNKNOWN | mark_unknown, guard drop under [`DropPolicy::MarkUnknown`], lease lapse under [`LapsePolicy::MarkUnknown`] | [`Claim::Unknown`] | resolve, forget ([`Cache::reconcile`]), TTL, remove |
 //!
 //! A different fingerprint gets [`Claim::Mismatch`] in every live state. An entry past its
 //! deadline (lease end or TTL) reads as absent everywhere, whether or not its memory has
@@ -112,9 +112,11 @@ mod guard;
 pub mod implementation;
 mod into_bytes;
 mod key;
+mod lapse;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod layer;
+mod reconcile;
 mod shard;
 mod stats;
 #[cfg(feature = "store")]
@@ -144,6 +146,8 @@ pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use guard::ClaimGuard;
 pub use into_bytes::IntoBytes;
 pub use key::{Key, KeyError, MAX_CLIENT_KEY_LEN, MAX_SCOPE_AND_TENANT_LEN};
+pub use lapse::LapsePolicy;
+pub use reconcile::{Reconciled, Verdict};
 pub use shard::entry::ENTRY_OVERHEAD;
 pub use stats::Stats;
 pub use wait::WaitForClaim;

@@ -13,6 +13,7 @@ pub(crate) struct Counters {
     pub(crate) mismatches: u64,
     pub(crate) unknown: u64,
     pub(crate) takeovers: u64,
+    pub(crate) lapsed_unknown: u64,
     pub(crate) releases: u64,
     pub(crate) completions: u64,
     pub(crate) oversized: u64,
@@ -40,9 +41,13 @@ pub struct Stats {
     /// Claims answered "outcome unknown".
     pub unknown: u64,
     /// Leases that lapsed before their owner recorded an outcome, freeing the key for a
-    /// new owner. Counted when the lapsed entry is reclaimed: by the key's next claim or
-    /// lookup, or by a sweep.
+    /// new owner ([`LapsePolicy::TakeOver`](crate::LapsePolicy::TakeOver)). Counted when
+    /// the lapsed entry is reclaimed: by the key's next claim or lookup, or by a sweep.
     pub takeovers: u64,
+    /// Leases that lapsed before their owner recorded an outcome and turned UNKNOWN
+    /// ([`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown)). Counted when the
+    /// entry is turned: by the key's next claim or lookup, a sweep or a listing.
+    pub lapsed_unknown: u64,
     /// Keys released without an outcome (explicitly or by a dropped guard).
     pub releases: u64,
     /// Outcomes recorded as completed (by a guard or by `resolve`).
@@ -84,6 +89,7 @@ impl Stats {
         self.mismatches += c.mismatches;
         self.unknown += c.unknown;
         self.takeovers += c.takeovers;
+        self.lapsed_unknown += c.lapsed_unknown;
         self.releases += c.releases;
         self.completions += c.completions;
         self.oversized += c.oversized;

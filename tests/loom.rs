@@ -16,13 +16,17 @@
 //! the token check, 5 on a lookup reading a dead entry as live, 6 on evicting the oldest
 //! entry of any state, 7 (as a loom deadlock) on `release` not waking waiters; 8 on an
 //! insert split into a locked look and a locked write; 9, as a deadlock, on the async
-//! wait filing its waker in a second locked section after its look).
+//! wait filing its waker in a second locked section after its look); under
+//! `LapsePolicy::MarkUnknown` (2026-12-01), 10 on `Shard::claim` taking a lapsed lease
+//! for dead, 11 on it and on `Shard::sweep` reclaiming a lapsed lease as dead).
 #![cfg(idemcache_loom)]
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use idemcache::{Cache, Claim, ClaimGuard, EntryState, Fingerprint, Key, LeaseLost, ManualClock};
+use idemcache::{
+    Cache, Claim, ClaimGuard, EntryState, Fingerprint, Key, LapsePolicy, LeaseLost, ManualClock,
+};
 use loom::thread;
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -40,6 +44,22 @@ fn cache(max_entries: usize) -> (Cache, ManualClock) {
         .unwrap();
     (cache, clock)
 }
+
+/// [`cache`] under `LapsePolicy::MarkUnknown`, keeping UNKNOWN marks for `UNKNOWN_TTL`.
+fn marking_cache() -> (Cache, ManualClock) {
+    let clock = ManualClock::new();
+    let cache = Cache::builder()
+        .shards(1)
+        .lease(LEASE)
+        .unknown_ttl(UNKNOWN_TTL)
+        .lapse_policy(LapsePolicy::MarkUnknown)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    (cache, clock)
+}
+
+const UNKNOWN_TTL: Duration = Duration::from_secs(100);
 
 fn key(k: &str) -> Key {
     Key::new("scope", "tenant", k).unwrap()
@@ -362,4 +382,84 @@ fn claim_wait_async_is_woken_by_complete_and_release() {
             assert_eq!(cache.stats().waiting, 0, "no waker left filed");
         });
     }
+}
+
+/// 10. Under `LapsePolicy::MarkUnknown`, a lease lapsing (time moves) while the stale
+/// owner completes and a claimer arrives: nobody acquires. Either the stale write landed
+/// before the lapse (the key is COMPLETED with it) or it was refused and the key is
+/// UNKNOWN, marked at the lease's end, and listed.
+///
+/// Catches: a lapsed lease taken for dead on any path (the claimer acquires and the
+/// intent runs twice), or a stale owner's write landing after the lapse.
+#[test]
+fn lapse_under_mark_unknown_is_never_acquired() {
+    loom::model(|| {
+        let (cache, clock) = marking_cache();
+        let k = key("k");
+        let stale = acquire(&cache, &k);
+        let lease_end = cache.now().saturating_add(LEASE);
+        let time = thread::spawn(move || clock.advance(LEASE));
+        let stale_write = thread::spawn(move || stale.complete(&b"stale"[..]));
+        let claimer = {
+            let (cache, k) = (cache.clone(), k.clone());
+            thread::spawn(move || match cache.claim(&k, fp()).unwrap() {
+                Claim::Acquired(_) => panic!("a lapsed lease under MarkUnknown was acquired"),
+                other => other,
+            })
+        };
+        time.join().unwrap();
+        let stale_result = stale_write.join().unwrap();
+        let seen = claimer.join().unwrap();
+        match cache.peek(&k).expect("the key is never absent").state {
+            EntryState::Completed(replay) => {
+                assert_eq!(stale_result, Ok(()));
+                assert_eq!(replay.body.unwrap(), "stale");
+                assert!(!matches!(seen, Claim::Unknown { .. }), "{seen:?} before completing");
+            }
+            EntryState::Unknown { marked_at, .. } => {
+                assert_eq!(stale_result, Err(LeaseLost), "the stale owner must be fenced");
+                assert_eq!(marked_at, lease_end, "marked at the lease's end");
+                let listed = cache.unknown(10);
+                assert_eq!(listed.len(), 1);
+                assert_eq!((&listed[0].key, listed[0].marked_at), (&k, lease_end));
+                if let Claim::Unknown { marked_at, .. } = seen {
+                    assert_eq!(marked_at, lease_end);
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+        cache.debug_validate();
+    });
+}
+
+/// 11. Under `LapsePolicy::MarkUnknown`, a sweep racing a claim and a listing of a lease
+/// that has lapsed: the sweep turns it UNKNOWN instead of reclaiming it, the claim
+/// answers "unknown" whoever comes first, the listing lists it, and the lapse is
+/// counted once, with nothing reclaimed.
+///
+/// Catches: a sweep that reclaims the lapsed entry as dead (the claim then acquires).
+#[test]
+fn sweep_racing_claim_turns_a_lapse_unknown() {
+    loom::model(|| {
+        let (cache, clock) = marking_cache();
+        let k = key("k");
+        let stale = acquire(&cache, &k);
+        clock.advance(LEASE);
+        let sweeper = {
+            let cache = cache.clone();
+            thread::spawn(move || cache.run_pending())
+        };
+        let claimer = {
+            let (cache, k) = (cache.clone(), k.clone());
+            thread::spawn(move || cache.claim(&k, fp()).unwrap())
+        };
+        let listed = cache.unknown(10);
+        assert_eq!(sweeper.join().unwrap(), 0, "nothing is reclaimed");
+        assert!(matches!(claimer.join().unwrap(), Claim::Unknown { .. }), "never acquired");
+        assert_eq!(listed.len(), 1, "listed, whoever turned it");
+        assert_eq!(stale.complete(&b"late"[..]), Err(LeaseLost));
+        let stats = cache.stats();
+        assert_eq!((stats.lapsed_unknown, stats.takeovers, stats.expirations), (1, 0, 0));
+        cache.debug_validate();
+    });
 }

@@ -6,7 +6,7 @@
 mod common;
 
 use common::model::{Harness, Op, KEYS};
-use idemcache::DropPolicy;
+use idemcache::{DropPolicy, LapsePolicy};
 use proptest::prelude::*;
 
 fn op() -> impl Strategy<Value = Op> {
@@ -34,6 +34,8 @@ fn op() -> impl Strategy<Value = Op> {
         ),
         1 => (guard, 0u8..40).prop_map(|(guard, secs)| Op::SetResultTtl { guard, secs }),
         1 => Just(Op::RunPending),
+        1 => (0u8..20).prop_map(|limit| Op::ListUnknown { limit }),
+        1 => (0u8..20, any::<bool>()).prop_map(|(limit, undecided)| Op::Reconcile { limit, undecided }),
     ]
 }
 
@@ -43,13 +45,16 @@ proptest! {
     #[test]
     fn cache_agrees_with_the_reference_model(
         mark_unknown_on_drop in any::<bool>(),
+        // Half the cases turn lapsed leases UNKNOWN instead of taking them over.
+        mark_unknown_on_lapse in any::<bool>(),
         // Two thirds of the cases run bounded (of 16 keys): at 3, refusals are common; at
         // 12, eviction batches of a tenth differ from other fractions.
         max_entries in prop_oneof![Just(3usize), Just(12), Just(1000)],
         ops in proptest::collection::vec(op(), 1..100),
     ) {
         let policy = if mark_unknown_on_drop { DropPolicy::MarkUnknown } else { DropPolicy::Release };
-        let mut harness = Harness::new(policy, max_entries);
+        let lapse = if mark_unknown_on_lapse { LapsePolicy::MarkUnknown } else { LapsePolicy::TakeOver };
+        let mut harness = Harness::with_lapse(policy, lapse, max_entries);
         for op in &ops {
             harness.apply(op);
         }

@@ -4,7 +4,7 @@
 #![no_main]
 
 use arbitrary::{Result, Unstructured};
-use idemcache::DropPolicy;
+use idemcache::{DropPolicy, LapsePolicy};
 use libfuzzer_sys::fuzz_target;
 
 #[path = "../../tests/common/model.rs"]
@@ -15,7 +15,7 @@ use model::{Harness, Op};
 
 fn op(u: &mut Unstructured<'_>) -> Result<Op> {
     let small = |u: &mut Unstructured<'_>, max: u8| u.int_in_range(0..=max);
-    Ok(match u.int_in_range(0..=14u8)? {
+    Ok(match u.int_in_range(0..=16u8)? {
         0 => Op::Claim { key: small(u, 7)?, fp: small(u, 2)? },
         1 => Op::ClaimWaitNow { key: small(u, 7)?, fp: small(u, 2)? },
         2 => Op::Complete { guard: u.arbitrary()?, len: small(u, 16)? },
@@ -38,6 +38,8 @@ fn op(u: &mut Unstructured<'_>) -> Result<Op> {
             age_ms: u32::from(u.arbitrary::<u16>()?),
             ttl_ms: u32::from(u.arbitrary::<u16>()?),
         },
+        14 => Op::ListUnknown { limit: small(u, 10)? },
+        15 => Op::Reconcile { limit: small(u, 10)?, undecided: u.arbitrary()? },
         _ => Op::RunPending,
     })
 }
@@ -47,7 +49,12 @@ fuzz_target!(|data: &[u8]| {
     let policy =
         if u.arbitrary().unwrap_or(false) { DropPolicy::MarkUnknown } else { DropPolicy::Release };
     let max_entries = if u.arbitrary().unwrap_or(false) { 4 } else { 1000 };
-    let mut harness = Harness::new(policy, max_entries);
+    let lapse = if u.arbitrary().unwrap_or(false) {
+        LapsePolicy::MarkUnknown
+    } else {
+        LapsePolicy::TakeOver
+    };
+    let mut harness = Harness::with_lapse(policy, lapse, max_entries);
     // `Unstructured` keeps answering with defaults once the data runs out: stop then.
     while !u.is_empty() {
         let Ok(op) = op(&mut u) else { break };

@@ -2,6 +2,9 @@
 //!
 //! Invariant: an entry is live while `now < deadline`, whatever its state; a dead entry
 //! is never shown to anyone (it reads as absent) and is reclaimed on the next touch.
+//! The one exception is a PROCESSING entry past its lease under
+//! [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown): the shard turns it
+//! UNKNOWN (see `Shard::lapse`) before anything reads it.
 //! `deadline` means the lease's end while PROCESSING, the result's expiry while
 //! COMPLETED and the mark's expiry while UNKNOWN; `since` is when the state began.
 //!

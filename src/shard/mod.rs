@@ -19,6 +19,13 @@
 //! COMPLETED and in the unknown list iff it is UNKNOWN; `entries <= max_entries` and
 //! `bytes <= max_bytes` after every operation.
 //!
+//! Lapses: under [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown) a
+//! PROCESSING entry past its lease is not dead but UNKNOWN from the lease's end. Every
+//! path that finds an entry past its deadline (a claim, a lookup, the wheel, a listing)
+//! first turns such an entry UNKNOWN in place ([`Shard::lapse`]), and only reclaims what
+//! is dead after that; so no path can reclaim it, acquire its key or evict it before it
+//! is UNKNOWN, and nobody ever sees it as absent.
+//!
 //! What runs under the shard lock: only this file's code and the cache's clock. No
 //! caller-supplied value is dropped here (a drop can run the caller's code, e.g. a
 //! `Bytes::from_owner` owner): a body the shard does not keep is left in the caller's
@@ -145,7 +152,7 @@ pub(crate) struct Shard {
     age: AgeList,
     /// Summed charge of the entries in `age`: what evicting all of them would free.
     completed_bytes: usize,
-    /// UNKNOWN entries, oldest mark first, for a reconciler. Shares the link fields with
+    /// UNKNOWN entries, in the order they became UNKNOWN here, for a reconciler. Shares the link fields with
     /// `age`: an entry is never both COMPLETED and UNKNOWN.
     unknown: AgeList,
     /// Tokens issued here are `token_base + issued * token_stride + token_offset`:
@@ -164,6 +171,10 @@ pub(crate) struct Shard {
     /// Where results kept for the default TTL are packed (see [`ResultArena`]).
     results: ResultArena,
     record_removals: bool,
+    /// How long an entry whose lease lapsed stays UNKNOWN, from the lease's end, under
+    /// [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown); `None` under
+    /// `TakeOver` (a lapsed entry is dead).
+    lapse_to_unknown: Option<Duration>,
 }
 
 impl Shard {
@@ -174,6 +185,7 @@ impl Shard {
         token_base: u64,
         limits: Limits,
         record_removals: bool,
+        lapse_to_unknown: Option<Duration>,
     ) -> Shard {
         Shard {
             hasher,
@@ -195,6 +207,7 @@ impl Shard {
             results: ResultArena::default(),
             deferred: Deferred::default(),
             record_removals,
+            lapse_to_unknown,
         }
     }
 
@@ -259,12 +272,38 @@ impl Shard {
     /// Finds a live entry; a dead one found on the way is reclaimed.
     fn find_live(&mut self, hash: u64, key: &Key, now: Timestamp) -> Option<u32> {
         let slot = self.find(hash, key)?;
-        if self.entry(slot).is_live(now) {
+        if self.entry(slot).is_live(now) || self.lapse(slot, now) {
             Some(slot)
         } else {
             self.expire(slot);
             None
         }
+    }
+
+    /// Under [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown), turns the
+    /// entry in `slot`, past its deadline, UNKNOWN if it was PROCESSING (its lease
+    /// lapsed): marked at the lease's end, kept `unknown_ttl` from then. Returns whether
+    /// the entry is live afterwards (an UNKNOWN whose own TTL has not passed too); the
+    /// caller reclaims it otherwise. Every path that finds an entry past its deadline
+    /// asks this first, so a lapsed lease is never reclaimed as dead under that policy.
+    #[cold]
+    #[inline(never)]
+    fn lapse(&mut self, slot: u32, now: Timestamp) -> bool {
+        let Some(ttl) = self.lapse_to_unknown else { return false };
+        let e = self.entry_mut(slot);
+        debug_assert!(!e.is_live(now), "only an entry past its deadline lapses");
+        if e.state != State::Processing {
+            return false;
+        }
+        e.state = State::Unknown;
+        e.since = e.deadline;
+        e.deadline = deadline_after(e.since, ttl);
+        let live = e.is_live(now);
+        self.schedule(slot);
+        self.unknown.push_back(slot, &mut self.wheel);
+        self.deferred.left_processing = true;
+        self.counters.lapsed_unknown += 1;
+        live
     }
 
     fn next_token(&mut self) -> u64 {
@@ -290,7 +329,7 @@ impl Shard {
     ) -> Result<Claim, ClaimError> {
         let existing = self.find(hash, key);
         if let Some(slot) = existing {
-            if self.entry(slot).is_live(now) {
+            if self.entry(slot).is_live(now) || self.lapse(slot, now) {
                 return Ok(self.answer(slot, fingerprint));
             }
         }
@@ -604,7 +643,7 @@ impl Shard {
         }
         let existing = self.find(hash, key);
         if let Some(slot) = existing {
-            if self.entry(slot).is_live(now) {
+            if self.entry(slot).is_live(now) || self.lapse(slot, now) {
                 return Err(InsertError::Occupied(self.snapshot(slot)));
             }
             self.expire(slot);
@@ -633,14 +672,22 @@ impl Shard {
         Ok(())
     }
 
-    /// The first `limit` live UNKNOWN entries, in the order they became UNKNOWN here
-    /// (marked, or inserted); dead ones not yet reclaimed are passed over.
+    /// The `limit` live UNKNOWN entries marked longest ago (ties in the order they
+    /// became UNKNOWN here); dead ones not yet reclaimed are passed over. Walks every
+    /// UNKNOWN entry of the shard (never the map). Under `MarkUnknown` the caller first
+    /// sweeps, so lapsed leases are turned.
     pub(crate) fn unknown(&self, limit: usize, now: Timestamp) -> Vec<UnknownEntry> {
-        self.unknown
+        // The list is in arrival order, which is not mark order (an inserted fact, a
+        // lapse turned late, keep older marks): pick the oldest marks of all of them.
+        let mut live: Vec<&Entry> = self
+            .unknown
             .iter(&self.wheel)
             .map(|slot| self.entry(slot))
             .filter(|e| e.is_live(now))
-            .take(limit)
+            .collect();
+        live.sort_by_key(|e| e.since);
+        live.truncate(limit);
+        live.into_iter()
             .map(|e| UnknownEntry {
                 key: e.key.clone(),
                 fingerprint: e.fingerprint,
@@ -675,8 +722,12 @@ impl Shard {
             // The wheel never fires early: tick(deadline) <= floor(now / tick) means
             // deadline <= now.
             debug_assert!(!self.entry(slot).is_live(now), "the wheel fired a live entry");
-            self.expire(slot);
-            reclaimed += 1;
+            // A lapsed lease turned UNKNOWN is filed again at its new deadline, a tick
+            // past `to` (it is live): this loop does not meet it again.
+            if !self.lapse(slot, now) {
+                self.expire(slot);
+                reclaimed += 1;
+            }
         }
         (reclaimed, work > 0)
     }
@@ -743,7 +794,7 @@ impl Shard {
         let mut live = Vec::new();
         let mut reclaimed = 0;
         while let Some(slot) = self.wheel.poll(next, &mut work) {
-            if self.entry(slot).is_live(now) {
+            if self.entry(slot).is_live(now) || self.lapse(slot, now) {
                 live.push(slot);
             } else {
                 self.expire(slot);

@@ -31,7 +31,10 @@ use bytes::Bytes;
 use super::{Store, StoreClaim, StoreError, Tiered, TieredClaim};
 use crate::{Cache, FencingToken, Fingerprint, Key};
 
+mod lapse;
 pub mod unique;
+
+pub use lapse::{reconcile_as_checked, run_mark_unknown, SHORT_LEASE};
 
 /// The lease the suite claims with.
 pub const LEASE: Duration = Duration::from_secs(30);
@@ -284,7 +287,9 @@ async fn bad_input<S: Store>(store: &S, run: &Run) {
 }
 
 /// The whole suite on `store`, which must have its schema: the state table, fencing,
-/// lease takeover, expiry and purging, bad input. Panics on the first breach.
+/// lease takeover, expiry and purging, bad input, reconciling. Panics on the first
+/// breach. (A store built with `LapsePolicy::MarkUnknown` runs [`run_mark_unknown`]
+/// instead of this: its lapses are never taken over.)
 pub async fn run<S: Store>(store: &S) {
     suite(store, false).await;
 }
@@ -302,6 +307,7 @@ async fn suite<S: Store>(store: &S, purges_itself: bool) {
     takeover(store, &run).await;
     expiry(store, &run, purges_itself).await;
     bad_input(store, &run).await;
+    reconcile_as_checked(store).await;
 }
 
 /// Two `Tiered` instances (separate caches, separate connections: two processes' worth)

@@ -9,8 +9,10 @@
 //! passes, for a store of your own to prove the same contract.
 //!
 //! The contract is the cache's (absent → PROCESSING → COMPLETED or UNKNOWN, a lapsed
-//! lease taken over under a new fencing token, a different fingerprint a mismatch), kept
-//! by the store across processes and restarts:
+//! lease taken over under a new fencing token, or turned UNKNOWN under a store's
+//! [`Lapse`] setting of [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown),
+//! a different fingerprint a mismatch), kept by the store across processes and restarts;
+//! [`reconcile`] settles UNKNOWN records as a check of the authority says:
 //!
 //! - A claim is one atomic step judged by the **store's** clock, never the caller's.
 //! - Tokens come from the store (a counter in the database), so they increase across
@@ -29,6 +31,8 @@ pub mod conformance;
 mod dynamic;
 pub mod encoding;
 mod open_claim;
+mod lapse;
+mod reconcile;
 mod tiered;
 pub mod unique;
 mod wait;
@@ -41,6 +45,8 @@ use bytes::Bytes;
 
 pub use dynamic::{AnyStore, BoxFuture, DynStore};
 pub use open_claim::OpenClaim;
+pub use lapse::Lapse;
+pub use reconcile::{reconcile, ReconcileError};
 pub use tiered::{Tiered, TieredClaim, TieredError, TieredGuard};
 pub use wait::claim_wait;
 #[cfg(feature = "tower")]
@@ -52,7 +58,7 @@ use crate::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 /// store's wall-clock times.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreClaim {
-    /// The key was absent (or dead): the caller owns it and executes. Every later write
+    /// The key was absent (or dead, or its lease lapsed under `TakeOver`): the caller owns it and executes. Every later write
     /// must carry `token`.
     Acquired {
         /// The fencing token for this claim, from the store's counter.
@@ -195,6 +201,8 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Deletes up to `limit` expired records (lease lapsed, TTL passed); returns how many.
     /// Call it in a loop until it returns less than `limit`, to purge in bounded batches.
+    /// A purge obeys its handle's [`Lapse`] setting: under `MarkUnknown` a lapsed lease is
+    /// UNKNOWN, and deleted only once that mark's TTL passed too.
     fn purge_expired(&self, limit: usize)
         -> impl Future<Output = Result<usize, StoreError>> + Send;
 

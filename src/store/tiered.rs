@@ -162,6 +162,21 @@ impl<S: Store> Tiered<S> {
         self.lease
     }
 
+    /// [`store::reconcile`](super::reconcile) of the store's UNKNOWN records, resolving
+    /// with this `Tiered`'s result TTL. The hot tier holds no UNKNOWN outcome of its
+    /// own, so nothing there needs settling: a resolved key is read through next time.
+    pub async fn reconcile<F, Fut>(
+        &self,
+        limit: usize,
+        check: F,
+    ) -> Result<crate::Reconciled, super::ReconcileError>
+    where
+        F: FnMut(&crate::UnknownEntry<SystemTime>) -> Fut,
+        Fut: std::future::Future<Output = crate::Verdict>,
+    {
+        super::reconcile(&*self.store, limit, self.completed_ttl, check).await
+    }
+
     /// Claims `key`: from memory if it completed here, else through the store.
     ///
     /// The store's part runs in a boxed future of its own, so the memory answer does not
@@ -195,8 +210,13 @@ impl<S: Store> Tiered<S> {
             Claim::InProgress { lease_ends_at, .. } => {
                 TieredClaim::InProgress { lease_ends_at: self.cache.system_time(lease_ends_at) }
             }
-            Claim::Unknown { marked_at, .. } => {
-                TieredClaim::Unknown { marked_at: self.cache.system_time(marked_at) }
+            // Tiered never marks the hot tier UNKNOWN (the store keeps outcomes); a cache
+            // built with `LapsePolicy::MarkUnknown` turns a lapsed local claim so. The
+            // store's record, under the store's policy, decides: forget the local mark
+            // (it would outlive the store's resolve) and ask.
+            Claim::Unknown { .. } => {
+                let _ = self.cache.forget(key);
+                return Ok(Err(None));
             }
             Claim::Mismatch => TieredClaim::Mismatch,
         }))
@@ -329,7 +349,8 @@ fn unpack(mut packed: Bytes) -> Option<Replay<SystemTime>> {
 ///
 /// Dropped unsettled (an early return, a panic), it lets go of the cache's claim only:
 /// the store's record stays PROCESSING until its lease lapses, so nobody re-executes
-/// before then (a drop cannot wait for the store).
+/// before then (a drop cannot wait for the store); then the store's lapse policy
+/// decides (taken over, or UNKNOWN under `LapsePolicy::MarkUnknown`).
 #[derive(Debug)]
 pub struct TieredGuard<S> {
     tiered: Tiered<S>,

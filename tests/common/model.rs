@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use idemcache::{
     Bytes, Cache, Claim, ClaimError, ClaimGuard, DropPolicy, EntrySnapshot, EntryState,
-    ExtendLeaseError, Fingerprint, InsertError, Key, Known, LeaseLost, ManualClock, ResolveError,
-    SetResultTtlError, Stats, Timestamp, ENTRY_OVERHEAD,
+    ExtendLeaseError, Fingerprint, InsertError, Key, Known, LapsePolicy, LeaseLost, ManualClock,
+    ResolveError, SetResultTtlError, Stats, Timestamp, Verdict, ENTRY_OVERHEAD,
 };
 
 pub const KEYS: u8 = 16;
@@ -91,6 +91,17 @@ pub enum Op {
     },
     /// Sweep every expired entry; then all counters must agree.
     RunPending,
+    /// `Cache::unknown` of at most `limit` entries.
+    ListUnknown {
+        limit: u8,
+    },
+    /// `Cache::reconcile` of at most `limit` entries; the check's verdict is the key's
+    /// number modulo 3 (happened with a body of its length, did not happen, undecided),
+    /// but `Undecided` for every key once `undecided` is set.
+    Reconcile {
+        limit: u8,
+        undecided: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -119,9 +130,43 @@ struct Model {
     entries: BTreeMap<u8, MEntry>,
     next_owner: u64,
     stats: Stats,
+    /// `LapsePolicy::MarkUnknown`: a lapsed lease is UNKNOWN from its end.
+    lapse_to_unknown: bool,
 }
 
 impl Model {
+    /// Under `MarkUnknown`, every PROCESSING entry whose lease has lapsed is UNKNOWN,
+    /// marked at the lease's end, for `UNKNOWN_S` from then (the contract; the cache
+    /// turns them when it reaches them, which no answer can tell apart). Run after every
+    /// clock move.
+    fn lapse(&mut self) {
+        if !self.lapse_to_unknown {
+            return;
+        }
+        let now = self.now;
+        for e in self.entries.values_mut() {
+            if matches!(e.state, MState::Processing { .. }) && e.deadline <= now {
+                e.state = MState::Unknown;
+                e.since = e.deadline;
+                e.deadline += UNKNOWN_S * SEC;
+                self.stats.lapsed_unknown += 1;
+            }
+        }
+    }
+
+    /// The live UNKNOWN entries, oldest mark first (ties by key).
+    fn unknown(&self) -> Vec<(u8, u64, u64)> {
+        let now = self.now;
+        let mut all: Vec<(u8, u64, u64)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.state == MState::Unknown && e.deadline > now)
+            .map(|(k, e)| (*k, e.since, e.deadline))
+            .collect();
+        all.sort_by_key(|&(k, since, _)| (since, k));
+        all
+    }
+
     /// Reclaims `key`'s entry if it is dead, counting it as the cache does.
     fn reclaim_if_dead(&mut self, key: u8) {
         let now = self.now;
@@ -349,6 +394,11 @@ impl Harness {
     /// A harness over a one-shard cache (so its bound is exact) holding at most
     /// `max_entries`.
     pub fn new(policy: DropPolicy, max_entries: usize) -> Harness {
+        Harness::with_lapse(policy, LapsePolicy::TakeOver, max_entries)
+    }
+
+    /// [`Harness::new`] with a lapse policy.
+    pub fn with_lapse(policy: DropPolicy, lapse: LapsePolicy, max_entries: usize) -> Harness {
         let clock = ManualClock::new();
         let cache = Cache::builder()
             .clock(clock.clone())
@@ -359,6 +409,7 @@ impl Harness {
             .unknown_ttl(Duration::from_secs(UNKNOWN_S))
             .max_result_size(MAX_RESULT)
             .drop_policy(policy)
+            .lapse_policy(lapse)
             .build()
             .unwrap();
         let keys =
@@ -370,6 +421,7 @@ impl Harness {
             entries: BTreeMap::new(),
             next_owner: 0,
             stats: Stats::default(),
+            lapse_to_unknown: lapse == LapsePolicy::MarkUnknown,
         };
         Harness { cache, clock, model, keys, guards: Vec::new(), policy, handed_out: Vec::new() }
     }
@@ -531,6 +583,47 @@ impl Harness {
             Op::Advance { millis } => {
                 self.clock.advance(Duration::from_millis(millis.into()));
                 self.model.now += u64::from(millis) * MS;
+                self.model.lapse();
+            }
+            Op::ListUnknown { limit } => {
+                let actual = self.cache.unknown(limit.into());
+                let actual = self.listed(&actual);
+                assert_listing(&actual, &self.model.unknown(), limit.into(), op);
+            }
+            Op::Reconcile { limit, undecided } => {
+                let verdict = |key: u8| match key % 3 {
+                    _ if undecided => Verdict::Undecided,
+                    0 => Verdict::Happened(Some(Bytes::from(body(key)))),
+                    1 => Verdict::DidNotHappen,
+                    _ => Verdict::Undecided,
+                };
+                let mut listed = Vec::new();
+                let keys = self.keys.clone();
+                let done = self.cache.reconcile(limit.into(), |entry| {
+                    let key = keys.iter().position(|k| *k == entry.key).unwrap() as u8;
+                    listed.push((key, entry.marked_at.as_nanos(), entry.expires_at.as_nanos()));
+                    verdict(key)
+                });
+                assert_listing(&listed, &self.model.unknown(), limit.into(), op);
+                let (mut resolved, mut forgotten, mut left) = (0, 0, 0);
+                for (key, _, _) in listed {
+                    match verdict(key) {
+                        Verdict::Happened(_) => {
+                            self.model.store(key, body(key), COMPLETED_S);
+                            resolved += 1;
+                        }
+                        Verdict::DidNotHappen => {
+                            self.model.entries.remove(&key);
+                            forgotten += 1;
+                        }
+                        Verdict::Undecided => left += 1,
+                    }
+                }
+                assert_eq!(
+                    (done.resolved, done.forgotten, done.left),
+                    (resolved, forgotten, left),
+                    "{op:?}"
+                );
             }
             Op::Insert { key, fp, unknown, len, age_ms, ttl_ms } => {
                 let key = key % KEYS;
@@ -560,6 +653,17 @@ impl Harness {
             }
         }
         self.check(false);
+    }
+
+    /// A listing as `(key number, marked_at, expires_at)`.
+    fn listed(&self, entries: &[idemcache::UnknownEntry]) -> Vec<(u8, u64, u64)> {
+        entries
+            .iter()
+            .map(|e| {
+                let key = self.keys.iter().position(|k| *k == e.key).unwrap() as u8;
+                (key, e.marked_at.as_nanos(), e.expires_at.as_nanos())
+            })
+            .collect()
     }
 
     fn take_guard(&mut self, i: u8) -> Option<Held> {
@@ -641,8 +745,25 @@ impl Harness {
         if !swept {
             for s in [&mut actual, &mut expected] {
                 (s.entries, s.bytes, s.expirations, s.takeovers) = (0, 0, 0, 0);
+                s.lapsed_unknown = 0;
             }
         }
         assert_eq!(actual, expected, "swept: {swept}");
+    }
+}
+
+/// A listing of at most `limit` of the model's live UNKNOWN entries `all` (oldest mark
+/// first): the `limit` oldest marks, in mark order; of entries tied at the last mark
+/// listed, any may be the ones listed.
+fn assert_listing(actual: &[(u8, u64, u64)], all: &[(u8, u64, u64)], limit: usize, op: &Op) {
+    assert_eq!(actual.len(), all.len().min(limit), "{op:?}: {actual:?} of {all:?}");
+    assert!(actual.windows(2).all(|w| w[0].1 <= w[1].1), "{op:?}: {actual:?} out of order");
+    for e in actual {
+        assert!(all.contains(e), "{op:?}: {e:?} listed, not in {all:?}");
+    }
+    if let Some(last) = actual.last() {
+        for e in all.iter().filter(|e| e.1 < last.1) {
+            assert!(actual.contains(e), "{op:?}: {e:?}, marked earlier, not listed");
+        }
     }
 }

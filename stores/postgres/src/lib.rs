@@ -13,6 +13,14 @@
 //! completion two; every later write names its token in its `WHERE`, so a stale owner's
 //! write matches no row. Tokens come from a sequence: they increase across processes and
 //! restarts.
+//!
+//! Lapses ([`PostgresStore::lapse_policy`]): under `LapsePolicy::MarkUnknown` the claim
+//! statement never takes over a PROCESSING record whose lease lapsed less than the
+//! unknown TTL ago; it returns it, flagged, and a second statement fenced by its token
+//! turns it UNKNOWN (`settled_at` = the lease's end, `expires_at` = that plus the TTL),
+//! so the lapse path is two round trips and every other claim one. Until a claim turns
+//! it, the other statements read such a record as UNKNOWN too (`unknown` lists it,
+//! `resolve` and `forget` settle it, `purge_expired` keeps it).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -27,8 +35,8 @@ use tokio_postgres::NoTls;
 use idemcache::store::encoding::{
     at_server, check_duration, check_url, corrupt, fingerprint, from_micros, key, micros,
 };
-use idemcache::store::{Store, StoreClaim, StoreError};
-use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
+use idemcache::store::{Lapse, Store, StoreClaim, StoreError};
+use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 
 pub use {deadpool_postgres, tokio_postgres};
 
@@ -75,6 +83,26 @@ const COMPLETE: &str = concat!(
 
 mod in_transaction;
 pub use in_transaction::complete_in;
+/// Record `r` "lapsed less than `$N` µs ago" (against the `now` CTE): PROCESSING, past
+/// its lease, within the unknown TTL of `LapsePolicy::MarkUnknown` (never true when the
+/// TTL is 0, `TakeOver`). Such a record is UNKNOWN to every statement of a
+/// `MarkUnknown` handle.
+macro_rules! lapsed_within {
+    ($ttl:literal) => {
+        concat!(
+            "(r.state = 1 AND r.expires_at <= now.us AND r.expires_at + ",
+            $ttl,
+            " > now.us)"
+        )
+    };
+}
+
+/// A live UNKNOWN record, or one a lapse made so (see [`lapsed_within`]).
+macro_rules! unknown_or_lapsed {
+    ($ttl:literal) => {
+        concat!("((r.state = 3 AND r.expires_at > now.us) OR ", lapsed_within!($ttl), ")")
+    };
+}
 
 /// Idempotency records in PostgreSQL. See the module docs for the guarantees.
 /// Cheap to clone (the pool is shared).
@@ -84,6 +112,8 @@ pub struct PostgresStore {
     /// The server, as connection errors name it (`host:port/db`), when the store built
     /// the pool from a URL.
     server: Option<String>,
+    /// What a lapsed lease becomes, for this handle's statements.
+    lapse: Lapse,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -160,14 +190,35 @@ impl PostgresStore {
             .wait_timeout(Some(Duration::from_secs(5)))
             .build()
             .map_err(backend)?;
-        Ok(PostgresStore { pool, server: Some(server) })
+        Ok(PostgresStore { pool, server: Some(server), lapse: Lapse::TAKE_OVER })
     }
 
     /// A store over your own pool (with the TLS and sizes you chose). The store cannot
     /// read where the pool connects, so its errors are the driver's own, not named by the
     /// server as [`connect`](Self::connect)'s are.
     pub fn from_pool(pool: Pool) -> PostgresStore {
-        PostgresStore { pool, server: None }
+        PostgresStore { pool, server: None, lapse: Lapse::TAKE_OVER }
+    }
+
+    /// What a lapsed lease becomes for this handle's claims, listings and purges:
+    /// taken over ([`LapsePolicy::TakeOver`], the default), or UNKNOWN from the lease's
+    /// end for `unknown_ttl` ([`LapsePolicy::MarkUnknown`]; see the crate docs and
+    /// [`Lapse`] for what every store does, and why handles sharing a database should
+    /// agree). Clones made after share the setting; the records do not keep it. An
+    /// `unknown_ttl` of zero or over [`MAX_DURATION`](idemcache::MAX_DURATION) under
+    /// `MarkUnknown` is [`StoreError::InvalidInput`].
+    pub fn lapse_policy(
+        mut self,
+        policy: LapsePolicy,
+        unknown_ttl: Duration,
+    ) -> Result<PostgresStore, StoreError> {
+        self.lapse = Lapse::new(policy, unknown_ttl)?;
+        Ok(self)
+    }
+
+    /// This handle's lapse setting.
+    pub fn lapse(&self) -> Lapse {
+        self.lapse
     }
 
     /// A connection from the pool; failing, an error naming the server.
@@ -220,13 +271,28 @@ const CLAIM: &str = concat!("WITH ", now!(), ",
                  body = NULL, started_at = EXCLUDED.started_at, settled_at = NULL,
                  expires_at = EXCLUDED.expires_at
              WHERE r.expires_at <= EXCLUDED.started_at
+               AND NOT (r.state = 1 AND r.expires_at + $4 > EXCLUDED.started_at)
              RETURNING token, expires_at
          )
-         SELECT 0::smallint, token, NULL::bytea, NULL::bytea, NULL::bigint, expires_at, true FROM taken
+         SELECT 0::smallint, token, NULL::bytea, NULL::bytea, NULL::bigint, expires_at, true, false
+         FROM taken
          UNION ALL
-         SELECT r.state, r.token, r.fingerprint, r.body, r.settled_at, r.expires_at, r.expires_at > now.us
+         SELECT r.state, r.token, r.fingerprint, r.body, r.settled_at, r.expires_at,
+                r.expires_at > now.us, ", lapsed_within!("$4"), "
          FROM idemcache_records r, now
          WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+);
+
+/// `LapsePolicy::MarkUnknown`: the lapsed lease of `$2` turns UNKNOWN, marked at its
+/// end; no row if the record moved on since the claim read it.
+const TURN_UNKNOWN: &str = concat!(
+    "WITH ",
+    now!(),
+    " UPDATE idemcache_records r
+     SET state = 3, settled_at = r.expires_at, expires_at = r.expires_at + $3 FROM now
+     WHERE r.key = $1 AND r.token = $2 AND ",
+    lapsed_within!("$3"),
+    " RETURNING r.fingerprint, r.settled_at"
 );
 
 impl Store for PostgresStore {
@@ -253,10 +319,11 @@ impl Store for PostgresStore {
             check_duration("lease", lease)?;
             let fp = fp_in.to_bytes().to_vec();
             let sql = CLAIM;
+            let lapse_ttl = self.lapse.unknown_ttl_micros();
             // A holder committed after this statement's snapshot was taken blocks the
             // insert but is not yet visible to the read: no row. Look again.
             for _ in 0..16 {
-                let rows = self.rows(sql, &[&key, &fp, &micros(lease)]).await?;
+                let rows = self.rows(sql, &[&key, &fp, &micros(lease), &lapse_ttl]).await?;
                 let Some(row) = rows.first() else { continue };
                 let state: i16 = column(row, 0, &key)?;
                 let expires_at: i64 = column(row, 5, &key)?;
@@ -267,6 +334,18 @@ impl Store for PostgresStore {
                         token: FencingToken::new(token as u64),
                         lease_ends_at: from_micros(expires_at),
                     });
+                }
+                if column::<bool>(row, 7, &key)? {
+                    let token: i64 = column(row, 1, &key)?;
+                    let turned = self.rows(TURN_UNKNOWN, &[&key, &token, &lapse_ttl]).await?;
+                    // None: the record moved on since (settled, turned by another
+                    // claim's statement): look again.
+                    let Some(turned) = turned.first() else { continue };
+                    let stored_fp: Vec<u8> = column(turned, 0, &key)?;
+                    if fingerprint(&stored_fp).map_err(|e| corrupt(&key, e))? != fp_in {
+                        return Ok(StoreClaim::Mismatch);
+                    }
+                    return Ok(StoreClaim::Unknown { marked_at: from_micros(column(turned, 1, &key)?) });
                 }
                 if !live {
                     continue;
@@ -390,11 +469,14 @@ impl Store for PostgresStore {
                 now!(),
                 " UPDATE idemcache_records r
                  SET state = 2, body = $2, settled_at = now.us, expires_at = now.us + $3 FROM now
-                 WHERE r.key = $1 AND r.state = 3 AND r.expires_at > now.us
-                 RETURNING r.settled_at, r.expires_at"
+                 WHERE r.key = $1 AND ",
+                unknown_or_lapsed!("$4"),
+                " RETURNING r.settled_at, r.expires_at"
             );
             let stored = body.as_deref();
-            let params: [&(dyn ToSql + Sync); 3] = [&key.as_bytes(), &stored, &micros(ttl)];
+            let lapse_ttl = self.lapse.unknown_ttl_micros();
+            let params: [&(dyn ToSql + Sync); 4] =
+                [&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl];
             let (at, until) = self.settle(&key, sql, &params, StoreError::NotUnknown).await?;
             Ok(Replay::new(body, from_micros(at), from_micros(until)))
         }
@@ -407,22 +489,32 @@ impl Store for PostgresStore {
                 "WITH ",
                 now!(),
                 " DELETE FROM idemcache_records r USING now
-                 WHERE r.key = $1 AND r.state = 3 AND r.expires_at > now.us
-                 RETURNING r.started_at, r.expires_at"
+                 WHERE r.key = $1 AND ",
+                unknown_or_lapsed!("$2"),
+                " RETURNING r.started_at, r.expires_at"
             );
-            self.settle(&key, sql, &[&key.as_bytes()], StoreError::NotUnknown).await.map(drop)
+            let lapse_ttl = self.lapse.unknown_ttl_micros();
+            let params: [&(dyn ToSql + Sync); 2] = [&key.as_bytes(), &lapse_ttl];
+            self.settle(&key, sql, &params, StoreError::NotUnknown).await.map(drop)
         }
     }
 
     async fn unknown(&self, n: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+        // A lapse not yet turned by a claim reads as the UNKNOWN it will be.
         let sql = concat!(
             "WITH ",
             now!(),
-            " SELECT r.key, r.fingerprint, r.settled_at, r.expires_at FROM idemcache_records r, now
-             WHERE r.state = 3 AND r.expires_at > now.us ORDER BY r.settled_at, r.key LIMIT $1"
+            " SELECT r.key, r.fingerprint,
+                     CASE WHEN r.state = 1 THEN r.expires_at ELSE r.settled_at END AS marked,
+                     CASE WHEN r.state = 1 THEN r.expires_at + $2 ELSE r.expires_at END
+              FROM idemcache_records r, now
+              WHERE ",
+            unknown_or_lapsed!("$2"),
+            " ORDER BY marked, r.key LIMIT $1"
         );
         let mut out = Vec::new();
-        for row in self.rows(sql, &[&limit(n)]).await? {
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        for row in self.rows(sql, &[&limit(n), &lapse_ttl]).await? {
             let stored: Vec<u8> = column(&row, 0, &[])?;
             let marked_at: Option<i64> = column(&row, 2, &stored)?;
             let fp: Vec<u8> = column(&row, 1, &stored)?;
@@ -445,12 +537,18 @@ impl Store for PostgresStore {
             "WITH ",
             now!(),
             ", doomed AS (
-                 SELECT r.key FROM idemcache_records r, now WHERE r.expires_at <= now.us
-                 LIMIT $1 FOR UPDATE SKIP LOCKED
+                 SELECT r.key FROM idemcache_records r, now
+                 WHERE r.expires_at <= now.us AND NOT ",
+            lapsed_within!("$2"),
+            " LIMIT $1 FOR UPDATE SKIP LOCKED
              )
              DELETE FROM idemcache_records r USING doomed, now
-             WHERE r.key = doomed.key AND r.expires_at <= now.us RETURNING r.key"
+             WHERE r.key = doomed.key AND r.expires_at <= now.us AND NOT ",
+            lapsed_within!("$2"),
+            " RETURNING r.key"
         );
-        Ok(self.rows(sql, &[&limit(n)]).await?.len())
+        // A lapse this handle reads as UNKNOWN is kept until that mark would expire.
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        Ok(self.rows(sql, &[&limit(n), &lapse_ttl]).await?.len())
     }
 }

@@ -27,6 +27,18 @@
 //! Tokens are `max(previous token + 1, Redis's time in µs)`: larger than any earlier
 //! token of the key while its record lives, and after it expired as long as Redis's
 //! clock does not step back.
+//!
+//! Lapses ([`RedisStore::lapse_policy`]): under `LapsePolicy::MarkUnknown` a PROCESSING
+//! record's Redis key lives the unknown TTL past its lease, so it does not vanish when
+//! the lease lapses. The claim script never takes over a lease that lapsed less than
+//! the TTL ago: it answers "lapsed, token T"; the client puts the index member of T in
+//! (first, as `mark_unknown` does) and runs the claim again allowed to turn T, which
+//! turns the record UNKNOWN (marked at the lease's end, expiring the TTL after it) in
+//! the script and answers Unknown: three round trips on that path, one on every other.
+//! `resolve` and `forget` read a lapsed record as UNKNOWN too. Unlike the SQL stores,
+//! `unknown` lists a lapse only once a claim has turned it (or put its member in): Redis
+//! keeps no index of PROCESSING records, so a lapse nobody claims again waits for the
+//! key's next claim (or its key's expiry) to be listed.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -40,8 +52,8 @@ use redis::{AsyncCommands, RedisResult, Script};
 use idemcache::store::encoding::{
     at_server, check_duration, check_url, corrupt, fingerprint, from_micros, hex, micros,
 };
-use idemcache::store::{Store, StoreClaim, StoreError};
-use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
+use idemcache::store::{Lapse, Store, StoreClaim, StoreError};
+use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 
 pub use redis;
 
@@ -87,14 +99,30 @@ local function owned(token)
   local rec = record()
   return rec ~= nil and rec.state == 1 and rec.token == tonumber(token) and rec.expires > now
 end
-local function unknown()
+local function unknown(lapse)
   local rec = record()
-  return rec ~= nil and rec.state == 3 and rec.expires > now
+  if rec == nil then return false end
+  if rec.state == 3 and rec.expires > now then return true end
+  return rec.state == 1 and rec.expires <= now and rec.expires + tonumber(lapse) > now
 end
 ";
 
+/// ARGV: fingerprint, lease in µs, the unknown TTL of lapses in µs (0: `TakeOver`), the
+/// token whose lapse this call may turn UNKNOWN (0: none). Replies `{state, fp, token,
+/// body, settled, expires}`; state 0 is acquired, 4 "lapsed under token, put its index
+/// member in and ask again", 3 also when this call turned the lapse.
 const CLAIM: &str = r"
 local rec = record()
+local lapse = tonumber(ARGV[3])
+if rec and rec.state == 1 and rec.expires <= now and rec.expires + lapse > now then
+  if rec.token ~= tonumber(ARGV[4]) then
+    return {4, false, rec.token, false, false, rec.expires}
+  end
+  local ends = rec.expires + lapse
+  redis.call('HSET', KEYS[1], 'state', 3, 'settled', fmt(rec.expires), 'expires', fmt(ends))
+  redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
+  return {3, redis.call('HGET', KEYS[1], 'fp') or false, rec.token, false, rec.expires, ends}
+end
 if rec and rec.expires > now then
   local r = redis.call('HMGET', KEYS[1], 'fp', 'body', 'settled')
   if r[3] and not int(r[3]) then error({err = 'IDEMCACHE_CORRUPT its settled time is not an integer'}) end
@@ -104,7 +132,7 @@ local token = math.max((rec and rec.token or 0) + 1, now)
 local ends = now + tonumber(ARGV[2])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'state', 1, 'fp', ARGV[1], 'token', fmt(token), 'started', fmt(now), 'expires', fmt(ends))
-redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
+redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil((ends + lapse) / 1000)))
 return {0, false, token, false, false, ends}
 ";
 
@@ -118,12 +146,13 @@ redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
 return {now, ends}
 ";
 
-/// ARGV: token, lease in µs.
+/// ARGV: token, lease in µs, the unknown TTL of lapses in µs (the key outlives the
+/// lease by it).
 const EXTEND_LEASE: &str = r"
 if not owned(ARGV[1]) then return false end
 local ends = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'expires', fmt(ends))
-redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
+redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil((ends + tonumber(ARGV[3])) / 1000)))
 return {now, ends}
 ";
 
@@ -151,37 +180,50 @@ redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
 return {now, ends}
 ";
 
-/// ARGV: TTL in µs, then the body if there is one.
+/// ARGV: TTL in µs, the unknown TTL of lapses in µs, then the body if there is one.
 const RESOLVE: &str = r"
-if not unknown() then return false end
+if not unknown(ARGV[2]) then return false end
 local ends = now + tonumber(ARGV[1])
 redis.call('HSET', KEYS[1], 'state', 2, 'settled', fmt(now), 'expires', fmt(ends))
-if #ARGV >= 2 then redis.call('HSET', KEYS[1], 'body', ARGV[2]) else redis.call('HDEL', KEYS[1], 'body') end
+if #ARGV >= 3 then redis.call('HSET', KEYS[1], 'body', ARGV[3]) else redis.call('HDEL', KEYS[1], 'body') end
 redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
 return {now, ends}
 ";
 
+/// ARGV: the unknown TTL of lapses in µs.
 const FORGET: &str = r"
-if not unknown() then return false end
+if not unknown(ARGV[1]) then return false end
 redis.call('DEL', KEYS[1])
 return {now, now}
 ";
 
-/// ARGV: the index's members (`<hex>:<token>`) to check. Returns the members to keep:
-/// those whose record is a live UNKNOWN under that token, with its fingerprint, mark
-/// time and expiry, and those whose record does not read, with why (never stopping at one).
+/// ARGV: the unknown TTL of lapses in µs, then the index's members (`<hex>:<token>`) to
+/// check. Returns the members to keep: those whose record is a live UNKNOWN under that
+/// token, or a lease of that token lapsed less than the TTL ago (the UNKNOWN it is
+/// being turned into), with its fingerprint, mark time and expiry; those whose record
+/// does not read, with why (never stopping at one); and those whose record is a live
+/// lease of that token (a member put in for a lapse a claim has not turned yet), marked
+/// pending.
 const LIST_UNKNOWN: &str = r"
 local out = {}
+local lapse = tonumber(ARGV[1])
 for i, member in ipairs(ARGV) do
   local hex, token = string.match(member, '^(%x+):(%d+)$')
-  if hex then
+  if i > 1 and hex then
     local key = 'idemcache:{' .. hex .. '}'
     local rec, bad = read(key)
     if bad then
-      table.insert(out, {member, false, false, bad, false})
-    elseif rec and rec.state == 3 and rec.expires > now and rec.token == tonumber(token) then
-      local r = redis.call('HMGET', key, 'fp', 'settled')
-      table.insert(out, {member, r[1] or false, int(r[2]) or false, false, rec.expires})
+      table.insert(out, {member, false, false, bad, false, false})
+    elseif rec and rec.token == tonumber(token) then
+      if rec.state == 3 and rec.expires > now then
+        local r = redis.call('HMGET', key, 'fp', 'settled')
+        table.insert(out, {member, r[1] or false, int(r[2]) or false, false, rec.expires, false})
+      elseif rec.state == 1 and rec.expires <= now and rec.expires + lapse > now then
+        local fp = redis.call('HGET', key, 'fp')
+        table.insert(out, {member, fp or false, rec.expires, false, rec.expires + lapse, false})
+      elseif rec.state == 1 and rec.expires > now then
+        table.insert(out, {member, false, false, false, false, true})
+      end
     end
   end
 end
@@ -208,6 +250,8 @@ pub struct RedisStore {
     purge_from: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// `host:port`, as connection errors name the server, when the store connected.
     server: Option<std::sync::Arc<str>>,
+    /// What a lapsed lease becomes, for this handle's scripts.
+    lapse: Lapse,
 }
 
 /// How many windows of the UNKNOWN index one `purge_expired` call checks at most.
@@ -319,7 +363,30 @@ impl RedisStore {
             scripts: std::sync::Arc::new(scripts),
             purge_from: std::sync::Arc::default(),
             server: None,
+            lapse: Lapse::TAKE_OVER,
         }
+    }
+
+    /// What a lapsed lease becomes for this handle's claims, listings and purges:
+    /// taken over ([`LapsePolicy::TakeOver`], the default), or UNKNOWN from the lease's
+    /// end for `unknown_ttl` ([`LapsePolicy::MarkUnknown`]; see the crate docs, for what
+    /// Redis lists, and [`Lapse`] for what every store does and why handles sharing a
+    /// server should agree: a `TakeOver` handle's leases expire from Redis at their end,
+    /// and it takes over a lapse not yet turned). Clones made after share the setting.
+    /// An `unknown_ttl` of zero or over [`MAX_DURATION`](idemcache::MAX_DURATION) under
+    /// `MarkUnknown` is [`StoreError::InvalidInput`].
+    pub fn lapse_policy(
+        mut self,
+        policy: LapsePolicy,
+        unknown_ttl: Duration,
+    ) -> Result<RedisStore, StoreError> {
+        self.lapse = Lapse::new(policy, unknown_ttl)?;
+        Ok(self)
+    }
+
+    /// This handle's lapse setting.
+    pub fn lapse(&self) -> Lapse {
+        self.lapse
     }
 
     /// A Redis error as a store error ([`backend`]); one of reaching the server names it.
@@ -374,17 +441,45 @@ impl Store for RedisStore {
         async move {
             check_duration("lease", lease)?;
             let mut connection = self.connection.clone();
-            let reply: redis::Value = self
-                .scripts
-                .claim
-                .key(record)
-                .arg(fp_in.to_bytes().to_vec())
-                .arg(micros(lease))
-                .invoke_async(&mut connection)
-                .await
-                .map_err(|e| named(&key, self.failed(e)))?;
-            let reply: ClaimReply = read_reply(reply).map_err(|e| named(&key, e))?;
-            let (state, fp, token, body, settled, expires) = reply;
+            let lapse = self.lapse.unknown_ttl_micros();
+            // The token whose lapse this claim may turn UNKNOWN, once its member is in.
+            let mut turn = 0;
+            let (state, fp, token, body, settled, expires) = loop {
+                let reply: redis::Value = self
+                    .scripts
+                    .claim
+                    .key(&record)
+                    .arg(fp_in.to_bytes().to_vec())
+                    .arg(micros(lease))
+                    .arg(lapse)
+                    .arg(number(turn))
+                    .invoke_async(&mut connection)
+                    .await
+                    .map_err(|e| named(&key, self.failed(e)))?;
+                let reply: ClaimReply = read_reply(reply).map_err(|e| named(&key, e))?;
+                match reply {
+                    // Lapsed under `token` (MarkUnknown): the index's member first, so a
+                    // connection lost before the turn leaves a member, never an UNKNOWN
+                    // record nobody lists; then again, allowed to turn it. A record that
+                    // moved on meanwhile is answered as it is now (the member is stale).
+                    (4, _, Some(token), ..) if turn != token => {
+                        let member = format!("{}:{token}", hex(key.as_bytes()));
+                        let _: redis::Value = redis::cmd("EVAL")
+                            .arg(INDEX_MARK)
+                            .arg(1)
+                            .arg(UNKNOWN_INDEX)
+                            .arg(&member)
+                            .query_async(&mut connection)
+                            .await
+                            .map_err(|e| self.failed(e))?;
+                        turn = token;
+                    }
+                    (4, ..) => {
+                        return Err(corrupt(key.as_bytes(), "its lapse did not turn UNKNOWN"));
+                    }
+                    reply => break reply,
+                }
+            };
             let token =
                 token.ok_or_else(|| corrupt(key.as_bytes(), "its token is not a number"))?;
             if state == 0 {
@@ -438,7 +533,8 @@ impl Store for RedisStore {
         let key = key.clone();
         async move {
             check_duration("lease", lease)?;
-            let args = vec![number(token.get()), number(micros(lease))];
+            let lapse = self.lapse.unknown_ttl_micros();
+            let args = vec![number(token.get()), number(micros(lease)), number(lapse)];
             let (_, until) =
                 self.settle(&self.scripts.extend_lease, &key, args, StoreError::LeaseLost).await?;
             Ok(from_micros(until))
@@ -502,7 +598,7 @@ impl Store for RedisStore {
         let key = key.clone();
         async move {
             check_duration("result TTL", ttl)?;
-            let mut args = vec![number(micros(ttl))];
+            let mut args = vec![number(micros(ttl)), number(self.lapse.unknown_ttl_micros())];
             args.extend(body.as_deref().map(<[u8]>::to_vec));
             // The index's member for this mark is stale from now on (trimmed later).
             let (at, until) =
@@ -515,7 +611,8 @@ impl Store for RedisStore {
         let key = key.clone();
         async move {
             // The index's member for this mark is stale from now on (trimmed later).
-            self.settle(&self.scripts.forget, &key, vec![], StoreError::NotUnknown).await.map(drop)
+            let args = vec![number(self.lapse.unknown_ttl_micros())];
+            self.settle(&self.scripts.forget, &key, args, StoreError::NotUnknown).await.map(drop)
         }
     }
 
@@ -527,7 +624,7 @@ impl Store for RedisStore {
         // are trimmed, so the next window from the front holds new ones.
         while out.len() < limit {
             let batch = self.index_window(0, window).await?;
-            for kept in batch.kept.iter().take(limit - out.len()) {
+            for kept in batch.kept.iter().filter(|k| !k.pending).take(limit - out.len()) {
                 out.push(kept.listed()?);
             }
             if batch.members < window || batch.trimmed == 0 {
@@ -586,12 +683,23 @@ struct Kept {
     marked_at: Option<i64>,
     unreadable: Option<String>,
     expires_at: Option<i64>,
+    /// A live lease whose member went in for a lapse not turned yet: kept, not listed.
+    pending: bool,
 }
 
 impl redis::FromRedisValue for Kept {
     fn from_redis_value(v: redis::Value) -> Result<Kept, redis::ParsingError> {
-        let (member, fingerprint, marked_at, unreadable, expires_at) = redis::from_redis_value(v)?;
-        Ok(Kept { member, fingerprint, marked_at, unreadable, expires_at })
+        // Lua's `true` arrives as 1, its `false` as nil.
+        let (member, fingerprint, marked_at, unreadable, expires_at, pending): (
+            _,
+            _,
+            _,
+            _,
+            _,
+            Option<i64>,
+        ) = redis::from_redis_value(v)?;
+        let pending = pending.is_some();
+        Ok(Kept { member, fingerprint, marked_at, unreadable, expires_at, pending })
     }
 }
 
@@ -640,6 +748,7 @@ impl RedisStore {
             return Ok(empty);
         }
         let mut invocation = self.scripts.list_unknown.prepare_invoke();
+        invocation.arg(self.lapse.unknown_ttl_micros());
         for member in &members {
             invocation.arg(member);
         }

@@ -10,6 +10,12 @@
 //! another connection or process, and its "now" is SQLite's clock. Several processes may
 //! share one file: WAL mode, and a busy timeout instead of `SQLITE_BUSY`.
 //!
+//! Lapses ([`SqliteStore::lapse_policy`]): under `LapsePolicy::MarkUnknown` a claim that
+//! finds a PROCESSING record whose lease lapsed less than the unknown TTL ago turns it
+//! UNKNOWN in its transaction (`settled_at` = the lease's end, `expires_at` = that plus
+//! the TTL); until a claim does, the other statements read such a record as UNKNOWN too
+//! (`unknown` lists it, `resolve` and `forget` settle it, `purge_expired` keeps it).
+//!
 //! The worker thread keeps blocking SQLite calls off async runtimes' threads; the
 //! futures it answers need no runtime, so synchronous code runs them with
 //! [`block_on`](idemcache::store::block_on).
@@ -29,8 +35,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use idemcache::store::encoding::{check_duration, corrupt, fingerprint, from_micros, key, micros};
 use idemcache::store::unique::is_unique_sqlite_code;
-use idemcache::store::{Store, StoreClaim, StoreError};
-use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
+use idemcache::store::{Lapse, Store, StoreClaim, StoreError};
+use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 
 pub use rusqlite;
 
@@ -142,6 +148,8 @@ pub struct SqliteStore {
     /// The database, as `Debug` names it: its path, `:memory:`, or a connection of the
     /// application's own.
     database: Arc<str>,
+    /// What a lapsed lease becomes, for this handle's statements.
+    lapse: Lapse,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -276,8 +284,41 @@ impl SqliteStore {
                     job(&mut db);
                 }
             });
-        let store = SqliteStore { jobs, database: database.into() };
+        let store = SqliteStore { jobs, database: database.into(), lapse: Lapse::TAKE_OVER };
         (store, Opener { open, spawned: spawned.err().map(|e| e.to_string()) })
+    }
+
+    /// What a lapsed lease becomes for this handle's claims, listings and purges:
+    /// taken over ([`LapsePolicy::TakeOver`], the default), or UNKNOWN from the lease's
+    /// end for `unknown_ttl` ([`LapsePolicy::MarkUnknown`]; see the crate docs and
+    /// [`Lapse`] for what every store does, and why handles sharing a database should
+    /// agree). Clones made after share the setting; the database's records do not keep
+    /// it. An `unknown_ttl` of zero or over
+    /// [`MAX_DURATION`](idemcache::MAX_DURATION) under `MarkUnknown` is
+    /// [`StoreError::InvalidInput`].
+    ///
+    /// ```
+    /// use idemcache::store::block_on;
+    /// use idemcache::LapsePolicy;
+    /// use idemcache_sqlite::SqliteStore;
+    /// use std::time::Duration;
+    ///
+    /// let store = block_on(SqliteStore::connect("sqlite::memory:"))?
+    ///     .lapse_policy(LapsePolicy::MarkUnknown, Duration::from_secs(24 * 3600))?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn lapse_policy(
+        mut self,
+        policy: LapsePolicy,
+        unknown_ttl: Duration,
+    ) -> Result<SqliteStore, StoreError> {
+        self.lapse = Lapse::new(policy, unknown_ttl)?;
+        Ok(self)
+    }
+
+    /// This handle's lapse setting.
+    pub fn lapse(&self) -> Lapse {
+        self.lapse
     }
 
     /// Runs `op` on the worker thread; the future resolves with its result.
@@ -364,11 +405,28 @@ struct Row {
     expires_at: i64,
 }
 
+/// A record "lapsed less than `?N` µs ago": PROCESSING, past its lease, and within the
+/// unknown TTL of `LapsePolicy::MarkUnknown` (never true when the TTL is 0, `TakeOver`).
+/// Such a record is UNKNOWN to every statement of a `MarkUnknown` handle.
+macro_rules! lapsed_within {
+    ($ttl:literal) => {
+        concat!("(state = 1 AND expires_at <= ", now!(), " AND expires_at + ", $ttl, " > ", now!(), ")")
+    };
+}
+
+/// A live UNKNOWN record, or one a lapse made so (see [`lapsed_within`]).
+macro_rules! unknown_or_lapsed {
+    ($ttl:literal) => {
+        concat!("((state = 3 AND expires_at > ", now!(), ") OR ", lapsed_within!($ttl), ")")
+    };
+}
+
 fn claim(
     db: &mut Connection,
     key: Vec<u8>,
     fp: Fingerprint,
     lease: i64,
+    lapse_ttl: i64,
 ) -> Result<StoreClaim, StoreError> {
     let tx = db.transaction_with_behavior(TransactionBehavior::Immediate).map_err(backend)?;
     let now: i64 = tx.query_row(concat!("SELECT ", now!()), [], |r| r.get(0)).map_err(backend)?;
@@ -388,6 +446,27 @@ fn claim(
         )
         .optional()
         .map_err(|e| read_error(&key, e))?;
+    let lapsed = |row: &Row| {
+        row.state == PROCESSING
+            && row.expires_at <= now
+            && row.expires_at.saturating_add(lapse_ttl) > now
+    };
+    if let Some(row) = row.as_ref().filter(|row| lapsed(row)) {
+        // MarkUnknown: the lapsed lease turns UNKNOWN, marked at its end, in this
+        // transaction; nobody acquires it.
+        let until = row.expires_at.saturating_add(lapse_ttl);
+        tx.execute(
+            "UPDATE idemcache_records SET state = 3, settled_at = expires_at, expires_at = ?2
+             WHERE key = ?1",
+            params![key, until],
+        )
+        .map_err(backend)?;
+        tx.commit().map_err(backend)?;
+        if fingerprint(&row.fingerprint).map_err(|e| corrupt(&key, e))? != fp {
+            return Ok(StoreClaim::Mismatch);
+        }
+        return Ok(StoreClaim::Unknown { marked_at: from_micros(row.expires_at) });
+    }
     if let Some(row) = row.filter(|row| row.expires_at > now) {
         // Live: answer without writing (the transaction ends unchanged).
         if fingerprint(&row.fingerprint).map_err(|e| corrupt(&key, e))? != fp {
@@ -455,9 +534,10 @@ impl Store for SqliteStore {
     ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
         let key = key.as_bytes().to_vec();
         let checked = check_duration("lease", lease);
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
         self.run(move |db| {
             checked?;
-            claim(db, key, fingerprint, micros(lease))
+            claim(db, key, fingerprint, micros(lease), lapse_ttl)
         })
     }
 
@@ -569,6 +649,7 @@ impl Store for SqliteStore {
     ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
         let key = key.clone();
         let checked = check_duration("result TTL", ttl);
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
         self.run(move |db| {
             checked?;
             let sql = concat!(
@@ -577,8 +658,8 @@ impl Store for SqliteStore {
                 ", expires_at = ",
                 now!(),
                 " + ?3
-                 WHERE key = ?1 AND state = 3 AND expires_at > ",
-                now!(),
+                 WHERE key = ?1 AND ",
+                unknown_or_lapsed!("?4"),
                 "
                  RETURNING settled_at, expires_at"
             );
@@ -587,7 +668,7 @@ impl Store for SqliteStore {
                 db,
                 &key,
                 sql,
-                &[&key.as_bytes(), &stored, &micros(ttl)],
+                &[&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl],
                 StoreError::NotUnknown,
             )?;
             Ok(Replay::new(body, from_micros(at), from_micros(until)))
@@ -596,12 +677,13 @@ impl Store for SqliteStore {
 
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
         let key = key.clone();
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
         self.run(move |db| {
             let sql = concat!(
-                "DELETE FROM idemcache_records WHERE key = ?1 AND state = 3 AND expires_at > ",
-                now!()
+                "DELETE FROM idemcache_records WHERE key = ?1 AND ",
+                unknown_or_lapsed!("?2")
             );
-            match db.execute(sql, params![key.as_bytes()]).map_err(backend)? {
+            match db.execute(sql, params![key.as_bytes(), lapse_ttl]).map_err(backend)? {
                 0 => Err(StoreError::NotUnknown(key)),
                 _ => Ok(()),
             }
@@ -612,16 +694,20 @@ impl Store for SqliteStore {
         &self,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<UnknownEntry<SystemTime>>, StoreError>> + Send {
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
         self.run(move |db| {
+            // A lapse not yet turned by a claim reads as the UNKNOWN it will be.
             let sql = concat!(
-                "SELECT key, fingerprint, settled_at, expires_at FROM idemcache_records
-                 WHERE state = 3 AND expires_at > ",
-                now!(),
-                " ORDER BY settled_at, key LIMIT ?1"
+                "SELECT key, fingerprint,
+                        CASE WHEN state = 1 THEN expires_at ELSE settled_at END AS marked,
+                        CASE WHEN state = 1 THEN expires_at + ?2 ELSE expires_at END
+                 FROM idemcache_records WHERE ",
+                unknown_or_lapsed!("?2"),
+                " ORDER BY marked, key LIMIT ?1"
             );
             let mut statement = db.prepare(sql).map_err(backend)?;
             let rows = statement
-                .query_map(params![i64::try_from(limit).unwrap_or(i64::MAX)], |r| {
+                .query_map(params![i64::try_from(limit).unwrap_or(i64::MAX), lapse_ttl], |r| {
                     // The key first, as bytes whatever its type (text too), so whatever
                     // else fails to read can name it.
                     let key = match r.get_ref(0)? {
@@ -652,14 +738,19 @@ impl Store for SqliteStore {
         &self,
         limit: usize,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send {
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
         self.run(move |db| {
+            // A lapse this handle reads as UNKNOWN is kept until that mark would expire.
             let sql = concat!(
                 "DELETE FROM idemcache_records WHERE key IN
                      (SELECT key FROM idemcache_records WHERE expires_at <= ",
                 now!(),
+                " AND NOT ",
+                lapsed_within!("?2"),
                 " LIMIT ?1)"
             );
-            db.execute(sql, params![i64::try_from(limit).unwrap_or(i64::MAX)]).map_err(backend)
+            let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+            db.execute(sql, params![limit, lapse_ttl]).map_err(backend)
         })
     }
 }

@@ -1,0 +1,268 @@
+//! Lapses under `LapsePolicy::MarkUnknown` on every store, and reconciling: each store
+//! built with that policy passes `conformance::run_mark_unknown` (a lapsed lease is never
+//! re-run: the claim after it answers Unknown, it is listed, its token is fenced,
+//! purging keeps it, resolving replays it) and `conformance::reconcile_as_checked`;
+//! `Tiered` over such a store never answers Acquired for a key the store holds UNKNOWN,
+//! whatever its cache's own policy. SQLite always; PostgreSQL (on a schema of its own, so
+//! no other test's purge, under another policy, meets its records) and Redis when their
+//! URLs are in the environment.
+
+use std::time::Duration;
+
+use idemcache::store::conformance::{self, fp, key, SHORT_LEASE};
+use idemcache::store::{Store, StoreError, Tiered, TieredClaim};
+use idemcache::{Bytes, Cache, LapsePolicy, Verdict};
+use idemcache_sqlite::SqliteStore;
+
+/// How long the stores under test keep a lapsed lease UNKNOWN.
+const UNKNOWN_TTL: Duration = Duration::from_secs(3600);
+
+async fn sqlite_marking() -> SqliteStore {
+    let store = SqliteStore::connect("sqlite::memory:")
+        .await
+        .unwrap()
+        .lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL)
+        .unwrap();
+    store.ensure_schema().await.unwrap();
+    store
+}
+
+#[tokio::test]
+async fn sqlite_under_mark_unknown_never_re_runs_a_lapsed_lease() {
+    let store = sqlite_marking().await;
+    assert_eq!(store.lapse().policy(), LapsePolicy::MarkUnknown);
+    conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
+    conformance::reconcile_as_checked(&store).await;
+}
+
+#[tokio::test]
+async fn a_lapse_setting_is_checked_and_take_over_stays_the_default() {
+    let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
+    assert_eq!(store.lapse().policy(), LapsePolicy::TakeOver);
+    let refused = store.clone().lapse_policy(LapsePolicy::MarkUnknown, Duration::ZERO);
+    assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
+    // TakeOver ignores the TTL.
+    store.lapse_policy(LapsePolicy::TakeOver, Duration::ZERO).unwrap();
+}
+
+/// Two handles on one file, one under each policy (as two processes configured apart):
+/// a lapse the `MarkUnknown` handle turned UNKNOWN is UNKNOWN to the `TakeOver` handle
+/// too, and its purge keeps it. (A lapse nobody turned yet is the `TakeOver` handle's to
+/// take over: the documented reason to configure every handle alike.)
+#[tokio::test]
+async fn a_lapse_turned_unknown_is_unknown_to_a_take_over_handle_too() {
+    let dir = std::env::temp_dir().join(format!("idemcache-lapse-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("records.db");
+    let _ = std::fs::remove_file(&path);
+    let url = format!("sqlite:{}", path.display());
+    let taking = SqliteStore::connect(&url).await.unwrap();
+    taking.ensure_schema().await.unwrap();
+    let marking = SqliteStore::connect(&url)
+        .await
+        .unwrap()
+        .lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL)
+        .unwrap();
+    let k = key("mixed");
+    let idemcache::store::StoreClaim::Acquired { lease_ends_at, .. } =
+        marking.claim(&k, fp("r"), SHORT_LEASE).await.unwrap()
+    else {
+        panic!("expected Acquired");
+    };
+    let turned = loop {
+        match marking.claim(&k, fp("r"), SHORT_LEASE).await.unwrap() {
+            idemcache::store::StoreClaim::InProgress { .. } => {
+                conformance::pause(Duration::from_millis(5)).await
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(turned, idemcache::store::StoreClaim::Unknown { marked_at: lease_ends_at });
+    while taking.purge_expired(100).await.unwrap() == 100 {}
+    assert_eq!(
+        taking.claim(&k, fp("r"), SHORT_LEASE).await.unwrap(),
+        idemcache::store::StoreClaim::Unknown { marked_at: lease_ends_at }
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `Tiered` over a store under `MarkUnknown`: an execution that ran past its lease (its
+/// guard held, as a hung process holds it) is UNKNOWN to every later claim, never
+/// re-run, whether the cache in front takes its own lapsed claim over or marks it
+/// UNKNOWN too; `Tiered::reconcile` settles it in the store, and the next claim replays
+/// (no UNKNOWN left behind in memory).
+#[tokio::test]
+async fn tiered_never_re_runs_a_lapse_the_store_holds_unknown() {
+    for cache_policy in [LapsePolicy::TakeOver, LapsePolicy::MarkUnknown] {
+        let cache = Cache::builder().lapse_policy(cache_policy).build().unwrap();
+        let tiered = Tiered::new(cache, sqlite_marking().await).lease(SHORT_LEASE);
+        let k = key(&format!("tiered-{cache_policy:?}"));
+        let TieredClaim::Acquired(hung) = tiered.claim(&k, fp("r")).await.unwrap() else {
+            panic!("expected Acquired");
+        };
+        let lapsed = loop {
+            match tiered.claim(&k, fp("r")).await.unwrap() {
+                TieredClaim::InProgress { .. } => conformance::pause(Duration::from_millis(5)).await,
+                TieredClaim::Acquired(_) => panic!("a lapsed lease was re-run ({cache_policy:?})"),
+                other => break other,
+            }
+        };
+        assert!(matches!(lapsed, TieredClaim::Unknown { .. }), "{lapsed:?}");
+        assert!(matches!(tiered.claim(&k, fp("r")).await.unwrap(), TieredClaim::Unknown { .. }));
+        let late = hung.complete(&b"late"[..]).await;
+        assert!(
+            matches!(late, Err(idemcache::store::TieredError::Store(StoreError::LeaseLost(_)))),
+            "{late:?}"
+        );
+        let done = tiered
+            .reconcile(usize::MAX, |entry| {
+                let mine = entry.key == k;
+                async move {
+                    if mine {
+                        Verdict::Happened(Some(Bytes::from_static(b"charged")))
+                    } else {
+                        Verdict::Undecided
+                    }
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(done.resolved, 1, "{done:?}");
+        match tiered.claim(&k, fp("r")).await.unwrap() {
+            TieredClaim::Completed(replay) => assert_eq!(replay.body.unwrap(), "charged"),
+            other => panic!("{other:?} ({cache_policy:?})"),
+        }
+    }
+}
+
+/// PostgreSQL, when `IDEMCACHE_POSTGRES_URL` names a server, on a schema of its own: a
+/// `TakeOver` handle of another test (or another program) purging the shared table
+/// would delete a lapse this test has not claimed yet, as documented for mixed policies.
+mod postgres {
+    use super::*;
+    use idemcache_postgres::{tokio_postgres, PostgresStore};
+
+    /// A `MarkUnknown` store on a new schema, first on its search path; the admin client
+    /// and the schema's name, to drop it after.
+    async fn marking_store(name: &str) -> Option<(tokio_postgres::Client, PostgresStore, String)> {
+        let url = conformance::service_url(
+            "IDEMCACHE_POSTGRES_URL",
+            "postgres://postgres@127.0.0.1:5432/test",
+        )?;
+        let (admin, connection) =
+            tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let schema = format!("idemcache_lapse_{name}_{}", std::process::id());
+        admin
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
+            ))
+            .await
+            .unwrap();
+        let separator = if url.contains('?') { '&' } else { '?' };
+        let own = format!("{url}{separator}options=-c%20search_path%3D{schema}");
+        let store = PostgresStore::connect(&own, 4)
+            .await
+            .unwrap()
+            .lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL)
+            .unwrap();
+        store.ensure_schema().await.unwrap();
+        Some((admin, store, schema))
+    }
+
+    #[tokio::test]
+    async fn postgres_under_mark_unknown_never_re_runs_a_lapsed_lease() {
+        let Some((admin, store, schema)) = marking_store("suite").await else { return };
+        conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
+        conformance::reconcile_as_checked(&store).await;
+        admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
+    }
+
+    /// Many claims of one key racing its lapse: none acquires, all that see it lapsed
+    /// see it UNKNOWN at the lease's end.
+    #[tokio::test]
+    async fn concurrent_claims_of_a_lapse_all_answer_unknown() {
+        let Some((admin, store, schema)) = marking_store("race").await else { return };
+        let k = key("raced-lapse");
+        let idemcache::store::StoreClaim::Acquired { lease_ends_at, .. } =
+            store.claim(&k, fp("r"), SHORT_LEASE).await.unwrap()
+        else {
+            panic!("expected Acquired");
+        };
+        let mut unknown = 0;
+        while unknown == 0 {
+            let claims = (0..8).map(|_| {
+                let (store, k) = (store.clone(), k.clone());
+                tokio::spawn(async move { store.claim(&k, fp("r"), SHORT_LEASE).await.unwrap() })
+            });
+            for claim in claims {
+                match claim.await.unwrap() {
+                    idemcache::store::StoreClaim::InProgress { .. } => {}
+                    idemcache::store::StoreClaim::Unknown { marked_at } => {
+                        assert_eq!(marked_at, lease_ends_at);
+                        unknown += 1;
+                    }
+                    other => panic!("a lapse was answered {other:?}"),
+                }
+            }
+        }
+        admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
+    }
+}
+
+/// Redis, when `IDEMCACHE_REDIS_STORE_URL` names a server (a database of its own: the
+/// suite's records are keyed apart, and nothing here flushes it).
+mod redis_store {
+    use super::*;
+    use idemcache_redis::RedisStore;
+
+    async fn marking_store() -> Option<RedisStore> {
+        let url = conformance::service_url(
+            "IDEMCACHE_REDIS_STORE_URL",
+            "redis://127.0.0.1:6379/14",
+        )?;
+        let store = RedisStore::connect(&url).await.unwrap();
+        Some(store.lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL).unwrap())
+    }
+
+    #[tokio::test]
+    async fn redis_under_mark_unknown_never_re_runs_a_lapsed_lease() {
+        let Some(store) = marking_store().await else { return };
+        // Redis keeps no index of leases: a lapse is listed once a claim turned it.
+        conformance::run_mark_unknown(&store, UNKNOWN_TTL, false).await;
+        conformance::reconcile_as_checked(&store).await;
+    }
+
+    /// Many claims of one key racing its lapse: none acquires, and the lapse is listed
+    /// once (one index member, however many claims put it in).
+    #[tokio::test]
+    async fn concurrent_claims_of_a_lapse_all_answer_unknown_and_list_it_once() {
+        let Some(store) = marking_store().await else { return };
+        let k = key("raced-lapse");
+        let idemcache::store::StoreClaim::Acquired { lease_ends_at, .. } =
+            store.claim(&k, fp("r"), SHORT_LEASE).await.unwrap()
+        else {
+            panic!("expected Acquired");
+        };
+        let mut unknown = 0;
+        while unknown == 0 {
+            let claims = (0..8).map(|_| {
+                let (store, k) = (store.clone(), k.clone());
+                tokio::spawn(async move { store.claim(&k, fp("r"), SHORT_LEASE).await.unwrap() })
+            });
+            for claim in claims {
+                match claim.await.unwrap() {
+                    idemcache::store::StoreClaim::InProgress { .. } => {}
+                    idemcache::store::StoreClaim::Unknown { marked_at } => {
+                        assert_eq!(marked_at, lease_ends_at);
+                        unknown += 1;
+                    }
+                    other => panic!("a lapse was answered {other:?}"),
+                }
+            }
+        }
+        let listed = store.unknown(usize::MAX).await.unwrap();
+        assert_eq!(listed.iter().filter(|u| u.key == k).count(), 1, "listed once");
+        store.forget(&k).await.unwrap();
+    }
+}
