@@ -78,7 +78,9 @@ impl Cache {
         let mut done = Reconciled::default();
         for entry in self.unknown(limit) {
             let settled = match check(&entry) {
-                Verdict::Happened(body) => self.resolve_with(&entry.key, body).map(|()| &mut done.resolved),
+                Verdict::Happened(body) => {
+                    self.resolve_with(&entry.key, body).map(|()| &mut done.resolved)
+                }
                 Verdict::DidNotHappen => self.forget(&entry.key).map(|()| &mut done.forgotten),
                 Verdict::Undecided => Ok(&mut done.left),
             };

@@ -97,11 +97,8 @@ fn a_lapse_nobody_claimed_is_listed_and_survives_the_wheel() {
 fn a_listing_turns_a_lapse_within_the_current_wheel_tick() {
     let clock = ManualClock::new();
     // A tick far longer than the lease: the wheel has not reached the lapse yet.
-    let cache = builder(&clock)
-        .tick(secs(3600))
-        .lapse_policy(LapsePolicy::MarkUnknown)
-        .build()
-        .unwrap();
+    let cache =
+        builder(&clock).tick(secs(3600)).lapse_policy(LapsePolicy::MarkUnknown).build().unwrap();
     let k = key("a");
     let _stale = acquire(&cache, &k, fp("r"));
     clock.advance(LEASE);
@@ -123,10 +120,7 @@ fn a_full_shard_of_lapsed_leases_refuses_and_evicts_none() {
         (0..512).map(|i| acquire(&cache, &key(&format!("k{i}")), fp("r"))).collect();
     clock.advance(LEASE);
     // Every entry is a lapsed lease: UNKNOWN, never evicted, never reclaimed.
-    assert!(matches!(
-        cache.claim(&key("new"), fp("r")),
-        Err(ClaimError::CapacityExhausted)
-    ));
+    assert!(matches!(cache.claim(&key("new"), fp("r")), Err(ClaimError::CapacityExhausted)));
     assert_eq!(cache.stats().evictions, 0);
     assert_eq!(cache.unknown(1000).len(), 512);
     drop(guards);

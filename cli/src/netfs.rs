@@ -12,10 +12,31 @@ use std::path::Path;
 
 /// Filesystem types whose locking SQLite cannot rely on.
 const NETWORK: &[&str] = &[
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "afs", "9p", "ceph", "glusterfs",
-    "lustre", "gpfs", "davfs", "coda", "fuse.sshfs", "fuse.rclone", "fuse.s3fs",
-    "fuse.gcsfuse", "fuse.glusterfs", "fuse.davfs2", "fuse.juicefs", "fuse.cephfs",
-    "fuse.goofys", "fuse.smbnetfs", "fuse.curlftpfs",
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "ncpfs",
+    "afs",
+    "9p",
+    "ceph",
+    "glusterfs",
+    "lustre",
+    "gpfs",
+    "davfs",
+    "coda",
+    "fuse.sshfs",
+    "fuse.rclone",
+    "fuse.s3fs",
+    "fuse.gcsfuse",
+    "fuse.glusterfs",
+    "fuse.davfs2",
+    "fuse.juicefs",
+    "fuse.cephfs",
+    "fuse.goofys",
+    "fuse.smbnetfs",
+    "fuse.curlftpfs",
 ];
 
 /// The network filesystem `dir` is on, as `(type, mount point)`, or `None`.
@@ -86,12 +107,20 @@ mod tests {
         let at = |p| mount_of(MOUNTINFO, p).map(|(_, t)| t);
         assert_eq!(at("/home/al/net/x/idem.db").as_deref(), Some("nfs4"));
         assert_eq!(at("/home/al/net").as_deref(), Some("nfs4"));
-        assert_eq!(at("/home/al/network/x").as_deref(), Some("xfs"), "a name prefix is not a path prefix");
+        assert_eq!(
+            at("/home/al/network/x").as_deref(),
+            Some("xfs"),
+            "a name prefix is not a path prefix"
+        );
         assert_eq!(at("/home/al/net/local/d").as_deref(), Some("tmpfs"));
         assert_eq!(at("/home/al/my share/d").as_deref(), Some("cifs"), "escapes undone");
         assert_eq!(at("/mnt/ssh/state").as_deref(), Some("fuse.sshfs"));
         assert_eq!(at("/var/lib").as_deref(), Some("ext4"));
-        assert_eq!(at("/home/bo").as_deref(), Some("xfs"), "a later mount on one point hides the earlier");
+        assert_eq!(
+            at("/home/bo").as_deref(),
+            Some("xfs"),
+            "a later mount on one point hides the earlier"
+        );
         for network in ["nfs4", "cifs", "fuse.sshfs"] {
             assert!(NETWORK.contains(&network));
         }

@@ -80,7 +80,8 @@ const VERSION: u8 = 1;
 impl Outcome {
     /// The record's body.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.stdout.len() as usize + self.stderr.len() as usize);
+        let mut out =
+            Vec::with_capacity(64 + self.stdout.len() as usize + self.stderr.len() as usize);
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
         let (kind, code) = match self.status {
@@ -119,7 +120,9 @@ impl Outcome {
         }
         match r.u8()? {
             VERSION => {}
-            v => return Err(format!("its format version is {v}, this idem reads version {VERSION}")),
+            v => {
+                return Err(format!("its format version is {v}, this idem reads version {VERSION}"))
+            }
         }
         let kind = r.u8()?;
         let code = i32::from_be_bytes(r.array()?);
@@ -143,7 +146,9 @@ impl Outcome {
             let tag = r.u8()?;
             let len = u64::from_be_bytes(r.array()?);
             *stream = match tag {
-                0 => Stream::Kept(r.take(usize::try_from(len).map_err(|_| "a stream too long")?)?.to_vec()),
+                0 => Stream::Kept(
+                    r.take(usize::try_from(len).map_err(|_| "a stream too long")?)?.to_vec(),
+                ),
                 1 => Stream::Dropped(len),
                 t => return Err(format!("its stream tag is {t}")),
             };
@@ -248,6 +253,9 @@ mod tests {
         assert_eq!(Status::Exited(3).exit_code(), 3);
         assert_eq!(Status::Signaled(9).exit_code(), 137);
         assert_eq!(Status::Signaled(15).describe(), "killed by signal 15 (SIGTERM)");
-        assert_eq!(command_line(&[b"echo".to_vec(), b"a b".to_vec(), b"it's".to_vec()]), r"echo 'a b' 'it'\''s'");
+        assert_eq!(
+            command_line(&[b"echo".to_vec(), b"a b".to_vec(), b"it's".to_vec()]),
+            r"echo 'a b' 'it'\''s'"
+        );
     }
 }

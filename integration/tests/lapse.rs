@@ -102,7 +102,9 @@ async fn tiered_never_re_runs_a_lapse_the_store_holds_unknown() {
         };
         let lapsed = loop {
             match tiered.claim(&k, fp("r")).await.unwrap() {
-                TieredClaim::InProgress { .. } => conformance::pause(Duration::from_millis(5)).await,
+                TieredClaim::InProgress { .. } => {
+                    conformance::pause(Duration::from_millis(5)).await
+                }
                 TieredClaim::Acquired(_) => panic!("a lapsed lease was re-run ({cache_policy:?})"),
                 other => break other,
             }
@@ -217,10 +219,8 @@ mod redis_store {
     use idemcache_redis::RedisStore;
 
     async fn marking_store() -> Option<RedisStore> {
-        let url = conformance::service_url(
-            "IDEMCACHE_REDIS_STORE_URL",
-            "redis://127.0.0.1:6379/14",
-        )?;
+        let url =
+            conformance::service_url("IDEMCACHE_REDIS_STORE_URL", "redis://127.0.0.1:6379/14")?;
         let store = RedisStore::connect(&url).await.unwrap();
         Some(store.lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL).unwrap())
     }

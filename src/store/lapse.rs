@@ -83,7 +83,10 @@ mod tests {
         let marking = Lapse::new(LapsePolicy::MarkUnknown, ttl).unwrap();
         assert_eq!(marking.policy(), LapsePolicy::MarkUnknown);
         assert_eq!((marking.unknown_ttl(), marking.unknown_ttl_micros()), (Some(ttl), 60_000_000));
-        assert_eq!((Lapse::TAKE_OVER.policy(), Lapse::TAKE_OVER.unknown_ttl_micros()), (LapsePolicy::TakeOver, 0));
+        assert_eq!(
+            (Lapse::TAKE_OVER.policy(), Lapse::TAKE_OVER.unknown_ttl_micros()),
+            (LapsePolicy::TakeOver, 0)
+        );
         for bad in [Duration::ZERO, crate::MAX_DURATION + Duration::from_nanos(1)] {
             let refused = Lapse::new(LapsePolicy::MarkUnknown, bad);
             assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");

@@ -30,8 +30,8 @@
 pub mod conformance;
 mod dynamic;
 pub mod encoding;
-mod open_claim;
 mod lapse;
+mod open_claim;
 mod reconcile;
 mod tiered;
 pub mod unique;
@@ -44,8 +44,8 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 pub use dynamic::{AnyStore, BoxFuture, DynStore};
-pub use open_claim::OpenClaim;
 pub use lapse::Lapse;
+pub use open_claim::OpenClaim;
 pub use reconcile::{reconcile, ReconcileError};
 pub use tiered::{Tiered, TieredClaim, TieredError, TieredGuard};
 pub use wait::claim_wait;

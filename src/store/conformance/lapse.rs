@@ -61,7 +61,9 @@ pub async fn run_mark_unknown<S: Store>(store: &S, unknown_ttl: Duration, lists_
     let k = run.key("lapsed-unknown");
     let (stale, lease_end) = acquire_short(store, &k, "r").await;
     let unknown = |claim: StoreClaim| match claim {
-        StoreClaim::Unknown { marked_at } => assert_eq!(marked_at, lease_end, "marked at the lease's end"),
+        StoreClaim::Unknown { marked_at } => {
+            assert_eq!(marked_at, lease_end, "marked at the lease's end")
+        }
         other => panic!("a lapsed lease must be UNKNOWN, got {other:?}"),
     };
     unknown(until_lapsed(store, &k, "r").await);
@@ -100,8 +102,12 @@ pub async fn run_mark_unknown<S: Store>(store: &S, unknown_ttl: Duration, lists_
     purge_all(store).await;
     if lists_unclaimed {
         let listed = store.unknown(usize::MAX).await.unwrap();
-        let entry = listed.iter().find(|u| u.key == unclaimed).expect("an unclaimed lapse is listed");
-        assert_eq!((entry.marked_at, entry.expires_at), (unclaimed_end, unclaimed_end + unknown_ttl));
+        let entry =
+            listed.iter().find(|u| u.key == unclaimed).expect("an unclaimed lapse is listed");
+        assert_eq!(
+            (entry.marked_at, entry.expires_at),
+            (unclaimed_end, unclaimed_end + unknown_ttl)
+        );
     }
     match store.claim(&unclaimed, fp("r"), LEASE).await.unwrap() {
         StoreClaim::Unknown { marked_at } => assert_eq!(marked_at, unclaimed_end),
@@ -157,13 +163,23 @@ pub async fn reconcile_as_checked<S: Store>(store: &S) {
         other => panic!("{other:?}"),
     };
     assert_eq!(replayed(store.claim(&keys[0], fp("r"), LEASE).await.unwrap()), "receipt");
-    assert!(matches!(store.claim(&keys[1], fp("r"), LEASE).await.unwrap(), StoreClaim::Acquired { .. }));
-    assert!(matches!(store.claim(&keys[2], fp("r"), LEASE).await.unwrap(), StoreClaim::Unknown { .. }));
+    assert!(matches!(
+        store.claim(&keys[1], fp("r"), LEASE).await.unwrap(),
+        StoreClaim::Acquired { .. }
+    ));
+    assert!(matches!(
+        store.claim(&keys[2], fp("r"), LEASE).await.unwrap(),
+        StoreClaim::Unknown { .. }
+    ));
     assert_eq!(replayed(store.claim(&keys[3], fp("r"), LEASE).await.unwrap()), "theirs");
     // A result TTL the store would refuse is refused before anything is listed.
-    let refused = reconcile(store, usize::MAX, Duration::ZERO, |_| async { Verdict::DidNotHappen }).await;
+    let refused =
+        reconcile(store, usize::MAX, Duration::ZERO, |_| async { Verdict::DidNotHappen }).await;
     let error = refused.unwrap_err();
     assert!(matches!(error.error, StoreError::InvalidInput(_)), "{error}");
     assert_eq!(error.done.checked(), 0);
-    assert!(matches!(store.claim(&keys[2], fp("r"), LEASE).await.unwrap(), StoreClaim::Unknown { .. }));
+    assert!(matches!(
+        store.claim(&keys[2], fp("r"), LEASE).await.unwrap(),
+        StoreClaim::Unknown { .. }
+    ));
 }

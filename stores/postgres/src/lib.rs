@@ -89,11 +89,7 @@ pub use in_transaction::complete_in;
 /// `MarkUnknown` handle.
 macro_rules! lapsed_within {
     ($ttl:literal) => {
-        concat!(
-            "(r.state = 1 AND r.expires_at <= now.us AND r.expires_at + ",
-            $ttl,
-            " > now.us)"
-        )
+        concat!("(r.state = 1 AND r.expires_at <= now.us AND r.expires_at + ", $ttl, " > now.us)")
     };
 }
 
@@ -261,7 +257,10 @@ impl PostgresStore {
 }
 
 /// The claim: take the key if absent or dead, else read its live holder; one statement.
-const CLAIM: &str = concat!("WITH ", now!(), ",
+const CLAIM: &str = concat!(
+    "WITH ",
+    now!(),
+    ",
          taken AS (
              INSERT INTO idemcache_records AS r
                  (key, fingerprint, state, token, body, started_at, settled_at, expires_at)
@@ -278,7 +277,9 @@ const CLAIM: &str = concat!("WITH ", now!(), ",
          FROM taken
          UNION ALL
          SELECT r.state, r.token, r.fingerprint, r.body, r.settled_at, r.expires_at,
-                r.expires_at > now.us, ", lapsed_within!("$4"), "
+                r.expires_at > now.us, ",
+    lapsed_within!("$4"),
+    "
          FROM idemcache_records r, now
          WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
 );
@@ -345,7 +346,9 @@ impl Store for PostgresStore {
                     if fingerprint(&stored_fp).map_err(|e| corrupt(&key, e))? != fp_in {
                         return Ok(StoreClaim::Mismatch);
                     }
-                    return Ok(StoreClaim::Unknown { marked_at: from_micros(column(turned, 1, &key)?) });
+                    return Ok(StoreClaim::Unknown {
+                        marked_at: from_micros(column(turned, 1, &key)?),
+                    });
                 }
                 if !live {
                     continue;

@@ -410,7 +410,15 @@ struct Row {
 /// Such a record is UNKNOWN to every statement of a `MarkUnknown` handle.
 macro_rules! lapsed_within {
     ($ttl:literal) => {
-        concat!("(state = 1 AND expires_at <= ", now!(), " AND expires_at + ", $ttl, " > ", now!(), ")")
+        concat!(
+            "(state = 1 AND expires_at <= ",
+            now!(),
+            " AND expires_at + ",
+            $ttl,
+            " > ",
+            now!(),
+            ")"
+        )
     };
 }
 

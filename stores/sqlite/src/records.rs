@@ -108,7 +108,9 @@ fn now(db: &Connection) -> Result<i64, StoreError> {
 /// record a claim would find, or `None` if a claim would find the key absent.
 fn judge(raw: Raw, now: i64, lapse: i64) -> Result<Option<Record>, StoreError> {
     let (state, settled_at, expires_at, lapsed) = match raw.state {
-        PROCESSING if raw.expires_at > now => (RecordState::Processing, None, raw.expires_at, false),
+        PROCESSING if raw.expires_at > now => {
+            (RecordState::Processing, None, raw.expires_at, false)
+        }
         PROCESSING if raw.expires_at.saturating_add(lapse) > now => {
             (RecordState::Unknown, Some(raw.expires_at), raw.expires_at.saturating_add(lapse), true)
         }
@@ -206,7 +208,8 @@ impl SqliteStore {
         let states = states.to_vec();
         let lapse = self.lapse_ttl_micros();
         self.run(move |db| {
-            let tx = db.transaction_with_behavior(TransactionBehavior::Immediate).map_err(backend)?;
+            let tx =
+                db.transaction_with_behavior(TransactionBehavior::Immediate).map_err(backend)?;
             let Some(record) = find(&tx, &key, lapse)?.filter(|r| states.contains(&r.state)) else {
                 return Ok(None);
             };
@@ -221,8 +224,7 @@ impl SqliteStore {
 
 impl SqliteStore {
     /// The lapse TTL this handle reads lapsed leases with, in µs (0: taken over).
-    // Until the lapse setting lands: every handle takes lapsed leases over.
     fn lapse_ttl_micros(&self) -> i64 {
-        0
+        self.lapse().unknown_ttl_micros()
     }
 }
