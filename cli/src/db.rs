@@ -93,8 +93,31 @@ pub fn open(path: PathBuf, unknown_ttl: Duration) -> Result<Db, Failure> {
     Ok(Db { store, path, busy_timeout })
 }
 
-/// Opens and checks the connection: writable, WAL, the schema in place.
+/// Opens and checks the connection, trying again while another process holds a lock
+/// SQLite will not wait for: two connections switching a new file to WAL at once, or
+/// creating the schema, deadlock, and one is told "busy" at once without the busy
+/// timeout. Bounded by the busy timeout, as any other wait for a lock.
 fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection, rusqlite::Error> {
+    let deadline = std::time::Instant::now() + busy_timeout;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match connect_once(path, busy_timeout) {
+            Err(e)
+                if matches!(
+                    e.sqlite_error_code(),
+                    Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+                ) && std::time::Instant::now() + pause < deadline =>
+            {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Opens and checks the connection: writable, WAL, the schema in place.
+fn connect_once(path: &Path, busy_timeout: Duration) -> Result<Connection, rusqlite::Error> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
