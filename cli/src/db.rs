@@ -86,6 +86,16 @@ pub fn open(path: PathBuf, unknown_ttl: Duration) -> Result<Db, Failure> {
     if path.is_dir() {
         return Err(unusable("it is a directory".into()));
     }
+    // Created 0600 (SQLite gives its -wal and -shm files the same mode): records hold
+    // commands' output. An empty file is an empty database.
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(unusable(format!("creating it: {e}"))),
+        }
+    }
     let db = connect(&path, busy_timeout).map_err(|e| unusable(explain(&e, busy_timeout)))?;
     let store = SqliteStore::from_connection(db)
         .lapse_policy(LapsePolicy::MarkUnknown, unknown_ttl)

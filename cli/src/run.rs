@@ -136,9 +136,18 @@ pub fn run(db: &Db, run: Run) -> Result<u8, Failure> {
                 return Ok(exit::UNKNOWN);
             }
             StoreClaim::Mismatch => {
+                // Which command, if the record says (a completed run's does).
+                let recorded = db
+                    .wait(db.store.record(&key))
+                    .ok()
+                    .flatten()
+                    .and_then(|r| r.body)
+                    .and_then(|body| Outcome::decode(&body).ok())
+                    .filter(|o| !o.resolved)
+                    .map_or_else(String::new, |o| format!(" (`{}`)", o.command_line()));
                 eprintln!(
-                    "idem: {}: the key was used for another command, not `{}`; use another key \
-                     (or `idem status {}` to see its record)",
+                    "idem: {}: the key was used for another command{recorded}, not `{}`; use \
+                     another key (or `idem status {}` to see its record)",
                     run.key,
                     command_line(&bytes_of(&run.argv)),
                     run.key

@@ -133,6 +133,9 @@ fn a_key_runs_once_across_runs_and_repeats_replay() {
     let dir = Dir::new("once");
     let script = "echo ran >> ran; echo out; echo err >&2; exit 3";
     let first = dir.run("k1", &[], script);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode(&dir.path("state")), mode(&dir.db())), (0o700, 0o600), "the state is private");
     assert_eq!(code(&first), 3, "{}", text(&first.stderr));
     assert_eq!((text(&first.stdout).as_str(), text(&first.stderr).as_str()), ("out\n", "err\n"));
     for _ in 0..3 {
@@ -226,7 +229,8 @@ fn the_same_key_with_another_command_is_refused_with_65() {
     let split = dir.idem(&["run", "--key", "m", "--", "echo", "a", "b"]).output().unwrap();
     assert_eq!(code(&split), 65, "{}", text(&split.stderr));
     assert!(split.stdout.is_empty(), "nothing ran, nothing replayed");
-    assert!(text(&split.stderr).contains("used for another command"), "{}", text(&split.stderr));
+    let said = text(&split.stderr);
+    assert!(said.contains("used for another command (`echo 'a b'`), not `echo a b`"), "{said}");
     let same = dir.idem(&["run", "--key", "m", "--", "echo", "a b"]).output().unwrap();
     assert_eq!((code(&same), text(&same.stdout).as_str()), (0, "a b\n"));
 }
@@ -299,6 +303,16 @@ fn interrupt_leaves_unknown(sig: Signal, name: &str) {
     );
     assert_eq!(dir.lines("ran"), 2);
     assert_eq!(dir.state("irq"), "COMPLETED");
+}
+
+/// Whether process `pid` has a handler for signal `n` (Linux: `SigCgt` in its status).
+fn catches(pid: u32, n: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (n - 1)) != 0)
 }
 
 fn proc_is_zombie_or_gone(pid: u32) -> bool {
@@ -470,4 +484,34 @@ fn forget_and_gc_and_usage_errors() {
     for number in ["75", "65", "79", "71", "64", "128+N"] {
         assert!(text(&help.stdout).contains(number), "--help does not name exit code {number}");
     }
+}
+
+#[test]
+fn an_interrupted_waiter_exits_at_once_holding_nothing() {
+    let dir = Dir::new("waiter");
+    let script =
+        "echo ran >> ran; touch started; while [ ! -f go ]; do sleep 0.02; done; echo done";
+    let holder = dir.run_cmd("w", &[], script).stdout(Stdio::piped()).spawn().unwrap();
+    eventually(10, "the first run to start", || dir.path("started").exists());
+    let waiter = dir
+        .run_cmd("w", &["--wait", "60"], script)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once it catches SIGINT (its handler is installed before its first claim).
+    eventually(10, "the waiter to catch SIGINT", || catches(waiter.id(), 2));
+    let asked = Instant::now();
+    signal(waiter.id(), Signal::INT);
+    let out = finish(waiter, 10);
+    assert_eq!(code(&out), 130, "{}", text(&out.stderr));
+    assert!(asked.elapsed() < Duration::from_secs(5), "the waiter did not stop at once");
+    std::fs::write(dir.path("go"), "").unwrap();
+    assert_eq!(code(&finish(holder, 20)), 0);
+    assert_eq!(
+        dir.state("w"),
+        "COMPLETED",
+        "the waiter's interrupt changed nothing of the holder's"
+    );
+    assert_eq!(dir.lines("ran"), 1);
 }
