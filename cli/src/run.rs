@@ -261,13 +261,8 @@ fn execute(
         }
     };
     if let Some(lost) = lost {
-        eprintln!(
-            "idem: {}: the key was taken from this run while the command ran ({lost}; forgotten \
-             with --force?): its outcome ({}) is not recorded",
-            run.key,
-            status.describe()
-        );
-        return Ok(status.exit_code());
+        drop(lost);
+        return Ok(lost_hold(&run.key, status));
     }
     if let Some(signal) = signals.received().or(interrupted_early) {
         let marked = db.wait(db.store.mark_unknown(key, token, run.ttl));
@@ -303,15 +298,7 @@ fn execute(
         run.ttl,
     )) {
         Ok(_) => Ok(status.exit_code()),
-        Err(StoreError::LeaseLost(_)) => {
-            eprintln!(
-                "idem: {}: the key was taken from this run while the command ran: its outcome ({}) \
-                 is not recorded",
-                run.key,
-                status.describe()
-            );
-            Ok(status.exit_code())
-        }
+        Err(StoreError::LeaseLost(_)) => Ok(lost_hold(&run.key, status)),
         Err(e) => {
             // Maybe recorded, maybe not; the command ran: never to be run again blindly.
             let _ = idemcache::store::block_on(db.store.mark_unknown(key, token, run.ttl));
@@ -326,4 +313,17 @@ fn execute(
             Ok(status.exit_code())
         }
     }
+}
+
+/// Says that this run lost the key while CMD ran, so CMD's outcome is not recorded;
+/// returns CMD's exit code (what happened is still CMD's status).
+fn lost_hold(client_key: &str, status: Status) -> u8 {
+    eprintln!(
+        "idem: {client_key}: this run lost its hold on the key while the command ran (its \
+         lease lapsed: idem was suspended, or the database unreachable, longer than the lease; \
+         or the key was forgotten with --force): its outcome ({}) is not recorded; `idem \
+         status {client_key}` says what the key is now",
+        status.describe()
+    );
+    status.exit_code()
 }

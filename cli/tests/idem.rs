@@ -515,3 +515,20 @@ fn an_interrupted_waiter_exits_at_once_holding_nothing() {
     );
     assert_eq!(dir.lines("ran"), 1);
 }
+
+#[test]
+fn a_run_whose_key_is_forgotten_by_force_records_nothing_and_says_so() {
+    let dir = Dir::new("forced");
+    let script = "echo ran >> ran; touch started; while [ ! -f go ]; do sleep 0.02; done; exit 6";
+    let holder = dir.run_cmd("f", &[], script).stderr(Stdio::piped()).spawn().unwrap();
+    eventually(10, "the command to start", || dir.path("started").exists());
+    assert_eq!(dir.state("f"), "PROCESSING");
+    let plain = dir.idem(&["forget", "f"]).output().unwrap();
+    assert_eq!(code(&plain), 1, "forget without --force leaves a PROCESSING record");
+    assert_eq!(code(&dir.idem(&["forget", "f", "--force"]).output().unwrap()), 0);
+    std::fs::write(dir.path("go"), "").unwrap();
+    let out = finish(holder, 20);
+    assert_eq!(code(&out), 6, "CMD's status is still what idem exits with");
+    assert!(text(&out.stderr).contains("lost its hold on the key"), "{}", text(&out.stderr));
+    assert_eq!(dir.state("f"), "ABSENT", "the stale run's completion was refused");
+}
