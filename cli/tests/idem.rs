@@ -371,16 +371,16 @@ fn a_long_command_keeps_its_key_past_many_leases() {
         "echo ran >> ran; touch started; while [ ! -f go ]; do sleep 0.02; done; echo long";
     let holder = dir
         .run_cmd("long", &[], script)
-        .env("IDEM_LEASE_MS", "300")
+        .env("IDEM_LEASE_MS", "600")
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     eventually(10, "the command to start", || dir.path("started").exists());
-    let until = Instant::now() + Duration::from_millis(1500); // five leases
+    let until = Instant::now() + Duration::from_millis(2400); // four leases
     while Instant::now() < until {
         let out = dir
             .run_cmd("long", &["--no-wait"], script)
-            .env("IDEM_LEASE_MS", "300")
+            .env("IDEM_LEASE_MS", "600")
             .output()
             .unwrap();
         assert_eq!(code(&out), 75, "the renewed key was not in progress: {}", text(&out.stderr));
