@@ -547,7 +547,9 @@ impl Cache {
         self.with_shard(shard, |s, now, _| s.forget(hash, key, now))
     }
 
-    /// Looks at a key's live entry without changing its state or any answer counter.
+    /// Looks at a key's live entry without changing its state or any answer counter
+    /// (under [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown) a lapsed
+    /// lease shows, and is from then on kept, as the UNKNOWN it already is).
     pub fn peek(&self, key: &Key) -> Option<EntrySnapshot> {
         let (hash, shard) = self.locate(key);
         self.with_shard(shard, |s, now, _| s.peek(hash, key, now))

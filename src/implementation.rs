@@ -107,6 +107,17 @@
 //! changes. An entry is rescheduled (moved, not copied) whenever its deadline
 //! changes: lease extension, completion, marking unknown.
 //!
+//! Lapses under [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown) are turned
+//! lazily, and the same way on every path: whatever finds a PROCESSING entry past its
+//! deadline (a claim, a lookup, the wheel firing it, a full shard's sweep, a listing)
+//! calls `Shard::lapse` first, which makes it UNKNOWN in place (marked at the lease's
+//! end, reset on the wheel at that plus `unknown_ttl`, linked into the unknown list)
+//! before anything could reclaim it; only an entry still dead after that is reclaimed.
+//! No answer can tell a lapse turned now from one turned at its end, so no timer is
+//! needed; [`Cache::unknown`](crate::Cache::unknown) sweeps each shard first (what is due,
+//! in bounded steps) so that lapses nobody touched are listed. Loom models 10 and 11
+//! race it against claims, stale completions, sweeps and listings.
+//!
 //! # Capacity
 //!
 //! `max_entries` and `max_bytes` are split evenly across shards (as in quick_cache), so

@@ -41,7 +41,8 @@
 //!
 //! A different fingerprint gets [`Claim::Mismatch`] in every live state. An entry past its
 //! deadline (lease end or TTL) reads as absent everywhere, whether or not its memory has
-//! been reclaimed yet. A guard whose lease lapsed gets [`LeaseLost`] from every operation
+//! been reclaimed yet; except, under [`LapsePolicy::MarkUnknown`], a lease past its end,
+//! which reads as UNKNOWN (marked at the lease's end) until its unknown TTL passes too. A guard whose lease lapsed gets [`LeaseLost`] from every operation
 //! and never touches the key's new owner (fencing); see [`FencingToken`] to carry the
 //! fence into your database.
 //!

@@ -187,6 +187,34 @@ fn a_lapse_is_noticed_through_the_callers_sleep_and_taken_over() {
 }
 
 #[test]
+fn under_mark_unknown_a_lapse_noticed_by_a_waiter_is_unknown_not_taken_over() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).lapse_policy(idemcache::LapsePolicy::MarkUnknown).build().unwrap();
+    let k = key("k");
+    let stale = acquire(&cache, &k, fp("a"));
+    let sleep = HandSleep::default();
+    let waker = Arc::new(Counter::default());
+    let mut waiting = cache.claim_wait_async(&k, fp("a"), sleep.sleep());
+    assert!(poll(&mut waiting, &waker).is_pending());
+    clock.advance(LEASE);
+    sleep.over.store(true, Ordering::SeqCst);
+    match poll(&mut waiting, &waker) {
+        Poll::Ready(Ok(Claim::Unknown { marked_at, .. })) => {
+            assert_eq!(marked_at, idemcache::Timestamp::from_nanos(0).saturating_add(LEASE));
+        }
+        other => panic!("a lapse under MarkUnknown must answer Unknown, got {other:?}"),
+    }
+    // The blocking wait answers the same at once.
+    assert!(matches!(
+        cache.claim_wait(&k, fp("a"), Duration::from_secs(1)).unwrap(),
+        Claim::Unknown { .. }
+    ));
+    assert!(stale.release().is_err(), "the stale owner is fenced off");
+    let stats = cache.stats();
+    assert_eq!((stats.takeovers, stats.lapsed_unknown, stats.acquired), (0, 1, 1));
+}
+
+#[test]
 #[should_panic(expected = "polled after it resolved")]
 fn polling_after_the_answer_is_refused_not_counted_twice() {
     let (cache, _clock) = cache();

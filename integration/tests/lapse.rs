@@ -35,6 +35,18 @@ async fn sqlite_under_mark_unknown_never_re_runs_a_lapsed_lease() {
     conformance::reconcile_as_checked(&store).await;
 }
 
+/// A store chosen at run time takes the setting too (`idemcache_any::open_with`).
+#[tokio::test]
+async fn a_store_opened_from_a_url_marks_lapses_unknown_when_asked() {
+    let lapse = idemcache::store::Lapse::new(LapsePolicy::MarkUnknown, UNKNOWN_TTL).unwrap();
+    let store = idemcache_any::open_with("sqlite::memory:", lapse).await.unwrap();
+    store.ensure_schema().await.unwrap();
+    conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
+    let taking = idemcache_any::open("sqlite::memory:").await.unwrap();
+    taking.ensure_schema().await.unwrap();
+    conformance::run(&taking).await;
+}
+
 #[tokio::test]
 async fn a_lapse_setting_is_checked_and_take_over_stays_the_default() {
     let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
@@ -228,8 +240,7 @@ mod redis_store {
     #[tokio::test]
     async fn redis_under_mark_unknown_never_re_runs_a_lapsed_lease() {
         let Some(store) = marking_store().await else { return };
-        // Redis keeps no index of leases: a lapse is listed once a claim turned it.
-        conformance::run_mark_unknown(&store, UNKNOWN_TTL, false).await;
+        conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
         conformance::reconcile_as_checked(&store).await;
     }
 
@@ -264,5 +275,125 @@ mod redis_store {
         let listed = store.unknown(usize::MAX).await.unwrap();
         assert_eq!(listed.iter().filter(|u| u.key == k).count(), 1, "listed once");
         store.forget(&k).await.unwrap();
+    }
+}
+
+/// A store whose `forget` fails (the server went away mid-pass), all else SQLite's.
+#[derive(Debug)]
+struct ForgetFails(SqliteStore);
+
+impl Store for ForgetFails {
+    fn claim(
+        &self,
+        key: &idemcache::Key,
+        fingerprint: idemcache::Fingerprint,
+        lease: Duration,
+    ) -> impl std::future::Future<Output = Result<idemcache::store::StoreClaim, StoreError>> + Send
+    {
+        self.0.claim(key, fingerprint, lease)
+    }
+    fn complete(
+        &self,
+        key: &idemcache::Key,
+        token: idemcache::FencingToken,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl std::future::Future<
+        Output = Result<idemcache::Replay<std::time::SystemTime>, StoreError>,
+    > + Send {
+        self.0.complete(key, token, body, ttl)
+    }
+    fn extend_lease(
+        &self,
+        key: &idemcache::Key,
+        token: idemcache::FencingToken,
+        lease: Duration,
+    ) -> impl std::future::Future<Output = Result<std::time::SystemTime, StoreError>> + Send {
+        self.0.extend_lease(key, token, lease)
+    }
+    fn release(
+        &self,
+        key: &idemcache::Key,
+        token: idemcache::FencingToken,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.0.release(key, token)
+    }
+    fn mark_unknown(
+        &self,
+        key: &idemcache::Key,
+        token: idemcache::FencingToken,
+        ttl: Duration,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.0.mark_unknown(key, token, ttl)
+    }
+    fn resolve(
+        &self,
+        key: &idemcache::Key,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl std::future::Future<
+        Output = Result<idemcache::Replay<std::time::SystemTime>, StoreError>,
+    > + Send {
+        self.0.resolve(key, body, ttl)
+    }
+    fn forget(
+        &self,
+        _key: &idemcache::Key,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Err(StoreError::Backend("the server went away".into())))
+    }
+    fn unknown(
+        &self,
+        limit: usize,
+    ) -> impl std::future::Future<
+        Output = Result<Vec<idemcache::UnknownEntry<std::time::SystemTime>>, StoreError>,
+    > + Send {
+        self.0.unknown(limit)
+    }
+    fn purge_expired(
+        &self,
+        limit: usize,
+    ) -> impl std::future::Future<Output = Result<usize, StoreError>> + Send {
+        self.0.purge_expired(limit)
+    }
+}
+
+/// A store error stops a reconciling pass at once, and the error says what was done
+/// before it: the record resolved first stays resolved, the one after is not checked.
+#[tokio::test]
+async fn a_store_error_stops_reconciling_and_says_what_was_done() {
+    let store = ForgetFails(sqlite_marking().await);
+    let keys: Vec<_> =
+        ["first", "second", "third"].iter().map(|k| key(&format!("stop-{k}"))).collect();
+    for k in &keys {
+        let token = conformance::acquire(&store, k).await;
+        store.mark_unknown(k, token, conformance::TTL).await.unwrap();
+        // Marks a moment apart, so they are listed in this order.
+        conformance::pause(Duration::from_millis(2)).await;
+    }
+    let mut checked = 0;
+    let error = idemcache::store::reconcile(&store, usize::MAX, conformance::TTL, |_| {
+        checked += 1;
+        let verdict = if checked == 1 {
+            Verdict::Happened(Some(Bytes::from_static(b"paid")))
+        } else {
+            Verdict::DidNotHappen
+        };
+        async move { verdict }
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(checked, 2, "the pass stopped at the failing forget");
+    assert_eq!((error.done.resolved, error.done.forgotten, error.done.left), (1, 0, 0));
+    assert!(matches!(error.error, StoreError::Backend(_)), "{error:?}");
+    let said = error.to_string();
+    assert!(said.contains("1 resolved") && said.contains("the server went away"), "{said}");
+    match store.claim(&keys[0], fp("r"), conformance::LEASE).await.unwrap() {
+        idemcache::store::StoreClaim::Completed(replay) => assert_eq!(replay.body.unwrap(), "paid"),
+        other => panic!("{other:?}"),
+    }
+    for k in &keys[1..] {
+        let still = store.claim(k, fp("r"), conformance::LEASE).await.unwrap();
+        assert!(matches!(still, idemcache::store::StoreClaim::Unknown { .. }), "{still:?}");
     }
 }

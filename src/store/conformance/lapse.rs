@@ -55,7 +55,7 @@ async fn purge_all<S: Store>(store: &S) {
 /// end; the lapsed token's every write is `LeaseLost`; purging does not make it
 /// claimable; `resolve` then replays. A lapse nobody claimed is not purged either, is
 /// UNKNOWN to `forget` and `resolve`, and (when `lists_unclaimed`: a store that can find
-/// it, as SQLite's and PostgreSQL's can and Redis's cannot) is listed.
+/// it, as idemcache's three do) is listed.
 pub async fn run_mark_unknown<S: Store>(store: &S, unknown_ttl: Duration, lists_unclaimed: bool) {
     let run = Run(fresh());
     let k = run.key("lapsed-unknown");

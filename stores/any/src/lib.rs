@@ -137,9 +137,19 @@ fn hide_parameters(text: &str) -> String {
 
 /// Opens the store `url` names (see the crate docs for the schemes). Connects, or for
 /// PostgreSQL builds a pool of [`POSTGRES_CONNECTIONS`] that connects on first use;
-/// creates no schema.
+/// creates no schema. Lapsed leases are taken over; [`open_with`] chooses.
 pub async fn open(url: &str) -> Result<AnyStore, OpenError> {
+    open_with(url, idemcache::store::Lapse::TAKE_OVER).await
+}
+
+/// [`open`], the store built with `lapse` as its lapse setting (each store's
+/// `lapse_policy`): e.g. `Lapse::new(LapsePolicy::MarkUnknown, unknown_ttl)?` for
+/// executions with external effects, whose lapsed leases must never be re-run.
+pub async fn open_with(url: &str, lapse: idemcache::store::Lapse) -> Result<AnyStore, OpenError> {
     let failed = |error| OpenError::Store { url: redacted(url), error };
+    // `TakeOver` ignores the TTL; a `Lapse` that exists holds a valid one otherwise.
+    let (policy, ttl) = (lapse.policy(), lapse.unknown_ttl().unwrap_or_default());
+    let _ = (policy, ttl);
     let scheme =
         url.split_once(':').map_or(String::new(), |(scheme, _)| scheme.to_ascii_lowercase());
     match scheme.as_str() {
@@ -147,6 +157,7 @@ pub async fn open(url: &str) -> Result<AnyStore, OpenError> {
             #[cfg(feature = "sqlite")]
             return idemcache_sqlite::SqliteStore::connect(url)
                 .await
+                .and_then(|store| store.lapse_policy(policy, ttl))
                 .map(AnyStore::new)
                 .map_err(failed);
             #[cfg(not(feature = "sqlite"))]
@@ -156,6 +167,7 @@ pub async fn open(url: &str) -> Result<AnyStore, OpenError> {
             #[cfg(feature = "postgres")]
             return idemcache_postgres::PostgresStore::connect(url, POSTGRES_CONNECTIONS)
                 .await
+                .and_then(|store| store.lapse_policy(policy, ttl))
                 .map(AnyStore::new)
                 .map_err(failed);
             #[cfg(not(feature = "postgres"))]
@@ -165,6 +177,7 @@ pub async fn open(url: &str) -> Result<AnyStore, OpenError> {
             #[cfg(feature = "redis")]
             return idemcache_redis::RedisStore::connect(url)
                 .await
+                .and_then(|store| store.lapse_policy(policy, ttl))
                 .map(AnyStore::new)
                 .map_err(failed);
             #[cfg(not(feature = "redis"))]

@@ -35,10 +35,13 @@
 //! (first, as `mark_unknown` does) and runs the claim again allowed to turn T, which
 //! turns the record UNKNOWN (marked at the lease's end, expiring the TTL after it) in
 //! the script and answers Unknown: three round trips on that path, one on every other.
-//! `resolve` and `forget` read a lapsed record as UNKNOWN too. Unlike the SQL stores,
-//! `unknown` lists a lapse only once a claim has turned it (or put its member in): Redis
-//! keeps no index of PROCESSING records, so a lapse nobody claims again waits for the
-//! key's next claim (or its key's expiry) to be listed.
+//! `resolve` and `forget` read a lapsed record as UNKNOWN too. So that `unknown` lists
+//! a lapse nobody claims again, an acquiring claim under `MarkUnknown` puts its token's
+//! member in the index before it answers (one more round trip per acquired claim): the
+//! listing keeps the member of a live lease (not listed), lists a lapsed one as the
+//! UNKNOWN it is, and purging trims it once the lease settled. A claim that cannot put
+//! its member in answers the error and its caller does not execute; the record then
+//! lapses, and a check finds nothing happened.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -389,6 +392,26 @@ impl RedisStore {
         self.lapse
     }
 
+    /// Puts the UNKNOWN index's member of `key` under `token` in (scored by Redis's
+    /// time), as `mark_unknown` does; again is harmless.
+    async fn index(
+        &self,
+        connection: &mut ConnectionManager,
+        key: &Key,
+        token: i64,
+    ) -> Result<(), StoreError> {
+        let member = format!("{}:{token}", hex(key.as_bytes()));
+        let _: redis::Value = redis::cmd("EVAL")
+            .arg(INDEX_MARK)
+            .arg(1)
+            .arg(UNKNOWN_INDEX)
+            .arg(&member)
+            .query_async(connection)
+            .await
+            .map_err(|e| self.failed(e))?;
+        Ok(())
+    }
+
     /// A Redis error as a store error ([`backend`]); one of reaching the server names it.
     fn failed(&self, e: redis::RedisError) -> StoreError {
         let unreachable = e.is_io_error()
@@ -463,15 +486,7 @@ impl Store for RedisStore {
                     // record nobody lists; then again, allowed to turn it. A record that
                     // moved on meanwhile is answered as it is now (the member is stale).
                     (4, _, Some(token), ..) if turn != token => {
-                        let member = format!("{}:{token}", hex(key.as_bytes()));
-                        let _: redis::Value = redis::cmd("EVAL")
-                            .arg(INDEX_MARK)
-                            .arg(1)
-                            .arg(UNKNOWN_INDEX)
-                            .arg(&member)
-                            .query_async(&mut connection)
-                            .await
-                            .map_err(|e| self.failed(e))?;
+                        self.index(&mut connection, &key, token).await?;
                         turn = token;
                     }
                     (4, ..) => {
@@ -482,6 +497,10 @@ impl Store for RedisStore {
             };
             let token =
                 token.ok_or_else(|| corrupt(key.as_bytes(), "its token is not a number"))?;
+            if state == 0 && lapse > 0 {
+                // Listed if it lapses, before anyone can execute under it.
+                self.index(&mut connection, &key, token).await?;
+            }
             if state == 0 {
                 return Ok(StoreClaim::Acquired {
                     token: FencingToken::new(token as u64),
@@ -618,19 +637,21 @@ impl Store for RedisStore {
 
     async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
         let mut out = Vec::new();
-        // The first `limit` members at once (a listing may be long: its caller bounds it).
+        // `limit` members at a time (a listing may be long: its caller bounds it).
         let window = limit.max(16);
-        // Members may be stale (resolved elsewhere, expired): each window's stale ones
-        // are trimmed, so the next window from the front holds new ones.
+        // Members may be stale (resolved elsewhere, expired), which each window trims, or
+        // name live leases (`MarkUnknown`), which are kept and not listed: the next
+        // window starts past the kept ones.
+        let mut start = 0;
         while out.len() < limit {
-            let batch = self.index_window(0, window).await?;
+            let batch = self.index_window(start, window).await?;
             for kept in batch.kept.iter().filter(|k| !k.pending).take(limit - out.len()) {
                 out.push(kept.listed()?);
             }
-            if batch.members < window || batch.trimmed == 0 {
+            if batch.members < window {
                 break;
             }
-            out.clear(); // the next window starts from the front again
+            start += batch.kept.len();
         }
         // The index is scored by the time its member went in, a moment before the mark
         // itself: order what is listed by the mark, as the other stores do.
