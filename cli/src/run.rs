@@ -280,6 +280,13 @@ fn execute(
         return Ok(status.exit_code());
     }
     let dropped = matches!((&stdout, &stderr), (Stream::Dropped(_), _) | (_, Stream::Dropped(_)));
+    // Over the limit, neither stream is kept: a replay of one without the other would
+    // look like the whole output.
+    let (stdout, stderr) = if dropped {
+        (Stream::Dropped(stdout.len()), Stream::Dropped(stderr.len()))
+    } else {
+        (stdout, stderr)
+    };
     let outcome = Outcome { status, stdout, stderr, argv: bytes_of(&run.argv), resolved: false };
     if dropped {
         eprintln!(

@@ -179,7 +179,7 @@ fn replays_are_byte_exact_binary_output_and_a_large_stderr() {
 #[test]
 fn output_over_the_limit_replays_the_status_and_says_it_was_dropped() {
     let dir = Dir::new("limit");
-    let script = "echo ran >> ran; head -c 5000 /dev/zero; exit 4";
+    let script = "echo ran >> ran; head -c 5000 /dev/zero; echo small >&2; exit 4";
     let mut first = dir.run_cmd("big", &[], script);
     let first = first.env("IDEM_MAX_OUTPUT", "1000").output().unwrap();
     assert_eq!(
@@ -191,6 +191,8 @@ fn output_over_the_limit_replays_the_status_and_says_it_was_dropped() {
     let replay = dir.run("big", &[], script);
     assert_eq!(code(&replay), 4);
     assert!(replay.stdout.is_empty());
+    // stderr fit, but half an output replayed would pass for all of it: neither is kept.
+    assert!(!text(&replay.stderr).starts_with("small"), "{}", text(&replay.stderr));
     let said = text(&replay.stderr);
     assert!(said.contains("5000 bytes of stdout") && said.contains("not kept"), "{said}");
     assert_eq!(dir.lines("ran"), 1);
