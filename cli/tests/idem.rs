@@ -534,3 +534,29 @@ fn a_run_whose_key_is_forgotten_by_force_records_nothing_and_says_so() {
     assert!(text(&out.stderr).contains("lost its hold on the key"), "{}", text(&out.stderr));
     assert_eq!(dir.state("f"), "ABSENT", "the stale run's completion was refused");
 }
+
+#[test]
+fn a_database_that_cannot_be_made_is_refused_with_71_saying_why() {
+    let dir = Dir::new("unmakeable");
+    // Its directory would have to be made inside a regular file.
+    std::fs::write(dir.path("file"), "").unwrap();
+    let out = dir
+        .idem(&["run", "--key", "u", "--db", "file/sub/idem.db", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 71, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("file/sub/idem.db")
+            && text(&out.stderr).contains("creating its directory")
+    );
+    // A directory where the file belongs.
+    std::fs::create_dir_all(dir.path("adir")).unwrap();
+    let out = dir.idem(&["status", "u", "--db", "adir"]).output().unwrap();
+    assert_eq!(code(&out), 71);
+    assert!(text(&out.stderr).contains("is a directory"), "{}", text(&out.stderr));
+    // --db wins over $IDEM_DB.
+    let out =
+        dir.idem(&["run", "--key", "u", "--db", "elsewhere.db", "--", "true"]).output().unwrap();
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(dir.path("elsewhere.db").exists() && !dir.db().exists());
+}
