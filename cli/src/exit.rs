@@ -57,7 +57,8 @@ impl fmt::Display for Failure {
 pub const TABLE: &str = "\
 Exit codes:
   (CMD's own)  idem ran CMD, or replayed its recorded exit status
-  128+N        CMD was killed by signal N (recorded as such, replayed so)
+  128+N        CMD was killed by signal N (recorded as such, replayed so; killed by
+               SIGINT, SIGTERM or SIGHUP it was interrupted: the key is left UNKNOWN)
   75           in progress: another invocation is running this key (--no-wait, or --wait spent)
   65           the key was used for another command (other CMD or arguments)
   79           the key's outcome is UNKNOWN: an earlier run was interrupted (Ctrl-C, SIGTERM)

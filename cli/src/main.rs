@@ -88,7 +88,9 @@ Examples:
 The command is CMD and its arguments, exactly: the same key with another command
 exits 65. CMD's stdin is passed through; its stdout and stderr are passed through as
 they come and recorded (4 MiB together at most: past that, only the status is kept).
-Ctrl-C or SIGTERM is passed to CMD and leaves the key UNKNOWN (exit 79 on the next run).")]
+Ctrl-C, SIGTERM or SIGHUP is passed to CMD and leaves the key UNKNOWN (exit 79 on the
+next run), as does CMD dying of one of those; CMD killed by another signal N is recorded,
+and replayed as exit 128+N.")]
     Run(RunArgs),
 
     /// Show a key's record: its state, its command, its outcome, its times.

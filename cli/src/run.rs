@@ -36,6 +36,11 @@ pub const LEASE: Duration = Duration::from_secs(10);
 /// past it the status is kept and replayed, the output is not.
 pub const MAX_OUTPUT: usize = 4 << 20;
 
+/// The signals that interrupt a run (passed on to CMD, leaving the key UNKNOWN), and
+/// that leave it UNKNOWN when CMD dies of one: SIGINT, SIGTERM, SIGHUP.
+const INTERRUPTS: [i32; 3] =
+    [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM, signal_hook::consts::SIGHUP];
+
 /// What `idem run` was asked.
 #[derive(Debug)]
 pub struct Run {
@@ -236,7 +241,7 @@ fn execute(
     let renewal = Renewal::start(db.store.clone(), key.clone(), token, lease);
     let tee = Tee::start(&mut child, limit);
     let waited = child.wait();
-    signals.child_ended();
+    let interrupted = signals.child_ended().or(interrupted_early);
     let (stdout, stderr) = match tee {
         Ok(tee) => tee.finish(),
         Err(_) => (Stream::Dropped(0), Stream::Dropped(0)),
@@ -264,7 +269,14 @@ fn execute(
         drop(lost);
         return Ok(lost_hold(&run.key, status));
     }
-    if let Some(signal) = signals.received().or(interrupted_early) {
+    // CMD killed by an interrupting signal is interrupted too, whether or not this
+    // process saw it: a terminal's Ctrl-C reaches CMD and `idem` at once, and CMD may be
+    // reaped before `idem`'s own copy is read; a kill may have been aimed at CMD alone.
+    let interrupted = interrupted.or(match status {
+        Status::Signaled(n) if INTERRUPTS.contains(&n) => Some(n),
+        _ => None,
+    });
+    if let Some(signal) = interrupted {
         let marked = db.wait(db.store.mark_unknown(key, token, run.ttl));
         let name = signal_hook::low_level::signal_name(signal).unwrap_or("a signal");
         eprintln!(

@@ -84,9 +84,12 @@ impl Signals {
         r.first
     }
 
-    /// CMD ended: nothing is forwarded any more.
-    pub fn child_ended(&self) {
-        lock(&self.route.0).child = None;
+    /// CMD ended: nothing is forwarded any more. Returns the first signal received
+    /// until then (one after it changes nothing of what CMD did).
+    pub fn child_ended(&self) -> Option<i32> {
+        let mut r = lock(&self.route.0);
+        r.child = None;
+        r.first
     }
 
     /// A sleep for [`claim_wait`](idemcache::store::claim_wait) that ends early when a

@@ -410,6 +410,11 @@ fn a_command_killed_by_a_signal_is_recorded_so_and_replayed_as_128_plus_n() {
     );
     let text_status = text(&dir.idem(&["status", "sig"]).output().unwrap().stdout);
     assert!(text_status.contains("killed by signal 10 (SIGUSR1)"), "{text_status}");
+    // Dying of an interrupting signal is an interruption: UNKNOWN, whoever sent it.
+    let term = dir.run("term", &[], "echo ran >> ran; kill -TERM $$");
+    assert_eq!(code(&term), 143, "{}", text(&term.stderr));
+    assert_eq!(dir.state("term"), "UNKNOWN");
+    assert_eq!(code(&dir.run("term", &[], "echo ran >> ran; kill -TERM $$")), 79);
 }
 
 #[test]
