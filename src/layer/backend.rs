@@ -207,11 +207,6 @@ pub(crate) mod durable {
 
     type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-    /// The first pause between looks at a duplicate executing in the store; it doubles
-    /// up to [`LONGEST_PAUSE`]. The store has no way to tell a waiter when a key settles.
-    const FIRST_PAUSE: Duration = Duration::from_millis(10);
-    const LONGEST_PAUSE: Duration = Duration::from_millis(250);
-
     pub(crate) trait Durable: Send + Sync {
         fn claim<'a>(&'a self, key: &'a Key, fp: Fingerprint) -> BoxFuture<'a, Found>;
     }
@@ -310,7 +305,8 @@ pub(crate) mod durable {
     }
 
     /// Claims through the store; with `wait`, looks again (pausing 10 ms, doubling to
-    /// 250 ms) while a duplicate executes, until it settles or `wait` is spent.
+    /// 250 ms) while a duplicate executes, until it settles or `wait` is spent: the
+    /// store's claim-and-wait loop ([`crate::store::claim_wait`]) over the layer's answer.
     pub(crate) async fn claim_polling(
         durable: &dyn Durable,
         key: &Key,
@@ -318,16 +314,7 @@ pub(crate) mod durable {
         wait: Option<Duration>,
     ) -> Found {
         let Some(wait) = wait else { return durable.claim(key, fp).await };
-        let deadline = tokio::time::Instant::now() + wait;
-        let mut pause = FIRST_PAUSE;
-        loop {
-            let found = durable.claim(key, fp).await;
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if !matches!(found, Found::InProgress { .. }) || left.is_zero() {
-                return found;
-            }
-            tokio::time::sleep(pause.min(left)).await;
-            pause = (pause * 2).min(LONGEST_PAUSE);
-        }
+        let busy = |found: &Found| matches!(found, Found::InProgress { .. });
+        crate::store::look_while(|| durable.claim(key, fp), busy, wait, tokio::time::sleep).await
     }
 }

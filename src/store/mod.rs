@@ -35,6 +35,7 @@ mod open_claim;
 mod reconcile;
 mod tiered;
 pub mod unique;
+mod wait;
 
 use std::fmt;
 use std::future::Future;
@@ -47,6 +48,9 @@ pub use lapse::Lapse;
 pub use open_claim::OpenClaim;
 pub use reconcile::{reconcile, ReconcileError};
 pub use tiered::{Tiered, TieredClaim, TieredError, TieredGuard};
+pub use wait::claim_wait;
+#[cfg(feature = "tower")]
+pub(crate) use wait::look_while;
 
 use crate::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 

@@ -92,6 +92,8 @@ const COMPLETE: &str = concat!(
 
 mod in_transaction;
 pub use in_transaction::complete_in;
+mod records;
+pub use records::{Record, RecordState};
 
 const PROCESSING: i64 = 1;
 const COMPLETED: i64 = 2;

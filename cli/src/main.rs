@@ -1,0 +1,248 @@
+//! `idem`: runs a command at most once per key, across processes and runs; a repeat
+//! replays the recorded exit status, stdout and stderr without running it.
+//!
+//! Invariant: the process's exit code is CMD's own (or 128+N for a CMD killed by
+//! signal N) or one of [`exit`]'s documented codes, and every failure is reported on
+//! stderr as `idem: <what failed and why>`.
+
+mod admin;
+mod child;
+mod db;
+mod duration;
+mod exit;
+mod netfs;
+mod outcome;
+mod run;
+mod signals;
+mod timefmt;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+const ABOUT: &str =
+    "Run a command at most once per key: repeats replay its recorded exit status and output";
+
+const LONG_ABOUT: &str = "\
+Run a command at most once per key, across processes and runs.
+
+The first `idem run --key K -- CMD ARGS...` runs CMD and records its exit status, stdout
+and stderr (byte for byte, up to 4 MiB together) in a SQLite database; every repeat of K
+replays them without running CMD. Runs of K at the same time wait for the first and
+replay it. A run interrupted (Ctrl-C, SIGTERM) or killed while CMD runs leaves K UNKNOWN:
+nobody knows whether CMD had its effect, so K is not run again until you say so.";
+
+const AFTER_HELP: &str = "\
+Examples:
+  idem run --key deploy-2026-12-01 -- ./deploy.sh --prod
+  idem run --key nightly-$(date +%F) --no-wait -- backup /srv    # cron: exit 75 if running
+  idem status deploy-2026-12-01
+  idem list --unknown --json
+
+The state database: --db PATH, else $IDEM_DB, else $XDG_STATE_HOME/idem/idem.db, else
+~/.local/state/idem/idem.db (its directory created mode 0700). It must be on a local
+disk: a database on NFS, SMB/CIFS or a FUSE network filesystem is refused (SQLite's WAL
+and locks do not work there).
+
+Leases: a run holds K for 10 s, renewed every ~3.3 s while CMD runs, so a long command
+is never taken over. A run killed with SIGKILL leaves K in progress for at most 10 s,
+then UNKNOWN.
+
+Environment for tuning and tests: IDEM_LEASE_MS (the lease, default 10000),
+IDEM_BUSY_TIMEOUT_MS (how long to wait for another process's lock on the database,
+default 5000), IDEM_MAX_OUTPUT (bytes of output kept, default 4194304).
+";
+
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, about = ABOUT, long_about = LONG_ABOUT)]
+struct Cli {
+    /// The state database (default: $XDG_STATE_HOME/idem/idem.db or ~/.local/state/idem/idem.db).
+    #[arg(long, global = true, value_name = "PATH", env = "IDEM_DB", hide_env_values = true)]
+    db: Option<PathBuf>,
+
+    /// Print JSON for scripts (status, forget, resolve, list, gc).
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run CMD at most once per key; a repeat replays its exit status and output.
+    #[command(after_help = "\
+Examples:
+  idem run --key invoice-42 -- ./send-invoice 42
+      runs once; every repeat prints the same output and exits with the same status
+  idem run --key db-migrate-v7 --wait 600 -- ./migrate up
+      a second run at the same time waits up to 10 min for the first, then replays it
+  idem run --key nightly-$(date +%F) --no-wait -- backup /srv
+      exits 75 at once if another run of the key is in progress
+  idem run --key invoice-42 --retry-unknown -- ./send-invoice 42
+      after an interrupted run (exit 79, UNKNOWN), and after checking: run it again
+
+The command is CMD and its arguments, exactly: the same key with another command
+exits 65. CMD's stdin is passed through; its stdout and stderr are passed through as
+they come and recorded (4 MiB together at most: past that, only the status is kept).
+Ctrl-C, SIGTERM or SIGHUP is passed to CMD and leaves the key UNKNOWN (exit 79 on the
+next run), as does CMD dying of one of those; CMD killed by another signal N is recorded,
+and replayed as exit 128+N.")]
+    Run(RunArgs),
+
+    /// Show a key's record: its state, its command, its outcome, its times.
+    #[command(after_help = "\
+Examples:
+  idem status invoice-42
+  idem status invoice-42 --json | jq -r .state      # ABSENT, PROCESSING, COMPLETED or UNKNOWN
+
+Exits 0 whenever it could tell (the state is in its output).")]
+    Status {
+        /// The key.
+        key: String,
+    },
+
+    /// Forget an UNKNOWN outcome (after checking it did not happen), so the next run executes.
+    #[command(after_help = "\
+Examples:
+  idem forget invoice-42             # it was UNKNOWN and the invoice was not sent
+  idem forget invoice-42 --force     # clear a record stuck PROCESSING, or a COMPLETED one
+
+Exits 1 when the key has no record in a state it clears.")]
+    Forget {
+        /// The key.
+        key: String,
+        /// Also clear a PROCESSING record (a run stuck holding it: its outcome will not
+        /// be recorded, and the key may run again while it still runs) or a COMPLETED one.
+        #[arg(long)]
+        force: bool,
+    },
+
+    /// Record an UNKNOWN key's outcome by hand (after checking it happened): repeats exit N.
+    #[command(after_help = "\
+Examples:
+  idem resolve invoice-42 --exit-code 0    # it was UNKNOWN; the invoice did go out
+
+Repeats then exit N without running and print nothing. Exits 1 when the key is not UNKNOWN.")]
+    Resolve {
+        /// The key.
+        key: String,
+        /// The exit status repeats replay.
+        #[arg(long, value_name = "N")]
+        exit_code: u8,
+        /// How long the resolved outcome is kept.
+        #[arg(long, default_value = "24h", value_parser = duration::parse_ttl, value_name = "DURATION")]
+        ttl: Duration,
+    },
+
+    /// List the live records (every state), or with --unknown those awaiting a decision.
+    #[command(after_help = "\
+Examples:
+  idem list
+  idem list --unknown                 # interrupted or killed runs: check each, resolve or forget
+  idem list --unknown --json | jq -r '.[].key'")]
+    List {
+        /// Only UNKNOWN records.
+        #[arg(long)]
+        unknown: bool,
+    },
+
+    /// Delete expired records (their TTL passed); UNKNOWN ones are kept until theirs does.
+    #[command(after_help = "\
+Examples:
+  idem gc                              # e.g. daily from cron; runs never need it to be correct")]
+    Gc,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// The key: what makes two runs "the same" (1-255 visible ASCII characters).
+    #[arg(long, value_name = "K")]
+    key: String,
+
+    /// How long the outcome is kept (and an UNKNOWN one): 24h, 90m, 30s, 7d, 1h30m.
+    #[arg(long, default_value = "24h", value_parser = duration::parse_ttl, value_name = "DURATION")]
+    ttl: Duration,
+
+    /// How long to wait for a run of the same key in progress elsewhere, then replay it.
+    #[arg(long, default_value = "60", value_parser = duration::parse_wait, value_name = "SECS", conflicts_with = "no_wait")]
+    wait: Duration,
+
+    /// Do not wait for a run in progress: exit 75 at once.
+    #[arg(long)]
+    no_wait: bool,
+
+    /// If the key is UNKNOWN (an interrupted run), forget that and run CMD.
+    #[arg(long)]
+    retry_unknown: bool,
+
+    /// CMD and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "CMD"
+    )]
+    command: Vec<OsString>,
+}
+
+fn main() -> ExitCode {
+    let help = format!("{AFTER_HELP}\n{}", exit::TABLE);
+    let command = <Cli as clap::CommandFactory>::command().after_help(help);
+    let cli = match command
+        .try_get_matches()
+        .and_then(|m| <Cli as clap::FromArgMatches>::from_arg_matches(&m))
+    {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { exit::USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match dispatch(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("idem: {failure}");
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+/// The lapse TTL of handles that only read or settle records: long, so that neither
+/// `gc` nor a listing drops a killed run's UNKNOWN mark that a run's `--ttl` still keeps.
+const MAINTENANCE_LAPSE: Duration = Duration::from_secs(366 * 24 * 3600);
+
+fn dispatch(cli: Cli) -> Result<u8, exit::Failure> {
+    let path = db::path(cli.db)?;
+    match cli.command {
+        Command::Run(args) => {
+            let db = db::open(path, args.ttl)?;
+            let wait = if args.no_wait { Duration::ZERO } else { args.wait };
+            let run = run::Run {
+                key: args.key,
+                argv: args.command,
+                ttl: args.ttl,
+                wait,
+                retry_unknown: args.retry_unknown,
+            };
+            run::run(&db, run)
+        }
+        Command::Status { key } => {
+            admin::status(&db::open(path, MAINTENANCE_LAPSE)?, &key, cli.json)
+        }
+        Command::Forget { key, force } => {
+            admin::forget(&db::open(path, MAINTENANCE_LAPSE)?, &key, force, cli.json)
+        }
+        Command::Resolve { key, exit_code, ttl } => {
+            admin::resolve(&db::open(path, MAINTENANCE_LAPSE)?, &key, exit_code, ttl, cli.json)
+        }
+        Command::List { unknown } => {
+            admin::list(&db::open(path, MAINTENANCE_LAPSE)?, unknown, cli.json)
+        }
+        Command::Gc => admin::gc(&db::open(path, MAINTENANCE_LAPSE)?, cli.json),
+    }
+}

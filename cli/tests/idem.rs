@@ -1,0 +1,567 @@
+//! The built `idem` binary, run as a user runs it (`std::process::Command`): once-only
+//! across runs, byte-exact replays, concurrent runs of one key, mismatches, `--no-wait`,
+//! interrupts and `kill -9` leaving UNKNOWN, a command killed by a signal, and a corrupt
+//! or locked database. Each test has a directory (and database) of its own; nothing
+//! waits a fixed time for correctness: every wait polls a condition under a deadline.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::process::{kill_process, Pid, Signal};
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+
+/// A directory of one test's own, holding its database and files.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("idem-test-{}-{name}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Dir(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    fn db(&self) -> PathBuf {
+        self.path("state/idem.db")
+    }
+
+    /// `idem ARGS` on this directory's database, in this directory.
+    fn idem(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(IDEM);
+        c.args(args)
+            .current_dir(&self.0)
+            .env("IDEM_DB", self.db())
+            .env_remove("IDEM_LEASE_MS")
+            .env_remove("IDEM_MAX_OUTPUT")
+            .env_remove("IDEM_BUSY_TIMEOUT_MS")
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// `idem run --key KEY EXTRA... -- sh -c SCRIPT`, finished.
+    fn run(&self, key: &str, extra: &[&str], script: &str) -> Output {
+        self.run_cmd(key, extra, script).output().unwrap()
+    }
+
+    fn run_cmd(&self, key: &str, extra: &[&str], script: &str) -> Command {
+        let mut args = vec!["run", "--key", key];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", script]);
+        self.idem(&args)
+    }
+
+    /// How many lines the file `name` holds (0 if it does not exist).
+    fn lines(&self, name: &str) -> usize {
+        std::fs::read_to_string(self.path(name)).map_or(0, |s| s.lines().count())
+    }
+
+    /// `idem status KEY --json`'s state.
+    fn state(&self, key: &str) -> String {
+        let out = self.idem(&["status", key, "--json"]).output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["state"].as_str().unwrap().to_owned()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().unwrap_or_else(|| panic!("idem died by a signal: {:?}", out.status))
+}
+
+/// Polls `done` every 10 ms until it holds, failing after `secs` seconds.
+fn eventually(secs: u64, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn signal(pid: u32, sig: Signal) {
+    kill_process(Pid::from_raw(pid as i32).unwrap(), sig).unwrap();
+}
+
+/// Waits for `child` (bounded: a hung idem fails the test, it does not hang it).
+fn finish(mut child: Child, secs: u64) -> Output {
+    let mut status = None;
+    eventually(secs, "idem to exit", || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    child.wait_with_output().unwrap()
+}
+
+/// A command that records that it ran, and with the file `slow` present writes its
+/// pid to `pid` and sleeps (as `exec sleep`, so the pid is the sleeper's).
+const SLOW_OR_QUICK: &str =
+    "echo ran >> ran; if [ -f slow ]; then echo $$ > pid.tmp; mv pid.tmp pid; exec sleep 30; fi; echo quick";
+
+fn read_pid(dir: &Dir) -> u32 {
+    std::fs::read_to_string(dir.path("pid")).unwrap().trim().parse().unwrap()
+}
+
+/// Ends an orphaned sleeper left by a test that killed its `idem`.
+fn kill_orphan(dir: &Dir) {
+    if let Ok(pid) = std::fs::read_to_string(dir.path("pid")) {
+        if let Ok(pid) = pid.trim().parse::<u32>() {
+            let _ = kill_process(Pid::from_raw(pid as i32).unwrap(), Signal::KILL);
+        }
+    }
+}
+
+#[test]
+fn a_key_runs_once_across_runs_and_repeats_replay() {
+    let dir = Dir::new("once");
+    let script = "echo ran >> ran; echo out; echo err >&2; exit 3";
+    let first = dir.run("k1", &[], script);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode(&dir.path("state")), mode(&dir.db())), (0o700, 0o600), "the state is private");
+    assert_eq!(code(&first), 3, "{}", text(&first.stderr));
+    assert_eq!((text(&first.stdout).as_str(), text(&first.stderr).as_str()), ("out\n", "err\n"));
+    for _ in 0..3 {
+        let again = dir.run("k1", &[], script);
+        assert_eq!(code(&again), 3);
+        assert_eq!(
+            (again.stdout.as_slice(), again.stderr.as_slice()),
+            (&b"out\n"[..], &b"err\n"[..])
+        );
+    }
+    assert_eq!(dir.lines("ran"), 1, "the command ran more than once");
+    assert_eq!(dir.state("k1"), "COMPLETED");
+    // Another key is another intent.
+    assert_eq!(code(&dir.run("k2", &[], script)), 3);
+    assert_eq!(dir.lines("ran"), 2);
+}
+
+#[test]
+fn replays_are_byte_exact_binary_output_and_a_large_stderr() {
+    let dir = Dir::new("bytes");
+    let blob: Vec<u8> =
+        (0..64 * 1024).map(|i| (i * 7 % 256) as u8).chain([0, 0xff, b'\r', b'\n', 0]).collect();
+    let big: Vec<u8> =
+        (0..1_500_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    std::fs::write(dir.path("blob"), &blob).unwrap();
+    std::fs::write(dir.path("big"), &big).unwrap();
+    let script = "echo ran >> ran; cat blob; cat big >&2; printf 'no newline'; exit 7";
+    let first = dir.run("bin", &[], script);
+    let mut stdout = blob.clone();
+    stdout.extend_from_slice(b"no newline");
+    assert_eq!(code(&first), 7);
+    assert!(first.stdout == stdout, "the first run passes stdout through unchanged");
+    assert!(first.stderr == big, "and stderr");
+    let replay = dir.run("bin", &[], script);
+    assert_eq!(code(&replay), 7);
+    assert!(replay.stdout == stdout, "replayed stdout differs ({} bytes)", replay.stdout.len());
+    assert!(replay.stderr == big, "replayed stderr differs ({} bytes)", replay.stderr.len());
+    assert_eq!(dir.lines("ran"), 1);
+}
+
+#[test]
+fn output_over_the_limit_replays_the_status_and_says_it_was_dropped() {
+    let dir = Dir::new("limit");
+    let script = "echo ran >> ran; head -c 5000 /dev/zero; echo small >&2; exit 4";
+    let mut first = dir.run_cmd("big", &[], script);
+    let first = first.env("IDEM_MAX_OUTPUT", "1000").output().unwrap();
+    assert_eq!(
+        (code(&first), first.stdout.len()),
+        (4, 5000),
+        "the first run still passes it all through"
+    );
+    assert!(text(&first.stderr).contains("over the 1000 byte limit"), "{}", text(&first.stderr));
+    let replay = dir.run("big", &[], script);
+    assert_eq!(code(&replay), 4);
+    assert!(replay.stdout.is_empty());
+    // stderr fit, but half an output replayed would pass for all of it: neither is kept.
+    assert!(!text(&replay.stderr).starts_with("small"), "{}", text(&replay.stderr));
+    let said = text(&replay.stderr);
+    assert!(said.contains("5000 bytes of stdout") && said.contains("not kept"), "{said}");
+    assert_eq!(dir.lines("ran"), 1);
+}
+
+#[test]
+fn twenty_concurrent_runs_of_a_key_execute_once_and_all_replay() {
+    let dir = Dir::new("twenty");
+    let script = "echo ran >> ran; sleep 0.3; echo result; echo note >&2; exit 5";
+    let children: Vec<Child> = (0..20)
+        .map(|_| {
+            dir.run_cmd("shared", &[], script)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = finish(child, 60);
+        assert_eq!(code(&out), 5, "{}", text(&out.stderr));
+        assert_eq!(
+            (out.stdout.as_slice(), out.stderr.as_slice()),
+            (&b"result\n"[..], &b"note\n"[..])
+        );
+    }
+    assert_eq!(dir.lines("ran"), 1, "20 concurrent runs executed more than once");
+}
+
+#[test]
+fn the_same_key_with_another_command_is_refused_with_65() {
+    let dir = Dir::new("mismatch");
+    let first = dir.idem(&["run", "--key", "m", "--", "echo", "a b"]).output().unwrap();
+    assert_eq!((code(&first), text(&first.stdout).as_str()), (0, "a b\n"));
+    // The same words split otherwise are another command: arguments are length-prefixed.
+    let split = dir.idem(&["run", "--key", "m", "--", "echo", "a", "b"]).output().unwrap();
+    assert_eq!(code(&split), 65, "{}", text(&split.stderr));
+    assert!(split.stdout.is_empty(), "nothing ran, nothing replayed");
+    let said = text(&split.stderr);
+    assert!(said.contains("used for another command (`echo 'a b'`), not `echo a b`"), "{said}");
+    let same = dir.idem(&["run", "--key", "m", "--", "echo", "a b"]).output().unwrap();
+    assert_eq!((code(&same), text(&same.stdout).as_str()), (0, "a b\n"));
+}
+
+#[test]
+fn no_wait_while_a_run_is_in_progress_exits_75_and_waiting_replays() {
+    let dir = Dir::new("nowait");
+    let script =
+        "echo ran >> ran; touch started; while [ ! -f go ]; do sleep 0.02; done; echo done";
+    let holder = dir.run_cmd("busy", &[], script).stdout(Stdio::piped()).spawn().unwrap();
+    eventually(10, "the first run to start", || dir.path("started").exists());
+    let at_once = Instant::now();
+    let refused = dir.run("busy", &["--no-wait"], script);
+    assert_eq!(code(&refused), 75, "{}", text(&refused.stderr));
+    assert!(at_once.elapsed() < Duration::from_secs(3), "--no-wait waited");
+    assert!(text(&refused.stderr).contains("in progress"));
+    // A wait that is spent is the same answer.
+    let spent = dir.run("busy", &["--wait", "0.3"], script);
+    assert_eq!(code(&spent), 75);
+    // A waiter waits for the holder and replays it.
+    let waiter =
+        dir.run_cmd("busy", &["--wait", "30"], script).stdout(Stdio::piped()).spawn().unwrap();
+    std::fs::write(dir.path("go"), "").unwrap();
+    let held = finish(holder, 30);
+    let waited = finish(waiter, 30);
+    assert_eq!((code(&held), code(&waited)), (0, 0));
+    assert_eq!((text(&held.stdout).as_str(), text(&waited.stdout).as_str()), ("done\n", "done\n"));
+    assert_eq!(dir.lines("ran"), 1);
+}
+
+/// An `idem` running the slow command, once the command is running.
+fn start_slow(dir: &Dir, key: &str, lease_ms: Option<&str>) -> Child {
+    std::fs::write(dir.path("slow"), "").unwrap();
+    let mut cmd = dir.run_cmd(key, &[], SLOW_OR_QUICK);
+    if let Some(ms) = lease_ms {
+        cmd.env("IDEM_LEASE_MS", ms);
+    }
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    eventually(10, "the command to start", || dir.path("pid").exists());
+    child
+}
+
+fn interrupt_leaves_unknown(sig: Signal, name: &str) {
+    let dir = Dir::new(name);
+    let idem = start_slow(&dir, "irq", None);
+    let sleeper = read_pid(&dir);
+    signal(idem.id(), sig);
+    let out = finish(idem, 20);
+    // The signal was passed on: the command died of it, and idem says so.
+    assert_eq!(code(&out), 128 + sig.as_raw(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("marked UNKNOWN"), "{}", text(&out.stderr));
+    assert!(!Path::new(&format!("/proc/{sleeper}")).exists() || proc_is_zombie_or_gone(sleeper));
+    assert_eq!(dir.state("irq"), "UNKNOWN");
+    std::fs::remove_file(dir.path("slow")).unwrap();
+    let again = dir.run("irq", &[], SLOW_OR_QUICK);
+    assert_eq!(code(&again), 79, "{}", text(&again.stderr));
+    assert!(text(&again.stderr).contains("UNKNOWN"));
+    assert_eq!(dir.lines("ran"), 1, "an UNKNOWN key was run again");
+    // Listed for a decision.
+    let listed = dir.idem(&["list", "--unknown", "--json"]).output().unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed[0]["key"], "irq");
+    // --retry-unknown forgets it and runs.
+    let retried = dir.run("irq", &["--retry-unknown"], SLOW_OR_QUICK);
+    assert_eq!(
+        (code(&retried), text(&retried.stdout).as_str()),
+        (0, "quick\n"),
+        "{}",
+        text(&retried.stderr)
+    );
+    assert_eq!(dir.lines("ran"), 2);
+    assert_eq!(dir.state("irq"), "COMPLETED");
+}
+
+/// Whether process `pid` has a handler for signal `n` (Linux: `SigCgt` in its status).
+fn catches(pid: u32, n: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return false };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (n - 1)) != 0)
+}
+
+fn proc_is_zombie_or_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[test]
+fn ctrl_c_is_passed_to_the_command_and_leaves_the_key_unknown() {
+    interrupt_leaves_unknown(Signal::INT, "sigint");
+}
+
+#[test]
+fn sigterm_is_passed_to_the_command_and_leaves_the_key_unknown() {
+    interrupt_leaves_unknown(Signal::TERM, "sigterm");
+}
+
+#[test]
+fn kill_9_of_idem_leaves_the_key_unknown_once_the_lease_lapses() {
+    let dir = Dir::new("kill9");
+    let mut idem = start_slow(&dir, "k9", Some("600"));
+    idem.kill().unwrap(); // SIGKILL: no handler runs, the command is orphaned.
+    idem.wait().unwrap();
+    std::fs::remove_file(dir.path("slow")).unwrap();
+    // In progress until the lease (600 ms) lapses, then UNKNOWN: never run again.
+    let mut last = None;
+    eventually(15, "the killed run's lease to lapse", || {
+        let out = dir
+            .run_cmd("k9", &["--no-wait"], SLOW_OR_QUICK)
+            .env("IDEM_LEASE_MS", "600")
+            .output()
+            .unwrap();
+        let c = code(&out);
+        assert!(c == 75 || c == 79, "exit {c}: {}", text(&out.stderr));
+        last = Some(out);
+        c == 79
+    });
+    assert!(text(&last.unwrap().stderr).contains("outcome UNKNOWN"));
+    assert_eq!(dir.lines("ran"), 1, "the killed run's command was run again");
+    let status = dir.idem(&["status", "k9"]).output().unwrap();
+    assert!(text(&status.stdout).contains("UNKNOWN"), "{}", text(&status.stdout));
+    kill_orphan(&dir);
+    // Resolved by hand: repeats replay the status given, without running.
+    let resolved = dir.idem(&["resolve", "k9", "--exit-code", "4"]).output().unwrap();
+    assert_eq!(code(&resolved), 0, "{}", text(&resolved.stderr));
+    assert_eq!(code(&dir.run("k9", &[], SLOW_OR_QUICK)), 4);
+    assert_eq!(dir.lines("ran"), 1);
+}
+
+#[test]
+fn a_long_command_keeps_its_key_past_many_leases() {
+    let dir = Dir::new("renew");
+    let script =
+        "echo ran >> ran; touch started; while [ ! -f go ]; do sleep 0.02; done; echo long";
+    let holder = dir
+        .run_cmd("long", &[], script)
+        .env("IDEM_LEASE_MS", "600")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually(10, "the command to start", || dir.path("started").exists());
+    let until = Instant::now() + Duration::from_millis(2400); // four leases
+    while Instant::now() < until {
+        let out = dir
+            .run_cmd("long", &["--no-wait"], script)
+            .env("IDEM_LEASE_MS", "600")
+            .output()
+            .unwrap();
+        assert_eq!(code(&out), 75, "the renewed key was not in progress: {}", text(&out.stderr));
+    }
+    std::fs::write(dir.path("go"), "").unwrap();
+    assert_eq!(code(&finish(holder, 20)), 0);
+    assert_eq!(text(&dir.run("long", &[], script).stdout), "long\n");
+    assert_eq!(dir.lines("ran"), 1);
+}
+
+#[test]
+fn a_command_killed_by_a_signal_is_recorded_so_and_replayed_as_128_plus_n() {
+    let dir = Dir::new("signaled");
+    let script = "echo ran >> ran; echo before; kill -USR1 $$";
+    let first = dir.run("sig", &[], script);
+    assert_eq!(code(&first), 128 + 10, "{}", text(&first.stderr));
+    let replay = dir.run("sig", &[], script);
+    assert_eq!((code(&replay), text(&replay.stdout).as_str()), (138, "before\n"));
+    assert_eq!(dir.lines("ran"), 1);
+    let status = dir.idem(&["status", "sig", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(
+        (v["outcome"]["status"].as_str(), v["outcome"]["code"].as_i64()),
+        (Some("signaled"), Some(10))
+    );
+    let text_status = text(&dir.idem(&["status", "sig"]).output().unwrap().stdout);
+    assert!(text_status.contains("killed by signal 10 (SIGUSR1)"), "{text_status}");
+    // Dying of an interrupting signal is an interruption: UNKNOWN, whoever sent it.
+    let term = dir.run("term", &[], "echo ran >> ran; kill -TERM $$");
+    assert_eq!(code(&term), 143, "{}", text(&term.stderr));
+    assert_eq!(dir.state("term"), "UNKNOWN");
+    assert_eq!(code(&dir.run("term", &[], "echo ran >> ran; kill -TERM $$")), 79);
+}
+
+#[test]
+fn a_corrupt_database_is_refused_with_71_naming_the_file() {
+    let dir = Dir::new("corrupt");
+    std::fs::create_dir_all(dir.path("state")).unwrap();
+    std::fs::write(dir.db(), b"this is not a database, it is a shopping list\n".repeat(200))
+        .unwrap();
+    let out = dir.run("c", &[], "echo ran >> ran");
+    assert_eq!(code(&out), 71, "{}", text(&out.stderr));
+    let said = text(&out.stderr);
+    assert!(said.contains(&dir.db().display().to_string()), "the file is not named: {said}");
+    assert!(said.contains("not an SQLite database"), "{said}");
+    assert_eq!(dir.lines("ran"), 0);
+    assert_eq!(code(&dir.idem(&["status", "c"]).output().unwrap()), 71);
+}
+
+#[test]
+fn a_database_locked_by_another_process_is_refused_with_71() {
+    use idemcache_sqlite::rusqlite::Connection;
+    let dir = Dir::new("locked");
+    assert_eq!(code(&dir.run("l", &[], "true")), 0, "the database is created");
+    // This test's process holds the database's write lock, as another program would.
+    let other = Connection::open(dir.db()).unwrap();
+    other.execute_batch("BEGIN EXCLUSIVE; CREATE TABLE held (x);").unwrap();
+    let out = dir
+        .run_cmd("l2", &[], "echo ran >> ran")
+        .env("IDEM_BUSY_TIMEOUT_MS", "300")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 71, "{}", text(&out.stderr));
+    let said = text(&out.stderr);
+    assert!(said.contains("locked by another process") && said.contains("idem.db"), "{said}");
+    assert_eq!(dir.lines("ran"), 0);
+    other.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(code(&dir.run("l2", &[], "echo ran >> ran")), 0, "usable once the lock is gone");
+}
+
+#[test]
+fn a_command_that_cannot_start_exits_127_and_records_nothing() {
+    let dir = Dir::new("notfound");
+    let out = dir.idem(&["run", "--key", "nf", "--", "/nonexistent/command"]).output().unwrap();
+    assert_eq!(code(&out), 127, "{}", text(&out.stderr));
+    assert_eq!(dir.state("nf"), "ABSENT");
+}
+
+#[test]
+fn forget_and_gc_and_usage_errors() {
+    let dir = Dir::new("admin");
+    assert_eq!(code(&dir.run("done", &[], "true")), 0);
+    // forget clears UNKNOWN only; --force any record.
+    let refused = dir.idem(&["forget", "done"]).output().unwrap();
+    assert_eq!(code(&refused), 1);
+    assert!(text(&refused.stderr).contains("COMPLETED"));
+    assert_eq!(code(&dir.idem(&["forget", "done", "--force"]).output().unwrap()), 0);
+    assert_eq!(dir.state("done"), "ABSENT");
+    let resolved = dir.idem(&["resolve", "done", "--exit-code", "0"]).output().unwrap();
+    assert_eq!(code(&resolved), 1, "nothing UNKNOWN to resolve");
+    // Records past their TTL are gone for runs at once, and from the file with gc.
+    assert_eq!(code(&dir.run("brief", &["--ttl", "1s"], "true")), 0);
+    eventually(10, "the record to expire", || dir.state("brief") == "ABSENT");
+    let gc = dir.idem(&["gc", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&gc.stdout).unwrap();
+    assert_eq!(v["purged"], 1);
+    // Usage errors are 64, help is 0 and names the exit codes.
+    assert_eq!(code(&dir.idem(&["run", "--key", "x"]).output().unwrap()), 64);
+    assert_eq!(code(&dir.idem(&["run", "--key", "has space", "--", "true"]).output().unwrap()), 64);
+    assert_eq!(
+        code(&dir.idem(&["run", "--key", "x", "--ttl", "soon", "--", "true"]).output().unwrap()),
+        64
+    );
+    let help = dir.idem(&["--help"]).output().unwrap();
+    assert_eq!(code(&help), 0);
+    for number in ["75", "65", "79", "71", "64", "128+N"] {
+        assert!(text(&help.stdout).contains(number), "--help does not name exit code {number}");
+    }
+}
+
+#[test]
+fn an_interrupted_waiter_exits_at_once_holding_nothing() {
+    let dir = Dir::new("waiter");
+    let script =
+        "echo ran >> ran; touch started; while [ ! -f go ]; do sleep 0.02; done; echo done";
+    let holder = dir.run_cmd("w", &[], script).stdout(Stdio::piped()).spawn().unwrap();
+    eventually(10, "the first run to start", || dir.path("started").exists());
+    let waiter = dir
+        .run_cmd("w", &["--wait", "60"], script)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once it catches SIGINT (its handler is installed before its first claim).
+    eventually(10, "the waiter to catch SIGINT", || catches(waiter.id(), 2));
+    let asked = Instant::now();
+    signal(waiter.id(), Signal::INT);
+    let out = finish(waiter, 10);
+    assert_eq!(code(&out), 130, "{}", text(&out.stderr));
+    assert!(asked.elapsed() < Duration::from_secs(5), "the waiter did not stop at once");
+    std::fs::write(dir.path("go"), "").unwrap();
+    assert_eq!(code(&finish(holder, 20)), 0);
+    assert_eq!(
+        dir.state("w"),
+        "COMPLETED",
+        "the waiter's interrupt changed nothing of the holder's"
+    );
+    assert_eq!(dir.lines("ran"), 1);
+}
+
+#[test]
+fn a_run_whose_key_is_forgotten_by_force_records_nothing_and_says_so() {
+    let dir = Dir::new("forced");
+    let script = "echo ran >> ran; touch started; while [ ! -f go ]; do sleep 0.02; done; exit 6";
+    let holder = dir.run_cmd("f", &[], script).stderr(Stdio::piped()).spawn().unwrap();
+    eventually(10, "the command to start", || dir.path("started").exists());
+    assert_eq!(dir.state("f"), "PROCESSING");
+    let plain = dir.idem(&["forget", "f"]).output().unwrap();
+    assert_eq!(code(&plain), 1, "forget without --force leaves a PROCESSING record");
+    assert_eq!(code(&dir.idem(&["forget", "f", "--force"]).output().unwrap()), 0);
+    std::fs::write(dir.path("go"), "").unwrap();
+    let out = finish(holder, 20);
+    assert_eq!(code(&out), 6, "CMD's status is still what idem exits with");
+    assert!(text(&out.stderr).contains("lost its hold on the key"), "{}", text(&out.stderr));
+    assert_eq!(dir.state("f"), "ABSENT", "the stale run's completion was refused");
+}
+
+#[test]
+fn a_database_that_cannot_be_made_is_refused_with_71_saying_why() {
+    let dir = Dir::new("unmakeable");
+    // Its directory would have to be made inside a regular file.
+    std::fs::write(dir.path("file"), "").unwrap();
+    let out = dir
+        .idem(&["run", "--key", "u", "--db", "file/sub/idem.db", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 71, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("file/sub/idem.db")
+            && text(&out.stderr).contains("creating its directory")
+    );
+    // A directory where the file belongs.
+    std::fs::create_dir_all(dir.path("adir")).unwrap();
+    let out = dir.idem(&["status", "u", "--db", "adir"]).output().unwrap();
+    assert_eq!(code(&out), 71);
+    assert!(text(&out.stderr).contains("is a directory"), "{}", text(&out.stderr));
+    // --db wins over $IDEM_DB.
+    let out =
+        dir.idem(&["run", "--key", "u", "--db", "elsewhere.db", "--", "true"]).output().unwrap();
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(dir.path("elsewhere.db").exists() && !dir.db().exists());
+}
