@@ -154,8 +154,11 @@ fn reconcile_resolves_forgets_and_leaves_as_the_check_says() {
     let clock = ManualClock::new();
     let cache = marking(&clock);
     let [paid, unpaid, pending] = ["paid", "unpaid", "pending"].map(key);
+    // Marked a millisecond apart: entries marked at one instant may be listed in either
+    // order.
     for k in [&paid, &unpaid] {
         acquire(&cache, k, fp("r")).mark_unknown().unwrap();
+        clock.advance(std::time::Duration::from_millis(1));
     }
     let _lapsing = acquire(&cache, &pending, fp("r"));
     clock.advance(LEASE);
