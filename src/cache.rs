@@ -28,7 +28,7 @@ use bytes::Bytes;
 
 use crate::config::Config;
 use crate::guard::ClaimGuard;
-use crate::shard::{Limits, Shard, FREE_BATCH};
+use crate::shard::{Limits, Listed, Shard, FREE_BATCH};
 use crate::sync::{
     Arc, AtomicU64, CachePadded, Condvar, Mutex, Ordering, RwLock, RwLockWriteGuard,
 };
@@ -479,15 +479,30 @@ impl Cache {
         let (hash, shard) = self.locate(key);
         let mut body = Some(result.into_bytes());
         // What the shard does not keep is dropped here, after unlocking.
-        self.with_shard(shard, |s, now, cfg| s.resolve(hash, key, &mut body, now, cfg))
+        self.with_shard(shard, |s, now, cfg| s.resolve(hash, key, None, &mut body, now, cfg))
     }
 
-    /// [`Cache::resolve`] with a body or none (completed without a body), for
-    /// [`Cache::reconcile`].
-    pub(crate) fn resolve_with(&self, key: &Key, body: Option<Bytes>) -> Result<(), ResolveError> {
-        let (hash, shard) = self.locate(key);
+    /// [`Cache::resolve`] of the entry `listed` saw, with a body or none (completed without
+    /// a body), for [`Cache::reconcile`]: refused as not UNKNOWN if the key's entry is
+    /// another one by now.
+    pub(crate) fn resolve_listed(
+        &self,
+        listed: &UnknownEntry,
+        body: Option<Bytes>,
+    ) -> Result<(), ResolveError> {
+        let (hash, shard) = self.locate(&listed.key);
         let mut body = body;
-        self.with_shard(shard, |s, now, cfg| s.resolve(hash, key, &mut body, now, cfg))
+        let seen = Listed { fingerprint: listed.fingerprint, marked_at: listed.marked_at };
+        self.with_shard(shard, |s, now, cfg| {
+            s.resolve(hash, &listed.key, Some(seen), &mut body, now, cfg)
+        })
+    }
+
+    /// [`Cache::forget`] of the entry `listed` saw, as [`Cache::resolve_listed`].
+    pub(crate) fn forget_listed(&self, listed: &UnknownEntry) -> Result<(), ResolveError> {
+        let (hash, shard) = self.locate(&listed.key);
+        let seen = Listed { fingerprint: listed.fingerprint, marked_at: listed.marked_at };
+        self.with_shard(shard, |s, now, _| s.forget(hash, &listed.key, Some(seen), now))
     }
 
     /// Puts a fact learned elsewhere into the cache (warming it from a database,
@@ -550,7 +565,7 @@ impl Cache {
     /// UNKNOWN → absent, so the next claim executes.
     pub fn forget(&self, key: &Key) -> Result<(), ResolveError> {
         let (hash, shard) = self.locate(key);
-        self.with_shard(shard, |s, now, _| s.forget(hash, key, now))
+        self.with_shard(shard, |s, now, _| s.forget(hash, key, None, now))
     }
 
     /// Looks at a key's live entry without changing its state or any answer counter

@@ -79,9 +79,9 @@ impl Cache {
         for entry in self.unknown(limit) {
             let settled = match check(&entry) {
                 Verdict::Happened(body) => {
-                    self.resolve_with(&entry.key, body).map(|()| &mut done.resolved)
+                    self.resolve_listed(&entry, body).map(|()| &mut done.resolved)
                 }
-                Verdict::DidNotHappen => self.forget(&entry.key).map(|()| &mut done.forgotten),
+                Verdict::DidNotHappen => self.forget_listed(&entry).map(|()| &mut done.forgotten),
                 Verdict::Undecided => Ok(&mut done.left),
             };
             match settled {

@@ -196,3 +196,24 @@ fn reconcile_leaves_an_entry_settled_while_it_was_checked() {
     assert_eq!((done.resolved, done.forgotten, done.left), (0, 0, 1));
     assert_eq!(replay(&cache, &k, fp("r")).body.unwrap(), "theirs");
 }
+
+/// A verdict is about the entry that was listed: forgotten, claimed again (by another
+/// request, or the same one) and marked again while it was being checked, the key's new
+/// UNKNOWN entry is left, never settled by the stale verdict.
+#[test]
+fn reconcile_never_settles_an_execution_it_did_not_list() {
+    let clock = ManualClock::new();
+    let cache = marking(&clock);
+    let k = key("aba");
+    acquire(&cache, &k, fp("r")).mark_unknown().unwrap();
+    for (request, verdict) in [("other", Verdict::DidNotHappen), ("r", Verdict::Happened(None))] {
+        let done = cache.reconcile(10, |entry| {
+            cache.forget(&entry.key).unwrap();
+            clock.advance(std::time::Duration::from_millis(1));
+            acquire(&cache, &entry.key, fp(request)).mark_unknown().unwrap();
+            verdict.clone()
+        });
+        assert_eq!((done.resolved, done.forgotten, done.left), (0, 0, 1), "{request}");
+        assert!(matches!(cache.claim(&k, fp(request)).unwrap(), Claim::Unknown { .. }));
+    }
+}

@@ -342,6 +342,22 @@ impl Store for ForgetFails {
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(Err(StoreError::Backend("the server went away".into())))
     }
+    fn resolve_listed(
+        &self,
+        listed: &idemcache::UnknownEntry<std::time::SystemTime>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl std::future::Future<
+        Output = Result<idemcache::Replay<std::time::SystemTime>, StoreError>,
+    > + Send {
+        self.0.resolve_listed(listed, body, ttl)
+    }
+    fn forget_listed(
+        &self,
+        _listed: &idemcache::UnknownEntry<std::time::SystemTime>,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        std::future::ready(Err(StoreError::Backend("the server went away".into())))
+    }
     fn unknown(
         &self,
         limit: usize,

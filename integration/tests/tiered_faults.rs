@@ -145,6 +145,17 @@ impl<S: Store> Store for Faulty<S> {
     async fn forget(&self, key: &Key) -> Result<(), StoreError> {
         self.inner.forget(key).await
     }
+    async fn resolve_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> Result<Replay<SystemTime>, StoreError> {
+        self.inner.resolve_listed(listed, body, ttl).await
+    }
+    async fn forget_listed(&self, listed: &UnknownEntry<SystemTime>) -> Result<(), StoreError> {
+        self.inner.forget_listed(listed).await
+    }
     async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
         self.inner.unknown(limit).await
     }

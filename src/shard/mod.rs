@@ -82,6 +82,13 @@ pub(crate) const FREE_BATCH: usize = 4;
 pub(crate) const LAST_DEADLINE: Timestamp =
     Timestamp::from_nanos(u64::MAX - crate::MAX_TICK.as_nanos() as u64);
 
+/// The UNKNOWN entry a listing saw: settling "it" must not settle a later one.
+#[derive(Clone, Copy)]
+pub(crate) struct Listed {
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) marked_at: Timestamp,
+}
+
 /// `now + d`, capped at [`LAST_DEADLINE`].
 fn deadline_after(now: Timestamp, d: Duration) -> Timestamp {
     now.saturating_add(d).min(LAST_DEADLINE)
@@ -577,11 +584,12 @@ impl Shard {
         &mut self,
         hash: u64,
         key: &Key,
+        listed: Option<Listed>,
         body: &mut Option<Bytes>,
         now: Timestamp,
         cfg: &Config,
     ) -> Result<(), ResolveError> {
-        let slot = self.find_unknown(hash, key, now)?;
+        let slot = self.find_unknown(hash, key, listed, now)?;
         let kept = self.keep_result(body, cfg.completed_ttl, now, cfg);
         self.set_completed(slot, kept, now, deadline_after(now, cfg.completed_ttl));
         self.counters.completions += 1;
@@ -593,16 +601,29 @@ impl Shard {
         &mut self,
         hash: u64,
         key: &Key,
+        listed: Option<Listed>,
         now: Timestamp,
     ) -> Result<(), ResolveError> {
-        let slot = self.find_unknown(hash, key, now)?;
+        let slot = self.find_unknown(hash, key, listed, now)?;
         self.unlink(slot, RemovalCause::Removed);
         Ok(())
     }
 
-    fn find_unknown(&mut self, hash: u64, key: &Key, now: Timestamp) -> Result<u32, ResolveError> {
+    /// The key's live UNKNOWN entry; with `listed`, only if it is still the one a listing
+    /// saw (same fingerprint, same mark), so that a verdict about one execution never
+    /// settles another: forgotten, claimed by another request and marked again while
+    /// the verdict was being reached.
+    fn find_unknown(
+        &mut self,
+        hash: u64,
+        key: &Key,
+        listed: Option<Listed>,
+        now: Timestamp,
+    ) -> Result<u32, ResolveError> {
         let slot = self.find_live(hash, key, now).ok_or(ResolveError::NotFound)?;
-        if self.entry(slot).state == State::Unknown {
+        let e = self.entry(slot);
+        let same = listed.is_none_or(|l| (l.fingerprint, l.marked_at) == (e.fingerprint, e.since));
+        if e.state == State::Unknown && same {
             Ok(slot)
         } else {
             Err(ResolveError::NotUnknown)

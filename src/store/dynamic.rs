@@ -61,6 +61,16 @@ pub trait DynStore: Send + Sync + std::fmt::Debug + 'static {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Replay<SystemTime>, StoreError>>;
     fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn resolve_listed<'a>(
+        &'a self,
+        listed: &'a UnknownEntry<SystemTime>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Replay<SystemTime>, StoreError>>;
+    fn forget_listed<'a>(
+        &'a self,
+        listed: &'a UnknownEntry<SystemTime>,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
     fn unknown(
         &self,
         limit: usize,
@@ -120,6 +130,20 @@ impl<S: Store> DynStore for S {
     }
     fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(Store::forget(self, key))
+    }
+    fn resolve_listed<'a>(
+        &'a self,
+        listed: &'a UnknownEntry<SystemTime>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Replay<SystemTime>, StoreError>> {
+        Box::pin(Store::resolve_listed(self, listed, body, ttl))
+    }
+    fn forget_listed<'a>(
+        &'a self,
+        listed: &'a UnknownEntry<SystemTime>,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::forget_listed(self, listed))
     }
     fn unknown(
         &self,
@@ -207,6 +231,17 @@ impl Store for AnyStore {
     }
     async fn forget(&self, key: &Key) -> Result<(), StoreError> {
         self.0.forget(key).await
+    }
+    async fn resolve_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> Result<Replay<SystemTime>, StoreError> {
+        self.0.resolve_listed(listed, body, ttl).await
+    }
+    async fn forget_listed(&self, listed: &UnknownEntry<SystemTime>) -> Result<(), StoreError> {
+        self.0.forget_listed(listed).await
     }
     async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
         self.0.unknown(limit).await

@@ -192,6 +192,32 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// UNKNOWN → absent after checking the authority found no effect.
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// [`resolve`](Store::resolve), only if the key's UNKNOWN record is still the one
+    /// `listed` ([`unknown`](Store::unknown)'s) names: the same fingerprint and mark time.
+    /// What a reconciler writes its verdict with, so that a verdict about one execution
+    /// never settles another (the key forgotten, claimed again and marked again while the
+    /// authority was being asked): [`StoreError::NotUnknown`] then.
+    ///
+    /// The default is not conditional (it calls `resolve`); the shipped stores override
+    /// it with one conditional write, and `conformance::run` checks that a store does.
+    fn resolve_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        self.resolve(&listed.key, body, ttl)
+    }
+
+    /// [`forget`](Store::forget), only if the key's UNKNOWN record is still the one
+    /// `listed` names, as [`resolve_listed`](Store::resolve_listed).
+    fn forget_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.forget(&listed.key)
+    }
+
     /// Up to `limit` live UNKNOWN records, oldest mark first (as
     /// [`Cache::unknown`](crate::Cache::unknown) lists the cache's).
     fn unknown(

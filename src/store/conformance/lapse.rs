@@ -182,4 +182,41 @@ pub async fn reconcile_as_checked<S: Store>(store: &S) {
         store.claim(&keys[2], fp("r"), LEASE).await.unwrap(),
         StoreClaim::Unknown { .. }
     ));
+    verdicts_settle_only_the_listed_record(store, &run).await;
+}
+
+/// A verdict is about the execution that was listed: if the key is forgotten, claimed
+/// again (by another request, or by the same one) and marked UNKNOWN again while the
+/// authority was asked, settling the listed record is refused (`NotUnknown`) and the new
+/// record stays UNKNOWN; the record listed now settles as usual.
+async fn verdicts_settle_only_the_listed_record<S: Store>(store: &S, run: &Run) {
+    async fn listed<S: Store>(store: &S, k: &Key) -> crate::UnknownEntry<SystemTime> {
+        let listed = store.unknown(usize::MAX).await.unwrap();
+        listed.into_iter().find(|e| e.key == *k).expect("the record is listed")
+    }
+    let k = run.key("reconcile-aba");
+    let token = acquire(store, &k).await;
+    store.mark_unknown(&k, token, TTL).await.unwrap();
+    let stale = listed(store, &k).await;
+    for request in ["another request", "r"] {
+        store.forget(&k).await.unwrap();
+        // A mark a moment later: SQLite's clock counts milliseconds.
+        pause(Duration::from_millis(3)).await;
+        let StoreClaim::Acquired { token, .. } = store.claim(&k, fp(request), LEASE).await.unwrap()
+        else {
+            panic!("a forgotten key is acquired");
+        };
+        store.mark_unknown(&k, token, TTL).await.unwrap();
+        let refused = store.resolve_listed(&stale, Some(Bytes::from_static(b"stale")), TTL).await;
+        assert!(matches!(refused, Err(StoreError::NotUnknown(_))), "{request}: {refused:?}");
+        let refused = store.forget_listed(&stale).await;
+        assert!(matches!(refused, Err(StoreError::NotUnknown(_))), "{request}: {refused:?}");
+        assert!(matches!(
+            store.claim(&k, fp(request), LEASE).await.unwrap(),
+            StoreClaim::Unknown { .. }
+        ));
+    }
+    let current = listed(store, &k).await;
+    store.resolve_listed(&current, Some(Bytes::from_static(b"settled")), TTL).await.unwrap();
+    assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Completed(_)));
 }

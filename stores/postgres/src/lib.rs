@@ -317,6 +317,82 @@ const TURN_UNKNOWN: &str = concat!(
     " RETURNING r.fingerprint, r.settled_at"
 );
 
+/// The UNKNOWN record a listing saw, as its row holds it: a settling write "of it"
+/// matches only a row with this fingerprint and mark, never a later execution's.
+struct Listed {
+    fingerprint: Vec<u8>,
+    marked: i64,
+}
+
+impl Listed {
+    fn of(entry: &UnknownEntry<SystemTime>) -> Listed {
+        let fingerprint = entry.fingerprint.to_bytes().to_vec();
+        Listed { fingerprint, marked: idemcache::store::encoding::to_micros(entry.marked_at) }
+    }
+}
+
+/// "Record `r` is the listed one", binding `$fp` (the fingerprint, or NULL: any record)
+/// and `$marked` (the mark: `settled_at`, or a lapse's `expires_at`, as the listing
+/// reads it).
+macro_rules! listed {
+    ($fp:literal, $marked:literal) => {
+        concat!(
+            "(", $fp, "::bytea IS NULL OR (r.fingerprint = ", $fp,
+            " AND (CASE WHEN r.state = 1 THEN r.expires_at ELSE r.settled_at END) = ",
+            $marked, "::bigint))"
+        )
+    };
+}
+
+impl PostgresStore {
+    /// UNKNOWN → COMPLETED of `key`, of the `listed` record only if given.
+    async fn resolve_where(
+        &self,
+        key: Key,
+        listed: Option<Listed>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> Result<Replay<SystemTime>, StoreError> {
+        check_duration("result TTL", ttl)?;
+        let sql = concat!(
+            "WITH ",
+            now!(),
+            " UPDATE idemcache_records r
+             SET state = 2, body = $2, settled_at = now.us, expires_at = now.us + $3 FROM now
+             WHERE r.key = $1 AND ",
+            unknown_or_lapsed!("$4"),
+            " AND ",
+            listed!("$5", "$6"),
+            " RETURNING r.settled_at, r.expires_at"
+        );
+        let stored = body.as_deref();
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let (fp, marked) = listed.map(|l| (l.fingerprint, l.marked)).unzip();
+        let params: [&(dyn ToSql + Sync); 6] =
+            [&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl, &fp, &marked];
+        let (at, until) = self.settle(&key, sql, &params, StoreError::NotUnknown).await?;
+        Ok(Replay::new(body, from_micros(at), from_micros(until)))
+    }
+
+    /// UNKNOWN → absent of `key`, of the `listed` record only if given.
+    async fn forget_where(&self, key: Key, listed: Option<Listed>) -> Result<(), StoreError> {
+        let sql = concat!(
+            "WITH ",
+            now!(),
+            " DELETE FROM idemcache_records r USING now
+             WHERE r.key = $1 AND ",
+            unknown_or_lapsed!("$2"),
+            " AND ",
+            listed!("$3", "$4"),
+            " RETURNING r.started_at, r.expires_at"
+        );
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let (fp, marked) = listed.map(|l| (l.fingerprint, l.marked)).unzip();
+        let params: [&(dyn ToSql + Sync); 4] = [&key.as_bytes(), &lapse_ttl, &fp, &marked];
+        self.settle(&key, sql, &params, StoreError::NotUnknown).await.map(drop)
+    }
+}
+
 impl Store for PostgresStore {
     /// Creates the sequence, table and index of [`POSTGRES_SCHEMA`] if missing.
     async fn ensure_schema(&self) -> Result<(), StoreError> {
@@ -480,42 +556,27 @@ impl Store for PostgresStore {
         body: Option<Bytes>,
         ttl: Duration,
     ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        let key = key.clone();
-        async move {
-            check_duration("result TTL", ttl)?;
-            let sql = concat!(
-                "WITH ",
-                now!(),
-                " UPDATE idemcache_records r
-                 SET state = 2, body = $2, settled_at = now.us, expires_at = now.us + $3 FROM now
-                 WHERE r.key = $1 AND ",
-                unknown_or_lapsed!("$4"),
-                " RETURNING r.settled_at, r.expires_at"
-            );
-            let stored = body.as_deref();
-            let lapse_ttl = self.lapse.unknown_ttl_micros();
-            let params: [&(dyn ToSql + Sync); 4] =
-                [&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl];
-            let (at, until) = self.settle(&key, sql, &params, StoreError::NotUnknown).await?;
-            Ok(Replay::new(body, from_micros(at), from_micros(until)))
-        }
+        self.resolve_where(key.clone(), None, body, ttl)
     }
 
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = key.clone();
-        async move {
-            let sql = concat!(
-                "WITH ",
-                now!(),
-                " DELETE FROM idemcache_records r USING now
-                 WHERE r.key = $1 AND ",
-                unknown_or_lapsed!("$2"),
-                " RETURNING r.started_at, r.expires_at"
-            );
-            let lapse_ttl = self.lapse.unknown_ttl_micros();
-            let params: [&(dyn ToSql + Sync); 2] = [&key.as_bytes(), &lapse_ttl];
-            self.settle(&key, sql, &params, StoreError::NotUnknown).await.map(drop)
-        }
+        self.forget_where(key.clone(), None)
+    }
+
+    fn resolve_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        self.resolve_where(listed.key.clone(), Some(Listed::of(listed)), body, ttl)
+    }
+
+    fn forget_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.forget_where(listed.key.clone(), Some(Listed::of(listed)))
     }
 
     async fn unknown(&self, n: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {

@@ -108,6 +108,14 @@ local function unknown(lapse)
   if rec.state == 3 and rec.expires > now then return true end
   return rec.state == 1 and rec.expires <= now and rec.expires + tonumber(lapse) > now
 end
+local function listed(fp, marked)
+  if fp == '' then return true end
+  local rec = record()
+  local r = redis.call('HMGET', KEYS[1], 'fp', 'settled')
+  local mark = rec.expires
+  if rec.state ~= 1 then mark = int(r[2]) end
+  return r[1] == fp and mark == tonumber(marked)
+end
 ";
 
 /// ARGV: fingerprint, lease in µs, the unknown TTL of lapses in µs (0: `TakeOver`), the
@@ -183,19 +191,21 @@ redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
 return {now, ends}
 ";
 
-/// ARGV: TTL in µs, the unknown TTL of lapses in µs, then the body if there is one.
+/// ARGV: TTL in µs, the unknown TTL of lapses in µs, the listed fingerprint and mark
+/// (both empty: any record), then the body if there is one.
 const RESOLVE: &str = r"
-if not unknown(ARGV[2]) then return false end
+if not (unknown(ARGV[2]) and listed(ARGV[3], ARGV[4])) then return false end
 local ends = now + tonumber(ARGV[1])
 redis.call('HSET', KEYS[1], 'state', 2, 'settled', fmt(now), 'expires', fmt(ends))
-if #ARGV >= 3 then redis.call('HSET', KEYS[1], 'body', ARGV[3]) else redis.call('HDEL', KEYS[1], 'body') end
+if #ARGV >= 5 then redis.call('HSET', KEYS[1], 'body', ARGV[5]) else redis.call('HDEL', KEYS[1], 'body') end
 redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
 return {now, ends}
 ";
 
-/// ARGV: the unknown TTL of lapses in µs.
+/// ARGV: the unknown TTL of lapses in µs, the listed fingerprint and mark (both empty:
+/// any record).
 const FORGET: &str = r"
-if not unknown(ARGV[1]) then return false end
+if not (unknown(ARGV[1]) and listed(ARGV[2], ARGV[3])) then return false end
 redis.call('DEL', KEYS[1])
 return {now, now}
 ";
@@ -452,6 +462,41 @@ fn number(n: impl ToString) -> Vec<u8> {
 
 type ClaimReply = (i64, Option<Vec<u8>>, Option<i64>, Option<Vec<u8>>, Option<i64>, i64);
 
+/// The listed record's fingerprint and mark as the scripts compare them (the record's
+/// `fp` bytes; `settled`, or a lapse's `expires`, in µs); both empty: any record.
+fn listed_args(entry: &UnknownEntry<SystemTime>) -> [Vec<u8>; 2] {
+    let mark = idemcache::store::encoding::to_micros(entry.marked_at);
+    [entry.fingerprint.to_bytes().to_vec(), number(mark)]
+}
+
+impl RedisStore {
+    /// UNKNOWN → COMPLETED of `key`, of the `listed` record only if given.
+    async fn resolve_where(
+        &self,
+        key: Key,
+        listed: Option<[Vec<u8>; 2]>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> Result<Replay<SystemTime>, StoreError> {
+        check_duration("result TTL", ttl)?;
+        let mut args = vec![number(micros(ttl)), number(self.lapse.unknown_ttl_micros())];
+        args.extend(listed.unwrap_or_default());
+        args.extend(body.as_deref().map(<[u8]>::to_vec));
+        // The index's member for this mark is stale from now on (trimmed later).
+        let (at, until) =
+            self.settle(&self.scripts.resolve, &key, args, StoreError::NotUnknown).await?;
+        Ok(Replay::new(body, from_micros(at), from_micros(until)))
+    }
+
+    /// UNKNOWN → absent of `key`, of the `listed` record only if given.
+    async fn forget_where(&self, key: Key, listed: Option<[Vec<u8>; 2]>) -> Result<(), StoreError> {
+        // The index's member for this mark is stale from now on (trimmed later).
+        let mut args = vec![number(self.lapse.unknown_ttl_micros())];
+        args.extend(listed.unwrap_or_default());
+        self.settle(&self.scripts.forget, &key, args, StoreError::NotUnknown).await.map(drop)
+    }
+}
+
 impl Store for RedisStore {
     fn claim(
         &self,
@@ -614,25 +659,27 @@ impl Store for RedisStore {
         body: Option<Bytes>,
         ttl: Duration,
     ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        let key = key.clone();
-        async move {
-            check_duration("result TTL", ttl)?;
-            let mut args = vec![number(micros(ttl)), number(self.lapse.unknown_ttl_micros())];
-            args.extend(body.as_deref().map(<[u8]>::to_vec));
-            // The index's member for this mark is stale from now on (trimmed later).
-            let (at, until) =
-                self.settle(&self.scripts.resolve, &key, args, StoreError::NotUnknown).await?;
-            Ok(Replay::new(body, from_micros(at), from_micros(until)))
-        }
+        self.resolve_where(key.clone(), None, body, ttl)
     }
 
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = key.clone();
-        async move {
-            // The index's member for this mark is stale from now on (trimmed later).
-            let args = vec![number(self.lapse.unknown_ttl_micros())];
-            self.settle(&self.scripts.forget, &key, args, StoreError::NotUnknown).await.map(drop)
-        }
+        self.forget_where(key.clone(), None)
+    }
+
+    fn resolve_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        self.resolve_where(listed.key.clone(), Some(listed_args(listed)), body, ttl)
+    }
+
+    fn forget_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.forget_where(listed.key.clone(), Some(listed_args(listed)))
     }
 
     async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {

@@ -33,7 +33,9 @@ use bytes::Bytes;
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use idemcache::store::encoding::{check_duration, corrupt, fingerprint, from_micros, key, micros};
+use idemcache::store::encoding::{
+    check_duration, corrupt, fingerprint, from_micros, key, micros, to_micros,
+};
 use idemcache::store::unique::is_unique_sqlite_code;
 use idemcache::store::{Lapse, Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
@@ -532,6 +534,92 @@ fn settle(
         .ok_or_else(|| missing(key.clone()))
 }
 
+/// The UNKNOWN record a listing saw, as its row holds it: a settling write "of it"
+/// matches only a row with this fingerprint and mark, never a later execution's.
+struct Listed {
+    fingerprint: Vec<u8>,
+    marked: i64,
+}
+
+impl Listed {
+    fn of(entry: &UnknownEntry<SystemTime>) -> Listed {
+        Listed { fingerprint: entry.fingerprint.to_bytes().to_vec(), marked: to_micros(entry.marked_at) }
+    }
+}
+
+/// "The row is the listed one", binding `$fp` (the fingerprint, or NULL: any row) and
+/// `$marked` (the mark: `settled_at`, or a lapse's `expires_at`, as the listing reads it).
+macro_rules! listed {
+    ($fp:literal, $marked:literal) => {
+        concat!(
+            "(", $fp, " IS NULL OR (fingerprint = ", $fp,
+            " AND (CASE WHEN state = 1 THEN expires_at ELSE settled_at END) = ", $marked, "))"
+        )
+    };
+}
+
+impl SqliteStore {
+    /// UNKNOWN → COMPLETED of `key`, of the `listed` record only if given.
+    fn resolve_where(
+        &self,
+        key: Key,
+        listed: Option<Listed>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        let checked = check_duration("result TTL", ttl);
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        self.run(move |db| {
+            checked?;
+            let sql = concat!(
+                "UPDATE idemcache_records SET state = 2, body = ?2, settled_at = ",
+                now!(),
+                ", expires_at = ",
+                now!(),
+                " + ?3
+                 WHERE key = ?1 AND ",
+                unknown_or_lapsed!("?4"),
+                " AND ",
+                listed!("?5", "?6"),
+                " RETURNING settled_at, expires_at"
+            );
+            let stored = body.as_deref().map(<[u8]>::to_vec);
+            let (fp, marked) = listed.map(|l| (l.fingerprint, l.marked)).unzip();
+            let (at, until) = settle(
+                db,
+                &key,
+                sql,
+                &[&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl, &fp, &marked],
+                StoreError::NotUnknown,
+            )?;
+            Ok(Replay::new(body, from_micros(at), from_micros(until)))
+        })
+    }
+
+    /// UNKNOWN → absent of `key`, of the `listed` record only if given.
+    fn forget_where(
+        &self,
+        key: Key,
+        listed: Option<Listed>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        self.run(move |db| {
+            let sql = concat!(
+                "DELETE FROM idemcache_records WHERE key = ?1 AND ",
+                unknown_or_lapsed!("?2"),
+                " AND ",
+                listed!("?3", "?4")
+            );
+            let (fp, marked) = listed.map(|l| (l.fingerprint, l.marked)).unzip();
+            let args = params![key.as_bytes(), lapse_ttl, fp, marked];
+            match db.execute(sql, args).map_err(backend)? {
+                0 => Err(StoreError::NotUnknown(key)),
+                _ => Ok(()),
+            }
+        })
+    }
+}
+
 impl Store for SqliteStore {
     fn ensure_schema(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.run(|db| db.execute_batch(SQLITE_SCHEMA).map_err(backend))
@@ -658,47 +746,27 @@ impl Store for SqliteStore {
         body: Option<Bytes>,
         ttl: Duration,
     ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        let key = key.clone();
-        let checked = check_duration("result TTL", ttl);
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
-        self.run(move |db| {
-            checked?;
-            let sql = concat!(
-                "UPDATE idemcache_records SET state = 2, body = ?2, settled_at = ",
-                now!(),
-                ", expires_at = ",
-                now!(),
-                " + ?3
-                 WHERE key = ?1 AND ",
-                unknown_or_lapsed!("?4"),
-                "
-                 RETURNING settled_at, expires_at"
-            );
-            let stored = body.as_deref().map(<[u8]>::to_vec);
-            let (at, until) = settle(
-                db,
-                &key,
-                sql,
-                &[&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl],
-                StoreError::NotUnknown,
-            )?;
-            Ok(Replay::new(body, from_micros(at), from_micros(until)))
-        })
+        self.resolve_where(key.clone(), None, body, ttl)
     }
 
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = key.clone();
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
-        self.run(move |db| {
-            let sql = concat!(
-                "DELETE FROM idemcache_records WHERE key = ?1 AND ",
-                unknown_or_lapsed!("?2")
-            );
-            match db.execute(sql, params![key.as_bytes(), lapse_ttl]).map_err(backend)? {
-                0 => Err(StoreError::NotUnknown(key)),
-                _ => Ok(()),
-            }
-        })
+        self.forget_where(key.clone(), None)
+    }
+
+    fn resolve_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        self.resolve_where(listed.key.clone(), Some(Listed::of(listed)), body, ttl)
+    }
+
+    fn forget_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.forget_where(listed.key.clone(), Some(Listed::of(listed)))
     }
 
     fn unknown(
