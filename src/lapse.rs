@@ -11,6 +11,10 @@
 /// Either way the lapsed owner is fenced: its guard's every operation gets
 /// [`LeaseLost`](crate::LeaseLost), and it never overwrites what the key became.
 ///
+/// Set it where the records live: on the cache when the cache alone keeps them, on the
+/// store (`store.lapse_policy(..)`) under `Tiered`, whose claims the store decides; a
+/// `MarkUnknown` cache in front of a `TakeOver` store does not stop the store's takeover.
+///
 /// ```
 /// use idemcache::{Cache, LapsePolicy};
 ///

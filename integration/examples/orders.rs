@@ -166,7 +166,10 @@ async fn open_orders(spec: &str) -> Result<Orders, Box<dyn std::error::Error>> {
     Ok(Orders::Sqlite(Arc::new(Mutex::new(db))))
 }
 
-/// Whether the idempotency store `store` names the database `orders` names.
+/// Whether the idempotency store `store` names the database `orders` names: the same
+/// SQLite file, or the same PostgreSQL host (as spelled: `localhost` is not
+/// `127.0.0.1`), port, database, user and options (a `search_path` option names other
+/// tables). When unsure it answers no, and the records are written after the commit.
 fn same_database(store: &str, orders: &str) -> bool {
     if is_postgres(store) && is_postgres(orders) {
         let (Ok(a), Ok(b)) =
@@ -177,7 +180,8 @@ fn same_database(store: &str, orders: &str) -> bool {
         return a.get_hosts() == b.get_hosts()
             && a.get_ports() == b.get_ports()
             && a.get_dbname() == b.get_dbname()
-            && a.get_user() == b.get_user();
+            && a.get_user() == b.get_user()
+            && a.get_options() == b.get_options();
     }
     let scheme = store.split_once(':').map(|(s, _)| s.to_ascii_lowercase());
     if scheme.as_deref() != Some("sqlite") || is_postgres(orders) {
@@ -299,8 +303,11 @@ fn sqlite_order(
             Answer::existing(key, found, order)
         }
     };
-    if let Some(held) = held {
-        let record = held.record(answer.status, &answer.headers, &answer.body);
+    // Every answer here is one the layer keeps (201, 422); one it would not keep (a
+    // 5xx) has no record, and its key is released.
+    let record =
+        held.and_then(|h| Some((h, h.record(answer.status, &answer.headers, &answer.body)?)));
+    if let Some((held, record)) = record {
         idemcache_sqlite::complete_in(&tx, held.claim(), Some(&record))?;
     }
     tx.commit()?;
@@ -336,8 +343,9 @@ async fn postgres_order(
             Answer::existing(key, (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?), order)
         }
     };
-    if let Some(held) = held {
-        let record = held.record(answer.status, &answer.headers, &answer.body);
+    let record =
+        held.and_then(|h| Some((h, h.record(answer.status, &answer.headers, &answer.body)?)));
+    if let Some((held, record)) = record {
         idemcache_postgres::complete_in(&tx, held.claim(), Some(&record)).await?;
     }
     tx.commit().await?;

@@ -81,7 +81,11 @@ async fn create(
     let Some(Extension(held)) = held else {
         return (StatusCode::INTERNAL_SERVER_ERROR, "no claim handed over").into_response();
     };
-    let record = held.record(StatusCode::CREATED, &headers, answer.as_bytes());
+    let record = held.record(StatusCode::CREATED, &headers, answer.as_bytes()).unwrap();
+    assert!(
+        held.record(StatusCode::SERVICE_UNAVAILABLE, &headers, b"").is_none(),
+        "a 5xx is not kept"
+    );
     if let Err(e) = complete_in(&tx, held.claim(), Some(&record)) {
         return (StatusCode::CONFLICT, e.to_string()).into_response();
     }
@@ -297,7 +301,7 @@ async fn postgres_a_transaction_held_past_lease_beats_after_recording_is_not_sta
             };
             let mut client = client.lock().await;
             let tx = client.transaction().await.unwrap();
-            let record = held.record(StatusCode::CREATED, &HeaderMap::new(), b"held");
+            let record = held.record(StatusCode::CREATED, &HeaderMap::new(), b"held").unwrap();
             idemcache_postgres::complete_in(&tx, held.claim(), Some(&record)).await.unwrap();
             tokio::time::sleep(Duration::from_millis(700)).await; // over two beats of 100 ms
             tx.commit().await.unwrap();

@@ -7,6 +7,8 @@
 //! tell which of the two wrote it; and once the handler handed the claim over, the layer
 //! writes no completion of its own (see [`OpenClaim`]).
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
@@ -28,7 +30,7 @@ use crate::store::OpenClaim;
 ///     let id = insert_order(&tx, &order).await?;
 ///     let (status, headers, body) = created(id);
 ///     if let Some(Extension(held)) = &held {
-///         let record = held.record(status, &headers, &body);
+///         let record = held.record(status, &headers, &body).ok_or("a 5xx: roll back")?;
 ///         idemcache_postgres::complete_in(&tx, held.claim(), Some(&record)).await?;
 ///     }
 ///     tx.commit().await?;
@@ -42,17 +44,36 @@ use crate::store::OpenClaim;
 /// and another caller claimed it) with `StoreError::LeaseLost`: roll back then.
 ///
 /// Return the response you recorded: repeats replay the record, not what the handler
-/// returned. The layer renews the lease until the handler hands the claim over (the
+/// returned. Use it only over a SQL store whose database holds your business tables
+/// (`SqliteStore`, `PostgresStore`): over Redis there is no transaction to join, and a
+/// `complete_in` into your own database finds no record there (`LeaseLost`). Over
+/// SQLite, the renewal needs the write lock your transaction holds: keep the
+/// transaction itself shorter than the lease (open it when you start writing). The layer renews the lease until the handler hands the claim over (the
 /// first thing `complete_in` does) and not after: commit promptly.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct InTransaction {
     claim: OpenClaim,
     replay_set_cookie: bool,
+    /// Which statuses the layer keeps ([`IdempotencyLayer::store_when`](super::IdempotencyLayer::store_when)).
+    kept: Arc<dyn Fn(StatusCode) -> bool + Send + Sync>,
+}
+
+impl std::fmt::Debug for InTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InTransaction")
+            .field("claim", &self.claim)
+            .field("replay_set_cookie", &self.replay_set_cookie)
+            .finish_non_exhaustive()
+    }
 }
 
 impl InTransaction {
-    pub(crate) fn new(claim: OpenClaim, replay_set_cookie: bool) -> Self {
-        InTransaction { claim, replay_set_cookie }
+    pub(crate) fn new(
+        claim: OpenClaim,
+        replay_set_cookie: bool,
+        kept: Arc<dyn Fn(StatusCode) -> bool + Send + Sync>,
+    ) -> Self {
+        InTransaction { claim, replay_set_cookie, kept }
     }
 
     /// The claim: pass it to the store crate's `complete_in`.
@@ -62,8 +83,12 @@ impl InTransaction {
 
     /// The record of a response with `status`, `headers` and `body`, as the layer stores
     /// responses (the fields never replayed, such as `Set-Cookie` unless the layer was
-    /// told otherwise, left out): the bytes to pass to `complete_in`.
-    pub fn record(&self, status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Bytes {
-        stored_response::encode(status, headers, self.replay_set_cookie, body, None)
+    /// told otherwise, left out): the bytes to pass to `complete_in`. `None` for a
+    /// status the layer does not keep (5xx by default,
+    /// [`store_when`](super::IdempotencyLayer::store_when)): record nothing then, and
+    /// roll back; the layer releases the key so a retry runs again.
+    pub fn record(&self, status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Option<Bytes> {
+        (self.kept)(status)
+            .then(|| stored_response::encode(status, headers, self.replay_set_cookie, body, None))
     }
 }

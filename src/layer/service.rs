@@ -333,7 +333,8 @@ where
     let request = {
         let mut request = request;
         if let Some(claim) = renewing.open_claim() {
-            let handed = InTransaction::new(claim.clone(), settings.replay_set_cookie);
+            let kept = settings.store.clone();
+            let handed = InTransaction::new(claim.clone(), settings.replay_set_cookie, kept);
             request.extensions_mut().insert(handed);
         }
         request

@@ -111,9 +111,11 @@ pub enum StoreError {
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StoreError::LeaseLost(key) => {
-                write!(f, "the lease on {key:?} was lost: the key has a newer owner")
-            }
+            StoreError::LeaseLost(key) => write!(
+                f,
+                "the lease on {key:?} was lost: it lapsed, or the key was settled or has a \
+                 newer owner"
+            ),
             StoreError::NotUnknown(key) => write!(f, "{key:?} has no UNKNOWN record"),
             StoreError::InvalidInput(why) => write!(f, "invalid input: {why}"),
             StoreError::Backend(e) => write!(f, "the idempotency store failed: {e}"),

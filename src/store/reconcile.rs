@@ -87,9 +87,9 @@ where
     for entry in &listed {
         let settled = match check(entry).await {
             Verdict::Happened(body) => {
-                store.resolve_listed(&entry, body, result_ttl).await.map(|_| &mut done.resolved)
+                store.resolve_listed(entry, body, result_ttl).await.map(|_| &mut done.resolved)
             }
-            Verdict::DidNotHappen => store.forget_listed(&entry).await.map(|()| &mut done.forgotten),
+            Verdict::DidNotHappen => store.forget_listed(entry).await.map(|()| &mut done.forgotten),
             Verdict::Undecided => Ok(&mut done.left),
         };
         match settled {

@@ -8,7 +8,9 @@
 //! Invariant: [`Receipt::New`] is answered only when this transaction's `INSERT` wrote
 //! the row; a row already there is read back (never read first, then inserted) to tell
 //! [`Receipt::Duplicate`] from [`Receipt::Mismatch`]; and no `receive` waits on another
-//! transaction's uncommitted record.
+//! `receive`'s uncommitted record. (A [`purge`] run inside a transaction that stays open
+//! holds the rows it deleted, and a redelivery of one of them waits for it: run `purge`
+//! on its own, as one short statement, not inside a long transaction.)
 //!
 //! # A second delivery does not wait: the advisory lock
 //!

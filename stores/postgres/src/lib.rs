@@ -337,9 +337,13 @@ impl Listed {
 macro_rules! listed {
     ($fp:literal, $marked:literal) => {
         concat!(
-            "(", $fp, "::bytea IS NULL OR (r.fingerprint = ", $fp,
+            "(",
+            $fp,
+            "::bytea IS NULL OR (r.fingerprint = ",
+            $fp,
             " AND (CASE WHEN r.state = 1 THEN r.expires_at ELSE r.settled_at END) = ",
-            $marked, "::bigint))"
+            $marked,
+            "::bigint))"
         )
     };
 }

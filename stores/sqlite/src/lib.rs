@@ -543,7 +543,10 @@ struct Listed {
 
 impl Listed {
     fn of(entry: &UnknownEntry<SystemTime>) -> Listed {
-        Listed { fingerprint: entry.fingerprint.to_bytes().to_vec(), marked: to_micros(entry.marked_at) }
+        Listed {
+            fingerprint: entry.fingerprint.to_bytes().to_vec(),
+            marked: to_micros(entry.marked_at),
+        }
     }
 }
 
@@ -552,8 +555,13 @@ impl Listed {
 macro_rules! listed {
     ($fp:literal, $marked:literal) => {
         concat!(
-            "(", $fp, " IS NULL OR (fingerprint = ", $fp,
-            " AND (CASE WHEN state = 1 THEN expires_at ELSE settled_at END) = ", $marked, "))"
+            "(",
+            $fp,
+            " IS NULL OR (fingerprint = ",
+            $fp,
+            " AND (CASE WHEN state = 1 THEN expires_at ELSE settled_at END) = ",
+            $marked,
+            "))"
         )
     };
 }

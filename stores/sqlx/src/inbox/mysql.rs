@@ -25,7 +25,10 @@
 //! that transaction. `receive` bounds the wait with the session's
 //! `innodb_lock_wait_timeout`, set to [`LOCK_WAIT_SECONDS`] around its statements and
 //! restored to the session's own value after them (the old value is kept in the
-//! session variable `@idemcache_inbox_lock_wait`). A timeout (error 1205, which rolls
+//! session variable `@idemcache_inbox_lock_wait`). Not cancel-safe in that respect: a
+//! `receive` future dropped mid-way (a timeout around it, a cancelled task) leaves the
+//! session's lock wait at [`LOCK_WAIT_SECONDS`]; roll that transaction back and close
+//! its connection (`conn.close()`, or `detach()` from the pool) rather than reuse it. A timeout (error 1205, which rolls
 //! back only the statement unless the server runs with `innodb_rollback_on_timeout`) is
 //! answered [`Receipt::InFlight`]: roll back and reject with requeue. Chosen over
 //! MySQL's named locks (`GET_LOCK(name, 0)`, which would answer at once), because

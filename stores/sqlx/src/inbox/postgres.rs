@@ -3,7 +3,8 @@
 //!
 //! Invariant: [`Receipt::New`] only when this transaction's
 //! `INSERT ... ON CONFLICT DO NOTHING` wrote the row; no `receive` waits on another
-//! transaction's uncommitted record.
+//! `receive`'s uncommitted record (a `purge` left open in a transaction would hold the
+//! rows it deleted: run it on its own, as one short statement).
 //!
 //! # A second delivery does not wait: the advisory lock
 //!
