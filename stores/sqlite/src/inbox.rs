@@ -137,19 +137,21 @@ pub fn receive(
     let stored = tx
         .query_row(READ, params![consumer, message_id], |row| {
             Ok(match row.get_ref(0)? {
-                ValueRef::Blob(b) => Fingerprint::try_from(b).map_err(|_| b.len()),
+                ValueRef::Blob(b) => {
+                    Fingerprint::try_from(b).map_err(|_| format!("a blob of {} bytes", b.len()))
+                }
                 // Not a blob at all: as unreadable as a blob of the wrong length.
-                _ => Err(0),
+                other => Err(format!("{}", other.data_type())),
             })
         })
         .optional();
     match stored {
         Ok(Some(Ok(stored))) if stored == fingerprint => Ok(Receipt::Duplicate),
         Ok(Some(Ok(_))) => Ok(Receipt::Mismatch),
-        Ok(Some(Err(len))) => Err(InboxError::corrupt(
+        Ok(Some(Err(held))) => Err(InboxError::corrupt(
             consumer,
             message_id,
-            format_args!("the fingerprint is not a 16-byte blob (read {len} bytes)"),
+            format_args!("the fingerprint is not a 16-byte blob (it holds {held})"),
         )),
         Ok(None) => Err(InboxError::corrupt(
             consumer,
