@@ -237,10 +237,16 @@ fn a_writer_killed_mid_save_leaves_the_previous_snapshot_whole() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let temporary = path.with_file_name(format!("cache.snap.tmp-{}", child.id()));
+    let prefix = format!("cache.snap.tmp-{}-", child.id());
+    let dir = path.parent().unwrap().to_owned();
+    let written = || {
+        let entries = std::fs::read_dir(&dir).into_iter().flatten().flatten();
+        let mine = entries.filter(|e| e.file_name().to_string_lossy().starts_with(&prefix));
+        mine.filter_map(|e| e.metadata().ok()).map(|m| m.len()).max().unwrap_or(0)
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     // Mid-write: the temporary file exists and holds part of the new snapshot.
-    while std::fs::metadata(&temporary).map_or(0, |m| m.len()) < 4 << 20 {
+    while written() < 4 << 20 {
         assert!(std::time::Instant::now() < deadline, "the writer never started writing");
         assert!(child.try_wait().unwrap().is_none(), "the writer exited");
         std::thread::yield_now();
@@ -262,4 +268,57 @@ fn a_writer_killed_mid_save_leaves_the_previous_snapshot_whole() {
         snapshot.entries.iter().find(|e| e.key == key("kept")).map(|e| &e.state),
         Some(SnapshotState::Completed { .. }) | None
     ));
+}
+
+#[test]
+fn a_lease_that_lapsed_under_mark_unknown_is_unknown_after_a_restart() {
+    let path = scratch("lapsed");
+    let clock = ManualClock::new();
+    let cache = Cache::builder()
+        .clock(clock.clone())
+        .lapse_policy(idemcache::LapsePolicy::MarkUnknown)
+        .build()
+        .unwrap();
+    match cache.claim(&key("charge"), fp("charge")).unwrap() {
+        Claim::Acquired(guard) => std::mem::forget(guard), // the owner hangs
+        other => panic!("{other:?}"),
+    }
+    clock.advance(Duration::from_secs(120)); // past the lease: UNKNOWN, nobody read it yet
+    let saved = SnapshotFile::new(&path).save(&cache).unwrap();
+    assert_eq!(saved.entries, 1, "the lapse is written, as the UNKNOWN it is");
+    let (restarted, _clock) = manual();
+    SnapshotFile::new(&path).load(&restarted, Load::Strict).unwrap();
+    assert!(matches!(restarted.claim(&key("charge"), fp("charge")).unwrap(), Claim::Unknown { .. }));
+}
+
+#[test]
+fn saves_racing_to_one_path_each_leave_a_whole_snapshot() {
+    let path = scratch("racing");
+    let (small, _c) = filled();
+    let big = Cache::builder().build().unwrap();
+    for i in 0..2_000 {
+        complete(&big, &format!("big-{i}"), &[1u8; 60]);
+    }
+    for round in 0..10 {
+        std::thread::scope(|s| {
+            let a = s.spawn(|| SnapshotFile::new(&path).save(&small));
+            let b = s.spawn(|| SnapshotFile::new(&path).save(&big));
+            a.join().unwrap().unwrap();
+            b.join().unwrap().unwrap();
+        });
+        let snapshot = read_bytes(&std::fs::read(&path).unwrap())
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!([4, 2_000].contains(&snapshot.entries.len()), "round {round}: a mix");
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn the_file_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let path = scratch("mode");
+    let (cache, _clock) = filled();
+    SnapshotFile::new(&path).save(&cache).unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
 }

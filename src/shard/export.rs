@@ -5,7 +5,9 @@
 //! [`Cache::insert`](crate::Cache::insert) can restore: COMPLETED with its result (a
 //! `Bytes` sharing the shard's buffer, so the copy allocates no result bytes), UNKNOWN as
 //! it is, and PROCESSING as UNKNOWN marked now: whoever holds it will not settle it in
-//! the process that loads the snapshot, and nobody knows whether its effect happened.
+//! the process that loads the snapshot, and nobody knows whether its effect happened. A
+//! lease that lapsed under `LapsePolicy::MarkUnknown` is turned UNKNOWN first, as every
+//! path that reaches it does.
 
 use super::entry::State;
 use super::{deadline_after, Shard};
@@ -22,7 +24,13 @@ impl Shard {
     ) {
         out.reserve(self.table.len());
         for i in 0..self.slots.len() {
-            let Some(e) = self.slots[i].as_ref().filter(|e| e.is_live(now)) else { continue };
+            let Some(e) = self.slots[i].as_ref() else { continue };
+            // A lease that lapsed under `LapsePolicy::MarkUnknown` is UNKNOWN, whoever
+            // reads it first: turned here as on every other path, never left out.
+            if !e.is_live(now) && !self.lapse(i as u32, now) {
+                continue;
+            }
+            let Some(e) = self.slots[i].as_ref() else { continue };
             let (state, since, deadline, body) = (e.state, e.since, e.deadline, e.body);
             let key = e.key.clone();
             let fingerprint = e.fingerprint;

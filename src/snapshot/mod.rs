@@ -50,13 +50,13 @@
 //!
 //! **Over `Tiered`** (`idemcache::store::Tiered`, feature `store`) the store is the authority and a snapshot
 //! only a hint, which cannot resurrect what the store dropped or changed: `Tiered`
-//! answers from memory only COMPLETED results, and a store never changes a COMPLETED
-//! record before its TTL ends (no operation of the `Store` trait does: a completion is
-//! final, `resolve` and `forget` act on UNKNOWN records only); an entry keeps its
-//! deadline from the store's TTL, so it expires from the loaded cache no later than the
-//! store purges it. UNKNOWN entries are asked of the store again on every claim.
-//! (Deleting records by hand behind the store's back is the exception: do not load a
-//! snapshot taken before that.) Load a snapshot into the cache you give `Tiered`, before
+//! answers from memory only COMPLETED results, and the `Store` trait never changes a
+//! COMPLETED record before its TTL ends (a completion is final, `resolve` and `forget`
+//! act on UNKNOWN records only); an entry keeps its deadline from the store's TTL, so it
+//! expires from the loaded cache no later than the store purges it. UNKNOWN entries are
+//! asked of the store again on every claim. Deleting a COMPLETED record outside the
+//! trait (`SqliteStore::remove_record`, `idem forget --force`, a `DELETE` by hand) is the
+//! exception: a snapshot taken before it would answer it again, so do not load one. Load a snapshot into the cache you give `Tiered`, before
 //! it serves; its entries are in `Tiered`'s own format there.
 //!
 //! The file format (version 1) is documented at [`read_bytes`].
@@ -198,7 +198,10 @@ pub struct Loaded {
 }
 
 /// A snapshot file: saves replace it atomically, loads read it strictly. Generations
-/// count up from the one loaded (or 1), so a reader can tell a newer snapshot.
+/// count up from the one this handle loaded (or 1): load before you save, or a new
+/// handle's first save is generation 1 again. A symbolic link at the path is replaced
+/// by the snapshot (the rename does not follow it). The file is created readable by its
+/// owner only (mode 0600 on Unix): it holds every stored result.
 #[derive(Debug, Clone)]
 pub struct SnapshotFile {
     path: PathBuf,
@@ -246,21 +249,27 @@ impl SnapshotFile {
         saved
     }
 
-    /// `path.tmp-PID`, beside the target: the rename stays on one filesystem.
+    /// `path.tmp-PID-N`, beside the target (the rename stays on one filesystem), a name
+    /// of its own for every save: two saves at once (two threads, or two containers whose
+    /// processes are both PID 1) each write a file of their own, and the later rename wins
+    /// whole. Created exclusively, so a leftover of a killed save is never written into.
     fn temporary(&self) -> PathBuf {
+        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
         let mut name = self.path.file_name().unwrap_or_default().to_owned();
-        name.push(format!(".tmp-{}", std::process::id()));
+        name.push(format!(".tmp-{}-{n}-{}", std::process::id(), nanos.subsec_nanos()));
         self.path.with_file_name(name)
     }
 
     fn write(&self, cache: &Cache, generation: u64, to: &Path) -> Result<Saved, SnapshotError> {
         let doing = || format!("writing the snapshot {}", to.display());
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(to)
-            .map_err(|e| io(doing(), e))?;
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true);
+        // Results are what the cache's users were answered: readable by their owner only.
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let file = options.open(to).map_err(|e| io(doing(), e))?;
         let wall = (self.wall_clock)();
         let out = BufWriter::with_capacity(1 << 16, file);
         let mut encoder =
