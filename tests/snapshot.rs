@@ -288,7 +288,10 @@ fn a_lease_that_lapsed_under_mark_unknown_is_unknown_after_a_restart() {
     assert_eq!(saved.entries, 1, "the lapse is written, as the UNKNOWN it is");
     let (restarted, _clock) = manual();
     SnapshotFile::new(&path).load(&restarted, Load::Strict).unwrap();
-    assert!(matches!(restarted.claim(&key("charge"), fp("charge")).unwrap(), Claim::Unknown { .. }));
+    assert!(matches!(
+        restarted.claim(&key("charge"), fp("charge")).unwrap(),
+        Claim::Unknown { .. }
+    ));
 }
 
 #[test]

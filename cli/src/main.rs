@@ -163,7 +163,7 @@ struct RunArgs {
     #[arg(long, value_name = "K")]
     key: String,
 
-    /// How long the outcome is kept (and an UNKNOWN one): 24h, 90m, 30s, 7d, 1h30m.
+    /// How long the outcome is kept: 24h, 90m, 30s, 7d, 1h30m. (An interrupted or killed run stays UNKNOWN for a year, until resolved or forgotten.)
     #[arg(long, default_value = "24h", value_parser = duration::parse_ttl, value_name = "DURATION")]
     ttl: Duration,
 
@@ -212,37 +212,36 @@ fn main() -> ExitCode {
     }
 }
 
-/// The lapse TTL of handles that only read or settle records: long, so that neither
-/// `gc` nor a listing drops a killed run's UNKNOWN mark that a run's `--ttl` still keeps.
-const MAINTENANCE_LAPSE: Duration = Duration::from_secs(366 * 24 * 3600);
+/// How long a killed run's lapsed lease stays UNKNOWN, for every subcommand alike (a
+/// run, whatever its `--ttl`, `status`, `list`, `gc`): long, and the same everywhere, so
+/// that no reader's setting lets a later run execute a command whose effect may have
+/// happened. `idem resolve` or `idem forget` settles it sooner.
+const LAPSE_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 
 fn dispatch(cli: Cli) -> Result<u8, exit::Failure> {
     let path = db::path(cli.db)?;
     match cli.command {
         Command::Run(args) => {
-            let db = db::open(path, args.ttl)?;
+            let db = db::open(path, LAPSE_WINDOW)?;
             let wait = if args.no_wait { Duration::ZERO } else { args.wait };
             let run = run::Run {
                 key: args.key,
                 argv: args.command,
                 ttl: args.ttl,
+                unknown_ttl: LAPSE_WINDOW,
                 wait,
                 retry_unknown: args.retry_unknown,
             };
             run::run(&db, run)
         }
-        Command::Status { key } => {
-            admin::status(&db::open(path, MAINTENANCE_LAPSE)?, &key, cli.json)
-        }
+        Command::Status { key } => admin::status(&db::open(path, LAPSE_WINDOW)?, &key, cli.json),
         Command::Forget { key, force } => {
-            admin::forget(&db::open(path, MAINTENANCE_LAPSE)?, &key, force, cli.json)
+            admin::forget(&db::open(path, LAPSE_WINDOW)?, &key, force, cli.json)
         }
         Command::Resolve { key, exit_code, ttl } => {
-            admin::resolve(&db::open(path, MAINTENANCE_LAPSE)?, &key, exit_code, ttl, cli.json)
+            admin::resolve(&db::open(path, LAPSE_WINDOW)?, &key, exit_code, ttl, cli.json)
         }
-        Command::List { unknown } => {
-            admin::list(&db::open(path, MAINTENANCE_LAPSE)?, unknown, cli.json)
-        }
-        Command::Gc => admin::gc(&db::open(path, MAINTENANCE_LAPSE)?, cli.json),
+        Command::List { unknown } => admin::list(&db::open(path, LAPSE_WINDOW)?, unknown, cli.json),
+        Command::Gc => admin::gc(&db::open(path, LAPSE_WINDOW)?, cli.json),
     }
 }

@@ -50,6 +50,8 @@ pub struct Run {
     pub argv: Vec<OsString>,
     /// How long the outcome is kept.
     pub ttl: Duration,
+    /// How long an interrupted run's UNKNOWN mark is kept (as a lapsed lease's).
+    pub unknown_ttl: Duration,
     /// How long to wait for a concurrent run of the key.
     pub wait: Duration,
     /// Forget an UNKNOWN outcome and run.
@@ -255,7 +257,7 @@ fn execute(
         },
         Err(e) => {
             // Not known how CMD ended: neither is its effect.
-            let _ = db.wait(db.store.mark_unknown(key, token, run.ttl));
+            let _ = db.wait(db.store.mark_unknown(key, token, run.unknown_ttl));
             return Err(Failure::new(
                 exit::UNKNOWN,
                 format!(
@@ -277,7 +279,7 @@ fn execute(
         _ => None,
     });
     if let Some(signal) = interrupted {
-        let marked = db.wait(db.store.mark_unknown(key, token, run.ttl));
+        let marked = db.wait(db.store.mark_unknown(key, token, run.unknown_ttl));
         let name = signal_hook::low_level::signal_name(signal).unwrap_or("a signal");
         eprintln!(
             "idem: {}: interrupted by {name} while the command ran (it ended: {}): the key is \
@@ -320,7 +322,7 @@ fn execute(
         Err(StoreError::LeaseLost(_)) => Ok(lost_hold(&run.key, status)),
         Err(e) => {
             // Maybe recorded, maybe not; the command ran: never to be run again blindly.
-            let _ = idemcache::store::block_on(db.store.mark_unknown(key, token, run.ttl));
+            let _ = idemcache::store::block_on(db.store.mark_unknown(key, token, run.unknown_ttl));
             let failure = db.failure(e);
             eprintln!(
                 "idem: {}: recording the outcome ({}) failed, the key is marked UNKNOWN if the \

@@ -366,6 +366,49 @@ fn kill_9_of_idem_leaves_the_key_unknown_once_the_lease_lapses() {
     assert_eq!(dir.lines("ran"), 1);
 }
 
+/// How long a killed run stays UNKNOWN is idem's, not the next run's `--ttl`: a run
+/// killed under a short `--ttl`, its lease and that TTL both past, is still UNKNOWN to
+/// `status`, to `list --unknown` and to a run with `--ttl 1s`, which does not execute it.
+#[test]
+fn a_killed_run_stays_unknown_whatever_ttl_the_next_run_is_given() {
+    let dir = Dir::new("kill9-ttl");
+    std::fs::write(dir.path("slow"), "").unwrap();
+    let mut idem = dir
+        .run_cmd("kt", &["--ttl", "1s"], SLOW_OR_QUICK)
+        .env("IDEM_LEASE_MS", "300")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually(10, "the command to start", || dir.path("pid").exists());
+    idem.kill().unwrap();
+    idem.wait().unwrap();
+    std::fs::remove_file(dir.path("slow")).unwrap();
+    // The lease (300 ms) and the killed run's TTL (1 s) both pass.
+    let mut last = None;
+    eventually(15, "the killed run's lease to lapse", || {
+        let out = dir
+            .run_cmd("kt", &["--ttl", "1s", "--no-wait"], SLOW_OR_QUICK)
+            .env("IDEM_LEASE_MS", "300")
+            .output()
+            .unwrap();
+        let c = code(&out);
+        last = Some(c);
+        c == 79
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let again = dir
+        .run_cmd("kt", &["--ttl", "1s", "--no-wait"], SLOW_OR_QUICK)
+        .env("IDEM_LEASE_MS", "300")
+        .output()
+        .unwrap();
+    assert_eq!(code(&again), 79, "{:?} then: {}", last, text(&again.stderr));
+    assert_eq!(dir.lines("ran"), 1, "the killed run's command was run again");
+    let listed = dir.idem(&["list", "--unknown"]).output().unwrap();
+    assert!(text(&listed.stdout).contains("kt"), "{}", text(&listed.stdout));
+    kill_orphan(&dir);
+}
+
 #[test]
 fn a_long_command_keeps_its_key_past_many_leases() {
     let dir = Dir::new("renew");
