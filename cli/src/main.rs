@@ -219,6 +219,14 @@ fn main() -> ExitCode {
 const LAPSE_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 
 fn dispatch(cli: Cli) -> Result<u8, exit::Failure> {
+    // A bad key is a usage error (64) whatever state the database is in: checked first.
+    match &cli.command {
+        Command::Run(RunArgs { key, .. })
+        | Command::Status { key }
+        | Command::Forget { key, .. }
+        | Command::Resolve { key, .. } => drop(run::key(key)?),
+        Command::List { .. } | Command::Gc => {}
+    }
     let path = db::path(cli.db)?;
     match cli.command {
         Command::Run(args) => {

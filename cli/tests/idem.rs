@@ -409,6 +409,23 @@ fn a_killed_run_stays_unknown_whatever_ttl_the_next_run_is_given() {
     kill_orphan(&dir);
 }
 
+/// A bad key is a usage error (64) even when the database is unusable (71 otherwise).
+#[test]
+fn a_bad_key_is_64_whatever_the_database() {
+    let dir = Dir::new("bad-key");
+    let nowhere = dir.path("no-dir").join("deeper").join("idem.db");
+    std::fs::write(dir.path("no-dir"), "a file where a directory belongs").unwrap();
+    for args in [&["status", "bad key"][..], &["forget", ""], &["run", "--key", "é", "--", "true"]]
+    {
+        let mut all = vec!["--db", nowhere.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let out = dir.idem(&all).output().unwrap();
+        assert_eq!(code(&out), 64, "{args:?}: {}", text(&out.stderr));
+    }
+    let out = dir.idem(&["--db", nowhere.to_str().unwrap(), "status", "good"]).output().unwrap();
+    assert_eq!(code(&out), 71, "{}", text(&out.stderr));
+}
+
 #[test]
 fn a_long_command_keeps_its_key_past_many_leases() {
     let dir = Dir::new("renew");
