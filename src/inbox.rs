@@ -31,6 +31,7 @@ use std::error::Error;
 use std::fmt;
 
 mod filter;
+pub mod postgres;
 mod retention;
 
 pub use filter::KnownMessages;
