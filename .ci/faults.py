@@ -206,6 +206,8 @@ def audit(args):
 
     doubles = sorted(k for k in rows if rows[k][0] + caught.get(k, 0) > 1)
     doubles += sorted(k for k in caught if k not in rows)
+    # A client stops at its first 201, so at most one first-execution answer per key:
+    # a second one would be a second execution answered.
     twice_answered = sorted(k for k, n in executions_seen.items() if n > 1)
     wrong = []
     for key, last in answered.items():
@@ -235,17 +237,23 @@ def audit(args):
         return answered[key][3] - attempts[key][0][2]
 
     all_times = [t_answer(k) for k in answered]
-    held_since_kill, held_total = [], []
+    # Split by how the key was answered: a replay (the holder committed before it died)
+    # or an execution elsewhere (nothing committed: taken over once its lease lapsed).
+    held_total, replayed_since, taken = [], [], {False: [], True: []}
     cut_keys = []
     for key in answered:
         kill_at = None
         for _, port, sent, ended, outcome, _, _, _ in attempts[key]:
             if outcome in ("broken", "timeout"):
-                hits = [t for t, p in kills if p == port and sent - 0.05 <= t <= ended + 0.05]
-                if hits:
-                    kill_at = hits[0] if kill_at is None else kill_at
+                hits = [(t, p) for t, p in kills if p == port and sent - 0.05 <= t <= ended + 0.05]
+                if hits and kill_at is None:
+                    kill_at = hits[0]
         if kill_at is not None:
-            held_since_kill.append(answered[key][3] - kill_at)
+            since = answered[key][3] - kill_at[0]
+            if answered[key][5]:
+                replayed_since.append(since)
+            else:
+                taken[kill_at[1] == skewed].append(since)
             held_total.append(t_answer(key))
         elif any(t[4].startswith(("500", "503")) for t in attempts[key]):
             cut_keys.append(t_answer(key))
@@ -275,9 +283,15 @@ def audit(args):
         f"{state.get(s, s)} {c}" + (f" ({lapsed} past their lease: wedged)" if s == 1 else "")
         for s, (c, lapsed) in sorted(records.items())))
     print(f"time to answer, every key: {figures(all_times)}")
-    print(f"keys whose holder was killed: {len(held_since_kill)}; unavailable from the kill to the answer: "
-          f"{figures(held_since_kill)}; first attempt to answer: {figures(held_total)} "
+    print(f"keys whose holder was killed: {len(held_total)}; first attempt to answer: {figures(held_total)} "
           f"(lease {args.lease_ms} ms)")
+    print(f"  the holder had committed, so a replay ({len(replayed_since)} keys): from the kill to the answer "
+          f"{figures(replayed_since)}")
+    print(f"  nothing committed, taken over once the lease lapsed ({len(taken[False]) + len(taken[True])} keys): "
+          f"from the kill to the answer {figures(taken[False] + taken[True])}")
+    if skewed:
+        print(f"    of which the holder's clock was right ({len(taken[False])}): {figures(taken[False])}; "
+              f"ahead ({len(taken[True])}): {figures(taken[True])}")
     print(f"keys that met a store cut (a 500/503, no kill): {len(cut_keys)}; first attempt to answer: {figures(cut_keys)}")
     if skewed:
         skews = [float(t[7]) for tries in attempts.values() for t in tries if t[1] == skewed and t[7]]
@@ -285,14 +299,15 @@ def audit(args):
         busy = sum(1 for tries in attempts.values() for t in tries
                    if t[1] == skewed and t[4] == "409:request_in_progress")
         execs = sum(1 for tries in attempts.values() for t in tries if t[1] == skewed and t[4] == "201" and not t[5])
-        takeovers = sum(1 for tries in attempts.values()
-                        for i, t in enumerate(tries)
-                        if t[1] == skewed and t[4] == "201" and not t[5] and i > 0)
-        print(f"clock ahead: instance {skewed} ran {args.skew} (its Date header {pct(skews, 50):+.0f} s, "
-              f"the others' {pct(others, 50):+.0f} s); it executed {execs} keys ({takeovers} after an earlier "
-              f"attempt elsewhere) and answered 409 in progress {busy} times to leases another instance held: "
-              f"leases are judged by the database's clock, so none of those (each at most {args.lease_ms} ms "
-              f"long, all lapsed by its own clock) was taken over early")
+        ahead = pct(skews, 50) - pct(others, 50)
+        print(f"clock ahead: instance {skewed} ran FAKETIME={args.skew} (its Date header {ahead:+.0f} s from "
+              f"the others'); it executed {execs} keys, and answered 409 in progress {busy} times for a key "
+              f"whose lease another process held: leases are judged by the database's clock, so it took none "
+              f"of them over early (each lease at most {args.lease_ms} ms long, so lapsed long ago by its own "
+              "clock), and its own leases lapsed as soon as the others' when it was killed (above)")
+        if args.skew and ahead < 1:
+            problems.append(f"instance {skewed}'s clock is not ahead (Date header {ahead:+.1f} s): libfaketime "
+                            "did not take")
     if unknown:
         print(f"UNKNOWN keys (allowed by the contract, never re-executed blindly): {unknown[:20]}; their orders "
               f"rows: {sum(1 for k in unknown if k in rows)} of {len(unknown)}. Reconcile as the README says "
