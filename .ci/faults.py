@@ -168,6 +168,11 @@ def audit(args):
             if parts:
                 faults.append((float(parts[0]), parts[1], parts[2] if len(parts) > 2 else ""))
     kills = [(t, int(p)) for t, kind, p in faults if kind == "kill"]
+    restarts = []  # from a kill to the instance serving again
+    for t, p in kills:
+        after = [u for u, kind, q in faults if kind == "start" and int(q) == p and u >= t]
+        if after:
+            restarts.append(min(after) - t)
     cuts = sum(1 for _, kind, _ in faults if kind == "cut")
     drops = sum(1 for _, kind, _ in faults if kind == "drop")
     skewed = int(args.skewed_port) if args.skewed_port else None
@@ -269,7 +274,7 @@ def audit(args):
     print(f"== fault run audit ({args.label})")
     print(f"load: {len(attempts)} keys, {n_attempts} requests over {wall:.0f} s ({n_attempts / wall:.0f} req/s, "
           f"{len(answered) / wall:.0f} keys answered/s), {args.clients} clients over {args.instances} instances")
-    print(f"faults: {len(kills)} kill -9 of an instance (each restarted), {cuts} store connection cuts "
+    print(f"faults: {len(kills)} kill -9 of an instance (each restarted; down {figures(restarts)}), {cuts} store connection cuts "
           f"(relay killed and restarted), {drops} drops of every open store connection (relay kept listening)")
     print("answers: " + ", ".join(f"{k} x{v}" for k, v in sorted(outcomes.items(), key=lambda kv: -kv[1])))
     executed = sum(c for c, _ in rows.values())
