@@ -310,12 +310,24 @@ def audit(args):
     print("records: " + ", ".join(
         f"{state.get(s, s)} {c}" + (f" ({lapsed} past their lease: wedged)" if s == 1 else "")
         for s, (c, lapsed) in sorted(records.items())))
+    total = sum(c for c, _ in records.values())
+    if len(rows) > total:
+        print(f"  {len(rows) - total} keys have no record: a PROCESSING record whose completion (and its UNKNOWN "
+              "mark) failed with the store cut expires at its lease's end, and a retry would run again"
+              + (", stopped by the backstop" if after_commit else ""))
+    if records.get(3, (0, 0))[0]:
+        print(f"  {records[3][0]} records UNKNOWN: a completion the store failed to record is marked UNKNOWN "
+              "(its client had the answer; a retry gets 409 outcome_unknown, never a second run) until reconciled "
+              "(README, \"Effects outside any transaction\": idemcache::store::reconcile, checking the key's "
+              "row in orders: Verdict::Happened if there, DidNotHappen if not)")
     print(f"time to answer, every key: {figures(all_times)}")
     print(f"keys whose holder was killed: {len(held_total)}; first attempt to answer: {figures(held_total)} "
           f"(lease {args.lease_ms} ms)")
     print(f"  the holder had committed, so a replay ({len(replayed_since)} keys): from the kill to the answer "
           f"{figures(replayed_since)}")
-    print(f"  nothing committed, taken over once the lease lapsed ({len(taken[False]) + len(taken[True])} keys): "
+    how = ("no record committed, run again once the lease lapsed (the backstop stopping those whose order "
+           "had committed)" if after_commit else "nothing committed, taken over once the lease lapsed")
+    print(f"  {how} ({len(taken[False]) + len(taken[True])} keys): "
           f"from the kill to the answer {figures(taken[False] + taken[True])}")
     if skewed:
         print(f"    of which the holder's clock was right ({len(taken[False])}): {figures(taken[False])}; "
