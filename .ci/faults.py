@@ -308,7 +308,7 @@ def audit(args):
           f"{len(unknown)} left UNKNOWN, {len(unanswered)} never answered, {len(mismatched)} refused 422")
     state = {1: "PROCESSING", 2: "COMPLETED", 3: "UNKNOWN"}
     print("records: " + ", ".join(
-        f"{state.get(s, s)} {c}" + (f" ({lapsed} past their lease: wedged)" if s == 1 else "")
+        f"{state.get(s, s)} {c}" + (f" ({lapsed} past their lease: wedged until a retry takes them over)" if s == 1 else "")
         for s, (c, lapsed) in sorted(records.items())))
     total = sum(c for c, _ in records.values())
     if len(rows) > total:
