@@ -103,21 +103,24 @@ pub(crate) fn decode(stored: &Bytes) -> Option<Stored> {
     let mut rest: &[u8] = stored.strip_prefix(MAGIC)?;
     let status =
         StatusCode::from_u16(u16::from_be_bytes(take(&mut rest, 2)?.try_into().ok()?)).ok()?;
-    let headers = fields(&mut rest)?;
-    let trailers = fields(&mut rest)?;
+    let headers = fields(stored, &mut rest)?;
+    let trailers = fields(stored, &mut rest)?;
     let trailers = (!trailers.is_empty()).then_some(trailers);
     let body = stored.slice(stored.len() - rest.len()..);
     Some(Stored { status, headers, trailers, body })
 }
 
-fn fields(rest: &mut &[u8]) -> Option<HeaderMap> {
+/// The fields at the head of `rest`, a tail of `stored`: each value shares `stored`'s
+/// buffer (a reference, not a copy: a replay allocates nothing per value).
+fn fields(stored: &Bytes, rest: &mut &[u8]) -> Option<HeaderMap> {
     let count = u16::from_be_bytes(take(rest, 2)?.try_into().ok()?);
     let mut map = HeaderMap::with_capacity(usize::from(count));
     for _ in 0..count {
         let len = u16::from_be_bytes(take(rest, 2)?.try_into().ok()?);
         let name = HeaderName::from_bytes(take(rest, usize::from(len))?).ok()?;
         let len = u32::from_be_bytes(take(rest, 4)?.try_into().ok()?);
-        let value = HeaderValue::from_bytes(take(rest, len as usize)?).ok()?;
+        let value = take(rest, len as usize)?;
+        let value = HeaderValue::from_maybe_shared(stored.slice_ref(value)).ok()?;
         map.append(name, value);
     }
     Some(map)
