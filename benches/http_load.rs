@@ -142,10 +142,14 @@ fn rows(run: &str) -> Vec<Result<Row, (String, String)>> {
             )
         }),
         needs("redis", &redis, "IDEMCACHE_REDIS_URL", &|url| {
-            row("redis", "the layer over Redis (`Tiered`)", "Redis", true, &serve, &[
-                "layer-tiered",
-                url,
-            ])
+            row(
+                "redis",
+                "the layer over Redis (`Tiered`)",
+                "Redis",
+                true,
+                &serve,
+                &["layer-tiered", url],
+            )
         }),
         needs(
             "redis-cluster",
@@ -413,7 +417,8 @@ async fn prepare(conns: &mut [Conn], run: &str) -> Result<(), String> {
     for (c, conn) in conns.iter_mut().enumerate() {
         for i in 0..REPLAY_KEYS {
             let key = format!("r-{run}-{c}-{i}");
-            let answer = send(conn, "/orders", Some(&key), BODY).await.map_err(|e| e.to_string())?;
+            let answer =
+                send(conn, "/orders", Some(&key), BODY).await.map_err(|e| e.to_string())?;
             if answer.status != StatusCode::CREATED {
                 return Err(format!("completing {key}: {}", answer.status));
             }
@@ -544,13 +549,17 @@ fn main() {
     let args = args();
     let run = format!(
         "{:x}",
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_secs()
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs()
     );
     let redis = std::env::var("IDEMCACHE_REDIS_URL").ok().filter(|v| !v.is_empty());
     if let Some(url) = &redis {
         flush_redis(url);
     }
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
     let mut skipped = Vec::new();
     let mut running = Vec::new();
     for row in rows(&run) {
@@ -602,7 +611,8 @@ fn main() {
                     Phase::First => format!("{run}-{round}"),
                     Phase::Replay => run.clone(),
                 };
-                let (conns, measured) = runtime.block_on(measure(r.row.id == "bare", conns, phase, tag, args.duration));
+                let (conns, measured) =
+                    runtime.block_on(measure(r.row.id == "bare", conns, phase, tag, args.duration));
                 eprintln!(
                     "round {round} {:>16} {:>6}: {:>9.0} req/s p50 {} p99 {} unexpected {}{}",
                     r.row.id,
@@ -611,7 +621,11 @@ fn main() {
                     micros(&measured.histogram, 0.5),
                     micros(&measured.histogram, 0.99),
                     measured.unexpected,
-                    measured.first_unexpected.as_deref().map(|s| format!(" (first: {s})")).unwrap_or_default(),
+                    measured
+                        .first_unexpected
+                        .as_deref()
+                        .map(|s| format!(" (first: {s})"))
+                        .unwrap_or_default(),
                 );
                 r.conns = Some(conns);
                 match phase {
@@ -623,7 +637,8 @@ fn main() {
     }
     for r in running.iter_mut() {
         r.conns = None;
-        r.semantics = Some(runtime.block_on(semantics(r.server.addr, &run)).map_err(|e| e.to_string()));
+        r.semantics =
+            Some(runtime.block_on(semantics(r.server.addr, &run)).map_err(|e| e.to_string()));
     }
     report(&args, &running, &skipped);
     drop(running);
@@ -651,7 +666,9 @@ fn report(args: &Args, running: &[Running], skipped: &[(String, String)]) {
         args.rounds,
         args.server_threads
     );
-    println!("| | first executions req/s | p50 / p99 / p99.9 | replays req/s | p50 / p99 / p99.9 |");
+    println!(
+        "| | first executions req/s | p50 / p99 / p99.9 | replays req/s | p50 / p99 / p99.9 |"
+    );
     println!("|---|---|---|---|---|");
     for r in running {
         let cell = |phase: Phase| {
@@ -681,10 +698,13 @@ fn report(args: &Args, running: &[Running], skipped: &[(String, String)]) {
     for (id, why) in skipped {
         println!("| {id}: skipped ({why}) | | | | |");
     }
-    println!("\nOurs against each peer on the same store (req/s ratio, first executions / replays):\n");
+    println!(
+        "\nOurs against each peer on the same store (req/s ratio, first executions / replays):\n"
+    );
     for ours in running.iter().filter(|r| r.row.ours && r.row.store != "-") {
         for peer in running.iter().filter(|p| !p.row.ours && p.row.store == ours.row.store) {
-            let ratio = |a: &[Measured], b: &[Measured]| median(a).per_second / median(b).per_second;
+            let ratio =
+                |a: &[Measured], b: &[Measured]| median(a).per_second / median(b).per_second;
             println!(
                 "- {} / {}: {:.2}x / {:.2}x",
                 ours.row.title,

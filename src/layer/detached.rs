@@ -48,9 +48,8 @@ where
             // Polled after it answered: a caller's bug, answered as the layer's failure.
             return Poll::Ready(Err(Panicked));
         };
-        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            future.as_mut().poll(cx)
-        }));
+        let polled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(cx)));
         match polled {
             Ok(Poll::Pending) => Poll::Pending,
             Ok(Poll::Ready(out)) => {
@@ -119,10 +118,12 @@ mod tests {
     }
 
     async fn poll_once<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
-        std::future::poll_fn(|cx| Poll::Ready(match Pin::new(&mut *future).poll(cx) {
-            Poll::Ready(out) => Some(out),
-            Poll::Pending => None,
-        }))
+        std::future::poll_fn(|cx| {
+            Poll::Ready(match Pin::new(&mut *future).poll(cx) {
+                Poll::Ready(out) => Some(out),
+                Poll::Pending => None,
+            })
+        })
         .await
     }
 }

@@ -13,12 +13,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Buf;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
-use bytes::Buf;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 
@@ -231,7 +231,9 @@ where
             decided!("acquired", key);
             let run = execute(settings.clone(), inner, request, held, scope, key);
             if !detach {
-                return run.await;
+                // Boxed: inline, the execution's state would make every request's
+                // future (replays too) as large as an execution's, copied at each move.
+                return Box::pin(run).await;
             }
             joined(Detached::new(run).await)
         }
@@ -529,7 +531,8 @@ fn expires_value(expires_at: std::time::SystemTime) -> Option<HeaderValue> {
         return cached;
     }
     let value = HeaderValue::from_str(&http_date(expires_at)).ok()?;
-    drop(LAST_EXPIRES.try_with(|last| *last.borrow_mut() = Some((second, value.clone()))));
+    // A thread being torn down keeps no cache: nothing lost but the reuse.
+    let _ = LAST_EXPIRES.try_with(|last| *last.borrow_mut() = Some((second, value.clone())));
     Some(value)
 }
 
