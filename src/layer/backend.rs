@@ -81,7 +81,9 @@ impl Records {
                     None => cache.claim(key, fp),
                     Some(timeout) => {
                         let waiting = cache.claim_wait_async(key, fp, tokio::time::sleep);
-                        match tokio::time::timeout(timeout, waiting).await {
+                        // Boxed, as rare: its timer would otherwise enlarge every
+                        // request's future.
+                        match Box::pin(tokio::time::timeout(timeout, waiting)).await {
                             Ok(claim) => claim,
                             // Waited long enough: answer what the key is now.
                             Err(_elapsed) => cache.claim(key, fp),
@@ -91,7 +93,9 @@ impl Records {
                 from_cache(cache, claim)
             }
             #[cfg(feature = "store")]
-            Records::Durable(durable) => durable::claim_polling(&**durable, key, fp, wait).await,
+            Records::Durable(durable) => {
+                Box::pin(durable::claim_polling(&**durable, key, fp, wait)).await
+            }
         }
     }
 }

@@ -7,9 +7,10 @@
 //!
 //! [`Key`]: crate::Key
 
+use std::borrow::Cow;
 use std::fmt;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 /// The header's name, as the IETF httpapi draft spells it (matched case-insensitively).
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -60,7 +61,16 @@ impl std::error::Error for KeyHeaderError {}
 
 /// The client key the request carries: `Ok(None)` if it has no `Idempotency-Key`.
 pub fn client_key(headers: &HeaderMap) -> Result<Option<String>, KeyHeaderError> {
-    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    borrowed_key(headers).map(|key| key.map(Cow::into_owned))
+}
+
+/// The header's name, parsed once (a `&str` name is parsed again at every lookup).
+const KEY_NAME: HeaderName = HeaderName::from_static(IDEMPOTENCY_KEY);
+
+/// [`client_key`], borrowing the header's bytes when the key is a bare token (what most
+/// clients send): the layer's path allocates nothing for it.
+pub(crate) fn borrowed_key(headers: &HeaderMap) -> Result<Option<Cow<'_, str>>, KeyHeaderError> {
+    let mut values = headers.get_all(KEY_NAME).iter();
     let Some(value) = values.next() else { return Ok(None) };
     if values.next().is_some() {
         return Err(KeyHeaderError::Repeated);
@@ -70,11 +80,11 @@ pub fn client_key(headers: &HeaderMap) -> Result<Option<String>, KeyHeaderError>
 
 /// One field value: an sf-string if it starts with a quote, else the bare key. Optional
 /// whitespace around the value is not part of it.
-fn parse(raw: &[u8]) -> Result<String, KeyHeaderError> {
+fn parse(raw: &[u8]) -> Result<Cow<'_, str>, KeyHeaderError> {
     let raw = raw.trim_ascii();
     let key = match raw.strip_prefix(b"\"") {
-        Some(quoted) => unquote(quoted)?,
-        None => raw.to_vec(),
+        Some(quoted) => Cow::Owned(unquote(quoted)?),
+        None => Cow::Borrowed(raw),
     };
     if key.is_empty() {
         return Err(KeyHeaderError::Empty);
@@ -83,7 +93,10 @@ fn parse(raw: &[u8]) -> Result<String, KeyHeaderError> {
         return Err(KeyHeaderError::NotVisibleAscii);
     }
     // Visible ASCII only: always UTF-8.
-    Ok(String::from_utf8(key).expect("ASCII is UTF-8"))
+    Ok(match key {
+        Cow::Borrowed(bytes) => Cow::Borrowed(std::str::from_utf8(bytes).expect("ASCII is UTF-8")),
+        Cow::Owned(bytes) => Cow::Owned(String::from_utf8(bytes).expect("ASCII is UTF-8")),
+    })
 }
 
 /// The inside of an sf-string (RFC 8941 §3.3.3), after its opening quote. The Item may

@@ -81,7 +81,7 @@ impl IdempotencyLayer {
                 max_request_body: DEFAULT_MAX_REQUEST_BODY,
                 fingerprint_headers: vec![CONTENT_TYPE],
                 wait: None,
-                scope: Arc::new(|parts: &Parts| format!("{} {}", parts.method, parts.uri.path())),
+                scope: Arc::new(method_and_path),
                 tenant: None,
                 store: Arc::new(|status: StatusCode| !status.is_server_error()),
                 replay_set_cookie: false,
@@ -162,6 +162,17 @@ impl IdempotencyLayer {
         self.settings().replay_set_cookie = replay;
         self
     }
+}
+
+/// The default scope: `"POST /orders"`, built without the formatting machinery (every
+/// guarded request builds one).
+fn method_and_path(parts: &Parts) -> String {
+    let (method, path) = (parts.method.as_str(), parts.uri.path());
+    let mut scope = String::with_capacity(method.len() + 1 + path.len());
+    scope.push_str(method);
+    scope.push(' ');
+    scope.push_str(path);
+    scope
 }
 
 impl<S> tower_layer::Layer<S> for IdempotencyLayer {

@@ -31,10 +31,13 @@
 //! The key is scoped by method and route ([`IdempotencyLayer::scope`]) and by tenant
 //! ([`IdempotencyLayer::tenant`]), so two users' equal keys never meet.
 //!
-//! **The handler runs in a spawned tokio task**, so a client that disconnects mid-request
-//! neither wedges the key nor loses a completion: the handler finishes, its response is
-//! stored, and the client's retry gets the replay. (Over a durable store the claim runs
-//! in that task too: a store commits a claim before its answer arrives.)
+//! **The handler runs to completion even if the client goes**: it runs in the request's
+//! own task while that awaits it, and if the request's future is dropped unfinished (a
+//! client that disconnects mid-request), the execution moves to a tokio task of its own
+//! and finishes there, so neither is the key wedged nor a completion lost: its response
+//! is stored, and the client's retry gets the replay. (Over a durable store the claim
+//! runs in it too: a store commits a claim before its answer arrives.) No task is
+//! spawned for an execution whose client waits for it, the common case.
 //!
 //! **An execution is the handler and its response body.** Until the response is read
 //! whole and stored, the lease is renewed every third of its length (between frames
@@ -89,6 +92,7 @@
 
 mod backend;
 mod body;
+mod detached;
 mod header;
 #[cfg(feature = "store")]
 mod in_transaction;

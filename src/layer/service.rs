@@ -5,16 +5,17 @@
 //! response is stored), release (5xx or a handler error: a retry runs again), mark
 //! unknown (the response body failed mid-way: the effect may have happened), or its
 //! backend's drop rule (the handler panicked). The handler and the settling of its
-//! claim run in one spawned task, so a dropped request future (a client gone) changes
-//! neither.
+//! claim run in one [`Detached`] execution, which finishes in a task of its own if the
+//! request future is dropped (a client gone), so that changes neither.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Buf;
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_LENGTH};
+use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
@@ -23,6 +24,7 @@ use tower_service::Service;
 
 use super::backend::{Found, Held, Records, Settled};
 use super::body::LayerBody;
+use super::detached::Detached;
 #[cfg(feature = "store")]
 use super::in_transaction::InTransaction;
 use super::layer::Settings;
@@ -132,7 +134,7 @@ where
         return passed(inner, request).await;
     }
     let (parts, body) = request.into_parts();
-    let client_key = header::client_key(&parts.headers);
+    let client_key = header::borrowed_key(&parts.headers);
     // Unguarded (no key, none required): passed on before anything else is asked of it.
     if matches!(client_key, Ok(None)) && !settings.require_key {
         return passed(inner, Request::from_parts(parts, body)).await;
@@ -158,6 +160,8 @@ where
         Some(tenant) => Key::new(&scope, tenant, &client_key),
         None => Key::without_tenant(&scope, &client_key),
     };
+    // The key owns its bytes now: the header's borrow ends here.
+    drop(client_key);
     let key = match key {
         Ok(key) => key,
         // The scope (method and route or path) and tenant are the request's, not the
@@ -189,23 +193,23 @@ where
     let request = Request::from_parts(parts, LayerBody::<ReqB>::buffered(body, None));
     match &settings.records {
         // Cancelling the cache's claim is safe (it is synchronous, or a wait that
-        // withdraws); the handler gets a task of its own once the key is held.
+        // withdraws); the handler's execution is detached once the key is held.
         Records::Memory(_) => {
             decide(settings.clone(), inner, request, scope, key, fingerprint, true).await
         }
         // A store commits a claim before its answer arrives: a request future dropped in
         // between (a client gone) would leave the key held with nobody to run it. The
-        // claim and the handler run in one task.
+        // claim and the handler run in one detached execution.
         #[cfg(feature = "store")]
         Records::Durable(_) => {
             let decided = decide(settings.clone(), inner, request, scope, key, fingerprint, false);
-            joined(tokio::spawn(decided).await)
+            joined(Detached::new(decided).await)
         }
     }
 }
 
-/// Claims `key` and answers: the handler's response (run in a task of its own if
-/// `spawn`), a replay, or a refusal.
+/// Claims `key` and answers: the handler's response (its execution [`Detached`] if
+/// `detach`: it finishes even if this future is dropped), a replay, or a refusal.
 async fn decide<S, ReqB, ResB>(
     settings: Arc<Settings>,
     inner: S,
@@ -213,7 +217,7 @@ async fn decide<S, ReqB, ResB>(
     scope: String,
     key: Key,
     fingerprint: Fingerprint,
-    spawn: bool,
+    detach: bool,
 ) -> Result<Response<LayerBody<ResB>>, S::Error>
 where
     S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
@@ -226,10 +230,12 @@ where
         Found::Acquired(held) => {
             decided!("acquired", key);
             let run = execute(settings.clone(), inner, request, held, scope, key);
-            if !spawn {
-                return run.await;
+            if !detach {
+                // Boxed: inline, the execution's state would make every request's
+                // future (replays too) as large as an execution's, copied at each move.
+                return Box::pin(run).await;
             }
-            joined(tokio::spawn(run).await)
+            joined(Detached::new(run).await)
         }
         Found::Completed { body, expires_at } => {
             decided!("replayed", key);
@@ -287,11 +293,45 @@ where
     if declared.is_some_and(|len: u64| len > limit as u64) {
         return Err(Refusal::BodyTooLarge);
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(Refusal::BodyTooLarge),
-        Err(_) => Err(Refusal::BodyUnreadable),
+    read_whole(body, limit).await
+}
+
+/// `body`'s data, whole, as one `Bytes`: a body of one frame (most requests' are, and
+/// every buffered one is) is handed on as it came, without copying or a list of frames;
+/// more frames are copied into one buffer. Trailers are not part of it (the fingerprint
+/// is the body's data, as it always was).
+async fn read_whole<B>(body: B, limit: usize) -> Result<Bytes, Refusal>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let mut body = std::pin::pin!(Limited::new(body, limit));
+    let (mut first, mut rest) = (None::<Bytes>, None::<bytes::BytesMut>);
+    while let Some(frame) = body.as_mut().frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                return Err(Refusal::BodyTooLarge)
+            }
+            Err(_) => return Err(Refusal::BodyUnreadable),
+        };
+        let Ok(mut data) = frame.into_data() else { continue };
+        let data = data.copy_to_bytes(data.remaining());
+        match (&first, &mut rest) {
+            (None, _) => first = Some(data),
+            (Some(head), None) => {
+                let mut all = bytes::BytesMut::with_capacity(head.len() + data.len());
+                all.extend_from_slice(head);
+                all.extend_from_slice(&data);
+                rest = Some(all);
+            }
+            (Some(_), Some(all)) => all.extend_from_slice(&data),
+        }
     }
+    Ok(match (first, rest) {
+        (_, Some(all)) => all.freeze(),
+        (first, None) => first.unwrap_or_default(),
+    })
 }
 
 /// Method, path and query, the selected headers (every value, in order) and the body.
@@ -306,8 +346,8 @@ fn fingerprint(settings: &Settings, parts: &Parts, body: &[u8]) -> Fingerprint {
     builder.body(body).finish()
 }
 
-/// Runs the handler holding `held` and settles the claim by the response; in its own
-/// task, so it finishes whatever happens to the request that started it.
+/// Runs the handler holding `held` and settles the claim by the response; [`Detached`],
+/// so it finishes whatever happens to the request that started it.
 ///
 /// The execution is the handler *and* its response body: until both are done the lease
 /// is renewed ([`Renewing`]), so neither a slow handler nor a body that streams for
@@ -420,18 +460,13 @@ where
     Ok(Response::from_parts(parts, LayerBody::buffered(body, trailers)))
 }
 
-/// The answer of a spawned task; a task that did not finish (its runtime shutting
-/// down, or a panic outside the handler, which [`execute`] catches) is a 500 saying so.
+/// The answer of a [`Detached`] execution; one that panicked outside the handler (which
+/// [`execute`] catches) is a 500 saying so.
 fn joined<ResB, E>(
-    joined: Result<Result<Response<LayerBody<ResB>>, E>, tokio::task::JoinError>,
+    joined: Result<Result<Response<LayerBody<ResB>>, E>, Panicked>,
 ) -> Result<Response<LayerBody<ResB>>, E> {
-    joined.unwrap_or_else(|e| {
-        let detail = if e.is_panic() {
-            "the idempotency layer failed mid-request"
-        } else {
-            "the runtime shut down mid-request"
-        };
-        refuse(Refusal::Internal, detail, None)
+    joined.unwrap_or_else(|Panicked| {
+        refuse(Refusal::Internal, "the idempotency layer failed mid-request", None)
     })
 }
 
@@ -463,11 +498,50 @@ fn replayed<ResB, E>(
     if let Some(announced) = announced {
         headers.insert(http::header::TRAILER, announced);
     }
-    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    if let Ok(expires) = HeaderValue::from_str(&http_date(expires_at)) {
-        headers.insert(IDEMPOTENCY_EXPIRES, expires);
+    headers.insert(REPLAYED_NAME, HeaderValue::from_static("true"));
+    if let Some(expires) = expires_value(expires_at) {
+        headers.insert(EXPIRES_NAME, expires);
     }
     Ok(response)
+}
+
+/// The replay headers' names, parsed once (a `&str` name is parsed at every insert).
+const REPLAYED_NAME: HeaderName = HeaderName::from_static(IDEMPOTENT_REPLAYED);
+const EXPIRES_NAME: HeaderName = HeaderName::from_static(IDEMPOTENCY_EXPIRES);
+
+thread_local! {
+    /// The last `Idempotency-Expires` value this thread formatted, by its second: replays
+    /// of records completed in the same second (a burst of retries; a popular key) share
+    /// one formatting and one buffer.
+    static LAST_EXPIRES: std::cell::RefCell<Option<(std::time::SystemTime, HeaderValue)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `expires_at` as an `Idempotency-Expires` value (an HTTP date, to the second).
+fn expires_value(expires_at: std::time::SystemTime) -> Option<HeaderValue> {
+    let second = truncated(expires_at);
+    let cached = LAST_EXPIRES
+        .try_with(|last| match &*last.borrow() {
+            Some((at, value)) if *at == second => Some(value.clone()),
+            _ => None,
+        })
+        .ok()
+        .flatten();
+    if cached.is_some() {
+        return cached;
+    }
+    let value = HeaderValue::from_str(&http_date(expires_at)).ok()?;
+    // A thread being torn down keeps no cache: nothing lost but the reuse.
+    let _ = LAST_EXPIRES.try_with(|last| *last.borrow_mut() = Some((second, value.clone())));
+    Some(value)
+}
+
+/// `at` to the whole second before it (HTTP dates name seconds); before the epoch, as is.
+fn truncated(at: std::time::SystemTime) -> std::time::SystemTime {
+    match at.duration_since(std::time::UNIX_EPOCH) {
+        Ok(since) => std::time::UNIX_EPOCH + std::time::Duration::from_secs(since.as_secs()),
+        Err(_) => at,
+    }
 }
 
 /// The last instant an HTTP date can name: 9999-12-31 23:59:59 UTC.

@@ -103,21 +103,30 @@ pub(crate) fn decode(stored: &Bytes) -> Option<Stored> {
     let mut rest: &[u8] = stored.strip_prefix(MAGIC)?;
     let status =
         StatusCode::from_u16(u16::from_be_bytes(take(&mut rest, 2)?.try_into().ok()?)).ok()?;
-    let headers = fields(&mut rest)?;
-    let trailers = fields(&mut rest)?;
+    // Room for the fields a replay adds (`Idempotent-Replayed`, `Idempotency-Expires`,
+    // `Trailer`), so adding them never grows the map.
+    let headers = fields(stored, &mut rest, 3)?;
+    let trailers = fields(stored, &mut rest, 0)?;
     let trailers = (!trailers.is_empty()).then_some(trailers);
     let body = stored.slice(stored.len() - rest.len()..);
     Some(Stored { status, headers, trailers, body })
 }
 
-fn fields(rest: &mut &[u8]) -> Option<HeaderMap> {
+/// The fields at the head of `rest`, a tail of `stored`, in a map with `room` for more:
+/// each value shares `stored`'s buffer (a reference, not a copy: a replay allocates
+/// nothing per value).
+fn fields(stored: &Bytes, rest: &mut &[u8], room: usize) -> Option<HeaderMap> {
     let count = u16::from_be_bytes(take(rest, 2)?.try_into().ok()?);
-    let mut map = HeaderMap::with_capacity(usize::from(count));
+    let mut map = match (count, room) {
+        (0, 0) => HeaderMap::new(),
+        _ => HeaderMap::with_capacity(usize::from(count) + room),
+    };
     for _ in 0..count {
         let len = u16::from_be_bytes(take(rest, 2)?.try_into().ok()?);
         let name = HeaderName::from_bytes(take(rest, usize::from(len))?).ok()?;
         let len = u32::from_be_bytes(take(rest, 4)?.try_into().ok()?);
-        let value = HeaderValue::from_bytes(take(rest, len as usize)?).ok()?;
+        let value = take(rest, len as usize)?;
+        let value = HeaderValue::from_maybe_shared(stored.slice_ref(value)).ok()?;
         map.append(name, value);
     }
     Some(map)

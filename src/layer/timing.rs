@@ -22,7 +22,9 @@ const SHORTEST: Duration = Duration::from_secs(1);
 /// executions.
 #[derive(Debug, Default)]
 pub(crate) struct ExecutionTimes {
-    scopes: Mutex<HashMap<String, Duration>>,
+    // ahash: each execution looks its scope up once; SipHash's DoS resistance buys
+    // nothing for a table of at most MAX_SCOPES that starts over when full.
+    scopes: Mutex<HashMap<String, Duration, ahash::RandomState>>,
 }
 
 impl ExecutionTimes {

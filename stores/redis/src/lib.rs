@@ -141,7 +141,8 @@ if rec and rec.expires > now then
 end
 local token = math.max((rec and rec.token or 0) + 1, now)
 local ends = now + tonumber(ARGV[2])
-redis.call('DEL', KEYS[1])
+-- A record left past its expiry goes first; a fresh key has none to delete.
+if rec then redis.call('DEL', KEYS[1]) end
 redis.call('HSET', KEYS[1], 'state', 1, 'fp', ARGV[1], 'token', fmt(token), 'started', fmt(now), 'expires', fmt(ends))
 redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil((ends + lapse) / 1000)))
 return {0, false, token, false, false, ends}

@@ -1,0 +1,198 @@
+//! One server of the HTTP load benchmark, started by `http_load` as a child process:
+//!
+//! ```sh
+//! http_serve ROW [URL] [--threads N]
+//! ```
+//!
+//! `ROW` is the middleware in front of the shared handler (`support/http_app.rs`):
+//! `bare`; `layer-cache` (`idemcache::layer` over a `Cache`); `layer-tiered URL`
+//! (the layer over `Tiered`, the store opened from `URL` with `idemcache_any`:
+//! `sqlite:PATH`, `postgres://...`, `redis://...`, and `redis-cluster://...` once that
+//! scheme lands there); `axum-idempotent` (its README's setup: a `ruts` session over its
+//! in-memory `MokaStore`, the `Idempotency-Key` header required); `setnx URL` (the
+//! hand-written Redis middleware of payment blogs: `SET key processing NX EX`, then the
+//! response `SET ... EX`; a refused `SET` reads the key and replays it, or answers 409).
+//!
+//! Invariant: each row differs from `bare` only in the middleware in front of the same
+//! routes on the same runtime; a row whose store cannot be opened prints
+//! `unavailable WHY` instead of `listening ADDR` and exits.
+
+#[path = "support/http_app.rs"]
+mod http_app;
+
+use std::sync::Arc;
+
+use axum::body::{to_bytes, Body};
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use idemcache::layer::IdempotencyLayer;
+use idemcache::store::{Store, Tiered};
+use idemcache::Cache;
+
+fn main() {
+    // Positional arguments: ROW and URL (`--threads N` is read by `http_app::threads`).
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    let threads_value = all.iter().position(|a| a == "--threads").map(|i| i + 1);
+    let mut args = all
+        .into_iter()
+        .enumerate()
+        .filter(|(i, a)| Some(*i) != threads_value && !a.starts_with("--"))
+        .map(|(_, a)| a);
+    let row = args.next().unwrap_or_default();
+    let url = args.next();
+    http_app::serve(move || app(row, url));
+}
+
+/// A cache sized above every key one run makes (about two million at most), so a
+/// pre-completed replay key is never evicted by the first executions that follow it.
+fn cache() -> Cache {
+    Cache::builder().max_entries(4_000_000).build().expect("a cache")
+}
+
+async fn app(row: String, url: Option<String>) -> Result<Router, String> {
+    let url = || url.clone().ok_or_else(|| format!("row {row} needs a URL"));
+    Ok(match row.as_str() {
+        "bare" => http_app::guarded_routes().merge(http_app::open_routes()),
+        "layer-cache" => http_app::guarded_routes()
+            .route_layer(IdempotencyLayer::new(cache()))
+            .merge(http_app::open_routes()),
+        "layer-tiered" => {
+            let url = url()?;
+            let store = idemcache_any::open(&url).await.map_err(|e| format!("{e}: {e:?}"))?;
+            store.ensure_schema().await.map_err(|e| format!("creating the schema: {e}"))?;
+            let tiered = Tiered::new(cache(), store);
+            http_app::guarded_routes()
+                .route_layer(IdempotencyLayer::tiered(tiered))
+                .merge(http_app::open_routes())
+        }
+        "axum-idempotent" => axum_idempotent_app(),
+        "setnx" => setnx_app(&url()?).await?,
+        other => return Err(format!("no row named {other:?}")),
+    })
+}
+
+/// axum-idempotent as its README sets it up: the layer inside a `ruts` session layer
+/// (its in-memory `MokaStore`) inside the cookie manager, keyed by the
+/// `Idempotency-Key` header (required). It caches only for a request that carries a
+/// session and never creates one, so `POST /login` makes one (as an application's
+/// login would) and the load generator sends its cookie with every request.
+fn axum_idempotent_app() -> Router {
+    use axum_idempotent::{IdempotentLayer, IdempotentOptions};
+    use ruts::store::moka::MokaStore;
+    use ruts::store::Ttl;
+    use ruts::{CookieOptions, Session, SessionLayer};
+    use tower_cookies::CookieManagerLayer;
+
+    let store = Arc::new(MokaStore::builder().build());
+    let options = IdempotentOptions::default()
+        .use_idempotency_key_header(Some("Idempotency-Key"), true)
+        .expire_after(24 * 3600);
+    let login = post(|session: Session<MokaStore>| async move {
+        let ttl = Ttl::new(24 * 3600).expect("a day is a TTL");
+        match session.set("user", &String::from("bench"), ttl, None).await {
+            Ok(()) => StatusCode::OK,
+            Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    });
+    let cookie = CookieOptions::build().name("session").max_age(24 * 3600).path("/");
+    http_app::guarded_routes()
+        .layer(IdempotentLayer::<MokaStore>::new(options))
+        .merge(http_app::open_routes())
+        .route("/login", login)
+        .layer(SessionLayer::new(store).with_cookie_options(cookie))
+        .layer(CookieManagerLayer::new())
+}
+
+/// How long the hand-written middleware keeps a key (processing marker and response).
+const SETNX_TTL_SECS: u64 = 24 * 3600;
+
+/// The hand-written middleware's stored response: `R`, the status (3 ASCII digits),
+/// then the body (the handler's is always JSON).
+fn setnx_encode(status: StatusCode, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.push(b'R');
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+fn setnx_decode(stored: &[u8]) -> Option<Response> {
+    let rest = stored.strip_prefix(b"R")?;
+    let status = StatusCode::from_bytes(rest.get(..3)?).ok()?;
+    let mut response = Response::new(Body::from(rest[3..].to_vec()));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    Some(response)
+}
+
+/// The hand-written Redis middleware payment blogs describe, over one multiplexed
+/// connection (redis-rs's `ConnectionManager`, reconnecting).
+async fn setnx_app(url: &str) -> Result<Router, String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let redis = redis::aio::ConnectionManager::new(client).await.map_err(|e| e.to_string())?;
+    Ok(http_app::guarded_routes()
+        .route_layer(axum::middleware::from_fn_with_state(redis, setnx))
+        .merge(http_app::open_routes()))
+}
+
+async fn setnx(
+    State(mut redis): State<redis::aio::ConnectionManager>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(key) = request.headers().get("idempotency-key").and_then(|v| v.to_str().ok()) else {
+        return (StatusCode::BAD_REQUEST, "Idempotency-Key required").into_response();
+    };
+    let key = format!("idem:{key}");
+    let unavailable = |_| (StatusCode::SERVICE_UNAVAILABLE, "redis unavailable").into_response();
+    let claimed: Option<String> = match redis::cmd("SET")
+        .arg(&key)
+        .arg("processing")
+        .arg("NX")
+        .arg("EX")
+        .arg(SETNX_TTL_SECS)
+        .query_async(&mut redis)
+        .await
+    {
+        Ok(claimed) => claimed,
+        Err(e) => return unavailable(e),
+    };
+    if claimed.is_none() {
+        // Someone holds the key: replay what it stored, or 409 while it runs.
+        let stored: Option<Vec<u8>> =
+            match redis::cmd("GET").arg(&key).query_async(&mut redis).await {
+                Ok(stored) => stored,
+                Err(e) => return unavailable(e),
+            };
+        return match stored.as_deref().and_then(setnx_decode) {
+            Some(replay) => replay,
+            None => (StatusCode::CONFLICT, "request in progress").into_response(),
+        };
+    }
+    let response = next.run(request).await;
+    let (parts, body) = response.into_parts();
+    let Ok(body) = to_bytes(body, 1 << 20).await else {
+        drop(redis::cmd("DEL").arg(&key).query_async::<()>(&mut redis).await);
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    };
+    let write = if parts.status.is_server_error() {
+        redis::cmd("DEL").arg(&key).query_async::<()>(&mut redis).await
+    } else {
+        redis::cmd("SET")
+            .arg(&key)
+            .arg(setnx_encode(parts.status, &body))
+            .arg("EX")
+            .arg(SETNX_TTL_SECS)
+            .query_async::<()>(&mut redis)
+            .await
+    };
+    // The effect happened: answer it even if the write failed (blogs log and go on).
+    drop(write);
+    Response::from_parts(parts, Body::from(body))
+}
