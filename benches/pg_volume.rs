@@ -392,6 +392,9 @@ async fn purge(ctx: &Ctx) -> Result<()> {
     let mut batches = histogram();
     let (mut purged, mut purge_errors) = (0, 0);
     let mut per_round = Vec::new();
+    // Each round's claim p99, per condition: a checkpoint or a neighbour's burst lands in
+    // one round, and the median of the rounds' p99s says what a typical round saw.
+    let (mut p99s_alone, mut p99s_beside) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         for with_purge in [false, true] {
             let purger = with_purge.then(|| {
@@ -418,6 +421,8 @@ async fn purge(ctx: &Ctx) -> Result<()> {
                 got.claim.len()
             ));
             println!("{}", per_round.last().map_or("", String::as_str));
+            let p99s = if with_purge { &mut p99s_beside } else { &mut p99s_alone };
+            p99s.push(got.claim.value_at_quantile(0.99));
             let into = if with_purge { &mut beside } else { &mut alone };
             let _ = into.claim.add(&got.claim);
             let _ = into.complete.add(&got.complete);
@@ -448,6 +453,16 @@ async fn purge(ctx: &Ctx) -> Result<()> {
         ratio(0.5),
         ratio(0.99),
         ratio(0.999)
+    );
+    let median = |v: &mut Vec<u64>| {
+        v.sort_unstable();
+        v.get(v.len() / 2).copied().unwrap_or(0) as f64 / 1000.0
+    };
+    let (m_alone, m_beside) = (median(&mut p99s_alone), median(&mut p99s_beside));
+    println!(
+        "median of the rounds' claim p99: alone {m_alone:.2} ms, beside the purger \
+         {m_beside:.2} ms: {:.2}x",
+        m_beside / m_alone.max(0.001)
     );
     let purge_secs = seconds * rounds as f64;
     println!(
