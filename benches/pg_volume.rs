@@ -14,6 +14,8 @@
 //! $B purge --seconds 15 --rounds 3           # claims alone vs claims beside a purger, interleaved
 //! $B churn --seconds 540 --rate 1000 --ttl 120 --sample 15
 //! $B drop
+//! $B load --schema pg_volume_hash --records 1000000 --partitions 16   # hash-partitioned by key
+//! $B claims --schemas pg_volume,pg_volume_hash  # claim latency, plain vs partitioned, interleaved
 //! ```
 //!
 //! Every flag may also come from the environment as `PG_VOLUME_<FLAG>` (`--records` is
@@ -158,12 +160,8 @@ async fn claim_load(
         let store = store.clone();
         let seed = seed() ^ (w as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
         tasks.push(tokio::spawn(async move {
-            let mut out = LoadResult {
-                claim: histogram(),
-                complete: histogram(),
-                errors: 0,
-                unexpected: 0,
-            };
+            let mut out =
+                LoadResult { claim: histogram(), complete: histogram(), errors: 0, unexpected: 0 };
             // Workers start spread over one period, not all at once.
             tokio::time::sleep(period.mul_f64(w as f64 / workers as f64)).await;
             let mut tick = tokio::time::interval(period);
@@ -283,6 +281,9 @@ async fn load(ctx: &Ctx) -> Result<()> {
     let records: i64 = ctx.flags.get("records", 100_000)?;
     let expired: f64 = ctx.flags.get("expired", 0.9)?;
     let chunk: i64 = ctx.flags.get("chunk", 1_000_000)?;
+    // > 0: the table created first, partitioned by hash of the key into this many
+    // partitions (the store's `ensure_schema` then finds it and creates nothing).
+    let partitions: u32 = ctx.flags.get("partitions", 0)?;
     if !(0.0..1.0).contains(&expired) {
         return Err("--expired is a fraction in [0, 1)".into());
     }
@@ -290,6 +291,9 @@ async fn load(ctx: &Ctx) -> Result<()> {
     ctx.admin
         .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
         .await?;
+    if partitions > 0 {
+        ctx.admin.batch_execute(&partitioned_schema(schema, partitions)).await?;
+    }
     ctx.store(1).await?.ensure_schema().await?;
     // Every record was kept for a day (TTL); they were written at a steady rate over
     // `span` ending now, so the oldest `expired` fraction is past its TTL: what a table
@@ -306,7 +310,8 @@ async fn load(ctx: &Ctx) -> Result<()> {
          FROM generate_series($3::bigint, $4::bigint) g,
               LATERAL (SELECT $6::bigint - $5::bigint + g * $5::bigint / $7::bigint AS s) t"
     );
-    let now = ctx.scalar_i64("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint").await?;
+    let now =
+        ctx.scalar_i64("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint").await?;
     let started = Instant::now();
     let mut from = 0;
     while from < records {
@@ -320,6 +325,78 @@ async fn load(ctx: &Ctx) -> Result<()> {
     ctx.admin.batch_execute(&format!("VACUUM (ANALYZE) {schema}.idemcache_records")).await?;
     println!("vacuumed and analyzed at {:.0} s", started.elapsed().as_secs_f64());
     sizes_line(ctx, "after load").await?;
+    Ok(())
+}
+
+/// The store's sequence and table in `schema`, the table partitioned by hash of `key`
+/// (the primary key is the partition key, so each partition's is the whole table's
+/// uniqueness), with the expiry index on every partition.
+fn partitioned_schema(schema: &str, partitions: u32) -> String {
+    let mut ddl = format!(
+        "CREATE SEQUENCE {schema}.idemcache_tokens;
+         CREATE TABLE {schema}.idemcache_records (
+             key BYTEA PRIMARY KEY, fingerprint BYTEA NOT NULL,
+             state SMALLINT NOT NULL CHECK (state IN (1, 2, 3)), token BIGINT NOT NULL,
+             body BYTEA, started_at BIGINT NOT NULL, settled_at BIGINT, expires_at BIGINT NOT NULL
+         ) PARTITION BY HASH (key);"
+    );
+    for p in 0..partitions {
+        ddl += &format!(
+            "CREATE TABLE {schema}.idemcache_records_{p} PARTITION OF {schema}.idemcache_records
+             FOR VALUES WITH (MODULUS {partitions}, REMAINDER {p});"
+        );
+    }
+    ddl + &format!(
+        "CREATE INDEX idemcache_records_expiry ON {schema}.idemcache_records (expires_at);"
+    )
+}
+
+/// `claims`: the claim load alone, in rounds alternating between the schemas of
+/// `--schemas` (e.g. a plain table and a hash-partitioned one, each `load`ed first).
+async fn claims(ctx: &Ctx, base: &str) -> Result<()> {
+    let schemas: String = ctx.flags.get("schemas", String::new())?;
+    let seconds: f64 = ctx.flags.get("seconds", 5.0)?;
+    let rounds: usize = ctx.flags.get("rounds", 3)?;
+    let rate: f64 = ctx.flags.get("rate", 500.0)?;
+    let workers: usize = ctx.flags.get("workers", 8)?;
+    let names: Vec<&str> = schemas.split(',').filter(|s| !s.is_empty()).collect();
+    if names.is_empty() {
+        return Err("--schemas a,b: the schemas to compare".into());
+    }
+    let mut stores = Vec::new();
+    for name in &names {
+        let store = PostgresStore::connect(&scoped_url(base, name), workers).await?;
+        let _ =
+            claim_load(&store, rate, workers, Duration::from_secs(2), Duration::from_secs(3600))
+                .await;
+        stores.push((name, store, histogram(), Vec::new()));
+    }
+    println!("claims: {rate}/s over {workers} connections, {rounds} x {seconds} s rounds per schema, interleaved");
+    for round in 0..rounds {
+        for (name, store, total, p99s) in &mut stores {
+            let got = claim_load(
+                store,
+                rate,
+                workers,
+                Duration::from_secs_f64(seconds),
+                Duration::from_secs(3600),
+            )
+            .await;
+            println!(
+                "round {round} {name}: claim p50/p99/p99.9/max ms {}",
+                percentiles(&got.claim)
+            );
+            p99s.push(got.claim.value_at_quantile(0.99));
+            let _ = total.add(&got.claim);
+        }
+    }
+    println!("| schema | claims | claim p50 ms | p99 ms | p99.9 ms | max ms | median of the rounds' p99 ms |");
+    println!("|---|---|---|---|---|---|---|");
+    for (name, _, total, p99s) in &mut stores {
+        p99s.sort_unstable();
+        let median = p99s.get(p99s.len() / 2).copied().unwrap_or(0) as f64 / 1000.0;
+        println!("| {name} | {} | {} | {median:.2} |", total.len(), percentiles(total));
+    }
     Ok(())
 }
 
@@ -386,9 +463,12 @@ async fn purge(ctx: &Ctx) -> Result<()> {
     println!("{SIZES_HEADER}");
     sizes_line(ctx, "before").await?;
     // Warm-up: connections, prepared statements, the indexes' hot pages.
-    let _ = claim_load(&claims, rate, workers, Duration::from_secs(2), Duration::from_secs(3600)).await;
-    let mut alone = LoadResult { claim: histogram(), complete: histogram(), errors: 0, unexpected: 0 };
-    let mut beside = LoadResult { claim: histogram(), complete: histogram(), errors: 0, unexpected: 0 };
+    let _ =
+        claim_load(&claims, rate, workers, Duration::from_secs(2), Duration::from_secs(3600)).await;
+    let mut alone =
+        LoadResult { claim: histogram(), complete: histogram(), errors: 0, unexpected: 0 };
+    let mut beside =
+        LoadResult { claim: histogram(), complete: histogram(), errors: 0, unexpected: 0 };
     let mut batches = histogram();
     let (mut purged, mut purge_errors) = (0, 0);
     let mut per_round = Vec::new();
@@ -514,17 +594,19 @@ async fn churn(ctx: &Ctx) -> Result<()> {
         ctx.show("autovacuum_naptime").await?
     );
     println!("{SIZES_HEADER}");
-    let purger = Purger::start(
-        ctx.store(1).await?,
-        batch,
-        Duration::ZERO,
-        Duration::from_millis(idle_ms),
-    );
+    let purger =
+        Purger::start(ctx.store(1).await?, batch, Duration::ZERO, Duration::from_millis(idle_ms));
     let load = {
         let claims = claims.clone();
         tokio::spawn(async move {
-            claim_load(&claims, rate, workers, Duration::from_secs(seconds), Duration::from_secs(ttl))
-                .await
+            claim_load(
+                &claims,
+                rate,
+                workers,
+                Duration::from_secs(seconds),
+                Duration::from_secs(ttl),
+            )
+            .await
         })
     };
     let started = Instant::now();
@@ -559,7 +641,7 @@ async fn churn(ctx: &Ctx) -> Result<()> {
 async fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((command, rest)) = args.split_first() else {
-        return Err("usage: pg_volume load|purge|churn|drop [--flag value ...]".into());
+        return Err("usage: pg_volume load|purge|churn|claims|drop [--flag value ...]".into());
     };
     let flags = Flags::parse(rest)?;
     let base = std::env::var("IDEMCACHE_POSTGRES_URL")
@@ -574,12 +656,15 @@ async fn run() -> Result<()> {
         "load" => load(&ctx).await,
         "purge" => purge(&ctx).await,
         "churn" => churn(&ctx).await,
+        "claims" => claims(&ctx, &base).await,
         "drop" => {
-            ctx.admin.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", ctx.schema)).await?;
+            ctx.admin
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", ctx.schema))
+                .await?;
             println!("dropped schema {}", ctx.schema);
             Ok(())
         }
-        other => Err(format!("unknown command {other}: load, purge, churn or drop").into()),
+        other => Err(format!("unknown command {other}: load, purge, churn, claims or drop").into()),
     }
 }
 
