@@ -980,3 +980,164 @@ async fn a_reply_that_is_not_resp_is_backend_not_corrupt() {
     let got = store.claim(&key("garbled-wire"), fp("r"), LEASE).await;
     assert!(matches!(got, Err(StoreError::Backend(_))), "{got:?}");
 }
+
+/// `IDEMCACHE_REDIS_CLUSTER_URLS` (the nodes of a Redis Cluster, `redis://host:port`
+/// separated by commas; `.ci/run` starts one), or `None` after saying the test is
+/// skipped.
+fn redis_cluster_urls() -> Option<Vec<String>> {
+    let urls = conformance::service_url(
+        "IDEMCACHE_REDIS_CLUSTER_URLS",
+        "redis://127.0.0.1:7000,redis://127.0.0.1:7001",
+    )?;
+    Some(urls.split(',').map(str::to_owned).collect())
+}
+
+/// Redis Cluster, when `IDEMCACHE_REDIS_CLUSTER_URLS` names its nodes (CI starts three
+/// primaries with a replica each). The cluster has one database and nothing here
+/// flushes it: every test keys its records apart (the suite's run prefix).
+mod redis_cluster {
+    use super::*;
+    use idemcache_redis::{NotReplicated, RedisStore};
+
+    async fn store() -> Option<RedisStore> {
+        Some(RedisStore::connect_cluster(&redis_cluster_urls()?).await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_redis_cluster_conforms() {
+        let Some(store) = store().await else { return };
+        conformance::run_self_expiring(&store).await;
+        assert!(format!("{store:?}").contains("Redis Cluster at 127.0.0.1:"), "{store:?}");
+    }
+
+    #[tokio::test]
+    async fn tiered_over_a_redis_cluster_executes_each_key_once() {
+        let Some(urls) = redis_cluster_urls() else { return };
+        let open = || RedisStore::connect_cluster(&urls);
+        let (a, b, c) = (open().await.unwrap(), open().await.unwrap(), open().await.unwrap());
+        conformance::tiered_exactly_once(a, b, c, "cluster").await;
+    }
+
+    /// The slots of `keys` on the cluster (`CLUSTER KEYSLOT`, asked of any node).
+    async fn slots(keys: impl Iterator<Item = String>) -> std::collections::BTreeSet<i64> {
+        let urls = redis_cluster_urls().unwrap();
+        let client = redis::Client::open(urls[0].as_str()).unwrap();
+        let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+        let mut out = std::collections::BTreeSet::new();
+        for k in keys {
+            let slot: i64 =
+                redis::cmd("CLUSTER").arg("KEYSLOT").arg(k).query_async(&mut admin).await.unwrap();
+            out.insert(slot);
+        }
+        out
+    }
+
+    /// 200 keys marked UNKNOWN (their records on every primary, their index members in
+    /// all sixteen buckets) are all listed, in mark order; forgetting half leaves stale
+    /// members that purging trims bucket by bucket; the rest stay listed. No step
+    /// touches two slots in one command (the cluster would refuse it: CROSSSLOT).
+    #[tokio::test]
+    async fn listing_and_purging_work_bucket_by_bucket_across_the_cluster() {
+        let Some(store) = store().await else { return };
+        let keys: Vec<Key> = (0..200).map(|i| key(&format!("spread-{i:03}"))).collect();
+        let record = |k: &Key| {
+            let hex: String = k.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+            format!("idemcache:{{{hex}}}")
+        };
+        assert!(slots(keys.iter().map(record)).await.len() > 150, "records spread over slots");
+        for k in &keys {
+            let token = acquire(&store, k).await;
+            store.mark_unknown(k, token, TTL).await.unwrap();
+        }
+        let ours = |listed: &[idemcache::UnknownEntry<std::time::SystemTime>]| {
+            listed.iter().filter(|u| keys.contains(&u.key)).map(|u| u.key.clone()).collect::<Vec<_>>()
+        };
+        let listed = store.unknown(usize::MAX).await.unwrap();
+        assert_eq!(ours(&listed).len(), 200);
+        assert!(listed.windows(2).all(|w| w[0].marked_at <= w[1].marked_at), "in mark order");
+        for k in keys.iter().step_by(2) {
+            store.forget(k).await.unwrap();
+        }
+        // Purged until a sweep of every bucket trims nothing (other tests on the
+        // cluster may purge some of these first).
+        while store.purge_expired(64).await.unwrap() > 0 || store.purge_expired(64).await.unwrap() > 0 {}
+        let client = redis::cluster::ClusterClient::new(redis_cluster_urls().unwrap()).unwrap();
+        let mut admin = client.get_async_connection().await.unwrap();
+        let mut members = Vec::new();
+        for bucket in 0..idemcache_redis::INDEX_BUCKETS {
+            let index = format!("idemcache:unknown:{{{bucket}}}");
+            let some: Vec<String> =
+                redis::cmd("ZRANGE").arg(index).arg(0).arg(-1).query_async(&mut admin).await.unwrap();
+            members.extend(some);
+        }
+        for (i, k) in keys.iter().enumerate() {
+            let hex = &record(k)["idemcache:{".len()..record(k).len() - 1];
+            let found = members.iter().filter(|m| m.starts_with(&format!("{hex}:"))).count();
+            assert_eq!(found, i % 2, "{k:?}: forgotten ones trimmed, the others kept");
+        }
+        let left = ours(&store.unknown(usize::MAX).await.unwrap());
+        assert_eq!(left, keys.iter().skip(1).step_by(2).cloned().collect::<Vec<_>>());
+        for k in keys.iter().skip(1).step_by(2) {
+            store.forget(k).await.unwrap();
+        }
+    }
+
+    /// Every node forgets the scripts (`SCRIPT FLUSH` on each, as a restarted node or a
+    /// replica that never saw `SCRIPT LOAD` would): each operation is sent the script
+    /// whole and goes on, on every primary.
+    #[tokio::test]
+    async fn nodes_without_the_scripts_are_sent_them_whole() {
+        let Some(store) = store().await else { return };
+        let urls = redis_cluster_urls().unwrap();
+        let client = redis::cluster::ClusterClient::new(urls).unwrap();
+        let mut admin = client.get_async_connection().await.unwrap();
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut admin).await.unwrap();
+        for i in 0..12 {
+            let k = key(&format!("flushed-{i}"));
+            let token = acquire(&store, &k).await;
+            store.complete(&k, token, Some(Bytes::from_static(b"done")), TTL).await.unwrap();
+            let token = acquire(&store, &key(&format!("flushed-mark-{i}"))).await;
+            store.mark_unknown(&key(&format!("flushed-mark-{i}")), token, TTL).await.unwrap();
+        }
+        let listed = store.unknown(usize::MAX).await.unwrap();
+        assert_eq!(listed.iter().filter(|u| u.key.client_key().starts_with("flushed-mark-")).count(), 12);
+        for i in 0..12 {
+            store.forget(&key(&format!("flushed-mark-{i}"))).await.unwrap();
+        }
+    }
+
+    /// `wait_for_replicas(1, ..)`: each primary has its replica, so claims and
+    /// completions are acknowledged. Asking for two (there is one): the claim is a
+    /// typed error carrying `NotReplicated`, its caller does not execute, and a second
+    /// claim of the key is InProgress (the record is held, not handed out again).
+    #[tokio::test]
+    async fn waiting_for_replicas_answers_what_replicated() {
+        let Some(store) = store().await else { return };
+        let one = store.clone().wait_for_replicas(1, Duration::from_secs(2)).unwrap();
+        let k = key("replicated");
+        let token = acquire(&one, &k).await;
+        one.complete(&k, token, Some(Bytes::from_static(b"kept")), TTL).await.unwrap();
+        assert!(matches!(one.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Completed(_)));
+        let two = store.clone().wait_for_replicas(2, Duration::from_millis(50)).unwrap();
+        let k = key("under-replicated");
+        match two.claim(&k, fp("r"), LEASE).await {
+            Err(StoreError::Backend(e)) => {
+                let e = e.downcast_ref::<NotReplicated>().expect("NotReplicated");
+                assert_eq!((e.acknowledged, e.asked, e.write), (1, 2, "claim"));
+                assert_eq!(e.key, k);
+            }
+            other => panic!("expected NotReplicated, got {other:?}"),
+        }
+        assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::InProgress { .. }));
+    }
+
+    #[tokio::test]
+    async fn no_nodes_or_a_bad_url_is_invalid_input() {
+        let none: [&str; 0] = [];
+        assert!(matches!(RedisStore::connect_cluster(&none).await, Err(StoreError::InvalidInput(_))));
+        assert!(matches!(
+            RedisStore::connect_cluster(&["mysql://127.0.0.1:7000"]).await,
+            Err(StoreError::InvalidInput(_))
+        ));
+    }
+}
