@@ -442,8 +442,30 @@ mod redis_store {
         format!("idemcache:{{{hex}}}")
     }
 
+    /// The UNKNOWN index's bucket of `k` (the module docs' layout: FNV-1a of the stored
+    /// key, modulo the bucket count).
+    fn bucket_of(k: &Key) -> usize {
+        let hash = k
+            .as_bytes()
+            .iter()
+            .fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193));
+        hash as usize % idemcache_redis::INDEX_BUCKETS
+    }
+
+    /// The Redis key of the UNKNOWN index's bucket `n`.
+    fn bucket(n: usize) -> String {
+        format!("idemcache:unknown:{{{n}}}")
+    }
+
+    /// How many members the UNKNOWN index holds, over its buckets and the index of
+    /// versions before the sharding.
     async fn index_size(admin: &mut redis::aio::MultiplexedConnection) -> usize {
-        redis::cmd("ZCARD").arg("idemcache:unknown").query_async(admin).await.unwrap()
+        let mut size = 0;
+        for index in (0..idemcache_redis::INDEX_BUCKETS).map(bucket).chain(["idemcache:unknown".into()]) {
+            let n: usize = redis::cmd("ZCARD").arg(index).query_async(admin).await.unwrap();
+            size += n;
+        }
+        size
     }
 
     /// Records the store cannot read: an UNKNOWN hash that lost its mark time beside a
@@ -669,7 +691,11 @@ mod redis_store {
             let token = acquire(&store, &k).await;
             store.mark_unknown(&k, token, TTL).await.unwrap();
         }
-        let last = key("resolved-last");
+        // The stale member in the last bucket purging reads, behind every live one.
+        let last = (0..)
+            .map(|i| key(&format!("resolved-last-{i}")))
+            .find(|k| bucket_of(k) == idemcache_redis::INDEX_BUCKETS - 1)
+            .unwrap();
         let token = acquire(&store, &last).await;
         store.mark_unknown(&last, token, TTL).await.unwrap();
         store.forget(&last).await.unwrap(); // its member is stale now
@@ -732,6 +758,75 @@ mod redis_store {
         assert_eq!(store.unknown(10).await.unwrap().len(), 3);
     }
 
+    /// A mark listed by a version before the index was sharded (its member in the one
+    /// index `idemcache:unknown`) is still listed, and trimmed from there once stale:
+    /// the old index drains, nothing in it is lost.
+    #[tokio::test]
+    async fn a_mark_in_the_index_before_sharding_is_listed_and_drains() {
+        let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
+        let k = key("marked-by-an-older-version");
+        let token = acquire(&store, &k).await;
+        store.mark_unknown(&k, token, TTL).await.unwrap();
+        // Moved where the older version put it.
+        let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(bucket(bucket_of(&k)))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let [(member, score)] = &members[..] else { panic!("{members:?}") };
+        let _: () = redis::cmd("DEL").arg(bucket(bucket_of(&k))).query_async(&mut admin).await.unwrap();
+        let _: () = redis::cmd("ZADD")
+            .arg("idemcache:unknown")
+            .arg(*score as i64)
+            .arg(member)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let listed = store.unknown(10).await.unwrap();
+        assert_eq!(listed.iter().map(|u| &u.key).collect::<Vec<_>>(), [&k]);
+        store.forget(&k).await.unwrap();
+        assert_eq!(store.purge_expired(10).await.unwrap(), 1);
+        assert_eq!(index_size(&mut admin).await, 0);
+    }
+
+    /// `wait_for_replicas` on a server with no replica: `WAIT` counts none, so an
+    /// acquiring claim is a typed error carrying `NotReplicated` and its caller does
+    /// not execute; the key stays held (InProgress), never handed out twice. Zero
+    /// replicas turns waiting off; a zero timeout (Redis's "forever") is refused.
+    #[tokio::test]
+    async fn waiting_for_replicas_that_are_not_there_is_a_typed_error() {
+        let Some(store) = store().await else { return };
+        let waiting = store.clone().wait_for_replicas(1, Duration::from_millis(20)).unwrap();
+        let k = key("no-replica");
+        match waiting.claim(&k, fp("r"), LEASE).await {
+            Err(StoreError::Backend(e)) => {
+                let e = e.downcast_ref::<idemcache_redis::NotReplicated>().expect("NotReplicated");
+                assert_eq!((e.acknowledged, e.asked, e.write), (0, 1, "claim"));
+            }
+            other => panic!("expected NotReplicated, got {other:?}"),
+        }
+        assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::InProgress { .. }));
+        // A completion that did not replicate stands on the server, and says so.
+        let k = key("no-replica-completed");
+        let token = acquire(&store, &k).await;
+        match waiting.complete(&k, token, None, TTL).await {
+            Err(StoreError::Backend(e)) => {
+                assert_eq!(e.downcast_ref::<idemcache_redis::NotReplicated>().unwrap().write, "completion");
+            }
+            other => panic!("expected NotReplicated, got {other:?}"),
+        }
+        assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Completed(_)));
+        let off = waiting.clone().wait_for_replicas(0, Duration::ZERO).unwrap();
+        acquire(&off, &key("no-replica-not-waiting")).await;
+        assert!(matches!(
+            store.clone().wait_for_replicas(1, Duration::ZERO),
+            Err(StoreError::InvalidInput(_))
+        ));
+    }
+
     /// The index is scored by Redis's clock, as the record's own mark time is: every
     /// member's score lies within the server's time read just before and just after the
     /// mark, and at or before the mark the record holds.
@@ -751,7 +846,7 @@ mod redis_store {
         store.mark_unknown(&k, token, TTL).await.unwrap();
         let after = server_now(&mut admin).await;
         let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg("idemcache:unknown")
+            .arg(bucket(bucket_of(&k)))
             .arg(0)
             .arg(-1)
             .arg("WITHSCORES")
