@@ -75,7 +75,10 @@ async fn measure(store: RedisStore, run: String) -> (f64, f64) {
     for i in 0..1000 {
         let k = key(&done, i);
         if let StoreClaim::Acquired { token, .. } = store.claim(&k, fp, TTL).await.unwrap() {
-            store.complete(&k, token, Some(idemcache::Bytes::from_static(b"{}")), TTL).await.unwrap();
+            store
+                .complete(&k, token, Some(idemcache::Bytes::from_static(b"{}")), TTL)
+                .await
+                .unwrap();
         }
     }
     let replays = rate(move |i| {
@@ -111,7 +114,8 @@ fn main() {
         flush().await;
         let one = RedisStore::connect(&single).await.unwrap();
         let many = RedisStore::connect_cluster(&nodes).await.unwrap();
-        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let stamp =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
         let (mut a, mut b) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
         for round in 0..ROUNDS {
             let (c, r) = measure(one.clone(), format!("one-{stamp}-{round}")).await;

@@ -103,17 +103,22 @@ async fn a_primary_killed_under_the_store_is_typed_errors_then_service_again() {
     let unclaimed = keys_in(&mut admin, &slots, "after", 200).await;
     let fresh = keys_in(&mut admin, &slots, "fresh", 1).await.remove(0);
     for k in &held {
-        assert!(matches!(store.claim(k, fp("r"), LEASE).await.unwrap(), StoreClaim::Acquired { .. }));
+        assert!(matches!(
+            store.claim(k, fp("r"), LEASE).await.unwrap(),
+            StoreClaim::Acquired { .. }
+        ));
     }
     for k in &done {
-        let StoreClaim::Acquired { token, .. } = store.claim(k, fp("r"), LEASE).await.unwrap() else {
+        let StoreClaim::Acquired { token, .. } = store.claim(k, fp("r"), LEASE).await.unwrap()
+        else {
             panic!("expected Acquired");
         };
         store.complete(k, token, Some(Bytes::from_static(b"receipt")), TTL).await.unwrap();
     }
     // The replica forgets the scripts, as one that never saw SCRIPT LOAD would: once
     // promoted, it is sent each script whole.
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut node(&replica).await).await.unwrap();
+    let _: () =
+        redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut node(&replica).await).await.unwrap();
 
     let info: String =
         redis::cmd("INFO").arg("server").query_async(&mut node(&primary).await).await.unwrap();
@@ -190,7 +195,10 @@ async fn a_primary_killed_under_the_store_is_typed_errors_then_service_again() {
     // completed ones replay, the new one too.
     let store = RedisStore::connect_cluster(&urls[..1]).await.unwrap();
     for k in &held {
-        assert!(matches!(store.claim(k, fp("r"), LEASE).await.unwrap(), StoreClaim::InProgress { .. }));
+        assert!(matches!(
+            store.claim(k, fp("r"), LEASE).await.unwrap(),
+            StoreClaim::InProgress { .. }
+        ));
     }
     for k in done.iter().chain([&recovered]) {
         assert!(matches!(store.claim(k, fp("r"), LEASE).await.unwrap(), StoreClaim::Completed(_)));

@@ -461,7 +461,9 @@ mod redis_store {
     /// versions before the sharding.
     async fn index_size(admin: &mut redis::aio::MultiplexedConnection) -> usize {
         let mut size = 0;
-        for index in (0..idemcache_redis::INDEX_BUCKETS).map(bucket).chain(["idemcache:unknown".into()]) {
+        for index in
+            (0..idemcache_redis::INDEX_BUCKETS).map(bucket).chain(["idemcache:unknown".into()])
+        {
             let n: usize = redis::cmd("ZCARD").arg(index).query_async(admin).await.unwrap();
             size += n;
         }
@@ -777,7 +779,8 @@ mod redis_store {
             .await
             .unwrap();
         let [(member, score)] = &members[..] else { panic!("{members:?}") };
-        let _: () = redis::cmd("DEL").arg(bucket(bucket_of(&k))).query_async(&mut admin).await.unwrap();
+        let _: () =
+            redis::cmd("DEL").arg(bucket(bucket_of(&k))).query_async(&mut admin).await.unwrap();
         let _: () = redis::cmd("ZADD")
             .arg("idemcache:unknown")
             .arg(*score as i64)
@@ -808,13 +811,19 @@ mod redis_store {
             }
             other => panic!("expected NotReplicated, got {other:?}"),
         }
-        assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::InProgress { .. }));
+        assert!(matches!(
+            store.claim(&k, fp("r"), LEASE).await.unwrap(),
+            StoreClaim::InProgress { .. }
+        ));
         // A completion that did not replicate stands on the server, and says so.
         let k = key("no-replica-completed");
         let token = acquire(&store, &k).await;
         match waiting.complete(&k, token, None, TTL).await {
             Err(StoreError::Backend(e)) => {
-                assert_eq!(e.downcast_ref::<idemcache_redis::NotReplicated>().unwrap().write, "completion");
+                assert_eq!(
+                    e.downcast_ref::<idemcache_redis::NotReplicated>().unwrap().write,
+                    "completion"
+                );
             }
             other => panic!("expected NotReplicated, got {other:?}"),
         }
@@ -1145,7 +1154,11 @@ mod redis_cluster {
             store.mark_unknown(k, token, TTL).await.unwrap();
         }
         let ours = |listed: &[idemcache::UnknownEntry<std::time::SystemTime>]| {
-            listed.iter().filter(|u| keys.contains(&u.key)).map(|u| u.key.clone()).collect::<Vec<_>>()
+            listed
+                .iter()
+                .filter(|u| keys.contains(&u.key))
+                .map(|u| u.key.clone())
+                .collect::<Vec<_>>()
         };
         let listed = store.unknown(usize::MAX).await.unwrap();
         assert_eq!(ours(&listed).len(), 200);
@@ -1155,14 +1168,21 @@ mod redis_cluster {
         }
         // Purged until a sweep of every bucket trims nothing (other tests on the
         // cluster may purge some of these first).
-        while store.purge_expired(64).await.unwrap() > 0 || store.purge_expired(64).await.unwrap() > 0 {}
+        while store.purge_expired(64).await.unwrap() > 0
+            || store.purge_expired(64).await.unwrap() > 0
+        {}
         let client = redis::cluster::ClusterClient::new(redis_cluster_urls().unwrap()).unwrap();
         let mut admin = client.get_async_connection().await.unwrap();
         let mut members = Vec::new();
         for bucket in 0..idemcache_redis::INDEX_BUCKETS {
             let index = format!("idemcache:unknown:{{{bucket}}}");
-            let some: Vec<String> =
-                redis::cmd("ZRANGE").arg(index).arg(0).arg(-1).query_async(&mut admin).await.unwrap();
+            let some: Vec<String> = redis::cmd("ZRANGE")
+                .arg(index)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
             members.extend(some);
         }
         for (i, k) in keys.iter().enumerate() {
@@ -1195,7 +1215,10 @@ mod redis_cluster {
             store.mark_unknown(&key(&format!("flushed-mark-{i}")), token, TTL).await.unwrap();
         }
         let listed = store.unknown(usize::MAX).await.unwrap();
-        assert_eq!(listed.iter().filter(|u| u.key.client_key().starts_with("flushed-mark-")).count(), 12);
+        assert_eq!(
+            listed.iter().filter(|u| u.key.client_key().starts_with("flushed-mark-")).count(),
+            12
+        );
         for i in 0..12 {
             store.forget(&key(&format!("flushed-mark-{i}"))).await.unwrap();
         }
@@ -1223,13 +1246,19 @@ mod redis_cluster {
             }
             other => panic!("expected NotReplicated, got {other:?}"),
         }
-        assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::InProgress { .. }));
+        assert!(matches!(
+            store.claim(&k, fp("r"), LEASE).await.unwrap(),
+            StoreClaim::InProgress { .. }
+        ));
     }
 
     #[tokio::test]
     async fn no_nodes_or_a_bad_url_is_invalid_input() {
         let none: [&str; 0] = [];
-        assert!(matches!(RedisStore::connect_cluster(&none).await, Err(StoreError::InvalidInput(_))));
+        assert!(matches!(
+            RedisStore::connect_cluster(&none).await,
+            Err(StoreError::InvalidInput(_))
+        ));
         assert!(matches!(
             RedisStore::connect_cluster(&["mysql://127.0.0.1:7000"]).await,
             Err(StoreError::InvalidInput(_))

@@ -9,16 +9,42 @@
 //! write, checks the record is still PROCESSING under the caller's token. A record's key
 //! expires with the record (`PEXPIREAT`), so Redis purges what is dead by itself.
 //!
-//! Keys are `idemcache:{<hex of the stored key>}`: the braces are a hash tag, so each
-//! script touches one slot and the store works on Redis Cluster. The index of UNKNOWN
-//! records (`idemcache:unknown`, a sorted set scored by Redis's own time at the mark)
-//! lives in its own slot, so it is written by a script of its own pipelined in front of
-//! `mark_unknown`'s (one round trip). Its members name the record *and its token*
-//! (`<hex>:<token>`): a member is live only while that record is UNKNOWN under that
-//! token, so resolving or forgetting never has to touch the index, and a stale member
-//! (resolved, expired, or its mark refused) can be trimmed by exact name without ever
-//! removing a newer mark. The member goes in first, so a connection lost between the
-//! two leaves a stale member (trimmed later), not an UNKNOWN record nobody lists.
+//! Keys are `idemcache:{<hex of the stored key>}`: the braces are a hash tag, so a
+//! record is one slot. **Every script touches exactly the one key it is given**
+//! (`KEYS[1]`), so the store works on Redis Cluster ([`RedisStore::connect_cluster`]) as
+//! on one server, with the same scripts. The index of UNKNOWN records is sharded in
+//! [`INDEX_BUCKETS`] sorted sets `idemcache:unknown:{0}` to `{15}` (each its own slot;
+//! a key's bucket is FNV-1a of its bytes modulo 16), scored by Redis's own time at the
+//! mark. Why buckets, and not the record keys tagged by their bucket: tagging records by
+//! bucket would put every record in one of 16 slots (a cluster could not spread them
+//! over more than 16 nodes, and would carry them unevenly) and change the layout of
+//! every record; buckets spread the index's writes (one per acquiring claim under
+//! `MarkUnknown`) over the nodes, and only the index's layout changes. The cost is in
+//! listing and purging, which read bucket by bucket and check each member's record by a
+//! script of its own on that record's key (all of a window's checks sent at once), where
+//! one script read them all before. The single `idemcache:unknown` of earlier versions
+//! is still read and trimmed, never written, so it drains.
+//!
+//! The index's members name the record *and its token* (`<hex>:<token>`): a member is
+//! live only while that record is UNKNOWN under that token, so resolving or forgetting
+//! never has to touch the index, and a stale member (resolved, expired, or its mark
+//! refused) can be trimmed by exact name without ever removing a newer mark. The member
+//! goes in first: `mark_unknown` pipelines the member's script in front of the mark's on
+//! one server (one round trip) and sends it, answered, before the mark on a cluster
+//! (two slots, so two commands); either way a connection lost between the two leaves a
+//! stale member (trimmed later), not an UNKNOWN record nobody lists. Listing and purging
+//! are bounded: a listing reads at most `limit` listable members per bucket; a purge
+//! checks at most four times its `limit` (at most 4,000) members.
+//!
+//! A server that lacks a script (restarted, `SCRIPT FLUSH`, a replica promoted by a
+//! failover that never saw `SCRIPT LOAD`) answers `NOSCRIPT` to `EVALSHA`; the script did
+//! not run, so it is sent again whole (`EVAL`), which runs it and loads it there.
+//!
+//! Replication: Redis acknowledges a write before any replica has it, so a failover can
+//! lose an acknowledged claim (a duplicate after it is Acquired again) or completion (the
+//! key reads PROCESSING, then lapses). [`RedisStore::wait_for_replicas`] sends `WAIT`
+//! with claims and completions and refuses a claim fewer replicas acknowledged; the
+//! business table's UNIQUE constraint is the guarantee.
 //!
 //! Scripts never return a Lua `nil` inside a reply (it would cut the array short): a
 //! field a record lacks comes back `false`, and the client answers
@@ -68,7 +94,6 @@ fn named(key: &Key, e: StoreError) -> StoreError {
         other => other,
     }
 }
-
 
 /// The time on Redis's clock in µs; `fmt` for writing integers without exponents;
 /// `int` for reading them (`nil` for anything else); `read(key)`: the record at `key`
@@ -237,16 +262,22 @@ return false
 
 /// Idempotency records in Redis. See the module docs for the guarantees.
 ///
+/// One type over one server ([`connect`](Self::connect),
+/// [`from_connection`](Self::from_connection)) or a Redis Cluster
+/// ([`connect_cluster`](Self::connect_cluster),
+/// [`from_cluster_connection`](Self::from_cluster_connection)).
+///
 /// Redis expires records by itself, but not the index of UNKNOWN records: each
 /// `mark_unknown` adds one member (the key in hex and the token, under 2.2 KiB) that
 /// stays after its record is resolved, forgotten or expired, until
 /// [`purge_expired`](Store::purge_expired) trims it (listing with
 /// [`unknown`](Store::unknown) trims the stale members it reads too). Run
 /// `purge_expired` periodically, as for every store: every minute, say, calling it
-/// again while it returns its limit. Each call checks at most four windows of the
-/// index (of `limit` members, at most 1,000) from where the last call of this store
-/// stopped, wrapping at the end, so its work is bounded whatever the index holds; a
-/// call that trims less than `limit` may leave stale members the next calls reach.
+/// again while it returns its limit. Each call checks at most four times `limit` (at
+/// most 4,000) members of the index and each bucket at most once, from where the last
+/// call of this store stopped, wrapping at the last bucket, so its work is bounded
+/// whatever the index holds; a call that trims less than `limit` may leave stale
+/// members the next calls reach.
 #[derive(Clone)]
 pub struct RedisStore {
     connection: Connection,
@@ -650,7 +681,12 @@ impl RedisStore {
 
     /// Puts the UNKNOWN index's member of `key` under `token` in (its bucket, scored by
     /// Redis's time), as `mark_unknown` does; again is harmless.
-    async fn index(&self, connection: &mut Connection, key: &Key, token: i64) -> Result<(), StoreError> {
+    async fn index(
+        &self,
+        connection: &mut Connection,
+        key: &Key,
+        token: i64,
+    ) -> Result<(), StoreError> {
         let member = format!("{}:{token}", hex(key.as_bytes()));
         let _: redis::Value = redis::cmd("EVAL")
             .arg(INDEX_MARK)
@@ -684,7 +720,9 @@ impl RedisStore {
     async fn run(&self, lua: &Lua, key: &str, args: &[Vec<u8>]) -> RedisResult<redis::Value> {
         let mut connection = self.connection.clone();
         match lua.cmd(false, key, args).query_async(&mut connection).await {
-            Err(e) if is_noscript(&e) => lua.cmd(true, key, args).query_async(&mut connection).await,
+            Err(e) if is_noscript(&e) => {
+                lua.cmd(true, key, args).query_async(&mut connection).await
+            }
             done => done,
         }
     }
@@ -708,18 +746,29 @@ impl RedisStore {
             pipe.cmd("WAIT").arg(replicas).arg(timeout.as_millis() as u64);
             pipe
         };
-        let done: RedisResult<(redis::Value, i64)> = match pipe(false).query_async(&mut connection).await {
-            Err(e) if is_noscript(&e) => pipe(true).query_async(&mut connection).await,
-            done => done,
-        };
+        let done: RedisResult<(redis::Value, i64)> =
+            match pipe(false).query_async(&mut connection).await {
+                Err(e) if is_noscript(&e) => pipe(true).query_async(&mut connection).await,
+                done => done,
+            };
         done.map(|(v, n)| (v, Some(n)))
     }
 
     /// `Err` carrying [`NotReplicated`] if `acknowledged` is fewer than asked for.
-    fn replicated(&self, key: &Key, write: &'static str, acknowledged: Option<i64>) -> Result<(), StoreError> {
+    fn replicated(
+        &self,
+        key: &Key,
+        write: &'static str,
+        acknowledged: Option<i64>,
+    ) -> Result<(), StoreError> {
         match (self.wait, acknowledged) {
             (Some((asked, _)), Some(acknowledged)) if acknowledged < i64::from(asked) => {
-                Err(StoreError::Backend(Box::new(NotReplicated { key: key.clone(), write, acknowledged, asked })))
+                Err(StoreError::Backend(Box::new(NotReplicated {
+                    key: key.clone(),
+                    write,
+                    acknowledged,
+                    asked,
+                })))
             }
             _ => Ok(()),
         }
@@ -800,7 +849,8 @@ impl Store for RedisStore {
             let mut turn = 0;
             let mut acknowledged;
             let (state, fp, token, body, settled, expires) = loop {
-                let args = [fp_in.to_bytes().to_vec(), number(micros(lease)), number(lapse), number(turn)];
+                let args =
+                    [fp_in.to_bytes().to_vec(), number(micros(lease)), number(lapse), number(turn)];
                 let (reply, replicas) = self
                     .run_replicated(&self.scripts.claim, &record, &args)
                     .await
@@ -938,11 +988,13 @@ impl Store for RedisStore {
                     };
                     // Only the mark can meet NOSCRIPT (the index's script is sent whole),
                     // and then it did not run: running both again is safe.
-                    let done: RedisResult<(redis::Value,)> =
-                        match pipe(false).query_async(&mut connection).await {
-                            Err(e) if is_noscript(&e) => pipe(true).query_async(&mut connection).await,
-                            done => done,
-                        };
+                    let done: RedisResult<(redis::Value,)> = match pipe(false)
+                        .query_async(&mut connection)
+                        .await
+                    {
+                        Err(e) if is_noscript(&e) => pipe(true).query_async(&mut connection).await,
+                        done => done,
+                    };
                     done.map(|(done,)| done)
                 }
                 Connection::Cluster(_) => {
@@ -1117,7 +1169,12 @@ impl RedisStore {
     /// keeps the live and the unreadable ones (oldest first) and removes the stale ones
     /// from the bucket. Each member's record is checked by a script of its own on that
     /// record's key (its own slot on a cluster), all sent at once.
-    async fn index_window(&self, index: &str, start: usize, n: usize) -> Result<IndexBatch, StoreError> {
+    async fn index_window(
+        &self,
+        index: &str,
+        start: usize,
+        n: usize,
+    ) -> Result<IndexBatch, StoreError> {
         let empty = IndexBatch { members: 0, kept: Vec::new(), trimmed: 0 };
         if n == 0 {
             // `ZRANGE key s s-1` would read nothing, but `0 -1` reads everything.
@@ -1147,8 +1204,10 @@ impl RedisStore {
                 };
                 let record = format!("idemcache:{{{hex}}}");
                 let args = [lapse, token.as_bytes().to_vec()];
-                let found =
-                    self.run(&self.scripts.check_member, &record, &args).await.map_err(|e| self.failed(e))?;
+                let found = self
+                    .run(&self.scripts.check_member, &record, &args)
+                    .await
+                    .map_err(|e| self.failed(e))?;
                 let found: Option<Checked> = read_reply(found)?;
                 Ok::<_, StoreError>(found.map(|c| c.kept(member.clone())))
             }
