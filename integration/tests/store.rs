@@ -442,8 +442,32 @@ mod redis_store {
         format!("idemcache:{{{hex}}}")
     }
 
+    /// The UNKNOWN index's bucket of `k` (the module docs' layout: FNV-1a of the stored
+    /// key, modulo the bucket count).
+    fn bucket_of(k: &Key) -> usize {
+        let hash = k
+            .as_bytes()
+            .iter()
+            .fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193));
+        hash as usize % idemcache_redis::INDEX_BUCKETS
+    }
+
+    /// The Redis key of the UNKNOWN index's bucket `n`.
+    fn bucket(n: usize) -> String {
+        format!("idemcache:unknown:{{{n}}}")
+    }
+
+    /// How many members the UNKNOWN index holds, over its buckets and the index of
+    /// versions before the sharding.
     async fn index_size(admin: &mut redis::aio::MultiplexedConnection) -> usize {
-        redis::cmd("ZCARD").arg("idemcache:unknown").query_async(admin).await.unwrap()
+        let mut size = 0;
+        for index in
+            (0..idemcache_redis::INDEX_BUCKETS).map(bucket).chain(["idemcache:unknown".into()])
+        {
+            let n: usize = redis::cmd("ZCARD").arg(index).query_async(admin).await.unwrap();
+            size += n;
+        }
+        size
     }
 
     /// Records the store cannot read: an UNKNOWN hash that lost its mark time beside a
@@ -669,7 +693,11 @@ mod redis_store {
             let token = acquire(&store, &k).await;
             store.mark_unknown(&k, token, TTL).await.unwrap();
         }
-        let last = key("resolved-last");
+        // The stale member in the last bucket purging reads, behind every live one.
+        let last = (0..)
+            .map(|i| key(&format!("resolved-last-{i}")))
+            .find(|k| bucket_of(k) == idemcache_redis::INDEX_BUCKETS - 1)
+            .unwrap();
         let token = acquire(&store, &last).await;
         store.mark_unknown(&last, token, TTL).await.unwrap();
         store.forget(&last).await.unwrap(); // its member is stale now
@@ -732,6 +760,82 @@ mod redis_store {
         assert_eq!(store.unknown(10).await.unwrap().len(), 3);
     }
 
+    /// A mark listed by a version before the index was sharded (its member in the one
+    /// index `idemcache:unknown`) is still listed, and trimmed from there once stale:
+    /// the old index drains, nothing in it is lost.
+    #[tokio::test]
+    async fn a_mark_in_the_index_before_sharding_is_listed_and_drains() {
+        let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
+        let k = key("marked-by-an-older-version");
+        let token = acquire(&store, &k).await;
+        store.mark_unknown(&k, token, TTL).await.unwrap();
+        // Moved where the older version put it.
+        let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(bucket(bucket_of(&k)))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let [(member, score)] = &members[..] else { panic!("{members:?}") };
+        let _: () =
+            redis::cmd("DEL").arg(bucket(bucket_of(&k))).query_async(&mut admin).await.unwrap();
+        let _: () = redis::cmd("ZADD")
+            .arg("idemcache:unknown")
+            .arg(*score as i64)
+            .arg(member)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let listed = store.unknown(10).await.unwrap();
+        assert_eq!(listed.iter().map(|u| &u.key).collect::<Vec<_>>(), [&k]);
+        store.forget(&k).await.unwrap();
+        assert_eq!(store.purge_expired(10).await.unwrap(), 1);
+        assert_eq!(index_size(&mut admin).await, 0);
+    }
+
+    /// `wait_for_replicas` on a server with no replica: `WAIT` counts none, so an
+    /// acquiring claim is a typed error carrying `NotReplicated` and its caller does
+    /// not execute; the key stays held (InProgress), never handed out twice. Zero
+    /// replicas turns waiting off; a zero timeout (Redis's "forever") is refused.
+    #[tokio::test]
+    async fn waiting_for_replicas_that_are_not_there_is_a_typed_error() {
+        let Some(store) = store().await else { return };
+        let waiting = store.clone().wait_for_replicas(1, Duration::from_millis(20)).unwrap();
+        let k = key("no-replica");
+        match waiting.claim(&k, fp("r"), LEASE).await {
+            Err(StoreError::Backend(e)) => {
+                let e = e.downcast_ref::<idemcache_redis::NotReplicated>().expect("NotReplicated");
+                assert_eq!((e.acknowledged, e.asked, e.write), (0, 1, "claim"));
+            }
+            other => panic!("expected NotReplicated, got {other:?}"),
+        }
+        assert!(matches!(
+            store.claim(&k, fp("r"), LEASE).await.unwrap(),
+            StoreClaim::InProgress { .. }
+        ));
+        // A completion that did not replicate stands on the server, and says so.
+        let k = key("no-replica-completed");
+        let token = acquire(&store, &k).await;
+        match waiting.complete(&k, token, None, TTL).await {
+            Err(StoreError::Backend(e)) => {
+                assert_eq!(
+                    e.downcast_ref::<idemcache_redis::NotReplicated>().unwrap().write,
+                    "completion"
+                );
+            }
+            other => panic!("expected NotReplicated, got {other:?}"),
+        }
+        assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Completed(_)));
+        let off = waiting.clone().wait_for_replicas(0, Duration::ZERO).unwrap();
+        acquire(&off, &key("no-replica-not-waiting")).await;
+        assert!(matches!(
+            store.clone().wait_for_replicas(1, Duration::ZERO),
+            Err(StoreError::InvalidInput(_))
+        ));
+    }
+
     /// The index is scored by Redis's clock, as the record's own mark time is: every
     /// member's score lies within the server's time read just before and just after the
     /// mark, and at or before the mark the record holds.
@@ -751,7 +855,7 @@ mod redis_store {
         store.mark_unknown(&k, token, TTL).await.unwrap();
         let after = server_now(&mut admin).await;
         let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg("idemcache:unknown")
+            .arg(bucket(bucket_of(&k)))
             .arg(0)
             .arg(-1)
             .arg("WITHSCORES")
@@ -979,4 +1083,185 @@ async fn a_reply_that_is_not_resp_is_backend_not_corrupt() {
     let store = idemcache_redis::RedisStore::connect(&url).await.unwrap();
     let got = store.claim(&key("garbled-wire"), fp("r"), LEASE).await;
     assert!(matches!(got, Err(StoreError::Backend(_))), "{got:?}");
+}
+
+/// `IDEMCACHE_REDIS_CLUSTER_URLS` (the nodes of a Redis Cluster, `redis://host:port`
+/// separated by commas; `.ci/run` starts one), or `None` after saying the test is
+/// skipped.
+fn redis_cluster_urls() -> Option<Vec<String>> {
+    let urls = conformance::service_url(
+        "IDEMCACHE_REDIS_CLUSTER_URLS",
+        "redis://127.0.0.1:7000,redis://127.0.0.1:7001",
+    )?;
+    Some(urls.split(',').map(str::to_owned).collect())
+}
+
+/// Redis Cluster, when `IDEMCACHE_REDIS_CLUSTER_URLS` names its nodes (CI starts three
+/// primaries with a replica each). The cluster has one database and nothing here
+/// flushes it: every test keys its records apart (the suite's run prefix).
+mod redis_cluster {
+    use super::*;
+    use idemcache_redis::{NotReplicated, RedisStore};
+
+    async fn store() -> Option<RedisStore> {
+        Some(RedisStore::connect_cluster(&redis_cluster_urls()?).await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_redis_cluster_conforms() {
+        let Some(store) = store().await else { return };
+        conformance::run_self_expiring(&store).await;
+        assert!(format!("{store:?}").contains("Redis Cluster at 127.0.0.1:"), "{store:?}");
+    }
+
+    #[tokio::test]
+    async fn tiered_over_a_redis_cluster_executes_each_key_once() {
+        let Some(urls) = redis_cluster_urls() else { return };
+        let open = || RedisStore::connect_cluster(&urls);
+        let (a, b, c) = (open().await.unwrap(), open().await.unwrap(), open().await.unwrap());
+        conformance::tiered_exactly_once(a, b, c, "cluster").await;
+    }
+
+    /// The slots of `keys` on the cluster (`CLUSTER KEYSLOT`, asked of any node).
+    async fn slots(keys: impl Iterator<Item = String>) -> std::collections::BTreeSet<i64> {
+        let urls = redis_cluster_urls().unwrap();
+        let client = redis::Client::open(urls[0].as_str()).unwrap();
+        let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+        let mut out = std::collections::BTreeSet::new();
+        for k in keys {
+            let slot: i64 =
+                redis::cmd("CLUSTER").arg("KEYSLOT").arg(k).query_async(&mut admin).await.unwrap();
+            out.insert(slot);
+        }
+        out
+    }
+
+    /// 200 keys marked UNKNOWN (their records on every primary, their index members in
+    /// all sixteen buckets) are all listed, in mark order; forgetting half leaves stale
+    /// members that purging trims bucket by bucket; the rest stay listed. No step
+    /// touches two slots in one command (the cluster would refuse it: CROSSSLOT).
+    #[tokio::test]
+    async fn listing_and_purging_work_bucket_by_bucket_across_the_cluster() {
+        let Some(store) = store().await else { return };
+        let keys: Vec<Key> = (0..200).map(|i| key(&format!("spread-{i:03}"))).collect();
+        let record = |k: &Key| {
+            let hex: String = k.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+            format!("idemcache:{{{hex}}}")
+        };
+        assert!(slots(keys.iter().map(record)).await.len() > 150, "records spread over slots");
+        for k in &keys {
+            let token = acquire(&store, k).await;
+            store.mark_unknown(k, token, TTL).await.unwrap();
+        }
+        let ours = |listed: &[idemcache::UnknownEntry<std::time::SystemTime>]| {
+            listed
+                .iter()
+                .filter(|u| keys.contains(&u.key))
+                .map(|u| u.key.clone())
+                .collect::<Vec<_>>()
+        };
+        let listed = store.unknown(usize::MAX).await.unwrap();
+        assert_eq!(ours(&listed).len(), 200);
+        assert!(listed.windows(2).all(|w| w[0].marked_at <= w[1].marked_at), "in mark order");
+        for k in keys.iter().step_by(2) {
+            store.forget(k).await.unwrap();
+        }
+        // Purged until a sweep of every bucket trims nothing (other tests on the
+        // cluster may purge some of these first).
+        while store.purge_expired(64).await.unwrap() > 0
+            || store.purge_expired(64).await.unwrap() > 0
+        {}
+        let client = redis::cluster::ClusterClient::new(redis_cluster_urls().unwrap()).unwrap();
+        let mut admin = client.get_async_connection().await.unwrap();
+        let mut members = Vec::new();
+        for bucket in 0..idemcache_redis::INDEX_BUCKETS {
+            let index = format!("idemcache:unknown:{{{bucket}}}");
+            let some: Vec<String> = redis::cmd("ZRANGE")
+                .arg(index)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            members.extend(some);
+        }
+        for (i, k) in keys.iter().enumerate() {
+            let hex = &record(k)["idemcache:{".len()..record(k).len() - 1];
+            let found = members.iter().filter(|m| m.starts_with(&format!("{hex}:"))).count();
+            assert_eq!(found, i % 2, "{k:?}: forgotten ones trimmed, the others kept");
+        }
+        let left = ours(&store.unknown(usize::MAX).await.unwrap());
+        assert_eq!(left, keys.iter().skip(1).step_by(2).cloned().collect::<Vec<_>>());
+        for k in keys.iter().skip(1).step_by(2) {
+            store.forget(k).await.unwrap();
+        }
+    }
+
+    /// Every node forgets the scripts (`SCRIPT FLUSH` on each, as a restarted node or a
+    /// replica that never saw `SCRIPT LOAD` would): each operation is sent the script
+    /// whole and goes on, on every primary.
+    #[tokio::test]
+    async fn nodes_without_the_scripts_are_sent_them_whole() {
+        let Some(store) = store().await else { return };
+        let urls = redis_cluster_urls().unwrap();
+        let client = redis::cluster::ClusterClient::new(urls).unwrap();
+        let mut admin = client.get_async_connection().await.unwrap();
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut admin).await.unwrap();
+        for i in 0..12 {
+            let k = key(&format!("flushed-{i}"));
+            let token = acquire(&store, &k).await;
+            store.complete(&k, token, Some(Bytes::from_static(b"done")), TTL).await.unwrap();
+            let token = acquire(&store, &key(&format!("flushed-mark-{i}"))).await;
+            store.mark_unknown(&key(&format!("flushed-mark-{i}")), token, TTL).await.unwrap();
+        }
+        let listed = store.unknown(usize::MAX).await.unwrap();
+        assert_eq!(
+            listed.iter().filter(|u| u.key.client_key().starts_with("flushed-mark-")).count(),
+            12
+        );
+        for i in 0..12 {
+            store.forget(&key(&format!("flushed-mark-{i}"))).await.unwrap();
+        }
+    }
+
+    /// `wait_for_replicas(1, ..)`: each primary has its replica, so claims and
+    /// completions are acknowledged. Asking for two (there is one): the claim is a
+    /// typed error carrying `NotReplicated`, its caller does not execute, and a second
+    /// claim of the key is InProgress (the record is held, not handed out again).
+    #[tokio::test]
+    async fn waiting_for_replicas_answers_what_replicated() {
+        let Some(store) = store().await else { return };
+        let one = store.clone().wait_for_replicas(1, Duration::from_secs(2)).unwrap();
+        let k = key("replicated");
+        let token = acquire(&one, &k).await;
+        one.complete(&k, token, Some(Bytes::from_static(b"kept")), TTL).await.unwrap();
+        assert!(matches!(one.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Completed(_)));
+        let two = store.clone().wait_for_replicas(2, Duration::from_millis(50)).unwrap();
+        let k = key("under-replicated");
+        match two.claim(&k, fp("r"), LEASE).await {
+            Err(StoreError::Backend(e)) => {
+                let e = e.downcast_ref::<NotReplicated>().expect("NotReplicated");
+                assert_eq!((e.acknowledged, e.asked, e.write), (1, 2, "claim"));
+                assert_eq!(e.key, k);
+            }
+            other => panic!("expected NotReplicated, got {other:?}"),
+        }
+        assert!(matches!(
+            store.claim(&k, fp("r"), LEASE).await.unwrap(),
+            StoreClaim::InProgress { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn no_nodes_or_a_bad_url_is_invalid_input() {
+        let none: [&str; 0] = [];
+        assert!(matches!(
+            RedisStore::connect_cluster(&none).await,
+            Err(StoreError::InvalidInput(_))
+        ));
+        assert!(matches!(
+            RedisStore::connect_cluster(&["mysql://127.0.0.1:7000"]).await,
+            Err(StoreError::InvalidInput(_))
+        ));
+    }
 }

@@ -1,7 +1,8 @@
 //! Open any idemcache store from a URL, so that configuration picks the store and the
 //! code has one path: `sqlite:PATH` (or `sqlite::memory:`), `postgres://...` (or
-//! `postgresql://`), `redis://...` (or `rediss://`, `redis+unix://`, `unix://`). Schemes
-//! are read whatever their case.
+//! `postgresql://`), `redis://...` (or `rediss://`, `redis+unix://`, `unix://`), and
+//! `redis-cluster://host:port,host:port,...` (a Redis Cluster: any of its nodes; the
+//! client learns the rest). Schemes are read whatever their case.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -60,7 +61,8 @@ impl fmt::Display for OpenError {
         match self {
             OpenError::UnknownScheme { url } => write!(
                 f,
-                "{url:?} is not a store URL: use sqlite:PATH, postgres://... or redis://..."
+                "{url:?} is not a store URL: use sqlite:PATH, postgres://..., redis://... or \
+                 redis-cluster://..."
             ),
             OpenError::NotBuilt { scheme, feature } => write!(
                 f,
@@ -173,6 +175,19 @@ pub async fn open_with(url: &str, lapse: idemcache::store::Lapse) -> Result<AnyS
             #[cfg(not(feature = "postgres"))]
             return Err(OpenError::NotBuilt { scheme: "postgres", feature: "postgres" });
         }
+        "redis-cluster" => {
+            #[cfg(feature = "redis")]
+            return match cluster_nodes(url) {
+                Ok(nodes) => idemcache_redis::RedisStore::connect_cluster(&nodes)
+                    .await
+                    .and_then(|store| store.lapse_policy(policy, ttl))
+                    .map(AnyStore::new)
+                    .map_err(failed),
+                Err(e) => Err(failed(e)),
+            };
+            #[cfg(not(feature = "redis"))]
+            return Err(OpenError::NotBuilt { scheme: "redis-cluster", feature: "redis" });
+        }
         "redis" | "rediss" | "redis+unix" | "unix" => {
             #[cfg(feature = "redis")]
             return idemcache_redis::RedisStore::connect(url)
@@ -188,6 +203,36 @@ pub async fn open_with(url: &str, lapse: idemcache::store::Lapse) -> Result<AnyS
             Err(OpenError::UnknownScheme { url: redacted(url) })
         }
     }
+}
+
+/// The node URLs of `redis-cluster://[user:password@]h1:p1,h2:p2,...` (a path of `/`
+/// or `/0` allowed: a cluster has one database): `redis://[user:password@]h:p` each.
+/// Anything else after the hosts, or no host, is [`StoreError::InvalidInput`].
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+fn cluster_nodes(url: &str) -> Result<Vec<String>, StoreError> {
+    let bad = |why: &str| {
+        StoreError::InvalidInput(format!(
+            "{why}: a Redis Cluster URL is redis-cluster://host:port,host:port,..."
+        ))
+    };
+    let rest = url.split_once("://").map(|(_, rest)| rest).ok_or_else(|| bad("no ://"))?;
+    let (auth, hosts) = match rest.rsplit_once('@') {
+        Some((auth, hosts)) => (format!("{auth}@"), hosts),
+        None => (String::new(), rest),
+    };
+    let hosts = hosts.strip_suffix("/0").or_else(|| hosts.strip_suffix('/')).unwrap_or(hosts);
+    if hosts.contains(['/', '?', '#']) {
+        return Err(bad("a cluster has one database and these URLs take no parameters"));
+    }
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("redis://{auth}{host}"))
+        .collect();
+    if nodes.is_empty() {
+        return Err(bad("no node"));
+    }
+    Ok(nodes)
 }
 
 #[cfg(test)]
@@ -220,6 +265,30 @@ mod tests {
             "postgres://db:5432/x?user=u&password=***"
         );
         assert_eq!(redacted("postgres://u@db/x?bypass=1"), "postgres://u@db/x?bypass=1");
+    }
+
+    #[test]
+    fn a_cluster_url_names_each_node() {
+        assert_eq!(
+            cluster_nodes("redis-cluster://127.0.0.1:7000,127.0.0.1:7001/").unwrap(),
+            ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]
+        );
+        assert_eq!(
+            cluster_nodes("Redis-Cluster://:pw@a:1,b:2").unwrap(),
+            ["redis://:pw@a:1", "redis://:pw@b:2"]
+        );
+        for bad in ["redis-cluster://", "redis-cluster://a:1/3", "redis-cluster://a:1?x=1"] {
+            assert!(matches!(cluster_nodes(bad), Err(StoreError::InvalidInput(_))), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_cluster_names_its_nodes_and_never_its_password() {
+        let e = open("redis-cluster://:zzsecret@127.0.0.1:1,127.0.0.1:2").await.unwrap_err();
+        let said = format!("{e} {e:?} {}", std::error::Error::source(&e).unwrap());
+        assert!(matches!(e, OpenError::Store { error: StoreError::Backend(_), .. }), "{e:?}");
+        assert!(said.contains("127.0.0.1:1,127.0.0.1:2"), "{said}");
+        assert!(!said.contains("zzsecret"), "{said}");
     }
 
     #[tokio::test]

@@ -9,16 +9,42 @@
 //! write, checks the record is still PROCESSING under the caller's token. A record's key
 //! expires with the record (`PEXPIREAT`), so Redis purges what is dead by itself.
 //!
-//! Keys are `idemcache:{<hex of the stored key>}`: the braces are a hash tag, so each
-//! script touches one slot and the store works on Redis Cluster. The index of UNKNOWN
-//! records (`idemcache:unknown`, a sorted set scored by Redis's own time at the mark)
-//! lives in its own slot, so it is written by a script of its own pipelined in front of
-//! `mark_unknown`'s (one round trip). Its members name the record *and its token*
-//! (`<hex>:<token>`): a member is live only while that record is UNKNOWN under that
-//! token, so resolving or forgetting never has to touch the index, and a stale member
-//! (resolved, expired, or its mark refused) can be trimmed by exact name without ever
-//! removing a newer mark. The member goes in first, so a connection lost between the
-//! two leaves a stale member (trimmed later), not an UNKNOWN record nobody lists.
+//! Keys are `idemcache:{<hex of the stored key>}`: the braces are a hash tag, so a
+//! record is one slot. **Every script touches exactly the one key it is given**
+//! (`KEYS[1]`), so the store works on Redis Cluster ([`RedisStore::connect_cluster`]) as
+//! on one server, with the same scripts. The index of UNKNOWN records is sharded in
+//! [`INDEX_BUCKETS`] sorted sets `idemcache:unknown:{0}` to `{15}` (each its own slot;
+//! a key's bucket is FNV-1a of its bytes modulo 16), scored by Redis's own time at the
+//! mark. Why buckets, and not the record keys tagged by their bucket: tagging records by
+//! bucket would put every record in one of 16 slots (a cluster could not spread them
+//! over more than 16 nodes, and would carry them unevenly) and change the layout of
+//! every record; buckets spread the index's writes (one per acquiring claim under
+//! `MarkUnknown`) over the nodes, and only the index's layout changes. The cost is in
+//! listing and purging, which read bucket by bucket and check each member's record by a
+//! script of its own on that record's key (all of a window's checks sent at once), where
+//! one script read them all before. The single `idemcache:unknown` of earlier versions
+//! is still read and trimmed, never written, so it drains.
+//!
+//! The index's members name the record *and its token* (`<hex>:<token>`): a member is
+//! live only while that record is UNKNOWN under that token, so resolving or forgetting
+//! never has to touch the index, and a stale member (resolved, expired, or its mark
+//! refused) can be trimmed by exact name without ever removing a newer mark. The member
+//! goes in first: `mark_unknown` pipelines the member's script in front of the mark's on
+//! one server (one round trip) and sends it, answered, before the mark on a cluster
+//! (two slots, so two commands); either way a connection lost between the two leaves a
+//! stale member (trimmed later), not an UNKNOWN record nobody lists. Listing and purging
+//! are bounded: a listing reads at most `limit` listable members per bucket; a purge
+//! checks at most four times its `limit` (at most 4,000) members.
+//!
+//! A server that lacks a script (restarted, `SCRIPT FLUSH`, a replica promoted by a
+//! failover that never saw `SCRIPT LOAD`) answers `NOSCRIPT` to `EVALSHA`; the script did
+//! not run, so it is sent again whole (`EVAL`), which runs it and loads it there.
+//!
+//! Replication: Redis acknowledges a write before any replica has it, so a failover can
+//! lose an acknowledged claim (a duplicate after it is Acquired again) or completion (the
+//! key reads PROCESSING, then lapses). [`RedisStore::wait_for_replicas`] sends `WAIT`
+//! with claims and completions and refuses a claim fewer replicas acknowledged; the
+//! business table's UNIQUE constraint is the guarantee.
 //!
 //! Scripts never return a Lua `nil` inside a reply (it would cut the array short): a
 //! field a record lacks comes back `false`, and the client answers
@@ -50,6 +76,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
 use redis::{AsyncCommands, RedisResult, Script};
 
 use idemcache::store::encoding::{
@@ -67,8 +94,6 @@ fn named(key: &Key, e: StoreError) -> StoreError {
         other => other,
     }
 }
-
-const UNKNOWN_INDEX: &str = "idemcache:unknown";
 
 /// The time on Redis's clock in µs; `fmt` for writing integers without exponents;
 /// `int` for reading them (`nil` for anything else); `read(key)`: the record at `key`
@@ -211,40 +236,37 @@ redis.call('DEL', KEYS[1])
 return {now, now}
 ";
 
-/// ARGV: the unknown TTL of lapses in µs, then the index's members (`<hex>:<token>`) to
-/// check. Returns the members to keep: those whose record is a live UNKNOWN under that
-/// token, or a lease of that token lapsed less than the TTL ago (the UNKNOWN it is
-/// being turned into), with its fingerprint, mark time and expiry; those whose record
-/// does not read, with why (never stopping at one); and those whose record is a live
-/// lease of that token (a member put in for a lapse a claim has not turned yet), marked
-/// pending.
-const LIST_UNKNOWN: &str = r"
-local out = {}
+/// KEYS[1]: a record an index member names; ARGV: the unknown TTL of lapses in µs, the
+/// member's token. Returns `false` for a stale member (the record is gone, or is not
+/// UNKNOWN under that token), else `{fp, mark, why, expires, pending}`: a live UNKNOWN
+/// under that token, or a lease of that token lapsed less than the TTL ago (the UNKNOWN
+/// it is being turned into), with its fingerprint, mark time and expiry; a record that
+/// does not read, with why; or a live lease of that token (a member put in for a lapse
+/// a claim has not turned yet), pending. One record per call, so that on a cluster the
+/// script touches only the slot of the key it is given.
+const CHECK_MEMBER: &str = r"
 local lapse = tonumber(ARGV[1])
-for i, member in ipairs(ARGV) do
-  local hex, token = string.match(member, '^(%x+):(%d+)$')
-  if i > 1 and hex then
-    local key = 'idemcache:{' .. hex .. '}'
-    local rec, bad = read(key)
-    if bad then
-      table.insert(out, {member, false, false, bad, false, false})
-    elseif rec and rec.token == tonumber(token) then
-      if rec.state == 3 and rec.expires > now then
-        local r = redis.call('HMGET', key, 'fp', 'settled')
-        table.insert(out, {member, r[1] or false, int(r[2]) or false, false, rec.expires, false})
-      elseif rec.state == 1 and rec.expires <= now and rec.expires + lapse > now then
-        local fp = redis.call('HGET', key, 'fp')
-        table.insert(out, {member, fp or false, rec.expires, false, rec.expires + lapse, false})
-      elseif rec.state == 1 and rec.expires > now then
-        table.insert(out, {member, false, false, false, false, true})
-      end
-    end
-  end
+local rec, bad = read(KEYS[1])
+if bad then return {false, false, bad, false, false} end
+if not rec or rec.token ~= tonumber(ARGV[2]) then return false end
+if rec.state == 3 and rec.expires > now then
+  local r = redis.call('HMGET', KEYS[1], 'fp', 'settled')
+  return {r[1] or false, int(r[2]) or false, false, rec.expires, false}
+elseif rec.state == 1 and rec.expires <= now and rec.expires + lapse > now then
+  local fp = redis.call('HGET', KEYS[1], 'fp')
+  return {fp or false, rec.expires, false, rec.expires + lapse, false}
+elseif rec.state == 1 and rec.expires > now then
+  return {false, false, false, false, 1}
 end
-return out
+return false
 ";
 
 /// Idempotency records in Redis. See the module docs for the guarantees.
+///
+/// One type over one server ([`connect`](Self::connect),
+/// [`from_connection`](Self::from_connection)) or a Redis Cluster
+/// ([`connect_cluster`](Self::connect_cluster),
+/// [`from_cluster_connection`](Self::from_cluster_connection)).
 ///
 /// Redis expires records by itself, but not the index of UNKNOWN records: each
 /// `mark_unknown` adds one member (the key in hex and the token, under 2.2 KiB) that
@@ -252,38 +274,194 @@ return out
 /// [`purge_expired`](Store::purge_expired) trims it (listing with
 /// [`unknown`](Store::unknown) trims the stale members it reads too). Run
 /// `purge_expired` periodically, as for every store: every minute, say, calling it
-/// again while it returns its limit. Each call checks at most four windows of the
-/// index (of `limit` members, at most 1,000) from where the last call of this store
-/// stopped, wrapping at the end, so its work is bounded whatever the index holds; a
-/// call that trims less than `limit` may leave stale members the next calls reach.
+/// again while it returns its limit. Each call checks at most four times `limit` (at
+/// most 4,000) members of the index and each bucket at most once, from where the last
+/// call of this store stopped, wrapping at the last bucket, so its work is bounded
+/// whatever the index holds; a call that trims less than `limit` may leave stale
+/// members the next calls reach.
 #[derive(Clone)]
 pub struct RedisStore {
-    connection: ConnectionManager,
+    connection: Connection,
     scripts: std::sync::Arc<Scripts>,
-    /// Where the next `purge_expired` looks in the UNKNOWN index (a rank).
-    purge_from: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    /// `host:port`, as connection errors name the server, when the store connected.
+    /// Where the next `purge_expired` looks in the UNKNOWN index: a bucket (an index
+    /// into [`index_keys`]) and a rank in it.
+    purge_from: std::sync::Arc<std::sync::Mutex<(usize, usize)>>,
+    /// `host:port` (or the cluster's nodes), as connection errors name the server, when
+    /// the store connected.
     server: Option<std::sync::Arc<str>>,
     /// What a lapsed lease becomes, for this handle's scripts.
     lapse: Lapse,
+    /// `WAIT` after each acquiring claim and each completion: how many replicas must
+    /// acknowledge the write, and for how long to wait ([`RedisStore::wait_for_replicas`]).
+    wait: Option<(u32, Duration)>,
 }
 
-/// How many windows of the UNKNOWN index one `purge_expired` call checks at most.
+/// The connection a store talks through: one server's, or a cluster's (which routes
+/// each script by its first key, and each pipeline by its first keyed command).
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Connection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// How many windows of the UNKNOWN index one `purge_expired` call checks at most (an
+/// empty bucket is not a window: reading it costs one `ZRANGE` that finds nothing).
 const PURGE_WINDOWS: usize = 4;
 
 /// The largest window of the UNKNOWN index read at once.
 const LONGEST_WINDOW: usize = 1000;
 
-struct Scripts {
-    claim: Script,
-    complete: Script,
-    extend_lease: Script,
-    release: Script,
-    mark_unknown: Script,
-    resolve: Script,
-    forget: Script,
-    list_unknown: Script,
+/// How many buckets the UNKNOWN index is sharded into (see the module docs). Part of
+/// the key layout: a member put in a bucket by a version with another count would
+/// still be listed (every bucket is read) only if its bucket is among these.
+pub const INDEX_BUCKETS: usize = 16;
+
+/// The Redis keys of the UNKNOWN index, in the order listing and purging read them: the
+/// index of versions before the sharding first (only read and trimmed, never written,
+/// so it drains), then the buckets `idemcache:unknown:{0}` to `{15}`.
+fn index_keys() -> impl Iterator<Item = String> {
+    std::iter::once(LEGACY_INDEX.to_owned())
+        .chain((0..INDEX_BUCKETS).map(|n| format!("idemcache:unknown:{{{n}}}")))
 }
+
+/// The single-slot index of versions before the sharding.
+const LEGACY_INDEX: &str = "idemcache:unknown";
+
+/// The bucket of the UNKNOWN index `key`'s members go in: FNV-1a (32 bits) of the
+/// stored key's bytes, modulo [`INDEX_BUCKETS`]. Spreads the index's writes (one per
+/// acquiring claim under `MarkUnknown`) over buckets, and so over a cluster's nodes.
+fn index_key(key: &Key) -> String {
+    let hash = key
+        .as_bytes()
+        .iter()
+        .fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(*b)).wrapping_mul(0x0100_0193));
+    format!("idemcache:unknown:{{{}}}", hash as usize % INDEX_BUCKETS)
+}
+
+/// One Lua script: its source (sent whole with `EVAL` to a server that lacks it) and
+/// its SHA1 (sent with `EVALSHA`).
+struct Lua {
+    source: String,
+    sha: String,
+}
+
+impl Lua {
+    fn new(body: &str) -> Lua {
+        let source = format!("{PRELUDE}{body}");
+        let sha = Script::new(&source).get_hash().to_owned();
+        Lua { source, sha }
+    }
+
+    /// `EVALSHA` of it (or `EVAL` of its source, `whole`) on `key` with `args`.
+    fn cmd(&self, whole: bool, key: &str, args: &[Vec<u8>]) -> redis::Cmd {
+        let mut cmd = match whole {
+            true => redis::cmd("EVAL").arg(&self.source).to_owned(),
+            false => redis::cmd("EVALSHA").arg(&self.sha).to_owned(),
+        };
+        cmd.arg(1).arg(key);
+        for arg in args {
+            cmd.arg(arg);
+        }
+        cmd
+    }
+}
+
+/// Whether `e` (a command's error or a pipeline's) is Redis lacking a script: the
+/// script did not run, so running it again (whole) is safe.
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOSCRIPT")
+        || e.clone()
+            .into_server_errors()
+            .iter()
+            .flat_map(|errors| errors.iter())
+            .any(|(_, server)| server.code() == "NOSCRIPT")
+}
+
+struct Scripts {
+    claim: Lua,
+    complete: Lua,
+    extend_lease: Lua,
+    release: Lua,
+    mark_unknown: Lua,
+    resolve: Lua,
+    forget: Lua,
+    check_member: Lua,
+}
+
+impl Scripts {
+    fn all(&self) -> [&Lua; 8] {
+        [
+            &self.claim,
+            &self.complete,
+            &self.extend_lease,
+            &self.release,
+            &self.mark_unknown,
+            &self.resolve,
+            &self.forget,
+            &self.check_member,
+        ]
+    }
+}
+
+/// A write a store was asked to see on replicas ([`RedisStore::wait_for_replicas`])
+/// that `WAIT` saw on fewer, carried by [`StoreError::Backend`] (downcast it to tell
+/// it apart). The write stands on the primary; what it means for the record is in the
+/// crate docs (Replication).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NotReplicated {
+    /// The key written.
+    pub key: Key,
+    /// Which write: `"claim"` or `"completion"`.
+    pub write: &'static str,
+    /// How many replicas acknowledged it within the timeout.
+    pub acknowledged: i64,
+    /// How many were asked for.
+    pub asked: u32,
+}
+
+impl std::fmt::Display for NotReplicated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the {} of {:?} reached {} of the {} replicas asked for in time",
+            self.write, self.key, self.acknowledged, self.asked
+        )
+    }
+}
+
+impl std::error::Error for NotReplicated {}
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -356,21 +534,73 @@ impl RedisStore {
         Ok(RedisStore { server: Some(server.into()), ..RedisStore::from_connection(connection) })
     }
 
+    /// Connects to the Redis Cluster whose nodes include `urls` (`redis://host:port`
+    /// each; one reachable node is enough, the client learns the others from it), and
+    /// loads the store's scripts on every node. The connection follows the cluster's
+    /// topology by itself (a failover, a resharding: `MOVED`), retrying a command a few
+    /// times within its 5 s timeout; an operation the cluster cannot answer in that time
+    /// (a primary down and its replica not promoted yet) is [`StoreError::Backend`].
+    /// Every key one script touches is in one slot (see the crate docs). No URL, or one
+    /// that does not read, is [`StoreError::InvalidInput`].
+    pub async fn connect_cluster<S: AsRef<str>>(urls: &[S]) -> Result<RedisStore, StoreError> {
+        if urls.is_empty() {
+            return Err(StoreError::InvalidInput("a Redis Cluster needs at least one node".into()));
+        }
+        for url in urls {
+            check_url(url.as_ref())?;
+        }
+        let nodes: Vec<&str> = urls.iter().map(AsRef::as_ref).collect();
+        let client = redis::cluster::ClusterClient::builder(nodes)
+            .connection_timeout(Duration::from_secs(5))
+            .response_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| StoreError::InvalidInput(format!("not Redis Cluster URLs: {e}")))?;
+        let server = format!(
+            "Redis Cluster at {}",
+            urls.iter()
+                .map(|u| u.as_ref().rsplit_once('@').map_or(u.as_ref(), |(_, host)| host))
+                .map(|u| u.split_once("://").map_or(u, |(_, host)| host))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let connection =
+            client.get_async_connection().await.map_err(|e| at_server(server.clone(), e))?;
+        let store = RedisStore {
+            server: Some(server.into()),
+            ..RedisStore::from_cluster_connection(connection)
+        };
+        store.load_scripts().await?;
+        Ok(store)
+    }
+
     /// A store over your own connection manager (with the timeouts, TLS and retries you
     /// chose); it is cloned per operation, as the manager is meant to be. The store does
     /// not know where the manager connects, so its errors are the driver's own, not
     /// named by the server as [`connect`](Self::connect)'s are.
     pub fn from_connection(connection: ConnectionManager) -> RedisStore {
-        let script = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        RedisStore::over(Connection::Single(connection))
+    }
+
+    /// A store over your own Redis Cluster connection (the redis crate's
+    /// [`ClusterClient`](redis::cluster::ClusterClient), built with the nodes, timeouts,
+    /// TLS and retries you chose); it is cloned per operation. Scripts are loaded on the
+    /// node that lacks one when it first answers `NOSCRIPT` (call
+    /// [`load_scripts`](Self::load_scripts) to load them everywhere first, as
+    /// [`connect_cluster`](Self::connect_cluster) does). Errors are the driver's own.
+    pub fn from_cluster_connection(connection: ClusterConnection) -> RedisStore {
+        RedisStore::over(Connection::Cluster(connection))
+    }
+
+    fn over(connection: Connection) -> RedisStore {
         let scripts = Scripts {
-            claim: script(CLAIM),
-            complete: script(COMPLETE),
-            extend_lease: script(EXTEND_LEASE),
-            release: script(RELEASE),
-            mark_unknown: script(MARK_UNKNOWN),
-            resolve: script(RESOLVE),
-            forget: script(FORGET),
-            list_unknown: script(LIST_UNKNOWN),
+            claim: Lua::new(CLAIM),
+            complete: Lua::new(COMPLETE),
+            extend_lease: Lua::new(EXTEND_LEASE),
+            release: Lua::new(RELEASE),
+            mark_unknown: Lua::new(MARK_UNKNOWN),
+            resolve: Lua::new(RESOLVE),
+            forget: Lua::new(FORGET),
+            check_member: Lua::new(CHECK_MEMBER),
         };
         RedisStore {
             connection,
@@ -378,7 +608,25 @@ impl RedisStore {
             purge_from: std::sync::Arc::default(),
             server: None,
             lapse: Lapse::TAKE_OVER,
+            wait: None,
         }
+    }
+
+    /// Loads the store's scripts (`SCRIPT LOAD`): on a cluster, on every node the
+    /// client knows, primaries and replicas, so that a replica promoted later has them.
+    /// Optional: a node that lacks a script (restarted, flushed, added later) answers
+    /// `NOSCRIPT` and is sent the script whole, which runs it and loads it there.
+    pub async fn load_scripts(&self) -> Result<(), StoreError> {
+        let mut connection = self.connection.clone();
+        for lua in self.scripts.all() {
+            let _: redis::Value = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(&lua.source)
+                .query_async(&mut connection)
+                .await
+                .map_err(|e| self.failed(e))?;
+        }
+        Ok(())
     }
 
     /// What a lapsed lease becomes for this handle's claims, listings and purges:
@@ -403,11 +651,40 @@ impl RedisStore {
         self.lapse
     }
 
-    /// Puts the UNKNOWN index's member of `key` under `token` in (scored by Redis's
-    /// time), as `mark_unknown` does; again is harmless.
+    /// Makes each acquiring claim and each completion wait (Redis `WAIT`, sent in one
+    /// pipeline with the write, so on the connection and node that wrote) until
+    /// `replicas` replicas have it, for at most `timeout`. A write that fewer replicas
+    /// acknowledged in time is answered [`StoreError::Backend`] carrying
+    /// [`NotReplicated`]: for a claim, its caller does not execute (the record is left
+    /// PROCESSING and lapses); for a completion, the record is COMPLETED on the primary
+    /// but may be lost with it. `WAIT` narrows what a failover loses; it does not make
+    /// Redis's replication synchronous (the crate docs, Replication: the database's
+    /// UNIQUE backstop is the guarantee). `replicas` of 0 turns waiting off; a
+    /// `timeout` of zero (which Redis reads as "forever") or over an hour is
+    /// [`StoreError::InvalidInput`]. Clones made after share the setting.
+    pub fn wait_for_replicas(
+        mut self,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<RedisStore, StoreError> {
+        if replicas == 0 {
+            self.wait = None;
+            return Ok(self);
+        }
+        if timeout.as_millis() == 0 || timeout > Duration::from_secs(3600) {
+            return Err(StoreError::InvalidInput(format!(
+                "a WAIT timeout of {timeout:?}: give one from 1 ms to an hour"
+            )));
+        }
+        self.wait = Some((replicas, timeout));
+        Ok(self)
+    }
+
+    /// Puts the UNKNOWN index's member of `key` under `token` in (its bucket, scored by
+    /// Redis's time), as `mark_unknown` does; again is harmless.
     async fn index(
         &self,
-        connection: &mut ConnectionManager,
+        connection: &mut Connection,
         key: &Key,
         token: i64,
     ) -> Result<(), StoreError> {
@@ -415,7 +692,7 @@ impl RedisStore {
         let _: redis::Value = redis::cmd("EVAL")
             .arg(INDEX_MARK)
             .arg(1)
-            .arg(UNKNOWN_INDEX)
+            .arg(index_key(key))
             .arg(&member)
             .query_async(connection)
             .await
@@ -430,26 +707,84 @@ impl RedisStore {
             || e.is_connection_dropped()
             || e.is_timeout();
         match &self.server {
+            Some(server) if unreachable && server.starts_with("Redis Cluster") => {
+                at_server(server.to_string(), e)
+            }
             Some(server) if unreachable => at_server(format!("Redis at {server}"), e),
             _ => backend(e),
+        }
+    }
+
+    /// Runs `lua` on the record (or index) key `key`: by its SHA1, and whole if the
+    /// server lacks it (a restart, `SCRIPT FLUSH`, a replica promoted by a failover
+    /// that never saw `SCRIPT LOAD`), which also loads it there.
+    async fn run(&self, lua: &Lua, key: &str, args: &[Vec<u8>]) -> RedisResult<redis::Value> {
+        let mut connection = self.connection.clone();
+        match lua.cmd(false, key, args).query_async(&mut connection).await {
+            Err(e) if is_noscript(&e) => {
+                lua.cmd(true, key, args).query_async(&mut connection).await
+            }
+            done => done,
+        }
+    }
+
+    /// [`run`](Self::run), followed in one pipeline (so on the same connection, to the
+    /// same node) by `WAIT` when the store waits for replicas: the script's reply and
+    /// how many replicas acknowledged.
+    async fn run_replicated(
+        &self,
+        lua: &Lua,
+        key: &str,
+        args: &[Vec<u8>],
+    ) -> RedisResult<(redis::Value, Option<i64>)> {
+        let Some((replicas, timeout)) = self.wait else {
+            return self.run(lua, key, args).await.map(|v| (v, None));
+        };
+        let mut connection = self.connection.clone();
+        let pipe = |whole| {
+            let mut pipe = redis::pipe();
+            pipe.add_command(lua.cmd(whole, key, args));
+            pipe.cmd("WAIT").arg(replicas).arg(timeout.as_millis() as u64);
+            pipe
+        };
+        let done: RedisResult<(redis::Value, i64)> =
+            match pipe(false).query_async(&mut connection).await {
+                Err(e) if is_noscript(&e) => pipe(true).query_async(&mut connection).await,
+                done => done,
+            };
+        done.map(|(v, n)| (v, Some(n)))
+    }
+
+    /// `Err` carrying [`NotReplicated`] if `acknowledged` is fewer than asked for.
+    fn replicated(
+        &self,
+        key: &Key,
+        write: &'static str,
+        acknowledged: Option<i64>,
+    ) -> Result<(), StoreError> {
+        match (self.wait, acknowledged) {
+            (Some((asked, _)), Some(acknowledged)) if acknowledged < i64::from(asked) => {
+                Err(StoreError::Backend(Box::new(NotReplicated {
+                    key: key.clone(),
+                    write,
+                    acknowledged,
+                    asked,
+                })))
+            }
+            _ => Ok(()),
         }
     }
 
     /// Runs a settling script; `None` from it is `missing` of the key.
     async fn settle(
         &self,
-        script: &Script,
+        script: &Lua,
         key: &Key,
         args: Vec<Vec<u8>>,
         missing: fn(Key) -> StoreError,
     ) -> Result<(i64, i64), StoreError> {
-        let mut invocation = script.key(record_key(key));
-        for arg in args {
-            invocation.arg(arg);
-        }
-        let mut connection = self.connection.clone();
-        let done: redis::Value = invocation
-            .invoke_async(&mut connection)
+        let done = self
+            .run(script, &record_key(key), &args)
             .await
             .map_err(|e| named(key, self.failed(e)))?;
         let done: Option<(i64, i64)> = read_reply(done).map_err(|e| named(key, e))?;
@@ -513,18 +848,15 @@ impl Store for RedisStore {
             let lapse = self.lapse.unknown_ttl_micros();
             // The token whose lapse this claim may turn UNKNOWN, once its member is in.
             let mut turn = 0;
+            let mut acknowledged;
             let (state, fp, token, body, settled, expires) = loop {
-                let reply: redis::Value = self
-                    .scripts
-                    .claim
-                    .key(&record)
-                    .arg(fp_in.to_bytes().to_vec())
-                    .arg(micros(lease))
-                    .arg(lapse)
-                    .arg(number(turn))
-                    .invoke_async(&mut connection)
+                let args =
+                    [fp_in.to_bytes().to_vec(), number(micros(lease)), number(lapse), number(turn)];
+                let (reply, replicas) = self
+                    .run_replicated(&self.scripts.claim, &record, &args)
                     .await
                     .map_err(|e| named(&key, self.failed(e)))?;
+                acknowledged = replicas;
                 let reply: ClaimReply = read_reply(reply).map_err(|e| named(&key, e))?;
                 match reply {
                     // Lapsed under `token` (MarkUnknown): the index's member first, so a
@@ -543,6 +875,12 @@ impl Store for RedisStore {
             };
             let token =
                 token.ok_or_else(|| corrupt(key.as_bytes(), "its token is not a number"))?;
+            if state == 0 {
+                // Not seen on the replicas asked for: a failover could lose the claim
+                // and let another caller acquire the key, so this caller must not
+                // execute (the record lapses).
+                self.replicated(&key, "claim", acknowledged)?;
+            }
             if state == 0 && lapse > 0 {
                 // Listed if it lapses, before anyone can execute under it.
                 self.index(&mut connection, &key, token).await?;
@@ -583,8 +921,13 @@ impl Store for RedisStore {
             check_duration("result TTL", ttl)?;
             let mut args = vec![number(token.get()), number(micros(ttl))];
             args.extend(body.as_deref().map(<[u8]>::to_vec));
-            let (at, until) =
-                self.settle(&self.scripts.complete, &key, args, StoreError::LeaseLost).await?;
+            let (done, acknowledged) = self
+                .run_replicated(&self.scripts.complete, &record_key(&key), &args)
+                .await
+                .map_err(|e| named(&key, self.failed(e)))?;
+            let done: Option<(i64, i64)> = read_reply(done).map_err(|e| named(&key, e))?;
+            let (at, until) = done.ok_or_else(|| StoreError::LeaseLost(key.clone()))?;
+            self.replicated(&key, "completion", acknowledged)?;
             Ok(Replay::new(body, from_micros(at), from_micros(until)))
         }
     }
@@ -628,27 +971,39 @@ impl Store for RedisStore {
         async move {
             check_duration("unknown TTL", ttl)?;
             let record = record_key(&key);
-            let member = format!("{}:{}", hex(key.as_bytes()), token.get());
+            let args = [number(token.get()), number(micros(ttl))];
             let mark = &self.scripts.mark_unknown;
             let mut connection = self.connection.clone();
-            // The index's member first, then the mark, in one round trip; the member is
-            // stale (and trimmed later) if the mark is refused or never runs. Only the
-            // mark can meet NOSCRIPT (the index's script is sent whole), and then it did
-            // not run: running both again is safe.
-            let mut pipe = redis::pipe();
-            pipe.cmd("EVAL").arg(INDEX_MARK).arg(1).arg(UNKNOWN_INDEX).arg(&member).ignore();
-            pipe.cmd("EVALSHA").arg(mark.get_hash()).arg(1).arg(&record);
-            pipe.arg(number(token.get())).arg(number(micros(ttl)));
-            let mut done: RedisResult<(redis::Value,)> = pipe.query_async(&mut connection).await;
-            if matches!(&done, Err(e) if e.code() == Some("NOSCRIPT")) {
-                // Redis lost its script cache (a restart, SCRIPT FLUSH): load and again.
-                mark.prepare_invoke()
-                    .load_async(&mut connection)
-                    .await
-                    .map_err(|e| self.failed(e))?;
-                done = pipe.query_async(&mut connection).await;
-            }
-            let (done,) = done.map_err(|e| named(&key, self.failed(e)))?;
+            // The index's member first, then the mark; the member is stale (and trimmed
+            // later) if the mark is refused or never runs. On one server both go in one
+            // round trip (a pipeline); on a cluster they are in two slots, so two
+            // commands, the member's answered before the mark is sent.
+            let done = match &connection {
+                Connection::Single(_) => {
+                    let member = format!("{}:{}", hex(key.as_bytes()), token.get());
+                    let pipe = |whole| {
+                        let mut pipe = redis::pipe();
+                        pipe.cmd("EVAL").arg(INDEX_MARK).arg(1).arg(index_key(&key)).arg(&member);
+                        pipe.ignore().add_command(mark.cmd(whole, &record, &args));
+                        pipe
+                    };
+                    // Only the mark can meet NOSCRIPT (the index's script is sent whole),
+                    // and then it did not run: running both again is safe.
+                    let done: RedisResult<(redis::Value,)> = match pipe(false)
+                        .query_async(&mut connection)
+                        .await
+                    {
+                        Err(e) if is_noscript(&e) => pipe(true).query_async(&mut connection).await,
+                        done => done,
+                    };
+                    done.map(|(done,)| done)
+                }
+                Connection::Cluster(_) => {
+                    self.index(&mut connection, &key, token.get() as i64).await?;
+                    self.run(mark, &record, &args).await
+                }
+            };
+            let done = done.map_err(|e| named(&key, self.failed(e)))?;
             let done: Option<(i64, i64)> = read_reply(done).map_err(|e| named(&key, e))?;
             done.map(drop).ok_or(StoreError::LeaseLost(key.clone()))
         }
@@ -687,48 +1042,58 @@ impl Store for RedisStore {
         let mut out = Vec::new();
         // `limit` members at a time (a listing may be long: its caller bounds it).
         let window = limit.max(16);
-        // Members may be stale (resolved elsewhere, expired), which each window trims, or
-        // name live leases (`MarkUnknown`), which are kept and not listed: the next
-        // window starts past the kept ones.
-        let mut start = 0;
-        while out.len() < limit {
-            let batch = self.index_window(start, window).await?;
-            for kept in batch.kept.iter().filter(|k| !k.pending).take(limit - out.len()) {
-                out.push(kept.listed()?);
+        // Each bucket is ordered by the time its members went in, so the first `limit`
+        // listable members of every bucket hold the first `limit` of the whole index:
+        // read up to that many from each, bucket by bucket (one slot at a time), merge.
+        for index in index_keys() {
+            // Members may be stale (resolved elsewhere, expired), which each window
+            // trims, or name live leases (`MarkUnknown`), which are kept and not
+            // listed: the next window starts past the kept ones.
+            let (mut listed, mut start) = (0, 0);
+            while listed < limit {
+                let batch = self.index_window(&index, start, window).await?;
+                for kept in batch.kept.iter().filter(|k| !k.pending).take(limit - listed) {
+                    out.push(kept.listed()?);
+                    listed += 1;
+                }
+                if batch.members < window {
+                    break;
+                }
+                start += batch.kept.len();
             }
-            if batch.members < window {
-                break;
-            }
-            start += batch.kept.len();
         }
         // The index is scored by the time its member went in, a moment before the mark
         // itself: order what is listed by the mark, as the other stores do.
         out.sort_by(|a, b| (a.marked_at, a.key.as_bytes()).cmp(&(b.marked_at, b.key.as_bytes())));
+        out.truncate(limit);
         Ok(out)
     }
 
     /// Redis expires records by itself; this trims up to `limit` members of the UNKNOWN
     /// index whose record is gone or no longer UNKNOWN, and returns how many. It checks
-    /// at most four windows of the index from where the last call stopped (see
-    /// [`RedisStore`]). A `limit` of 0 does nothing.
+    /// at most four times `limit` (at most 4,000) members of the index, and each of its
+    /// buckets at most once, from where the last call stopped (see [`RedisStore`]). A
+    /// `limit` of 0 does nothing.
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let (mut trimmed, mut start) = (0, self.purge_from.load(Relaxed));
-        for _ in 0..PURGE_WINDOWS {
-            let window = (limit - trimmed).min(LONGEST_WINDOW);
-            if window == 0 {
-                break;
-            }
-            let batch = self.index_window(start, window).await?;
+        let indexes: Vec<String> = index_keys().collect();
+        let cursor = || self.purge_from.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (mut bucket, mut start) = *cursor();
+        let budget = PURGE_WINDOWS * limit.min(LONGEST_WINDOW);
+        let (mut trimmed, mut checked, mut ended) = (0, 0, 0);
+        while trimmed < limit && checked < budget && ended < indexes.len() {
+            let window = (limit - trimmed).min(LONGEST_WINDOW).min(budget - checked);
+            let batch = self.index_window(&indexes[bucket % indexes.len()], start, window).await?;
             trimmed += batch.trimmed;
+            checked += batch.members;
             // The stale ones are gone; the kept ones stay ahead of the next window.
             start += batch.kept.len();
             if batch.members < window {
-                start = 0; // the end of the index: the next call starts from the front
-                break;
+                // The end of this bucket: the next window is the next bucket's first.
+                (bucket, start) = ((bucket + 1) % indexes.len(), 0);
+                ended += 1;
             }
         }
-        self.purge_from.store(start, Relaxed);
+        *cursor() = (bucket, start);
         Ok(trimmed)
     }
 }
@@ -756,19 +1121,21 @@ struct Kept {
     pending: bool,
 }
 
-impl redis::FromRedisValue for Kept {
-    fn from_redis_value(v: redis::Value) -> Result<Kept, redis::ParsingError> {
+/// What [`CHECK_MEMBER`] answered for a member to keep.
+struct Checked(Option<Vec<u8>>, Option<i64>, Option<String>, Option<i64>, Option<i64>);
+
+impl redis::FromRedisValue for Checked {
+    fn from_redis_value(v: redis::Value) -> Result<Checked, redis::ParsingError> {
         // Lua's `true` arrives as 1, its `false` as nil.
-        let (member, fingerprint, marked_at, unreadable, expires_at, pending): (
-            _,
-            _,
-            _,
-            _,
-            _,
-            Option<i64>,
-        ) = redis::from_redis_value(v)?;
-        let pending = pending.is_some();
-        Ok(Kept { member, fingerprint, marked_at, unreadable, expires_at, pending })
+        let (fingerprint, marked_at, unreadable, expires_at, pending) = redis::from_redis_value(v)?;
+        Ok(Checked(fingerprint, marked_at, unreadable, expires_at, pending))
+    }
+}
+
+impl Checked {
+    fn kept(self, member: String) -> Kept {
+        let Checked(fingerprint, marked_at, unreadable, expires_at, pending) = self;
+        Kept { member, fingerprint, marked_at, unreadable, expires_at, pending: pending.is_some() }
     }
 }
 
@@ -799,9 +1166,16 @@ impl Kept {
 }
 
 impl RedisStore {
-    /// Reads up to `n` members of the UNKNOWN index from rank `start`, keeps the live
-    /// and the unreadable ones (oldest first) and removes the stale ones from the index.
-    async fn index_window(&self, start: usize, n: usize) -> Result<IndexBatch, StoreError> {
+    /// Reads up to `n` members of the UNKNOWN index's bucket `index` from rank `start`,
+    /// keeps the live and the unreadable ones (oldest first) and removes the stale ones
+    /// from the bucket. Each member's record is checked by a script of its own on that
+    /// record's key (its own slot on a cluster), all sent at once.
+    async fn index_window(
+        &self,
+        index: &str,
+        start: usize,
+        n: usize,
+    ) -> Result<IndexBatch, StoreError> {
         let empty = IndexBatch { members: 0, kept: Vec::new(), trimmed: 0 };
         if n == 0 {
             // `ZRANGE key s s-1` would read nothing, but `0 -1` reads everything.
@@ -811,19 +1185,36 @@ impl RedisStore {
         let first = isize::try_from(start).unwrap_or(isize::MAX);
         let last = first.saturating_add(isize::try_from(n).unwrap_or(isize::MAX) - 1);
         let members: redis::Value =
-            connection.zrange(UNKNOWN_INDEX, first, last).await.map_err(|e| self.failed(e))?;
+            connection.zrange(index, first, last).await.map_err(|e| self.failed(e))?;
         let members: Vec<String> = read_reply(members)?;
         if members.is_empty() {
             return Ok(empty);
         }
-        let mut invocation = self.scripts.list_unknown.prepare_invoke();
-        invocation.arg(self.lapse.unknown_ttl_micros());
-        for member in &members {
-            invocation.arg(member);
-        }
-        let kept: redis::Value =
-            invocation.invoke_async(&mut connection).await.map_err(|e| self.failed(e))?;
-        let kept: Vec<Kept> = read_reply(kept)?;
+        let lapse = number(self.lapse.unknown_ttl_micros());
+        let checks = members.iter().map(|member| {
+            let lapse = lapse.clone();
+            async move {
+                // A member that does not read as `<hex>:<token>` names no record: stale.
+                let Some((hex, token)) = member.split_once(':').filter(|(hex, token)| {
+                    !hex.is_empty()
+                        && hex.bytes().all(|b| b.is_ascii_hexdigit())
+                        && !token.is_empty()
+                        && token.bytes().all(|b| b.is_ascii_digit())
+                }) else {
+                    return Ok(None);
+                };
+                let record = format!("idemcache:{{{hex}}}");
+                let args = [lapse, token.as_bytes().to_vec()];
+                let found = self
+                    .run(&self.scripts.check_member, &record, &args)
+                    .await
+                    .map_err(|e| self.failed(e))?;
+                let found: Option<Checked> = read_reply(found)?;
+                Ok::<_, StoreError>(found.map(|c| c.kept(member.clone())))
+            }
+        });
+        let kept: Vec<Kept> =
+            futures_util::future::try_join_all(checks).await?.into_iter().flatten().collect();
         let stale: Vec<&String> =
             members.iter().filter(|m| !kept.iter().any(|k| k.member == **m)).collect();
         // Counted as Redis removed them: a purge or listing running beside this one may
@@ -832,7 +1223,7 @@ impl RedisStore {
             true => 0,
             false => {
                 let removed: redis::Value =
-                    connection.zrem(UNKNOWN_INDEX, &stale).await.map_err(|e| self.failed(e))?;
+                    connection.zrem(index, &stale).await.map_err(|e| self.failed(e))?;
                 read_reply(removed)?
             }
         };
