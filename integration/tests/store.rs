@@ -368,6 +368,11 @@ mod redis_store {
     use super::*;
     use idemcache_redis::RedisStore;
 
+    /// These tests share one Redis database, and several count what `purge_expired`
+    /// trims across the whole UNKNOWN index: one at a time, so that no test's count
+    /// includes another's stale members.
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     async fn store() -> Option<RedisStore> {
         let url = redis_url()?;
         Some(RedisStore::connect(&url).await.unwrap())
@@ -375,6 +380,7 @@ mod redis_store {
 
     #[tokio::test]
     async fn redis_conforms() {
+        let _serial = SERIAL.lock().await;
         let Some(store) = store().await else { return };
         conformance::run_self_expiring(&store).await;
         assert!(format!("{store:?}").starts_with("RedisStore"), "{store:?}");
@@ -384,6 +390,7 @@ mod redis_store {
     /// is listed once, under its new mark, and trimming stale members never drops it.
     #[tokio::test]
     async fn a_key_marked_unknown_again_is_listed_once_and_survives_trimming() {
+        let _serial = SERIAL.lock().await;
         let Some(store) = store().await else { return };
         let k = key("remarked");
         let first = acquire(&store, &k).await;
@@ -476,6 +483,7 @@ mod redis_store {
     /// purging keeps working past it.
     #[tokio::test]
     async fn records_the_store_cannot_read_are_corrupt_not_a_panic() {
+        let _serial = SERIAL.lock().await;
         let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
         let (good, bad) = (key("good"), key("bad"));
         for k in [&good, &bad] {
@@ -550,6 +558,7 @@ mod redis_store {
     /// the result (state 0 read as the script's own "acquired" every time).
     #[tokio::test]
     async fn a_garbled_record_is_never_taken_over() {
+        let _serial = SERIAL.lock().await;
         let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
         let garblings: [(&str, Option<&str>); 7] = [
             ("state", Some("two")),
@@ -585,6 +594,7 @@ mod redis_store {
     /// to clear it, purging goes on.
     #[tokio::test]
     async fn writes_on_a_garbled_record_are_corrupt_and_purging_goes_on() {
+        let _serial = SERIAL.lock().await;
         let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
         let held = key("held-garbled");
         let token = acquire(&store, &held).await;
@@ -639,6 +649,7 @@ mod redis_store {
     /// help).
     #[tokio::test]
     async fn an_index_of_another_type_is_corrupt() {
+        let _serial = SERIAL.lock().await;
         let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
         let _: () = redis::cmd("SET")
             .arg("idemcache:unknown")
@@ -654,6 +665,7 @@ mod redis_store {
     /// listed by `unknown(5000)`.
     #[tokio::test]
     async fn a_long_listing_is_not_cut_at_a_window() {
+        let _serial = SERIAL.lock().await;
         let Some((store, _admin, _one_at_a_time)) = store_apart().await else { return };
         for i in 0..1200 {
             let k = key(&format!("many-{i:04}"));
@@ -668,6 +680,7 @@ mod redis_store {
     /// are 200 in all, never 400.
     #[tokio::test]
     async fn concurrent_purges_count_each_member_once() {
+        let _serial = SERIAL.lock().await;
         let Some((store, _admin, _one_at_a_time)) = store_apart().await else { return };
         let other = RedisStore::connect(&apart_url().unwrap()).await.unwrap();
         for round in 0..5 {
@@ -687,6 +700,7 @@ mod redis_store {
     /// the stale member where the last one stopped.
     #[tokio::test]
     async fn a_purge_call_checks_a_bounded_part_of_the_index() {
+        let _serial = SERIAL.lock().await;
         let Some((store, _admin, _one_at_a_time)) = store_apart().await else { return };
         for i in 0..40 {
             let k = key(&format!("live-{i:02}"));
@@ -716,6 +730,7 @@ mod redis_store {
     /// periodically).
     #[tokio::test]
     async fn purging_trims_the_unknown_index_and_a_limit_of_zero_does_nothing() {
+        let _serial = SERIAL.lock().await;
         let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
         for i in 0..3 {
             let k = key(&format!("live-{i}"));
@@ -765,6 +780,7 @@ mod redis_store {
     /// the old index drains, nothing in it is lost.
     #[tokio::test]
     async fn a_mark_in_the_index_before_sharding_is_listed_and_drains() {
+        let _serial = SERIAL.lock().await;
         let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
         let k = key("marked-by-an-older-version");
         let token = acquire(&store, &k).await;
@@ -801,6 +817,7 @@ mod redis_store {
     /// replicas turns waiting off; a zero timeout (Redis's "forever") is refused.
     #[tokio::test]
     async fn waiting_for_replicas_that_are_not_there_is_a_typed_error() {
+        let _serial = SERIAL.lock().await;
         let Some(store) = store().await else { return };
         let waiting = store.clone().wait_for_replicas(1, Duration::from_millis(20)).unwrap();
         let k = key("no-replica");
@@ -841,6 +858,7 @@ mod redis_store {
     /// mark, and at or before the mark the record holds.
     #[tokio::test]
     async fn the_index_is_scored_by_the_servers_clock() {
+        let _serial = SERIAL.lock().await;
         let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
         let server_now = |admin: &mut redis::aio::MultiplexedConnection| {
             let mut admin = admin.clone();
@@ -876,6 +894,7 @@ mod redis_store {
 
     #[tokio::test]
     async fn an_unreachable_redis_is_a_typed_error() {
+        let _serial = SERIAL.lock().await;
         match RedisStore::connect("redis://127.0.0.1:1/0").await {
             Err(e @ StoreError::Backend(_)) => {
                 let said = e.to_string();
@@ -887,6 +906,7 @@ mod redis_store {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_redis_killed_mid_request_is_a_typed_error_and_nothing_runs_twice() {
+        let _serial = SERIAL.lock().await;
         let Some(_direct) = store().await else { return };
         let url = std::env::var("IDEMCACHE_REDIS_STORE_URL").unwrap();
         let info: redis::ConnectionInfo =
@@ -904,6 +924,7 @@ mod redis_store {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_tiered_instances_over_redis_execute_each_key_exactly_once() {
+        let _serial = SERIAL.lock().await;
         let Some(first) = store().await else { return };
         let (second, restarted) = (store().await.unwrap(), store().await.unwrap());
         conformance::tiered_exactly_once(first, second, restarted, "redis-hammer").await;
