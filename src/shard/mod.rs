@@ -139,6 +139,12 @@ pub(crate) struct Deferred {
 }
 
 impl Deferred {
+    /// Whether a thread or a future waits on this shard.
+    #[inline]
+    pub(crate) fn has_waiters(&self) -> bool {
+        self.waiters > 0 || self.wakers.len() > 0
+    }
+
     /// Whether the epilogue has anything to do.
     #[inline]
     pub(crate) fn is_pending(&self) -> bool {
