@@ -620,7 +620,10 @@ mod redis_store {
             }
             other => panic!("expected Corrupt, got {other:?}"),
         }
-        // (The listing trimmed the stale member it read.)
+        // The listing trims the stale members it reads, bucket by bucket, and stops at
+        // the garbled record: the stale member of `held` is trimmed by it or, when its
+        // bucket comes later (buckets follow the run's keys), by this purge.
+        assert!(store.purge_expired(100).await.unwrap() <= 1);
         assert_eq!(store.purge_expired(100).await.unwrap(), 0);
         // A record key holding a list: named, and purging goes on.
         let listy = key("a-list");
@@ -813,8 +816,9 @@ mod redis_store {
 
     /// `wait_for_replicas` on a server with no replica: `WAIT` counts none, so an
     /// acquiring claim is a typed error carrying `NotReplicated` and its caller does
-    /// not execute; the key stays held (InProgress), never handed out twice. Zero
-    /// replicas turns waiting off; a zero timeout (Redis's "forever") is refused.
+    /// not execute; the claim is released (nothing ran under it), so the key is free
+    /// at once. Zero replicas turns waiting off; a zero timeout (Redis's "forever") and
+    /// one of the store's response timeout or more are refused.
     #[tokio::test]
     async fn waiting_for_replicas_that_are_not_there_is_a_typed_error() {
         let _serial = SERIAL.lock().await;
@@ -830,7 +834,7 @@ mod redis_store {
         }
         assert!(matches!(
             store.claim(&k, fp("r"), LEASE).await.unwrap(),
-            StoreClaim::InProgress { .. }
+            StoreClaim::Acquired { .. }
         ));
         // A completion that did not replicate stands on the server, and says so.
         let k = key("no-replica-completed");
@@ -847,10 +851,13 @@ mod redis_store {
         assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Completed(_)));
         let off = waiting.clone().wait_for_replicas(0, Duration::ZERO).unwrap();
         acquire(&off, &key("no-replica-not-waiting")).await;
-        assert!(matches!(
-            store.clone().wait_for_replicas(1, Duration::ZERO),
-            Err(StoreError::InvalidInput(_))
-        ));
+        for refused in [Duration::ZERO, Duration::from_secs(5), Duration::from_secs(3600)] {
+            assert!(matches!(
+                store.clone().wait_for_replicas(1, refused),
+                Err(StoreError::InvalidInput(_))
+            ));
+        }
+        assert!(store.clone().wait_for_replicas(1, Duration::from_millis(4999)).is_ok());
     }
 
     /// The index is scored by Redis's clock, as the record's own mark time is: every
@@ -1247,8 +1254,8 @@ mod redis_cluster {
 
     /// `wait_for_replicas(1, ..)`: each primary has its replica, so claims and
     /// completions are acknowledged. Asking for two (there is one): the claim is a
-    /// typed error carrying `NotReplicated`, its caller does not execute, and a second
-    /// claim of the key is InProgress (the record is held, not handed out again).
+    /// typed error carrying `NotReplicated`, its caller does not execute, and the claim
+    /// is released (nothing ran under it): a second claim of the key acquires it.
     #[tokio::test]
     async fn waiting_for_replicas_answers_what_replicated() {
         let Some(store) = store().await else { return };
@@ -1269,7 +1276,7 @@ mod redis_cluster {
         }
         assert!(matches!(
             store.claim(&k, fp("r"), LEASE).await.unwrap(),
-            StoreClaim::InProgress { .. }
+            StoreClaim::Acquired { .. }
         ));
     }
 

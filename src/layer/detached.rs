@@ -6,9 +6,13 @@
 //! wake-up sent to another worker: most executions end in the poll that started them),
 //! and when dropped unfinished (the request's future dropped: a client gone) it is
 //! spawned onto the current runtime to finish, its answer discarded. Dropped outside
-//! any runtime (one shutting down), it is dropped, as a spawned task would be then, and
-//! its claim is settled by its guard's drop rule. A panic while polled in place is
-//! caught and answered as [`Panicked`], never unwound through the layer.
+//! any runtime (one shutting down), it is dropped, as a spawned task would be then: over
+//! the cache its claim is settled by its guard's drop rule; over a durable store
+//! (`Tiered`) the guard lets go of the hot tier's entry only, and the store's record
+//! lapses at the end of its lease (what the store's lapse policy then says of it). A
+//! panic while polled in place is caught and answered as [`Panicked`], never unwound
+//! through the layer. The execution sees the request task's task-locals while it runs
+//! there and none once it moves to a task of its own: a handler must not rely on them.
 
 use std::future::Future;
 use std::pin::Pin;

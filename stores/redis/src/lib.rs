@@ -95,6 +95,10 @@ fn named(key: &Key, e: StoreError) -> StoreError {
     }
 }
 
+/// How long the store's own connections wait for a reply (and, on a cluster, for a
+/// command's retries): an operation Redis does not answer in it is [`StoreError::Backend`].
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The time on Redis's clock in µs; `fmt` for writing integers without exponents;
 /// `int` for reading them (`nil` for anything else); `read(key)`: the record at `key`
 /// checked field by field (`nil` if there is none, or `nil` and why it does not read);
@@ -525,7 +529,7 @@ impl RedisStore {
         let server = client.get_connection_info().addr().to_string();
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(RESPONSE_TIMEOUT))
             .set_number_of_retries(1);
         let connection = client
             .get_connection_manager_with_config(config)
@@ -552,7 +556,7 @@ impl RedisStore {
         let nodes: Vec<&str> = urls.iter().map(AsRef::as_ref).collect();
         let client = redis::cluster::ClusterClient::builder(nodes)
             .connection_timeout(Duration::from_secs(5))
-            .response_timeout(Duration::from_secs(5))
+            .response_timeout(RESPONSE_TIMEOUT)
             .build()
             .map_err(|e| StoreError::InvalidInput(format!("not Redis Cluster URLs: {e}")))?;
         let server = format!(
@@ -651,16 +655,27 @@ impl RedisStore {
         self.lapse
     }
 
-    /// Makes each acquiring claim and each completion wait (Redis `WAIT`, sent in one
-    /// pipeline with the write, so on the connection and node that wrote) until
-    /// `replicas` replicas have it, for at most `timeout`. A write that fewer replicas
-    /// acknowledged in time is answered [`StoreError::Backend`] carrying
-    /// [`NotReplicated`]: for a claim, its caller does not execute (the record is left
-    /// PROCESSING and lapses); for a completion, the record is COMPLETED on the primary
-    /// but may be lost with it. `WAIT` narrows what a failover loses; it does not make
-    /// Redis's replication synchronous (the crate docs, Replication: the database's
-    /// UNIQUE backstop is the guarantee). `replicas` of 0 turns waiting off; a
-    /// `timeout` of zero (which Redis reads as "forever") or over an hour is
+    /// Makes each claim and each completion wait (Redis `WAIT`, sent in one pipeline
+    /// with the write, so on the connection and node that wrote) until `replicas`
+    /// replicas have this connection's writes, for at most `timeout`. A write that fewer
+    /// replicas acknowledged in time is answered [`StoreError::Backend`] carrying
+    /// [`NotReplicated`]: for an acquiring claim, its caller does not execute and the
+    /// claim is released (nothing ran under it); for a completion, the record is
+    /// COMPLETED on the primary but may be lost with it. `WAIT` narrows what a failover
+    /// loses; it does not make Redis's replication synchronous (the crate docs,
+    /// Replication: the database's UNIQUE backstop is the guarantee).
+    ///
+    /// What it costs: `WAIT` holds the connection it is sent on, and the store shares
+    /// one connection per node between all its operations, so while replicas lag each
+    /// waited write delays everything this handle sends to that node (replays and lease
+    /// renewals included) by up to `timeout`. Keep `timeout` a small fraction of the
+    /// lease (a tenth, say), so that a renewal queued behind waits still lands before
+    /// the lease ends. Marks (`mark_unknown`), resolutions and the UNKNOWN index's
+    /// members are not waited for: a failover can lose them like any write.
+    ///
+    /// `replicas` of 0 turns waiting off; a `timeout` of zero (which Redis reads as
+    /// "forever") or of 5 s or more (the store's response timeout, past which the wait
+    /// would end as a timeout error rather than [`NotReplicated`]) is
     /// [`StoreError::InvalidInput`]. Clones made after share the setting.
     pub fn wait_for_replicas(
         mut self,
@@ -671,9 +686,10 @@ impl RedisStore {
             self.wait = None;
             return Ok(self);
         }
-        if timeout.as_millis() == 0 || timeout > Duration::from_secs(3600) {
+        if timeout.as_millis() == 0 || timeout >= RESPONSE_TIMEOUT {
             return Err(StoreError::InvalidInput(format!(
-                "a WAIT timeout of {timeout:?}: give one from 1 ms to an hour"
+                "a WAIT timeout of {timeout:?}: give one from 1 ms to under \
+                 {RESPONSE_TIMEOUT:?} (the store's response timeout)"
             )));
         }
         self.wait = Some((replicas, timeout));
@@ -878,8 +894,16 @@ impl Store for RedisStore {
             if state == 0 {
                 // Not seen on the replicas asked for: a failover could lose the claim
                 // and let another caller acquire the key, so this caller must not
-                // execute (the record lapses).
-                self.replicated(&key, "claim", acknowledged)?;
+                // execute. Nothing ran under the token, so the key is let go at once
+                // (best effort: a release that fails leaves the record to lapse),
+                // rather than held for a lease and, under `MarkUnknown`, turned into an
+                // UNKNOWN that nobody executed.
+                if let Err(e) = self.replicated(&key, "claim", acknowledged) {
+                    let args = vec![number(token)];
+                    let _ =
+                        self.settle(&self.scripts.release, &key, args, StoreError::LeaseLost).await;
+                    return Err(e);
+                }
             }
             if state == 0 && lapse > 0 {
                 // Listed if it lapses, before anyone can execute under it.
