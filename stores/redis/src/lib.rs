@@ -899,9 +899,7 @@ impl Store for RedisStore {
                 // rather than held for a lease and, under `MarkUnknown`, turned into an
                 // UNKNOWN that nobody executed.
                 if let Err(e) = self.replicated(&key, "claim", acknowledged) {
-                    let args = vec![number(token)];
-                    let _ =
-                        self.settle(&self.scripts.release, &key, args, StoreError::LeaseLost).await;
+                    let _ = Store::release(self, &key, FencingToken::new(token as u64)).await;
                     return Err(e);
                 }
             }
