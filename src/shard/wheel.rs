@@ -108,6 +108,14 @@ pub(crate) struct Wheel<P = ()> {
     levels: Box<[Level; NUM_LEVELS]>,
     nodes: Vec<Node<P>>,
     len: usize,
+    /// Set when a poll found nothing more due by `elapsed` (it ended without running out
+    /// of work), cleared when a poll hands an item back or runs out: while set, no
+    /// occupied slot begins at or before `elapsed` but level 0's current one, where an
+    /// item scheduled already due is linked. So a poll to a tick not past `elapsed` (the
+    /// clock has not moved a tick since: nearly every insert's sweep) looks at that one
+    /// slot instead of every level (callgrind: 117 of a fresh claim + complete's 2,414
+    /// instructions went to finding that nothing was due).
+    drained: bool,
 }
 
 impl<P: Copy + Default> Wheel<P> {
@@ -119,6 +127,7 @@ impl<P: Copy + Default> Wheel<P> {
             levels: Box::new(std::array::from_fn(|_| level.clone())),
             nodes: Vec::new(),
             len: 0,
+            drained: true,
         }
     }
 
@@ -174,17 +183,26 @@ impl<P: Copy + Default> Wheel<P> {
     /// looked at costs one unit of `work`; an item cascades at most `NUM_LEVELS` times,
     /// so handing out `n` items costs `O(n)` work however far time jumped.
     pub(crate) fn poll(&mut self, to: u64, work: &mut usize) -> Option<u32> {
+        if self.drained
+            && to <= self.elapsed
+            && self.levels[0].occupied & (1 << digit(self.elapsed, 0)) == 0
+        {
+            return None;
+        }
         loop {
             let Some((level, d, start)) = self.next_slot() else {
                 self.elapsed = self.elapsed.max(to);
+                self.drained = true;
                 return None;
             };
             if start > to {
                 // Nothing is due by `to`; jumping there keeps every invariant because no
                 // occupied slot begins at or before it.
                 self.elapsed = self.elapsed.max(to);
+                self.drained = true;
                 return None;
             }
+            self.drained = false;
             if *work == 0 {
                 return None;
             }
@@ -290,6 +308,22 @@ impl<P: Copy + Default> Wheel<P> {
             }
         }
         assert_eq!(seen, self.len, "wheel length drifted");
+        if self.drained {
+            for (level, l) in self.levels.iter().enumerate() {
+                let mut occupied = l.occupied;
+                if level == 0 {
+                    occupied &= !(1 << digit(self.elapsed, 0));
+                }
+                while occupied != 0 {
+                    let d = occupied.trailing_zeros();
+                    occupied &= occupied - 1;
+                    assert!(
+                        slot_start(self.elapsed, level, d) > self.elapsed,
+                        "drained, yet slot {level}/{d} begins by elapsed"
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -389,6 +423,30 @@ mod tests {
         assert_eq!(drain(&mut w, 100), vec![2]);
     }
 
+    /// A poll that runs out of work inside a higher level's slot that begins at the
+    /// current tick leaves the rest of it due: the next poll at the same tick (the one a
+    /// shortcut could skip) hands it back.
+    #[test]
+    fn a_poll_stopped_at_the_current_tick_leaves_the_rest_due() {
+        for work in [1, 2] {
+            let mut w = Wheel::new(0);
+            for id in 0..4 {
+                w.schedule(id, 64);
+            }
+            let mut budget = work;
+            let mut fired: Vec<u32> = std::iter::from_fn(|| w.poll(64, &mut budget)).collect();
+            assert_eq!(budget, 0, "work ran out part way");
+            w.validate();
+            fired.extend(drain(&mut w, 64));
+            fired.sort();
+            assert_eq!(fired, [0, 1, 2, 3], "work {work}");
+            // Drained: a poll at the same tick finds nothing, and a new item due now fires.
+            assert_eq!(drain(&mut w, 64), Vec::<u32>::new());
+            w.schedule(9, 10);
+            assert_eq!(drain(&mut w, 64), [9]);
+        }
+    }
+
     #[test]
     fn past_deadlines_fire_on_the_next_poll() {
         let mut w = Wheel::new(1000);
@@ -436,6 +494,8 @@ mod tests {
             Cancel(u32),
             /// Advance by this many ticks, polling with this much work per call until done.
             Advance(u64, usize),
+            /// One poll at the current tick with this much work: may stop part way.
+            PollOnce(usize),
         }
 
         fn op() -> impl Strategy<Value = Op> {
@@ -446,6 +506,7 @@ mod tests {
                 1 => (0u32..16).prop_map(Op::Cancel),
                 3 => (prop_oneof![0u64..100, 0u64..1_000_000, any::<u64>()], 1usize..8)
                     .prop_map(|(step, work)| Op::Advance(step, work)),
+                2 => (0usize..4).prop_map(Op::PollOnce),
             ]
         }
 
@@ -468,6 +529,13 @@ mod tests {
                         }
                         Op::Cancel(id) => {
                             prop_assert_eq!(wheel.cancel(id), reference.remove(&id).is_some());
+                        }
+                        Op::PollOnce(work) => {
+                            let mut budget = work;
+                            while let Some(id) = wheel.poll(now, &mut budget) {
+                                let due = reference.remove(&id);
+                                prop_assert!(due.is_some_and(|d| d <= now), "{} fired early or twice at {}", id, now);
+                            }
                         }
                         Op::Advance(step, work) => {
                             now = now.saturating_add(step);
