@@ -26,9 +26,10 @@ use natural::{ask, build, result, Ask, Outcome};
 const KEYS: u64 = 10_000;
 const OPS: u64 = 20_000;
 
-const ROWS: [&str; 4] = [
+const ROWS: [&str; 5] = [
     "idemcache (Key + Fingerprint per call)",
     "idemcache, key built beforehand",
+    natural::CONTRACT,
     "dashmap [u8; 16]",
     "quick_cache [u8; 16]",
 ];

@@ -7,7 +7,7 @@
 //! `instructions` (callgrind counts).
 #![allow(dead_code)]
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ahash::RandomState;
 use bytes::Bytes;
@@ -66,8 +66,9 @@ pub trait NaturalPeer: Send + Sync {
     fn claim_complete(&self, ask: &Ask, execute: &dyn Fn() -> Bytes) -> Outcome;
 }
 
-pub const NATURAL: [&str; 7] = [
+pub const NATURAL: [&str; 8] = [
     "idemcache (Key + Fingerprint per call)",
+    CONTRACT,
     "dashmap [u8; 16]",
     "dashmap String",
     "quick_cache [u8; 16]",
@@ -76,8 +77,16 @@ pub const NATURAL: [&str; 7] = [
     "moka String",
 ];
 
+/// The peer that does what idemcache does, by hand over dashmap: what the contract
+/// costs a map user.
+pub const CONTRACT: &str = "dashmap [u8; 16] + fingerprint, state, TTL";
+
 pub fn build(name: &str, capacity: usize) -> Box<dyn NaturalPeer> {
     match name {
+        CONTRACT => Box::new(ContractPeer {
+            map: dashmap::DashMap::with_hasher(RandomState::new()),
+            tokens: std::sync::atomic::AtomicU64::new(0),
+        }),
         "idemcache (Key + Fingerprint per call)" => Box::new(Idemcache(
             Cache::builder()
                 .max_entries(capacity)
@@ -211,5 +220,70 @@ impl<K: NaturalKey> NaturalPeer for MokaPeer<K> {
             Slot::Completed(_, body) => Outcome::Replayed(body),
             Slot::Processing(_) => Outcome::Busy,
         }
+    }
+}
+
+/// What [`ContractPeer`] stores: idemcache's contract by hand (the request's
+/// fingerprint, a state, a deadline: the lease's end while processing, the result's
+/// expiry once completed, and the claim's token so a completion is fenced).
+enum Record {
+    Processing { fp: Fingerprint, token: u64, lease_ends: Instant },
+    Completed { fp: Fingerprint, body: Bytes, expires: Instant },
+}
+
+/// dashmap keyed by the `[u8; 16]` doing what idemcache does on every call: the
+/// request's fingerprint computed per call (as idemcache's user computes it), a replay
+/// only for the same request and a live result, a lapsed lease taken over under a new
+/// token, a completion only by the claim's own token. `Instant::now()` is the clock a
+/// map user reaches for; no size bound, no eviction, no UNKNOWN, no waiting.
+struct ContractPeer {
+    map: dashmap::DashMap<[u8; 16], Record, RandomState>,
+    tokens: std::sync::atomic::AtomicU64,
+}
+
+/// How long a claim's lease lasts in [`ContractPeer`] (idemcache's default).
+const LEASE: Duration = Duration::from_secs(30);
+
+impl NaturalPeer for ContractPeer {
+    fn name(&self) -> &'static str {
+        CONTRACT
+    }
+    fn claim_complete(&self, ask: &Ask, execute: &dyn Fn() -> Bytes) -> Outcome {
+        use dashmap::mapref::entry::Entry;
+        let fp = Fingerprint::of(REQUEST);
+        let now = Instant::now();
+        // A token only for a claim that acquires: a replay takes none.
+        let token = || self.tokens.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let claimed = |token| Record::Processing { fp, token, lease_ends: now + LEASE };
+        let token = match self.map.entry(ask.id) {
+            Entry::Occupied(mut e) => match e.get() {
+                Record::Completed { fp: stored, body, expires } if *expires > now => {
+                    return if *stored == fp {
+                        Outcome::Replayed(body.clone())
+                    } else {
+                        Outcome::Busy
+                    };
+                }
+                Record::Processing { lease_ends, .. } if *lease_ends > now => return Outcome::Busy,
+                // Expired, or its lease lapsed: taken over.
+                _ => {
+                    let token = token();
+                    e.insert(claimed(token));
+                    token
+                }
+            },
+            Entry::Vacant(v) => {
+                let token = token();
+                v.insert(claimed(token));
+                token
+            }
+        };
+        let body = execute();
+        if let Some(mut record) = self.map.get_mut(&ask.id) {
+            if matches!(*record, Record::Processing { token: t, .. } if t == token) {
+                *record = Record::Completed { fp, body, expires: Instant::now() + TTL };
+            }
+        }
+        Outcome::Executed
     }
 }
