@@ -47,7 +47,7 @@ fn workload(scenario: &str, peer: &str) {
         let cache = Cache::builder().max_entries(4 * OPS as usize).build().unwrap();
         let keys: Vec<Key> = asks
             .iter()
-            .map(|a| Key::new("POST /v1/orders", "user:42", a.header()).unwrap())
+            .map(|a| Key::new("POST /v1/orders", "user:42", a.header_bytes()).unwrap())
             .collect();
         let fp = Fingerprint::of(natural::REQUEST);
         let claim_complete = |k: &Key, i: u64| match cache.claim(k, fp).unwrap() {

@@ -155,20 +155,37 @@ impl std::error::Error for KeyError {}
 
 impl Key {
     /// A key owned by `tenant`.
-    pub fn new(scope: &str, tenant: &str, client_key: &str) -> Result<Key, KeyError> {
+    ///
+    /// `client_key` is a `&str` or the header's bytes as they arrived (`&[u8]`,
+    /// `HeaderValue::as_bytes()`, or the `&HeaderValue` itself): a key is checked to be
+    /// visible ASCII here, which is also what `HeaderValue::to_str` checks, so bytes need
+    /// no check of their own first.
+    ///
+    /// ```
+    /// use idemcache::Key;
+    ///
+    /// let header: &[u8] = b"8e03978e-40d5-43e8-bc93-6894a57f9324";
+    /// let key = Key::new("POST /v1/orders", "user:42", header)?;
+    /// assert_eq!(key, Key::new("POST /v1/orders", "user:42", "8e03978e-40d5-43e8-bc93-6894a57f9324")?);
+    /// # Ok::<(), idemcache::KeyError>(())
+    /// ```
+    pub fn new(scope: &str, tenant: &str, client_key: impl AsRef<[u8]>) -> Result<Key, KeyError> {
         if tenant.is_empty() {
             return Err(KeyError::EmptyTenant);
         }
-        Key::build(scope, Some(tenant), client_key)
+        Key::build(scope, Some(tenant), client_key.as_ref())
     }
 
-    /// A key with no tenant: one key space shared by every caller of `scope`.
-    pub fn without_tenant(scope: &str, client_key: &str) -> Result<Key, KeyError> {
-        Key::build(scope, None, client_key)
+    /// A key with no tenant: one key space shared by every caller of `scope`. The client
+    /// key is a `&str` or bytes, as for [`Key::new`].
+    pub fn without_tenant(scope: &str, client_key: impl AsRef<[u8]>) -> Result<Key, KeyError> {
+        Key::build(scope, None, client_key.as_ref())
     }
 
-    fn build(scope: &str, tenant: Option<&str>, client_key: &str) -> Result<Key, KeyError> {
-        check_parts(scope.as_bytes(), tenant.map(str::as_bytes), client_key.as_bytes())?;
+    /// `client_key` is bytes: `check_parts` accepts only visible ASCII, so a key built
+    /// is always UTF-8 (`client_key()` relies on it).
+    fn build(scope: &str, tenant: Option<&str>, client_key: &[u8]) -> Result<Key, KeyError> {
+        check_parts(scope.as_bytes(), tenant.map(str::as_bytes), client_key)?;
         let len = 2 + scope.len() + 1 + tenant.map_or(0, |t| 2 + t.len()) + 1 + client_key.len();
         let stored = if len <= INLINE_KEY_LEN {
             let mut bytes = [0u8; INLINE_KEY_LEN];
@@ -198,9 +215,9 @@ impl Key {
             None => None,
             Some(t) => Some(std::str::from_utf8(t).map_err(|_| KeyError::Malformed)?),
         };
-        let client_key = std::str::from_utf8(parts.client_key).map_err(|_| KeyError::Malformed)?;
-        // `build` checks every rule a constructor checks, and re-encodes to `bytes`.
-        Key::build(scope, tenant, client_key)
+        // `build` checks every rule a constructor checks (a client key of visible ASCII
+        // is UTF-8), and re-encodes to `bytes`.
+        Key::build(scope, tenant, parts.client_key)
     }
 
     /// The stored, length-prefixed form: what the cache hashes and compares, and what a
@@ -253,8 +270,8 @@ impl fmt::Debug for Key {
 /// cursor threaded from one to the next: a 60-byte key is built in about half the
 /// instructions a cursor took (callgrind).
 #[inline]
-fn encode(scope: &str, tenant: Option<&str>, client_key: &str, out: &mut [u8]) {
-    let (scope, client_key) = (scope.as_bytes(), client_key.as_bytes());
+fn encode(scope: &str, tenant: Option<&str>, client_key: &[u8], out: &mut [u8]) {
+    let scope = scope.as_bytes();
     out[..2].copy_from_slice(&(scope.len() as u16).to_be_bytes());
     let mut at = 2 + scope.len();
     out[2..at].copy_from_slice(scope);
@@ -384,6 +401,25 @@ mod tests {
                 (0..16).map(|i| edges[(x >> (i * 4)) as usize % edges.len()]).collect();
             assert_eq!(all_visible_ascii(&word), slow(&word), "{word:x?}");
         }
+    }
+
+    /// A client key given as bytes is the same key as the same text, and bytes that are
+    /// not visible ASCII (so perhaps not UTF-8) are refused with where they are.
+    #[test]
+    fn client_keys_as_bytes_are_checked_like_text() {
+        let text = Key::new("s", "t", "abc-123").unwrap();
+        assert_eq!(Key::new("s", "t", b"abc-123").unwrap(), text);
+        assert_eq!(Key::new("s", "t", b"abc-123".as_slice()).unwrap(), text);
+        assert_eq!(Key::new("s", "t", String::from("abc-123")).unwrap(), text);
+        assert_eq!(Key::without_tenant("s", b"k").unwrap(), Key::without_tenant("s", "k").unwrap());
+        for (bytes, at, byte) in [(&b"ab\xffc"[..], 2, 0xff), (&b"\xc3\xa9"[..], 0, 0xc3), (&b"a b"[..], 1, b' ')] {
+            assert_eq!(
+                Key::new("s", "t", bytes),
+                Err(KeyError::ClientKeyNotVisibleAscii { at, byte }),
+                "{bytes:?}"
+            );
+        }
+        assert_eq!(text.client_key(), "abc-123");
     }
 
     #[test]

@@ -32,9 +32,16 @@ pub struct Ask {
 }
 
 impl Ask {
-    /// The `Idempotency-Key` header: the id in lowercase hex.
+    /// The `Idempotency-Key` header: the id in lowercase hex, as text (what a peer keyed
+    /// by `String` needs: `HeaderValue::to_str`, a check of every byte).
     pub fn header(&self) -> &str {
         std::str::from_utf8(&self.header).expect("hex is ASCII")
+    }
+
+    /// The header's bytes as they arrived (`HeaderValue::as_bytes`, no check): what
+    /// `Key::new` takes, checking them itself.
+    pub fn header_bytes(&self) -> &[u8] {
+        &self.header
     }
 }
 
@@ -147,7 +154,7 @@ impl NaturalPeer for Idemcache {
         "idemcache (Key + Fingerprint per call)"
     }
     fn claim_complete(&self, ask: &Ask, execute: &dyn Fn() -> Bytes) -> Outcome {
-        let key = Key::new("POST /v1/orders", "user:42", ask.header()).unwrap();
+        let key = Key::new("POST /v1/orders", "user:42", ask.header_bytes()).unwrap();
         let fp = Fingerprint::of(REQUEST);
         match self.0.claim(&key, fp).expect("benchmarks never fill the cache with in-flight work") {
             Claim::Acquired(guard) => {

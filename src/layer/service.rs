@@ -157,8 +157,8 @@ where
     };
     let scope = (settings.scope)(&parts);
     let key = match &tenant {
-        Some(tenant) => Key::new(&scope, tenant, &client_key),
-        None => Key::without_tenant(&scope, &client_key),
+        Some(tenant) => Key::new(&scope, tenant, client_key.as_bytes()),
+        None => Key::without_tenant(&scope, client_key.as_bytes()),
     };
     // The key owns its bytes now: the header's borrow ends here.
     drop(client_key);
