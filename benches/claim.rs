@@ -27,7 +27,7 @@ use idemcache::{Cache, Claim, Fingerprint, Key};
 const RESULT: &[u8; 128] = &[b'r'; 128];
 
 fn key(i: u64) -> Key {
-    Key::new("POST /v1/orders", "user:42", &format!("{i:016x}")).unwrap()
+    Key::new("POST /v1/orders", "user:42", format!("{i:016x}")).unwrap()
 }
 
 /// A 128-byte result in its own allocation, as a response body built per request is

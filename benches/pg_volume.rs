@@ -173,7 +173,7 @@ async fn claim_load(
                 if due >= end {
                     break;
                 }
-                let Ok(key) = Key::new(SCOPE, TENANT, &client_key(seed, n)) else {
+                let Ok(key) = Key::new(SCOPE, TENANT, client_key(seed, n)) else {
                     out.errors += 1;
                     continue;
                 };
@@ -299,7 +299,7 @@ async fn load(ctx: &Ctx) -> Result<()> {
     // `span` ending now, so the oldest `expired` fraction is past its TTL: what a table
     // looks like when nothing purged it for `span - 1 day`.
     let span = (DAY_US as f64 / (1.0 - expired)) as i64;
-    let sample = Key::new(SCOPE, TENANT, &"0".repeat(CLIENT_KEY_LEN))?;
+    let sample = Key::new(SCOPE, TENANT, "0".repeat(CLIENT_KEY_LEN))?;
     let prefix = &sample.as_bytes()[..sample.as_bytes().len() - CLIENT_KEY_LEN];
     let body = vec![b'x'; BODY_LEN];
     let sql = format!(

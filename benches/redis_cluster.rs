@@ -29,7 +29,7 @@ const ROUNDS: usize = 3;
 const TTL: Duration = Duration::from_secs(60);
 
 fn key(run: &str, i: u64) -> Key {
-    Key::new("POST /bench", run, &format!("k{i}")).unwrap()
+    Key::new("POST /bench", run, format!("k{i}")).unwrap()
 }
 
 /// Operations per second of `op` over `TASKS` tasks for `PHASE`.

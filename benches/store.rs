@@ -27,7 +27,7 @@ const LEASE: Duration = Duration::from_secs(30);
 const TTL: Duration = Duration::from_secs(3600);
 
 fn key(run: &str, k: u64) -> Key {
-    Key::new("POST /orders", run, &format!("k{k}")).unwrap()
+    Key::new("POST /orders", run, format!("k{k}")).unwrap()
 }
 
 fn body() -> Bytes {

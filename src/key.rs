@@ -412,7 +412,9 @@ mod tests {
         assert_eq!(Key::new("s", "t", b"abc-123".as_slice()).unwrap(), text);
         assert_eq!(Key::new("s", "t", String::from("abc-123")).unwrap(), text);
         assert_eq!(Key::without_tenant("s", b"k").unwrap(), Key::without_tenant("s", "k").unwrap());
-        for (bytes, at, byte) in [(&b"ab\xffc"[..], 2, 0xff), (&b"\xc3\xa9"[..], 0, 0xc3), (&b"a b"[..], 1, b' ')] {
+        for (bytes, at, byte) in
+            [(&b"ab\xffc"[..], 2, 0xff), (&b"\xc3\xa9"[..], 0, 0xc3), (&b"a b"[..], 1, b' ')]
+        {
             assert_eq!(
                 Key::new("s", "t", bytes),
                 Err(KeyError::ClientKeyNotVisibleAscii { at, byte }),
@@ -439,7 +441,7 @@ mod tests {
         let short = Key::new("POST /v1/orders", "user:42", uuid).unwrap();
         assert_eq!(short.as_bytes().len(), 64);
         assert!(matches!(short.stored, Stored::Inline { .. }));
-        let long = Key::new("POST /v1/orders", "user:42", &"k".repeat(100)).unwrap();
+        let long = Key::new("POST /v1/orders", "user:42", "k".repeat(100)).unwrap();
         assert!(matches!(long.stored, Stored::Heap(_)));
         for len in [INLINE_KEY_LEN - 1, INLINE_KEY_LEN, INLINE_KEY_LEN + 1] {
             let client = "c".repeat(len - 5);

@@ -416,7 +416,7 @@ fn a_body_that_cannot_fit_evicts_nothing_and_is_kept_without_its_body() {
 fn a_claim_refused_for_lack_of_room_evicts_nothing() {
     let clock = ManualClock::new();
     let cache = one_shard(&clock).max_bytes(64 * 1024).lease(secs(1000)).build().unwrap();
-    let long = |i: usize| Key::new("POST /v1/orders", &"t".repeat(1000), &format!("k{i}")).unwrap();
+    let long = |i: usize| Key::new("POST /v1/orders", &"t".repeat(1000), format!("k{i}")).unwrap();
     let per_entry = long(0).as_bytes().len() + ENTRY_OVERHEAD;
     acquire(&cache, &key("done"), fp("r")).complete(&b"kept"[..]).unwrap();
     let room = 64 * 1024 - (key("done").as_bytes().len() + 4 + ENTRY_OVERHEAD);

@@ -212,7 +212,7 @@ fn snapshot_writer_child_process() {
     let Ok(path) = std::env::var(CHILD) else { return };
     let cache = Cache::builder().max_entries(100_000).build().unwrap();
     for i in 0..3_000 {
-        let k = Key::new("POST /big", "child", &format!("k{i}")).unwrap();
+        let k = Key::new("POST /big", "child", format!("k{i}")).unwrap();
         if let Claim::Acquired(guard) = cache.claim(&k, fp("child")).unwrap() {
             guard.complete(vec![i as u8; 60_000]).unwrap();
         }

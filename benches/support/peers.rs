@@ -179,7 +179,7 @@ impl Peer for MokaPeer {
 
 /// Keys of the common shape: scope, tenant, 16-byte client key (44 bytes stored).
 pub fn key(i: u64) -> Key {
-    Key::new("POST /v1/orders", "user:42", &format!("{i:016x}")).unwrap()
+    Key::new("POST /v1/orders", "user:42", format!("{i:016x}")).unwrap()
 }
 
 /// A 128-byte result in its own allocation, as a real response body is.

@@ -342,7 +342,7 @@ async fn postgres_ensure_schema_beside_an_open_completion_does_not_wait() {
     let store = idemcache_postgres::PostgresStore::connect(&url, 2).await.unwrap();
     store.ensure_schema().await.unwrap();
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
-    let key = Key::new("POST /orders", "schema", &format!("k-{}", nanos.as_nanos())).unwrap();
+    let key = Key::new("POST /orders", "schema", format!("k-{}", nanos.as_nanos())).unwrap();
     let StoreClaim::Acquired { token, .. } =
         store.claim(&key, Fingerprint::of(b"o"), Duration::from_secs(30)).await.unwrap()
     else {

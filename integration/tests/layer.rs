@@ -406,7 +406,7 @@ async fn a_full_cache_answers_503_and_never_runs_unguarded() {
     let addr = serve(layer(&cache), handler.clone()).await;
     let held: Vec<_> = (0..64)
         .map(|i| {
-            let k = Key::new("elsewhere", "x", &format!("k{i}")).unwrap();
+            let k = Key::new("elsewhere", "x", format!("k{i}")).unwrap();
             match cache.claim(&k, Fingerprint::of(b"")).unwrap() {
                 Claim::Acquired(guard) => guard,
                 other => panic!("{other:?}"),

@@ -788,7 +788,7 @@ mod model_any_to {
         prop_oneof![
             Just(0u64),
             0u64..1_000_000,
-            (0u32..11, -1i64..2).prop_map(|(l, o)| boundary(0, l, o).max(0)),
+            (0u32..11, -1i64..2).prop_map(|(l, o)| boundary(0, l, o)),
             any::<u64>().prop_map(|x| x >> 4),
         ]
     }

@@ -413,7 +413,7 @@ impl Harness {
             .build()
             .unwrap();
         let keys =
-            (0..KEYS).map(|i| Key::new("scope", "tenant", &format!("key-{i}")).unwrap()).collect();
+            (0..KEYS).map(|i| Key::new("scope", "tenant", format!("key-{i}")).unwrap()).collect();
         let model = Model {
             max_entries,
             completions: 0,
