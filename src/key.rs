@@ -474,3 +474,122 @@ mod tests {
         assert_eq!(Key::from_bytes(&longer), Err(KeyError::Malformed));
     }
 }
+
+/// Keys from any bytes (an adversarial review's models): what is accepted, what it
+/// reads back as, and that a stored form names one key.
+#[cfg(test)]
+mod any_bytes {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..300),
+            proptest::collection::vec(
+                prop_oneof![0x1fu8..0x23, 0x7cu8..0x83, 0xc0u8..0xc4, 0xfeu8..=0xff, Just(b'a')],
+                0..300
+            ),
+            (250usize..260).prop_map(|n| vec![b'k'; n]),
+            (0usize..300, any::<u8>(), 0usize..300).prop_map(|(n, b, at)| {
+                let mut v = vec![b'x'; n];
+                if n > 0 {
+                    v[at % n] = b;
+                }
+                v
+            }),
+        ]
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![".{0,20}", "[a-z:/ ]{1,8}", (1020usize..1030).prop_map(|n| "s".repeat(n))]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 1000,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// Any bytes: a key built is exactly the visible-ASCII, 1..=255 client key the
+        /// `&str` form accepts; accessors never panic; from_bytes(as_bytes) round
+        /// trips; as `&str`, `&[u8]`, `Vec<u8>` the same result.
+        #[test]
+        fn a_client_key_of_any_bytes_is_accepted_exactly_when_visible_ascii(scope in text(), tenant in prop::option::of(text()), ck in bytes()) {
+            let r = match &tenant {
+                Some(t) => Key::new(&scope, t, &ck),
+                None => Key::without_tenant(&scope, &ck),
+            };
+            let r2 = match &tenant {
+                Some(t) => Key::new(&scope, t, ck.clone()),
+                None => Key::without_tenant(&scope, ck.as_slice()),
+            };
+            prop_assert_eq!(&r, &r2);
+            let ok_ck = !ck.is_empty() && ck.len() <= MAX_CLIENT_KEY_LEN && ck.iter().all(|b| (b'!'..=b'~').contains(b));
+            if let Ok(s) = std::str::from_utf8(&ck) {
+                let r3 = match &tenant {
+                    Some(t) => Key::new(&scope, t, s),
+                    None => Key::without_tenant(&scope, s),
+                };
+                prop_assert_eq!(&r, &r3);
+            }
+            match r {
+                Ok(k) => {
+                    prop_assert!(ok_ck, "accepted {:?}", ck);
+                    prop_assert_eq!(k.client_key().as_bytes(), &ck[..]);
+                    prop_assert_eq!(k.scope(), scope.as_str());
+                    prop_assert_eq!(k.tenant(), tenant.as_deref());
+                    let _ = format!("{k:?}");
+                    let back = Key::from_bytes(k.as_bytes()).unwrap();
+                    prop_assert_eq!(back.as_bytes(), k.as_bytes());
+                }
+                Err(e) => {
+                    let scope_ok = !scope.is_empty() && tenant.as_ref().is_none_or(|t| !t.is_empty())
+                        && scope.len() + tenant.as_ref().map_or(0, |t| t.len()) <= MAX_SCOPE_AND_TENANT_LEN;
+                    prop_assert!(!ok_ck || !scope_ok, "refused {:?}: {:?}", ck, e);
+                    if scope_ok {
+                        if let KeyError::ClientKeyNotVisibleAscii { at, byte } = e {
+                            let first = ck.iter().position(|b| !b.is_ascii_graphic()).unwrap();
+                            prop_assert_eq!((at, byte), (first, ck[first]));
+                        }
+                    }
+                }
+            }
+        }
+
+        /// Arbitrary bytes into from_bytes: never panics; an accepted stored form is
+        /// exactly its input (one stored form per key), accessors never panic, and it
+        /// equals the key built from its parts.
+        #[test]
+        fn any_bytes_read_as_a_stored_form_are_that_form_or_refused(raw in proptest::collection::vec(any::<u8>(), 0..400),
+                                    sl in 0u16..12, tag in 0u8..3, tl in 0u16..12, cl in any::<u8>(), framed in any::<bool>()) {
+            let input = if framed {
+                // A plausible framing with arbitrary contents.
+                let mut v = Vec::new();
+                let mut it = raw.iter().copied().chain(std::iter::repeat(b'!'));
+                v.extend(sl.to_be_bytes());
+                v.extend(it.by_ref().take(sl as usize));
+                v.push(tag);
+                if tag == 1 {
+                    v.extend(tl.to_be_bytes());
+                    v.extend(it.by_ref().take(tl as usize));
+                }
+                v.push(cl);
+                v.extend(it.take(cl as usize));
+                v
+            } else {
+                raw
+            };
+            if let Ok(k) = Key::from_bytes(&input) {
+                prop_assert_eq!(k.as_bytes(), &input[..]);
+                let rebuilt = match k.tenant() {
+                    Some(t) => Key::new(k.scope(), t, k.client_key()),
+                    None => Key::without_tenant(k.scope(), k.client_key()),
+                }.unwrap();
+                prop_assert_eq!(rebuilt, k.clone());
+                let _ = format!("{k:?}");
+            }
+        }
+    }
+}

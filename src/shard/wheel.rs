@@ -450,6 +450,22 @@ mod tests {
         }
     }
 
+    /// `validate` refuses the state the shortcut must never be in: marked drained while
+    /// a slot stopped part way at `elapsed` is still due.
+    #[test]
+    fn validate_refuses_a_drained_mark_over_a_slot_still_due() {
+        let mut w: Wheel = Wheel::new(0);
+        for id in 0..4 {
+            w.schedule(id, 64);
+        }
+        let mut budget = 1;
+        assert!(w.poll(64, &mut budget).is_some());
+        w.validate();
+        w.drained = true;
+        let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.validate()));
+        assert!(refused.is_err(), "validate accepted a drained mark over a due slot");
+    }
+
     #[test]
     fn past_deadlines_fire_on_the_next_poll() {
         let mut w = Wheel::new(1000);
