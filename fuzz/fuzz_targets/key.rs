@@ -1,6 +1,7 @@
-//! Arbitrary bytes into every key and fingerprint constructor: a typed error or a value,
-//! never a panic; and a key's stored form always gives back exactly the parts it was
-//! built from, so two different part-tuples can never share one stored form.
+//! Arbitrary bytes into every key and fingerprint constructor (a client key as text and
+//! as bytes): a typed error or a value, never a panic; and a key's stored form always
+//! gives back exactly the parts it was built from, so two different part-tuples can
+//! never share one stored form.
 #![no_main]
 
 use arbitrary::Unstructured;
@@ -33,6 +34,20 @@ fuzz_target!(|data: &[u8]| {
         // Injective: the stored form decodes to exactly these parts.
         assert_eq!((key.scope(), key.tenant(), key.client_key()), (scope, tenant, client));
         assert_eq!(Key::from_bytes(key.as_bytes()).as_ref(), Ok(&key));
+    }
+
+    // A client key as bytes (a header's, as they arrived): accepted exactly when they
+    // are 1 to 255 bytes of visible ASCII, and read back as the same bytes.
+    if let Ok(bytes) = u.arbitrary::<&[u8]>() {
+        let visible =
+            !bytes.is_empty() && bytes.len() <= 255 && bytes.iter().all(u8::is_ascii_graphic);
+        match Key::without_tenant("s", bytes) {
+            Ok(key) => {
+                assert!(visible, "accepted {bytes:?}");
+                assert_eq!(key.client_key().as_bytes(), bytes);
+            }
+            Err(_) => assert!(!visible, "refused {bytes:?}"),
+        }
     }
 
     // Fingerprints: any input, deterministic, never a panic.
