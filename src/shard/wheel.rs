@@ -426,20 +426,27 @@ mod tests {
         assert_eq!(drain(&mut w, 100), vec![2]);
     }
 
-    /// A poll that runs out of work inside a higher level's slot that begins at the
-    /// current tick leaves the rest of it due: the next poll at the same tick (the one a
-    /// shortcut could skip) hands it back.
+    /// Four items due at 64 and a poll to 64 that runs out of `work` inside their
+    /// level-1 slot, which begins at the current tick: the wheel, and what it handed back.
+    fn stopped_cascade(work: usize) -> (Wheel, Vec<u32>) {
+        let mut w = Wheel::new(0);
+        for id in 0..4 {
+            w.schedule(id, 64);
+        }
+        let mut budget = work;
+        let fired: Vec<u32> = std::iter::from_fn(|| w.poll(64, &mut budget)).collect();
+        assert_eq!(budget, 0, "work ran out part way");
+        assert_eq!(fired.len(), work, "one item a unit of work");
+        w.validate();
+        (w, fired)
+    }
+
+    /// A poll stopped inside a cascade at the current tick leaves the rest of it due:
+    /// the next poll at the same tick (the one a shortcut could skip) hands it back.
     #[test]
     fn a_poll_stopped_at_the_current_tick_leaves_the_rest_due() {
         for work in [1, 2] {
-            let mut w = Wheel::new(0);
-            for id in 0..4 {
-                w.schedule(id, 64);
-            }
-            let mut budget = work;
-            let mut fired: Vec<u32> = std::iter::from_fn(|| w.poll(64, &mut budget)).collect();
-            assert_eq!(budget, 0, "work ran out part way");
-            w.validate();
+            let (mut w, mut fired) = stopped_cascade(work);
             fired.extend(drain(&mut w, 64));
             fired.sort();
             assert_eq!(fired, [0, 1, 2, 3], "work {work}");
@@ -450,17 +457,28 @@ mod tests {
         }
     }
 
+    /// Then a poll to a tick behind `elapsed`, with work or none, which finds nothing due
+    /// by its `to` (and once marked the wheel drained for it: `validate` in `drain`
+    /// refuses that), then a full poll at `elapsed`: every item due there comes back
+    /// (with the mark, one of four did).
+    #[test]
+    fn a_poll_behind_elapsed_after_a_stopped_cascade_keeps_what_is_due() {
+        for (behind, work) in [(10, usize::MAX), (63, 0)] {
+            let (mut w, mut fired) = stopped_cascade(1);
+            let mut budget = work;
+            assert_eq!(w.poll(behind, &mut budget), None);
+            w.validate();
+            fired.extend(drain(&mut w, 64));
+            fired.sort();
+            assert_eq!(fired, [0, 1, 2, 3], "after a poll to {behind} with work {work}");
+        }
+    }
+
     /// `validate` refuses the state the shortcut must never be in: marked drained while
     /// a slot stopped part way at `elapsed` is still due.
     #[test]
     fn validate_refuses_a_drained_mark_over_a_slot_still_due() {
-        let mut w: Wheel = Wheel::new(0);
-        for id in 0..4 {
-            w.schedule(id, 64);
-        }
-        let mut budget = 1;
-        assert!(w.poll(64, &mut budget).is_some());
-        w.validate();
+        let (mut w, _) = stopped_cascade(1);
         w.drained = true;
         let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.validate()));
         assert!(refused.is_err(), "validate accepted a drained mark over a due slot");
@@ -593,57 +611,6 @@ mod model_any_to {
     use proptest::prelude::*;
 
     use super::*;
-
-    /// A poll that runs out of work inside a cascade at the current tick, then a poll to
-    /// a tick below `elapsed` (which finds nothing due by its `to`, and used to
-    /// set `drained` for it), then a full poll at `elapsed`: the items due at `elapsed` still in the
-    /// cascading level-1 slot must come back.
-    #[test]
-    fn a_poll_behind_elapsed_after_a_stopped_cascade_leaves_drained_unset() {
-        let mut w: Wheel = Wheel::new(0);
-        for id in 0..4 {
-            w.schedule(id, 64);
-        }
-        let mut budget = 1;
-        let first: Vec<u32> = std::iter::from_fn(|| w.poll(64, &mut budget)).collect();
-        assert_eq!(budget, 0);
-        assert_eq!(first.len(), 1);
-        w.validate();
-        // A poll to a tick below elapsed (64): nothing is due by 10.
-        let mut work = usize::MAX;
-        assert_eq!(w.poll(10, &mut work), None);
-        w.validate(); // the drained invariant
-        let mut rest = Vec::new();
-        let mut work = usize::MAX;
-        while let Some(id) = w.poll(64, &mut work) {
-            rest.push(id);
-        }
-        rest.extend(first);
-        rest.sort();
-        assert_eq!(rest, [0, 1, 2, 3], "items due at 64 not handed back by a full poll to 64");
-    }
-
-    /// The same sequence without `validate`: what a caller sees. A full poll to 64 hands
-    /// back every item due at 64 (with the shortcut set by the poll behind `elapsed`, it
-    /// handed back one of four: the rest waited for a poll past 64).
-    #[test]
-    fn a_poll_behind_elapsed_after_a_stopped_cascade_keeps_what_is_due() {
-        let mut w: Wheel = Wheel::new(0);
-        for id in 0..4 {
-            w.schedule(id, 64);
-        }
-        let mut budget = 1;
-        let mut fired: Vec<u32> = std::iter::from_fn(|| w.poll(64, &mut budget)).collect();
-        let mut zero = 0;
-        assert_eq!(w.poll(63, &mut zero), None); // even with no work at all
-        let mut work = usize::MAX;
-        while let Some(id) = w.poll(64, &mut work) {
-            fired.push(id);
-        }
-        assert!(work > 0, "the poll completed");
-        fired.sort();
-        assert_eq!(fired, [0, 1, 2, 3], "a completed poll to 64 left items due at 64");
-    }
 
     #[derive(Debug, Clone)]
     enum Op {
