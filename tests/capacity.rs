@@ -476,3 +476,36 @@ fn ms(n: u64) -> Duration {
 fn one_shard(clock: &ManualClock) -> idemcache::CacheBuilder {
     Cache::builder().clock(clock.clone()).shards(1)
 }
+
+/// A shard's entries live in segments of 16,384 slots: slots freed by eviction and by
+/// removal, in the first segment and in later ones, are reused by new keys, and every
+/// key still reads back its own result (a slot mixed up across segments would answer
+/// with another key's, or with none).
+#[test]
+fn slots_freed_across_segments_are_reused_and_every_key_keeps_its_own_result() {
+    const FULL: usize = 40_000; // three segments
+    let clock = ManualClock::new();
+    let cache = bounded(&clock, FULL);
+    let body = |i: usize| bytes::Bytes::from(format!("result {i}"));
+    let claim_complete = |i: usize| {
+        acquire(&cache, &key(&format!("k{i}")), fp("r")).complete(body(i)).unwrap();
+        clock.advance(Duration::from_millis(1));
+    };
+    (0..FULL).for_each(claim_complete);
+    // Full: the next claim evicts the oldest tenth (k0..k3999, first-segment slots).
+    (FULL..FULL + 500).for_each(claim_complete);
+    // Removals in the second and third segments, then keys to reuse their slots.
+    let removed = |i: usize| (17_000..39_000).contains(&i) && (i - 17_000) % 7 == 0;
+    for i in (17_000..39_000).filter(|&i| removed(i)) {
+        assert!(cache.remove(&key(&format!("k{i}"))).is_some(), "k{i} was there");
+    }
+    (FULL + 500..FULL + 3_500).for_each(claim_complete);
+    cache.debug_validate();
+    let mut live = 0;
+    for i in (FULL / 10..FULL + 3_500).filter(|&i| !removed(i)) {
+        let r = replay(&cache, &key(&format!("k{i}")), fp("r"));
+        assert_eq!(r.body, Some(body(i)), "k{i} answered another key's result");
+        live += 1;
+    }
+    assert_eq!(cache.stats().entries, live, "nothing else is left");
+}

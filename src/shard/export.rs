@@ -24,13 +24,13 @@ impl Shard {
     ) {
         out.reserve(self.table.len());
         for i in 0..self.slots.len() {
-            let Some(e) = self.slots[i].as_ref() else { continue };
+            let Some(e) = self.slots.get(i) else { continue };
             // A lease that lapsed under `LapsePolicy::MarkUnknown` is UNKNOWN, whoever
             // reads it first: turned here as on every other path, never left out.
             if !e.is_live(now) && !self.lapse(i as u32, now) {
                 continue;
             }
-            let Some(e) = self.slots[i].as_ref() else { continue };
+            let Some(e) = self.slots.get(i) else { continue };
             let (state, since, deadline, body) = (e.state, e.since, e.deadline, e.body);
             let key = e.key.clone();
             let fingerprint = e.fingerprint;

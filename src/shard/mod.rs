@@ -5,8 +5,9 @@
 //! lock and reads the clock after taking it, so every transition of one key is one call
 //! here, one critical section, and time within a shard only moves forward in lock order.
 //!
-//! Layout: entries live in a slab (`slots`, reused through `free`); the hash table maps
-//! a key's hash to its slab index. Slab indices are stable while an entry lives, so a
+//! Layout: entries live in a slab (`slots`, reused through `free`; in segments, so that
+//! growing copies none past the first 16,384: see [`slab`]); the hash table maps a key's hash
+//! to its slab index. Slab indices are stable while an entry lives, so a
 //! [`ClaimGuard`](crate::ClaimGuard) addresses its entry by `(slot, token)` without
 //! hashing or cloning the key, and the timing wheel and the age list link entries by
 //! slab index. A stale guard is recognised by its token: tokens are never reused within
@@ -36,6 +37,7 @@ pub(crate) mod arena;
 pub(crate) mod entry;
 pub(crate) mod evict;
 mod export;
+mod slab;
 pub(crate) mod wheel;
 
 use std::time::{Duration, Instant};
@@ -46,6 +48,7 @@ use hashbrown::HashTable;
 use self::arena::{ResultArena, ResultRef};
 use self::entry::{Entry, State};
 use self::evict::{AgeLinks, AgeList};
+use self::slab::Slab;
 use self::wheel::Wheel;
 use crate::config::Config;
 use crate::stats::Counters;
@@ -157,7 +160,7 @@ pub(crate) struct Shard {
     /// The cache's key hasher, for `validate` to check each entry's stored hash.
     hasher: ahash::RandomState,
     table: HashTable<u32>,
-    slots: Vec<Option<Entry>>,
+    slots: Slab<Entry>,
     free: Vec<u32>,
     /// Every entry, by the tick of its deadline; each slot's node also holds its links
     /// in `age`.
@@ -204,7 +207,7 @@ impl Shard {
         Shard {
             hasher,
             table: HashTable::new(),
-            slots: Vec::new(),
+            slots: Slab::default(),
             free: Vec::new(),
             wheel: Wheel::new(0),
             age: AgeList::default(),
@@ -242,7 +245,7 @@ impl Shard {
     #[inline]
     fn find_where(&self, hash: u64, wanted: impl Fn(&Entry) -> bool) -> Option<u32> {
         let slots = &self.slots;
-        self.table.find(hash, |&i| slots[i as usize].as_ref().is_some_and(&wanted)).copied()
+        self.table.find(hash, |&i| slots.get(i as usize).is_some_and(&wanted)).copied()
     }
 
     /// The table hash the cache located this key with (the shard holds a copy of its
@@ -265,11 +268,11 @@ impl Shard {
 
     #[inline]
     fn entry(&self, slot: u32) -> &Entry {
-        self.slots[slot as usize].as_ref().expect("the table only indexes occupied slots")
+        self.slots.get(slot as usize).expect("the table only indexes occupied slots")
     }
 
     fn entry_mut(&mut self, slot: u32) -> &mut Entry {
-        self.slots[slot as usize].as_mut().expect("the table only indexes occupied slots")
+        self.slots.get_mut(slot as usize).expect("the table only indexes occupied slots")
     }
 
     /// The wheel tick of a deadline, rounded up so nothing is reclaimed early.
@@ -448,10 +451,10 @@ impl Shard {
 
     /// The entry a guard owns: PROCESSING, its token, lease not lapsed.
     fn owned(&mut self, slot: u32, token: u64, now: Timestamp) -> Result<u32, LeaseLost> {
-        let owned =
-            self.slots.get(slot as usize).and_then(Option::as_ref).is_some_and(|e| {
-                e.state == State::Processing && e.token == token && e.is_live(now)
-            });
+        let owned = self
+            .slots
+            .get(slot as usize)
+            .is_some_and(|e| e.state == State::Processing && e.token == token && e.is_live(now));
         if owned {
             Ok(slot)
         } else {
@@ -876,7 +879,8 @@ impl Shard {
         self.bytes += self.charge(&entry);
         let slot = match self.free.pop() {
             Some(slot) => {
-                self.slots[slot as usize] = Some(entry);
+                let vacant = self.slots.replace(slot as usize, entry);
+                debug_assert!(vacant.is_none(), "a free slot is vacant");
                 slot
             }
             None => {
@@ -886,13 +890,13 @@ impl Shard {
                     .ok()
                     .filter(|&slot| slot <= self::wheel::MAX_ID)
                     .expect("more entries in one shard than the wheel has ids");
-                self.slots.push(Some(entry));
+                self.slots.push(entry);
                 slot
             }
         };
         let slots = &self.slots;
         self.table.insert_unique(hash, slot, |&i| {
-            let e = slots[i as usize].as_ref().expect("the table only indexes occupied slots");
+            let e = slots.get(i as usize).expect("the table only indexes occupied slots");
             widen(e.hash)
         });
         self.schedule(slot);
@@ -910,7 +914,7 @@ impl Shard {
             }
             Err(_) => unreachable!("every occupied slot is in the table"),
         }
-        let entry = self.slots[slot as usize].take().expect("checked occupied above");
+        let entry = self.slots.take(slot as usize).expect("checked occupied above");
         self.wheel.cancel(slot);
         let charge = self.charge(&entry);
         match entry.state {
