@@ -206,10 +206,13 @@ fn a_save_that_fails_names_the_file_and_the_cache_goes_on_serving() {
 const CHILD: &str = "IDEMCACHE_SNAPSHOT_WRITER";
 
 /// The child process of the crash test: saves a large snapshot to `$CHILD` over and
-/// over until it is killed. Does nothing in a normal run.
+/// over until it is killed, or until its parent is gone (a test run killed from
+/// outside, e.g. by a timeout, cannot kill it, and it must not save forever as an
+/// orphan). Does nothing in a normal run.
 #[test]
 fn snapshot_writer_child_process() {
     let Ok(path) = std::env::var(CHILD) else { return };
+    let parent = parent_id();
     let cache = Cache::builder().max_entries(100_000).build().unwrap();
     for i in 0..3_000 {
         let k = Key::new("POST /big", "child", format!("k{i}")).unwrap();
@@ -218,8 +221,29 @@ fn snapshot_writer_child_process() {
         }
     }
     let mut file = SnapshotFile::new(&path);
-    loop {
+    while parent_id() == parent {
         file.save(&cache).unwrap();
+    }
+}
+
+/// The process that started this one: on Unix a process whose parent died is adopted
+/// by another, so a change means the parent is gone. Elsewhere nothing tells, and the
+/// parent's [`KillOnDrop`] is all there is.
+fn parent_id() -> u32 {
+    #[cfg(unix)]
+    return std::os::unix::process::parent_id();
+    #[cfg(not(unix))]
+    return 0;
+}
+
+/// The writer child, killed when the test ends however it ends: a failed assertion
+/// unwinds past the test's own `kill`, and the child would otherwise save forever.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -231,13 +255,15 @@ fn a_writer_killed_mid_save_leaves_the_previous_snapshot_whole() {
     file.save(&cache).unwrap();
     let before = std::fs::read(&path).unwrap();
 
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "snapshot_writer_child_process", "--nocapture", "--test-threads=1"])
-        .env(CHILD, &path)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let prefix = format!("cache.snap.tmp-{}-", child.id());
+    let mut child = KillOnDrop(
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "snapshot_writer_child_process", "--nocapture", "--test-threads=1"])
+            .env(CHILD, &path)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let prefix = format!("cache.snap.tmp-{}-", child.0.id());
     let dir = path.parent().unwrap().to_owned();
     let written = || {
         let entries = std::fs::read_dir(&dir).into_iter().flatten().flatten();
@@ -248,11 +274,11 @@ fn a_writer_killed_mid_save_leaves_the_previous_snapshot_whole() {
     // Mid-write: the temporary file exists and holds part of the new snapshot.
     while written() < 4 << 20 {
         assert!(std::time::Instant::now() < deadline, "the writer never started writing");
-        assert!(child.try_wait().unwrap().is_none(), "the writer exited");
+        assert!(child.0.try_wait().unwrap().is_none(), "the writer exited");
         std::thread::yield_now();
     }
-    child.kill().unwrap(); // SIGKILL
-    child.wait().unwrap();
+    child.0.kill().unwrap(); // SIGKILL
+    child.0.wait().unwrap();
     // The target was never touched mid-write: it is the previous snapshot, byte for
     // byte, unless the writer finished a whole save (and rename) first, which is a
     // whole snapshot too.
