@@ -745,3 +745,32 @@ impl std::error::Error for SweeperError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Slots freed anywhere in the slab (here in its second and third segments) are
+    /// taken by new keys before the slab grows.
+    #[test]
+    fn freed_slots_are_reused_before_the_slab_grows() {
+        const FULL: usize = 40_000;
+        let cache = Cache::builder().shards(1).max_entries(2 * FULL).build().unwrap();
+        let key = |i: usize| Key::new("POST /x", "t", format!("k{i}")).unwrap();
+        let claim_complete = |i: usize| match cache.claim(&key(i), Fingerprint::of(b"r")) {
+            Ok(Claim::Acquired(guard)) => guard.complete(bytes::Bytes::new()).unwrap(),
+            other => panic!("k{i}: {other:?}"),
+        };
+        (0..FULL).for_each(claim_complete);
+        let slab = || cache.inner.shards[0].shard.read().slab_len();
+        assert_eq!(slab(), FULL);
+        let removed = (17_000..39_000).step_by(7).filter(|&i| cache.remove(&key(i)).is_some());
+        let removed = removed.count();
+        assert_eq!(removed, 3_143);
+        (FULL..FULL + removed).for_each(claim_complete);
+        assert_eq!(slab(), FULL, "the new keys took the freed slots");
+        claim_complete(FULL + removed);
+        assert_eq!(slab(), FULL + 1, "and the next one grew the slab");
+        cache.debug_validate();
+    }
+}

@@ -11,6 +11,7 @@
 //! | `shard/entry.rs` | one key's entry | live while `now < deadline`, whatever the state |
 //! | `shard/wheel.rs` | hierarchical timing wheel over slab ids (Varghese and Lauck; tokio's driver) | each id fires once, at the first poll at or after its tick |
 //! | `shard/evict.rs` | the capacity policy and the age list | only COMPLETED entries are evictable, oldest first |
+//! | `shard/slab.rs` | the entries by slot index, in segments of 16,384 | an index never changes; past the first segment growing copies nothing |
 //! | `shard/arena.rs` | each shard's results: small ones packed into chunks, the rest as given; the 8-byte reference an entry holds | a buffer lives exactly while an entry names it; a shared chunk is never written |
 //! | `cache.rs` | locks, hashing, `claim_wait` | one shard lock per operation, never two |
 //! | `wait.rs` | [`WaitForClaim`](crate::WaitForClaim), the async wait, and each shard's wakers | a waiting future's waker is filed under the lock it looked under |
@@ -47,7 +48,8 @@
 //! it under bits 0–31, which the entry keeps (in what would be padding), so the table
 //! grows and entries leave without hashing a key again (`shard::table_hash`).
 //!
-//! Inside a shard, entries live in a slab (`Vec<Option<Entry>>` plus a free list) and a
+//! Inside a shard, entries live in a slab (segments of `Option<Entry>`, which a growing
+//! cache appends to instead of copying, plus a free list) and a
 //! `hashbrown::HashTable<u32>` maps hashes to slab indices. Slab indices are stable for
 //! an entry's life, which gives:
 //!

@@ -228,6 +228,12 @@ impl Shard {
         }
     }
 
+    /// Slab slots handed out, occupied or free: what the slab has grown to.
+    #[cfg(test)]
+    pub(crate) fn slab_len(&self) -> usize {
+        self.slots.len()
+    }
+
     pub(crate) fn entries(&self) -> usize {
         self.entries
     }
