@@ -428,9 +428,9 @@ fn a_bad_key_is_64_whatever_the_database() {
 
 /// The renewal is watched through `idem status` (a reader: it takes no write lock), not
 /// by runs claiming the key in a loop. A tight loop of claims held SQLite's write lock
-/// so often that on a loaded CI machine the holder's renewals waited behind them past
-/// a 600 ms lease, and the key lapsed to UNKNOWN under a live command: the test
-/// measured lock contention, not renewal. One claim at the end checks that another run
+/// so often (each claim took it then, even of a live key) that on a loaded CI machine
+/// the holder's renewals waited behind them past a 600 ms lease, and the key lapsed to
+/// UNKNOWN under a live command: the test measured lock contention, not renewal. One claim at the end checks that another run
 /// sees the key in progress; the replay of the recorded outcome checks that no renewal
 /// found its lease lapsed (a renewal after a lapse is refused, and the run records
 /// nothing and says it lost the key).

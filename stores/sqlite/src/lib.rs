@@ -5,9 +5,10 @@
 //! that your application and the store link one SQLite.
 //!
 //! Invariant: every operation is one transaction on one connection owned by the store's
-//! worker thread; a claim is a `BEGIN IMMEDIATE` transaction (it takes the database's
-//! write lock before it reads), so a look and the write it decides on cannot be split by
-//! another connection or process, and its "now" is SQLite's clock. Several processes may
+//! worker thread; a claim that may write is a `BEGIN IMMEDIATE` transaction (it takes
+//! the database's write lock before it reads), so a look and the write it decides on
+//! cannot be split by another connection or process, and its "now" is SQLite's clock. A
+//! claim that finds a live record answers from one read and takes no write lock. Several processes may
 //! share one file: WAL mode, and a busy timeout instead of `SQLITE_BUSY`.
 //!
 //! Lapses ([`SqliteStore::lapse_policy`]): under `LapsePolicy::MarkUnknown` a claim that
@@ -434,6 +435,55 @@ macro_rules! unknown_or_lapsed {
     };
 }
 
+/// The record of `key` and the statement's "now" (one read: one snapshot, one clock).
+fn record(db: &Connection, key: &[u8]) -> Result<Option<(i64, Row)>, StoreError> {
+    let sql = concat!(
+        "SELECT ",
+        now!(),
+        ", fingerprint, state, body, settled_at, expires_at FROM idemcache_records WHERE key = ?1"
+    );
+    db.query_row(sql, params![key], |r| {
+        let row = Row {
+            fingerprint: r.get(1)?,
+            state: r.get(2)?,
+            body: r.get(3)?,
+            settled_at: r.get(4)?,
+            expires_at: r.get(5)?,
+        };
+        Ok((r.get(0)?, row))
+    })
+    .optional()
+    .map_err(|e| read_error(key, e))
+}
+
+/// A claim's answer for a live record (within its lease or TTL): it writes nothing.
+fn live_answer(key: &[u8], row: Row, fp: Fingerprint) -> Result<StoreClaim, StoreError> {
+    if fingerprint(&row.fingerprint).map_err(|e| corrupt(key, e))? != fp {
+        return Ok(StoreClaim::Mismatch);
+    }
+    let settled = || from_micros(row.settled_at.unwrap_or(row.expires_at));
+    Ok(match row.state {
+        PROCESSING => StoreClaim::InProgress { lease_ends_at: from_micros(row.expires_at) },
+        COMPLETED => StoreClaim::Completed(Replay::new(
+            row.body.map(Bytes::from),
+            settled(),
+            from_micros(row.expires_at),
+        )),
+        UNKNOWN => StoreClaim::Unknown { marked_at: settled() },
+        other => return Err(corrupt(key, format_args!("its state is {other}"))),
+    })
+}
+
+/// Where a claim becomes PROCESSING in SQLite.
+///
+/// A live record is answered from one read outside any write transaction (in WAL mode a
+/// reader takes no lock a writer waits for): callers polling a key in progress, or
+/// replaying a completed one, never queue for the write lock, so they cannot starve the
+/// holder's lease renewal (SQLite's busy handler is not fair) nor fail for a lock held
+/// elsewhere. What that read answers was the record's state at its snapshot. Anything
+/// else (no record, an expired one, a lapsed lease) takes the write lock first
+/// (`BEGIN IMMEDIATE`) and looks again, so the look and the write it decides on are one
+/// transaction.
 fn claim(
     db: &mut Connection,
     key: Vec<u8>,
@@ -441,24 +491,14 @@ fn claim(
     lease: i64,
     lapse_ttl: i64,
 ) -> Result<StoreClaim, StoreError> {
+    if let Some((now, row)) = record(db, &key)? {
+        if row.expires_at > now {
+            return live_answer(&key, row, fp);
+        }
+    }
     let tx = db.transaction_with_behavior(TransactionBehavior::Immediate).map_err(backend)?;
     let now: i64 = tx.query_row(concat!("SELECT ", now!()), [], |r| r.get(0)).map_err(backend)?;
-    let row = tx
-        .query_row(
-            "SELECT fingerprint, state, body, settled_at, expires_at FROM idemcache_records WHERE key = ?1",
-            params![key],
-            |r| {
-                Ok(Row {
-                    fingerprint: r.get(0)?,
-                    state: r.get(1)?,
-                    body: r.get(2)?,
-                    settled_at: r.get(3)?,
-                    expires_at: r.get(4)?,
-                })
-            },
-        )
-        .optional()
-        .map_err(|e| read_error(&key, e))?;
+    let row = record(&tx, &key)?.map(|(_, row)| row);
     let lapsed = |row: &Row| {
         row.state == PROCESSING
             && row.expires_at <= now
@@ -481,21 +521,9 @@ fn claim(
         return Ok(StoreClaim::Unknown { marked_at: from_micros(row.expires_at) });
     }
     if let Some(row) = row.filter(|row| row.expires_at > now) {
-        // Live: answer without writing (the transaction ends unchanged).
-        if fingerprint(&row.fingerprint).map_err(|e| corrupt(&key, e))? != fp {
-            return Ok(StoreClaim::Mismatch);
-        }
-        let settled = || from_micros(row.settled_at.unwrap_or(row.expires_at));
-        return Ok(match row.state {
-            PROCESSING => StoreClaim::InProgress { lease_ends_at: from_micros(row.expires_at) },
-            COMPLETED => StoreClaim::Completed(Replay::new(
-                row.body.map(Bytes::from),
-                settled(),
-                from_micros(row.expires_at),
-            )),
-            UNKNOWN => StoreClaim::Unknown { marked_at: settled() },
-            other => return Err(corrupt(&key, format_args!("its state is {other}"))),
-        });
+        // Live since the first look (another claim's, committed in between): answered
+        // without writing (the transaction ends unchanged).
+        return live_answer(&key, row, fp);
     }
     let token: i64 = tx
         .query_row(
