@@ -430,10 +430,10 @@ fn a_bad_key_is_64_whatever_the_database() {
 /// by runs claiming the key in a loop. A tight loop of claims held SQLite's write lock
 /// so often (each claim took it then, even of a live key) that on a loaded CI machine
 /// the holder's renewals waited behind them past a 600 ms lease, and the key lapsed to
-/// UNKNOWN under a live command: the test measured lock contention, not renewal. One claim at the end checks that another run
-/// sees the key in progress; the replay of the recorded outcome checks that no renewal
-/// found its lease lapsed (a renewal after a lapse is refused, and the run records
-/// nothing and says it lost the key).
+/// UNKNOWN under a live command: the test measured lock contention, not renewal. One
+/// claim at the end checks that another run sees the key in progress; the replay of the
+/// recorded outcome checks that no renewal found its lease lapsed (a renewal after a
+/// lapse is refused, and the run records nothing and says it lost the key).
 #[test]
 fn a_long_command_keeps_its_key_past_many_leases() {
     const LEASE_MS: i64 = 1000;
@@ -478,8 +478,11 @@ fn a_long_command_keeps_its_key_past_many_leases() {
     eventually(30, "three leases' worth of renewals", || {
         lease_end() >= first + 3 * LEASE_MS * 1000
     });
-    let again =
-        dir.run_cmd("long", &["--no-wait"], script).env("IDEM_LEASE_MS", "1000").output().unwrap();
+    let again = dir
+        .run_cmd("long", &["--no-wait"], script)
+        .env("IDEM_LEASE_MS", LEASE_MS.to_string())
+        .output()
+        .unwrap();
     assert_eq!(code(&again), 75, "the renewed key was not in progress: {}", text(&again.stderr));
     let held = holder.finish();
     assert_eq!(code(&held), 0, "{}", text(&held.stderr));

@@ -7,8 +7,8 @@
 //! Invariant: every operation is one transaction on one connection owned by the store's
 //! worker thread; a claim that may write is a `BEGIN IMMEDIATE` transaction (it takes
 //! the database's write lock before it reads), so a look and the write it decides on
-//! cannot be split by another connection or process, and its "now" is SQLite's clock. A
-//! claim that finds a live record answers from one read and takes no write lock. Several processes may
+//! cannot be split by another connection or process, and its "now" is SQLite's clock.
+//! A claim that finds a live record answers from one read and takes no write lock. Several processes may
 //! share one file: WAL mode, and a busy timeout instead of `SQLITE_BUSY`.
 //!
 //! Lapses ([`SqliteStore::lapse_policy`]): under `LapsePolicy::MarkUnknown` a claim that
@@ -260,8 +260,13 @@ impl SqliteStore {
 
     /// A store on your own connection, as you configured it (for a file several
     /// processes share: WAL mode and a busy timeout, as [`connect`](Self::connect) sets).
-    /// The connection moves to the store's worker thread.
+    /// The connection moves to the store's worker thread. Its `read_uncommitted` is
+    /// turned off: a claim answers a live record from a read outside any write
+    /// transaction, which must never see (and replay) another connection's uncommitted
+    /// completion in a shared cache.
     pub fn from_connection(db: Connection) -> SqliteStore {
+        // Setting this pragma does not fail on an open connection (it sets a flag).
+        let _ = db.pragma_update(None, "read_uncommitted", false);
         let database = db.path().filter(|p| !p.is_empty()).unwrap_or(":memory:").to_owned();
         let (store, worker) = Self::start(&database);
         drop(worker.run(move |slot| {

@@ -1,19 +1,24 @@
-//! The SQLite store's claim against a database whose write lock another connection
-//! holds (as another process's long transaction would): a live record (completed, in
-//! progress, UNKNOWN, or under another fingerprint) is answered from a read, without
-//! waiting for the lock; a claim that must write (a new key) waits out the busy timeout,
-//! fails typed, and changes nothing.
+//! The SQLite store's claim, and its first read (a live record is answered without the
+//! write lock): boundaries pinned by SQLite's clock (`unixepoch` overridden on the store's
+//! connection, so `expires_at == now` is exact, not raced); a live record answered while
+//! another connection holds the write lock, and a claim that must write waiting it out,
+//! failing typed and changing nothing; garbled rows `Corrupt`; another connection's
+//! uncommitted change never answered (WAL, rollback journal, a shared cache with
+//! `read_uncommitted`); many claimers of one key acquiring it once. (Written with an
+//! adversarial review of the first read.)
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use idemcache::store::{block_on, Store, StoreClaim, StoreError};
-use idemcache::{Fingerprint, Key};
-use idemcache_sqlite::rusqlite::Connection;
+use idemcache::{Fingerprint, Key, LapsePolicy};
+use idemcache_sqlite::rusqlite::functions::FunctionFlags;
+use idemcache_sqlite::rusqlite::{params, Connection, OpenFlags, ToSql};
 use idemcache_sqlite::SqliteStore;
 
-/// A fresh database file (and its WAL files), removed when dropped.
 struct TempDb(PathBuf);
 
 impl TempDb {
@@ -25,16 +30,17 @@ impl TempDb {
         db
     }
 
-    /// A connection in WAL mode whose statements wait `busy` for another's lock.
-    fn open(&self, busy: Duration) -> Connection {
+    fn open(&self, journal: &str, busy: Duration) -> Connection {
         let conn = Connection::open(&self.0).unwrap();
-        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+        let mode: String =
+            conn.query_row(&format!("PRAGMA journal_mode = {journal}"), [], |r| r.get(0)).unwrap();
+        assert!(mode.eq_ignore_ascii_case(journal), "{mode}");
         conn.busy_timeout(busy).unwrap();
         conn
     }
 
     fn remove(&self) {
-        for suffix in ["", "-wal", "-shm"] {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
             let mut p = self.0.clone().into_os_string();
             p.push(suffix);
             let _ = std::fs::remove_file(p);
@@ -48,8 +54,304 @@ impl Drop for TempDb {
     }
 }
 
+/// SQLite's clock on `conn` is `clock` (µs since the epoch; whole seconds, so the
+/// store's `CAST(unixepoch('subsec') * 1000000 AS INTEGER)` reads it exactly).
+fn pin(conn: &Connection, clock: &Arc<AtomicI64>) {
+    let clock = clock.clone();
+    conn.create_scalar_function("unixepoch", 1, FunctionFlags::SQLITE_UTF8, move |_| {
+        Ok(clock.load(Ordering::SeqCst) as f64 / 1e6)
+    })
+    .unwrap();
+}
+
+const T0: i64 = 1_800_000_000_000_000;
+const SEC: i64 = 1_000_000;
+
 fn key(k: &str) -> Key {
     Key::without_tenant("claim-test", k).unwrap()
+}
+
+fn at(micros: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(micros as u64)
+}
+
+fn acquired(c: Result<StoreClaim, StoreError>) -> idemcache::FencingToken {
+    match c {
+        Ok(StoreClaim::Acquired { token, .. }) => token,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+/// A store on a WAL file whose clock is pinned; and a second connection to the file.
+fn pinned_store(file: &TempDb, busy: Duration) -> (SqliteStore, Arc<AtomicI64>, Connection) {
+    let clock = Arc::new(AtomicI64::new(T0));
+    let conn = file.open("wal", busy);
+    pin(&conn, &clock);
+    let store = SqliteStore::from_connection(conn);
+    block_on(store.ensure_schema()).unwrap();
+    (store, clock, file.open("wal", busy))
+}
+
+/// A lease that ends exactly now has lapsed: TakeOver acquires it, and a claim must
+/// take the write lock to do so (it never answers InProgress from the first read).
+#[test]
+fn a_lease_ending_exactly_now_is_not_live() {
+    let file = TempDb::new("lease-now");
+    let (store, clock, other) = pinned_store(&file, Duration::from_millis(200));
+    let fp = Fingerprint::of(b"r");
+    acquired(block_on(store.claim(&key("k"), fp, Duration::from_secs(10))));
+    // One µs before the end: live, answered even while another connection writes.
+    clock.store(T0 + 10 * SEC - 1, Ordering::SeqCst);
+    other.execute_batch("BEGIN IMMEDIATE; CREATE TABLE held (x);").unwrap();
+    match block_on(store.claim(&key("k"), fp, Duration::from_secs(10))) {
+        Ok(StoreClaim::InProgress { lease_ends_at }) => {
+            assert_eq!(lease_ends_at, at(T0 + 10 * SEC))
+        }
+        other => panic!("{other:?}"),
+    }
+    // Exactly the end: lapsed. The claim must write, so it waits for the lock and fails.
+    clock.store(T0 + 10 * SEC, Ordering::SeqCst);
+    match block_on(store.claim(&key("k"), fp, Duration::from_secs(10))) {
+        Err(StoreError::Backend(_)) => {}
+        other => panic!("a lapsed lease under a held lock: {other:?}"),
+    }
+    other.execute_batch("ROLLBACK").unwrap();
+    match block_on(store.claim(&key("k"), fp, Duration::from_secs(10))) {
+        Ok(StoreClaim::Acquired { lease_ends_at, .. }) => {
+            assert_eq!(lease_ends_at, at(T0 + 20 * SEC))
+        }
+        other => panic!("a lease ending now is taken over: {other:?}"),
+    }
+}
+
+/// A result whose TTL ends exactly now is not replayed: the key is acquired again.
+#[test]
+fn a_result_expiring_exactly_now_is_not_replayed() {
+    let file = TempDb::new("result-now");
+    let (store, clock, _other) = pinned_store(&file, Duration::from_millis(200));
+    let fp = Fingerprint::of(b"r");
+    let t = acquired(block_on(store.claim(&key("k"), fp, Duration::from_secs(10))));
+    block_on(store.complete(&key("k"), t, Some(Bytes::from_static(b"x")), Duration::from_secs(5)))
+        .unwrap();
+    clock.store(T0 + 5 * SEC - 1, Ordering::SeqCst);
+    assert!(matches!(
+        block_on(store.claim(&key("k"), fp, Duration::from_secs(10))),
+        Ok(StoreClaim::Completed(_))
+    ));
+    clock.store(T0 + 5 * SEC, Ordering::SeqCst);
+    acquired(block_on(store.claim(&key("k"), fp, Duration::from_secs(10))));
+}
+
+/// MarkUnknown: a lease that ended exactly now is UNKNOWN (marked at its end), never
+/// InProgress; one µs before, InProgress.
+#[test]
+fn under_mark_unknown_a_lease_ending_exactly_now_is_unknown() {
+    let file = TempDb::new("mark-now");
+    let (store, clock, other) = pinned_store(&file, Duration::from_millis(200));
+    let store = store.lapse_policy(LapsePolicy::MarkUnknown, Duration::from_secs(60)).unwrap();
+    let fp = Fingerprint::of(b"r");
+    acquired(block_on(store.claim(&key("k"), fp, Duration::from_secs(10))));
+    clock.store(T0 + 10 * SEC - 1, Ordering::SeqCst);
+    assert!(matches!(
+        block_on(store.claim(&key("k"), fp, Duration::from_secs(10))),
+        Ok(StoreClaim::InProgress { .. })
+    ));
+    clock.store(T0 + 10 * SEC, Ordering::SeqCst);
+    other.execute_batch("BEGIN IMMEDIATE; CREATE TABLE held (x);").unwrap();
+    match block_on(store.claim(&key("k"), fp, Duration::from_secs(10))) {
+        Err(StoreError::Backend(_)) | Ok(StoreClaim::Unknown { .. }) => {}
+        other => panic!("a lapsed lease under MarkUnknown, lock held: {other:?}"),
+    }
+    other.execute_batch("ROLLBACK").unwrap();
+    match block_on(store.claim(&key("k"), fp, Duration::from_secs(10))) {
+        Ok(StoreClaim::Unknown { marked_at }) => assert_eq!(marked_at, at(T0 + 10 * SEC)),
+        other => panic!("{other:?}"),
+    }
+    // And it stays UNKNOWN through the first read (it is live now, as UNKNOWN).
+    clock.store(T0 + 69 * SEC, Ordering::SeqCst);
+    match block_on(store.claim(&key("k"), Fingerprint::of(b"other"), Duration::from_secs(10))) {
+        Ok(StoreClaim::Mismatch) => {}
+        other => panic!("{other:?}"),
+    }
+    match block_on(store.claim(&key("k"), fp, Duration::from_secs(10))) {
+        Ok(StoreClaim::Unknown { marked_at }) => assert_eq!(marked_at, at(T0 + 10 * SEC)),
+        other => panic!("{other:?}"),
+    }
+    clock.store(T0 + 70 * SEC, Ordering::SeqCst);
+    acquired(block_on(store.claim(&key("k"), fp, Duration::from_secs(10))));
+}
+
+/// A row as a damaged file may hold it: its key's name, fingerprint, state, settled_at
+/// and expires_at.
+type Garbled<'a> = (&'a str, Vec<u8>, &'a dyn ToSql, &'a dyn ToSql, &'a dyn ToSql);
+
+/// Rows the store cannot read, live or expired, are `Corrupt` naming the key: never a
+/// panic, never an answer, never a takeover of a live one.
+#[test]
+fn garbled_rows_through_the_first_read_are_corrupt() {
+    let file = TempDb::new("garbled");
+    let clock = Arc::new(AtomicI64::new(T0));
+    let conn = file.open("wal", Duration::from_millis(200));
+    // The table without its constraints, as a damaged or hand-edited file may hold.
+    conn.execute_batch(
+        "CREATE TABLE idemcache_records (key BLOB PRIMARY KEY, fingerprint BLOB, state INTEGER,
+         token INTEGER, body BLOB, started_at INTEGER, settled_at INTEGER, expires_at INTEGER)
+         WITHOUT ROWID;",
+    )
+    .unwrap();
+    pin(&conn, &clock);
+    let store = SqliteStore::from_connection(conn);
+    block_on(store.ensure_schema()).unwrap();
+    let admin = file.open("wal", Duration::from_millis(200));
+    let fp = Fingerprint::of(b"r");
+    let good = fp.to_bytes().to_vec();
+    let live = T0 + 10 * SEC;
+    let rows: Vec<Garbled> = vec![
+        ("state-7", good.clone(), &7i64, &None::<i64>, &live),
+        ("state-text", good.clone(), &"done", &None::<i64>, &live),
+        ("state-real", good.clone(), &2.5f64, &None::<i64>, &live),
+        ("short-fp", vec![1, 2, 3], &2i64, &T0, &live),
+        ("settled-text", good.clone(), &2i64, &"yesterday", &live),
+        ("expires-text", good.clone(), &2i64, &T0, &"soon"),
+        ("expires-huge", good.clone(), &2i64, &T0, &1e300f64),
+        ("expires-null", good.clone(), &1i64, &None::<i64>, &None::<i64>),
+        ("expired-state-text", good.clone(), &"x", &None::<i64>, &(T0 - 1)),
+    ];
+    for (name, fpv, state, settled, expires) in &rows {
+        admin
+            .execute(
+                "INSERT INTO idemcache_records VALUES (?1, ?2, ?3, 1, NULL, 0, ?4, ?5)",
+                params![key(name).as_bytes(), fpv, state, settled, expires],
+            )
+            .unwrap();
+    }
+    for (name, ..) in &rows {
+        match block_on(store.claim(&key(name), fp, Duration::from_secs(10))) {
+            Err(StoreError::Corrupt(why)) => assert!(why.contains(name), "{name}: {why}"),
+            other => panic!("{name}: expected Corrupt, got {other:?}"),
+        }
+    }
+}
+
+/// Another connection mid-way through changing a row (its transaction not committed):
+/// the first read answers the committed record, in WAL and rollback-journal mode alike.
+#[test]
+fn an_uncommitted_change_is_never_answered() {
+    for journal in ["wal", "delete"] {
+        let file = TempDb::new(&format!("uncommitted-{journal}"));
+        let store = SqliteStore::from_connection(file.open(journal, Duration::from_millis(200)));
+        block_on(store.ensure_schema()).unwrap();
+        let fp = Fingerprint::of(b"r");
+        let t = acquired(block_on(store.claim(&key("k"), fp, Duration::from_secs(60))));
+        let other = file.open(journal, Duration::from_millis(200));
+        other
+            .execute_batch(
+                "BEGIN IMMEDIATE; UPDATE idemcache_records SET state = 2, body = x'01',
+                 settled_at = expires_at - 1, expires_at = expires_at + 100000000;",
+            )
+            .unwrap();
+        match block_on(store.claim(&key("k"), fp, Duration::from_secs(60))) {
+            Ok(StoreClaim::InProgress { .. }) => {}
+            other => panic!("{journal}: an uncommitted completion: {other:?}"),
+        }
+        other.execute_batch("ROLLBACK").unwrap();
+        // Still the holder's: it completes.
+        block_on(store.complete(&key("k"), t, None, Duration::from_secs(60))).unwrap();
+    }
+}
+
+/// Rollback-journal mode: a writer holding EXCLUSIVE (a committing or spilled write
+/// transaction) blocks readers, so even a live record's claim waits, then fails typed.
+#[test]
+fn rollback_journal_with_an_exclusive_writer_is_a_typed_error() {
+    let file = TempDb::new("exclusive");
+    let store = SqliteStore::from_connection(file.open("delete", Duration::from_millis(200)));
+    block_on(store.ensure_schema()).unwrap();
+    let fp = Fingerprint::of(b"r");
+    acquired(block_on(store.claim(&key("k"), fp, Duration::from_secs(60))));
+    let other = file.open("delete", Duration::from_millis(200));
+    other.execute_batch("BEGIN EXCLUSIVE; CREATE TABLE held (x);").unwrap();
+    match block_on(store.claim(&key("k"), fp, Duration::from_secs(60))) {
+        Err(StoreError::Backend(_)) => {}
+        other => panic!("{other:?}"),
+    }
+    other.execute_batch("ROLLBACK").unwrap();
+    assert!(matches!(
+        block_on(store.claim(&key("k"), fp, Duration::from_secs(60))),
+        Ok(StoreClaim::InProgress { .. })
+    ));
+}
+
+/// Shared cache with `read_uncommitted` (a connection configured by the application):
+/// the first read would see another connection's uncommitted completion and replay it,
+/// and the completion then roll back (the request never run); `from_connection` turns
+/// `read_uncommitted` off.
+#[test]
+fn read_uncommitted_shared_cache_never_replays_an_uncommitted_completion() {
+    let uri = format!("file:claim-shared-{}?mode=memory&cache=shared", std::process::id());
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_URI;
+    let mine = Connection::open_with_flags(&uri, flags).unwrap();
+    mine.execute_batch("PRAGMA read_uncommitted = 1").unwrap();
+    let other = Connection::open_with_flags(&uri, flags).unwrap();
+    let store = SqliteStore::from_connection(mine);
+    block_on(store.ensure_schema()).unwrap();
+    let fp = Fingerprint::of(b"r");
+    acquired(block_on(store.claim(&key("k"), fp, Duration::from_secs(60))));
+    other
+        .execute_batch(
+            "BEGIN IMMEDIATE; UPDATE idemcache_records SET state = 2, body = x'01',
+             settled_at = expires_at - 1, expires_at = expires_at + 100000000;",
+        )
+        .unwrap();
+    let answer = block_on(store.claim(&key("k"), fp, Duration::from_secs(60)));
+    other.execute_batch("ROLLBACK").unwrap();
+    if let Ok(StoreClaim::Completed(r)) = answer {
+        panic!("replayed an uncommitted completion (then rolled back): {r:?}")
+    }
+}
+
+/// Many claimers of one key on one file (each its own connection, as processes are):
+/// exactly one acquires, however the first reads and the write locks interleave; and
+/// the holder's renewals, racing the pollers, all succeed.
+#[test]
+fn many_claimers_one_acquire_and_renewals_are_not_starved() {
+    let file = TempDb::new("hammer");
+    let setup = SqliteStore::from_connection(file.open("wal", Duration::from_secs(10)));
+    block_on(setup.ensure_schema()).unwrap();
+    let fp = Fingerprint::of(b"r");
+    let stores: Vec<_> = (0..6)
+        .map(|_| SqliteStore::from_connection(file.open("wal", Duration::from_secs(10))))
+        .collect();
+    let start = Arc::new(std::sync::Barrier::new(stores.len()));
+    let handles: Vec<_> = stores
+        .into_iter()
+        .map(|s| {
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                let mut tokens = vec![];
+                for _ in 0..300 {
+                    match block_on(s.claim(&key("k"), fp, Duration::from_secs(30))).unwrap() {
+                        StoreClaim::Acquired { token, .. } => {
+                            tokens.push(token);
+                            // Renew under the pollers' reads.
+                            for _ in 0..50 {
+                                block_on(s.extend_lease(&key("k"), token, Duration::from_secs(30)))
+                                    .unwrap();
+                            }
+                        }
+                        StoreClaim::InProgress { .. } => {}
+                        other => panic!("{other:?}"),
+                    }
+                }
+                tokens
+            })
+        })
+        .collect();
+    let tokens: Vec<_> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    assert_eq!(tokens.len(), 1, "{tokens:?}");
 }
 
 const LEASE: Duration = Duration::from_secs(60);
@@ -60,7 +362,7 @@ fn a_live_record_is_answered_while_another_connection_holds_the_write_lock() {
     let file = TempDb::new("locked");
     // A busy timeout long enough that a claim waiting for the lock is told apart from
     // one that did not wait; short enough that the write below fails soon.
-    let store = SqliteStore::from_connection(file.open(Duration::from_millis(300)));
+    let store = SqliteStore::from_connection(file.open("wal", Duration::from_millis(300)));
     let (fp, other_fp) = (Fingerprint::of(b"request"), Fingerprint::of(b"another request"));
     block_on(async {
         store.ensure_schema().await.unwrap();
@@ -80,7 +382,7 @@ fn a_live_record_is_answered_while_another_connection_holds_the_write_lock() {
         ));
     });
 
-    let other = file.open(Duration::from_millis(300));
+    let other = file.open("wal", Duration::from_millis(300));
     other.execute_batch("BEGIN IMMEDIATE; CREATE TABLE held (x);").unwrap();
     block_on(async {
         match store.claim(&key("done"), fp, LEASE).await.unwrap() {
