@@ -7,7 +7,6 @@
 //! `read_uncommitted`); many claimers of one key acquiring it once. (Written with an
 //! adversarial review of the first read.)
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -19,40 +18,8 @@ use idemcache_sqlite::rusqlite::functions::FunctionFlags;
 use idemcache_sqlite::rusqlite::{params, Connection, OpenFlags, ToSql};
 use idemcache_sqlite::SqliteStore;
 
-struct TempDb(PathBuf);
-
-impl TempDb {
-    fn new(name: &str) -> TempDb {
-        let path =
-            std::env::temp_dir().join(format!("idemcache-claim-{name}-{}.db", std::process::id()));
-        let db = TempDb(path);
-        db.remove();
-        db
-    }
-
-    fn open(&self, journal: &str, busy: Duration) -> Connection {
-        let conn = Connection::open(&self.0).unwrap();
-        let mode: String =
-            conn.query_row(&format!("PRAGMA journal_mode = {journal}"), [], |r| r.get(0)).unwrap();
-        assert!(mode.eq_ignore_ascii_case(journal), "{mode}");
-        conn.busy_timeout(busy).unwrap();
-        conn
-    }
-
-    fn remove(&self) {
-        for suffix in ["", "-wal", "-shm", "-journal"] {
-            let mut p = self.0.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
-
-impl Drop for TempDb {
-    fn drop(&mut self) {
-        self.remove();
-    }
-}
+mod common;
+use common::TempDb;
 
 /// SQLite's clock on `conn` is `clock` (µs since the epoch; whole seconds, so the
 /// store's `CAST(unixepoch('subsec') * 1000000 AS INTEGER)` reads it exactly).
@@ -96,7 +63,7 @@ fn pinned_store(file: &TempDb, busy: Duration) -> (SqliteStore, Arc<AtomicI64>, 
 /// take the write lock to do so (it never answers InProgress from the first read).
 #[test]
 fn a_lease_ending_exactly_now_is_not_live() {
-    let file = TempDb::new("lease-now");
+    let file = TempDb::new("claim", "lease-now");
     let (store, clock, other) = pinned_store(&file, Duration::from_millis(200));
     let fp = Fingerprint::of(b"r");
     acquired(block_on(store.claim(&key("k"), fp, Duration::from_secs(10))));
@@ -127,7 +94,7 @@ fn a_lease_ending_exactly_now_is_not_live() {
 /// A result whose TTL ends exactly now is not replayed: the key is acquired again.
 #[test]
 fn a_result_expiring_exactly_now_is_not_replayed() {
-    let file = TempDb::new("result-now");
+    let file = TempDb::new("claim", "result-now");
     let (store, clock, _other) = pinned_store(&file, Duration::from_millis(200));
     let fp = Fingerprint::of(b"r");
     let t = acquired(block_on(store.claim(&key("k"), fp, Duration::from_secs(10))));
@@ -146,7 +113,7 @@ fn a_result_expiring_exactly_now_is_not_replayed() {
 /// InProgress; one µs before, InProgress.
 #[test]
 fn under_mark_unknown_a_lease_ending_exactly_now_is_unknown() {
-    let file = TempDb::new("mark-now");
+    let file = TempDb::new("claim", "mark-now");
     let (store, clock, other) = pinned_store(&file, Duration::from_millis(200));
     let store = store.lapse_policy(LapsePolicy::MarkUnknown, Duration::from_secs(60)).unwrap();
     let fp = Fingerprint::of(b"r");
@@ -189,7 +156,7 @@ type Garbled<'a> = (&'a str, Vec<u8>, &'a dyn ToSql, &'a dyn ToSql, &'a dyn ToSq
 /// panic, never an answer, never a takeover of a live one.
 #[test]
 fn garbled_rows_through_the_first_read_are_corrupt() {
-    let file = TempDb::new("garbled");
+    let file = TempDb::new("claim", "garbled");
     let clock = Arc::new(AtomicI64::new(T0));
     let conn = file.open("wal", Duration::from_millis(200));
     // The table without its constraints, as a damaged or hand-edited file may hold.
@@ -238,7 +205,7 @@ fn garbled_rows_through_the_first_read_are_corrupt() {
 #[test]
 fn an_uncommitted_change_is_never_answered() {
     for journal in ["wal", "delete"] {
-        let file = TempDb::new(&format!("uncommitted-{journal}"));
+        let file = TempDb::new("claim", &format!("uncommitted-{journal}"));
         let store = SqliteStore::from_connection(file.open(journal, Duration::from_millis(200)));
         block_on(store.ensure_schema()).unwrap();
         let fp = Fingerprint::of(b"r");
@@ -264,7 +231,7 @@ fn an_uncommitted_change_is_never_answered() {
 /// transaction) blocks readers, so even a live record's claim waits, then fails typed.
 #[test]
 fn rollback_journal_with_an_exclusive_writer_is_a_typed_error() {
-    let file = TempDb::new("exclusive");
+    let file = TempDb::new("claim", "exclusive");
     let store = SqliteStore::from_connection(file.open("delete", Duration::from_millis(200)));
     block_on(store.ensure_schema()).unwrap();
     let fp = Fingerprint::of(b"r");
@@ -317,7 +284,7 @@ fn read_uncommitted_shared_cache_never_replays_an_uncommitted_completion() {
 /// the holder's renewals, racing the pollers, all succeed.
 #[test]
 fn many_claimers_one_acquire_and_renewals_are_not_starved() {
-    let file = TempDb::new("hammer");
+    let file = TempDb::new("claim", "hammer");
     let setup = SqliteStore::from_connection(file.open("wal", Duration::from_secs(10)));
     block_on(setup.ensure_schema()).unwrap();
     let fp = Fingerprint::of(b"r");
@@ -359,7 +326,7 @@ const TTL: Duration = Duration::from_secs(60);
 
 #[test]
 fn a_live_record_is_answered_while_another_connection_holds_the_write_lock() {
-    let file = TempDb::new("locked");
+    let file = TempDb::new("claim", "locked");
     // A busy timeout long enough that a claim waiting for the lock is told apart from
     // one that did not wait; short enough that the write below fails soon.
     let store = SqliteStore::from_connection(file.open("wal", Duration::from_millis(300)));

@@ -5,8 +5,6 @@
 //! in bounded batches and never within a horizon of a start, and the pre-filter answers
 //! a known duplicate without a transaction.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use idemcache::inbox::{InboxError, KnownMessages, Purger, Receipt, Retention};
@@ -14,48 +12,21 @@ use idemcache::{Cache, Fingerprint};
 use idemcache_sqlite::inbox::{self, ensure_schema, purge, receive};
 use idemcache_sqlite::rusqlite::{params, Connection, TransactionBehavior};
 
-/// A fresh database file of its own (removed when dropped), for tests that need two
-/// connections.
-struct TempDb(PathBuf);
+mod common;
+use common::TempDb;
 
-impl TempDb {
-    fn new(name: &str) -> TempDb {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir()
-            .join(format!("idemcache-inbox-{name}-{}-{n}.db", std::process::id()));
-        let db = TempDb(path);
-        db.remove();
-        let conn = db.open(Duration::from_millis(100));
-        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
-        ensure_schema(&conn).unwrap();
-        conn.execute_batch(
-            "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL);
-             INSERT INTO accounts VALUES ('a1', 0);",
-        )
-        .unwrap();
-        db
-    }
-
-    fn open(&self, busy: Duration) -> Connection {
-        let conn = Connection::open(&self.0).unwrap();
-        conn.busy_timeout(busy).unwrap();
-        conn
-    }
-
-    fn remove(&self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut p = self.0.clone().into_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
-
-impl Drop for TempDb {
-    fn drop(&mut self) {
-        self.remove();
-    }
+/// A fresh database file of its own in WAL mode, with the inbox and an account, for
+/// tests that need two connections.
+fn ledger(name: &str) -> TempDb {
+    let db = TempDb::new("inbox", name);
+    let conn = db.open("wal", Duration::from_millis(100));
+    ensure_schema(&conn).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL);
+         INSERT INTO accounts VALUES ('a1', 0);",
+    )
+    .unwrap();
+    db
 }
 
 fn memory() -> Connection {
@@ -108,8 +79,8 @@ fn a_second_receive_in_the_claiming_transaction_is_a_duplicate() {
 
 #[test]
 fn a_rollback_leaves_neither_the_record_nor_the_change() {
-    let db = TempDb::new("rollback");
-    let mut conn = db.open(Duration::from_secs(1));
+    let db = ledger("rollback");
+    let mut conn = db.open("wal", Duration::from_secs(1));
     let fp = Fingerprint::of(b"a");
     {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
@@ -176,9 +147,9 @@ fn refused_input_and_unreadable_rows_are_typed_errors() {
 #[test]
 fn a_second_delivery_of_an_uncommitted_message_is_in_flight_within_the_busy_timeout() {
     for first_commits in [true, false] {
-        let db = TempDb::new("inflight");
-        let mut first = db.open(Duration::from_secs(5));
-        let mut second = db.open(Duration::from_millis(200));
+        let db = ledger("inflight");
+        let mut first = db.open("wal", Duration::from_secs(5));
+        let mut second = db.open("wal", Duration::from_millis(200));
         let fp = Fingerprint::of(b"a");
         let tx1 = first.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
         assert_eq!(receive(&tx1, "ledger", "m-1", fp).unwrap(), Receipt::New);
@@ -212,9 +183,9 @@ fn a_second_delivery_of_an_uncommitted_message_is_in_flight_within_the_busy_time
 
 #[test]
 fn a_deferred_transactions_stale_snapshot_is_in_flight_never_new() {
-    let db = TempDb::new("snapshot");
-    let mut first = db.open(Duration::from_secs(1));
-    let mut second = db.open(Duration::from_secs(1));
+    let db = ledger("snapshot");
+    let mut first = db.open("wal", Duration::from_secs(1));
+    let mut second = db.open("wal", Duration::from_secs(1));
     let fp = Fingerprint::of(b"a");
     let tx2 = second.transaction().unwrap();
     // The read opens tx2's snapshot: before the first consumer's commit.
@@ -315,8 +286,8 @@ impl Consumer<'_> {
 
 #[test]
 fn the_pre_filter_answers_a_known_duplicate_without_a_transaction_and_never_new() {
-    let db = TempDb::new("prefilter");
-    let mut conn = db.open(Duration::from_secs(1));
+    let db = ledger("prefilter");
+    let mut conn = db.open("wal", Duration::from_secs(1));
     let known = KnownMessages::new(Cache::builder().build().unwrap());
     let mut ledger =
         Consumer { conn: &mut conn, known: known.clone(), name: "ledger", transactions: 0 };
@@ -341,7 +312,7 @@ fn the_pre_filter_answers_a_known_duplicate_without_a_transaction_and_never_new(
     let mut audit = Consumer { conn: &mut conn, known, name: "audit", transactions: 0 };
     assert_eq!(audit.deliver("m-1", 5), Receipt::New);
     assert_eq!(audit.transactions, 1);
-    let second = db.open(Duration::from_secs(1));
+    let second = db.open("wal", Duration::from_secs(1));
     assert_eq!(balance(&second), 5 + 1 + 5);
     // The module re-exports the vocabulary.
     let _: Option<inbox::Receipt> = None;

@@ -3,8 +3,6 @@
 //! writes a ledger entry only when the transition applied. The ledger in the database
 //! is the witness: one entry per payment however many callbacks arrive, at once or not.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
@@ -12,18 +10,14 @@ use idemcache::transition::{StatusColumn, Transition, TransitionError};
 use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
 use idemcache_sqlite::transition::transition;
 
-/// A database file of this test's own, removed (with its WAL files) when dropped.
-struct Db(PathBuf);
+mod common;
+
+/// A database file of this test's own (WAL), holding the payments and their ledger.
+struct Db(common::TempDb);
 
 impl Db {
     fn new() -> Db {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let name = format!(
-            "idemcache-transition-{}-{}.db",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        let db = Db(std::env::temp_dir().join(name));
+        let db = Db(common::TempDb::new("transition", "payments"));
         db.open()
             .execute_batch(
                 "CREATE TABLE payments (id TEXT PRIMARY KEY, status TEXT, amount INTEGER NOT NULL);
@@ -36,20 +30,7 @@ impl Db {
     }
 
     fn open(&self) -> Connection {
-        let conn = Connection::open(&self.0).unwrap();
-        conn.pragma_update(None, "journal_mode", "WAL").unwrap();
-        conn.busy_timeout(Duration::from_secs(30)).unwrap();
-        conn
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut path = self.0.clone().into_os_string();
-            path.push(suffix);
-            let _ = std::fs::remove_file(path);
-        }
+        self.0.open("wal", Duration::from_secs(30))
     }
 }
 
