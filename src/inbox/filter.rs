@@ -183,6 +183,7 @@ mod tests {
         assert!(known.committed("ledger", "m", a), "the same fact again is held");
         assert!(!known.committed("ledger", "m", b), "another fingerprint never replaces it");
         assert_eq!(known.check("ledger", "m", a), Some(Receipt::Duplicate));
+        assert_eq!(known.check("ledger", "m", b), Some(Receipt::Mismatch));
     }
 
     #[test]
