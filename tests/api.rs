@@ -185,3 +185,22 @@ fn a_fencing_token_is_made_from_and_printed_as_its_number() {
     assert_eq!(token.to_string(), "1700000000000000042");
     assert!(idemcache::FencingToken::new(2) > idemcache::FencingToken::new(1));
 }
+
+/// A cache reports the settings it was built with (layers over it read them to settle
+/// what they hold the way the cache would), not the defaults.
+#[test]
+fn a_cache_reports_the_settings_it_was_built_with() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock)
+        .max_result_size(12_345)
+        .drop_policy(DropPolicy::MarkUnknown)
+        .lapse_policy(idemcache::LapsePolicy::MarkUnknown)
+        .build()
+        .unwrap();
+    assert_eq!(cache.max_result_size(), 12_345);
+    assert_eq!(cache.drop_policy(), DropPolicy::MarkUnknown);
+    assert_eq!(cache.lapse_policy(), idemcache::LapsePolicy::MarkUnknown);
+    let defaults = builder(&clock).build().unwrap();
+    assert_eq!(defaults.drop_policy(), DropPolicy::Release);
+    assert_eq!(defaults.lapse_policy(), idemcache::LapsePolicy::TakeOver);
+}

@@ -242,6 +242,23 @@ fn the_byte_bound_evicts_and_a_result_with_no_room_is_kept_without_its_body() {
     cache.debug_validate();
 }
 
+/// The byte bound is shared among the shards (each holds its share): results far under
+/// the whole bound, spread over several shards, are all kept with their bodies.
+#[test]
+fn the_byte_bound_is_split_among_the_shards() {
+    let clock = ManualClock::new();
+    let cache = builder(&clock).shards(4).max_result_size(4096).max_bytes(4 << 20).build().unwrap();
+    for i in 0..100 {
+        acquire(&cache, &key(&format!("k{i}")), fp("r")).complete(vec![7u8; 1024]).unwrap();
+    }
+    assert_eq!((cache.stats().evictions, cache.stats().oversized), (0, 0));
+    for i in 0..100 {
+        let replay = replay(&cache, &key(&format!("k{i}")), fp("r"));
+        assert!(replay.body_kept(), "k{i} lost its body under a bound 40x its size");
+    }
+    cache.debug_validate();
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Claim(u8),
