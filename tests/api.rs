@@ -204,3 +204,13 @@ fn a_cache_reports_the_settings_it_was_built_with() {
     assert_eq!(defaults.drop_policy(), DropPolicy::Release);
     assert_eq!(defaults.lapse_policy(), idemcache::LapsePolicy::TakeOver);
 }
+
+/// A sweeper that could not start names the OS's refusal as its source; a bad interval
+/// has none.
+#[test]
+fn a_sweeper_error_names_its_source() {
+    use std::error::Error;
+    let refused = idemcache::SweeperError::Spawn(std::io::Error::other("no more threads"));
+    assert_eq!(refused.source().map(|e| e.to_string()), Some("no more threads".to_owned()));
+    assert!(idemcache::SweeperError::InvalidInterval(Duration::ZERO).source().is_none());
+}
