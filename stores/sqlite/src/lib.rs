@@ -8,8 +8,9 @@
 //! worker thread; a claim that may write is a `BEGIN IMMEDIATE` transaction (it takes
 //! the database's write lock before it reads), so a look and the write it decides on
 //! cannot be split by another connection or process, and its "now" is SQLite's clock.
-//! A claim that finds a live record answers from one read and takes no write lock. Several processes may
-//! share one file: WAL mode, and a busy timeout instead of `SQLITE_BUSY`.
+//! A claim that finds a live record answers from one read and takes no write lock.
+//! Several processes may share one file: WAL mode, and a busy timeout instead of
+//! `SQLITE_BUSY`.
 //!
 //! Lapses ([`SqliteStore::lapse_policy`]): under `LapsePolicy::MarkUnknown` a claim that
 //! finds a PROCESSING record whose lease lapsed less than the unknown TTL ago turns it

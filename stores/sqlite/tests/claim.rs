@@ -200,6 +200,12 @@ fn garbled_rows_through_the_first_read_are_corrupt() {
     }
 }
 
+/// Another connection completing every record (body `\x01`) in a transaction it leaves
+/// open: a claim must never answer what it wrote.
+const UNCOMMITTED_COMPLETION: &str =
+    "BEGIN IMMEDIATE; UPDATE idemcache_records SET state = 2, body = x'01',
+     settled_at = expires_at - 1, expires_at = expires_at + 100000000;";
+
 /// Another connection mid-way through changing a row (its transaction not committed):
 /// the first read answers the committed record, in WAL and rollback-journal mode alike.
 #[test]
@@ -211,12 +217,7 @@ fn an_uncommitted_change_is_never_answered() {
         let fp = Fingerprint::of(b"r");
         let t = acquired(block_on(store.claim(&key("k"), fp, Duration::from_secs(60))));
         let other = file.open(journal, Duration::from_millis(200));
-        other
-            .execute_batch(
-                "BEGIN IMMEDIATE; UPDATE idemcache_records SET state = 2, body = x'01',
-                 settled_at = expires_at - 1, expires_at = expires_at + 100000000;",
-            )
-            .unwrap();
+        other.execute_batch(UNCOMMITTED_COMPLETION).unwrap();
         match block_on(store.claim(&key("k"), fp, Duration::from_secs(60))) {
             Ok(StoreClaim::InProgress { .. }) => {}
             other => panic!("{journal}: an uncommitted completion: {other:?}"),
@@ -266,12 +267,7 @@ fn read_uncommitted_shared_cache_never_replays_an_uncommitted_completion() {
     block_on(store.ensure_schema()).unwrap();
     let fp = Fingerprint::of(b"r");
     acquired(block_on(store.claim(&key("k"), fp, Duration::from_secs(60))));
-    other
-        .execute_batch(
-            "BEGIN IMMEDIATE; UPDATE idemcache_records SET state = 2, body = x'01',
-             settled_at = expires_at - 1, expires_at = expires_at + 100000000;",
-        )
-        .unwrap();
+    other.execute_batch(UNCOMMITTED_COMPLETION).unwrap();
     let answer = block_on(store.claim(&key("k"), fp, Duration::from_secs(60)));
     other.execute_batch("ROLLBACK").unwrap();
     if let Ok(StoreClaim::Completed(r)) = answer {
