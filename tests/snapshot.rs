@@ -287,8 +287,23 @@ fn a_writer_killed_mid_save_leaves_the_previous_snapshot_whole() {
     if after != before {
         assert_eq!(snapshot.entries.len(), 3_000, "a renamed snapshot is whole");
     }
+    // The killed save's temporary is left, and removed by the next load once it has
+    // gone unmodified long enough to belong to no save starting up (its lock died with
+    // the writer).
+    let leftovers = || {
+        let entries = std::fs::read_dir(&dir).unwrap().flatten();
+        entries.filter(|e| e.file_name().to_string_lossy().starts_with(&prefix)).count()
+    };
+    assert!(leftovers() <= 1, "one save at a time: at most one temporary");
+    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            age(&entry.path(), Duration::from_secs(120));
+        }
+    }
     let (restarted, _clock) = manual();
     let loaded = SnapshotFile::new(&path).load(&restarted, Load::Strict).unwrap();
+    #[cfg(target_os = "linux")]
+    assert_eq!(leftovers(), 0, "the killed save's temporary is removed");
     assert_eq!(loaded.inserted + loaded.no_room, snapshot.entries.len());
     assert!(matches!(
         snapshot.entries.iter().find(|e| e.key == key("kept")).map(|e| &e.state),
@@ -350,4 +365,119 @@ fn the_file_is_readable_by_its_owner_only() {
     SnapshotFile::new(&path).save(&cache).unwrap();
     let mode = std::fs::metadata(&path).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+}
+
+/// The wall clock of the step-back test, apart from [`WALL`] (tests run at once).
+static STEPPED: AtomicU64 = AtomicU64::new(1_800_000_000_000_000);
+
+fn stepped() -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(STEPPED.load(Ordering::SeqCst))
+}
+
+/// A cache that keeps results and marks as long as it can (`MAX_DURATION`, the natural
+/// "keep it" choice) is restarted on a wall clock one second behind the save's (an NTP
+/// step, a restored VM): every deadline lies past the new cache's range. Each fact is
+/// kept, clamped to that range, and said so; none is dropped as if it had expired, so no
+/// key executes again.
+#[test]
+fn a_wall_clock_stepped_back_clamps_deadlines_and_drops_no_fact() {
+    let path = scratch("stepped-back");
+    let keeping = |clock: &ManualClock| {
+        let builder = Cache::builder().clock(clock.clone());
+        let builder = builder.completed_ttl(idemcache::MAX_DURATION);
+        builder.unknown_ttl(idemcache::MAX_DURATION).build().unwrap()
+    };
+    let clock = ManualClock::new();
+    let cache = keeping(&clock);
+    complete(&cache, "kept", b"order 1");
+    match cache.claim(&key("unknown"), fp("unknown")).unwrap() {
+        Claim::Acquired(guard) => guard.mark_unknown().unwrap(),
+        other => panic!("{other:?}"),
+    }
+    match cache.claim(&key("running"), fp("running")).unwrap() {
+        Claim::Acquired(guard) => std::mem::forget(guard),
+        other => panic!("{other:?}"),
+    }
+    SnapshotFile::new(&path).wall_clock(stepped).save(&cache).unwrap();
+    STEPPED.fetch_sub(1_000_000, Ordering::SeqCst);
+
+    let clock = ManualClock::new();
+    let restarted = keeping(&clock);
+    let loaded =
+        SnapshotFile::new(&path).wall_clock(stepped).load(&restarted, Load::Strict).unwrap();
+    assert_eq!((loaded.inserted, loaded.clamped, loaded.expired), (3, 3, 0));
+    assert!(matches!(restarted.claim(&key("kept"), fp("kept")).unwrap(), Claim::Completed(_)));
+    for k in ["unknown", "running"] {
+        assert!(matches!(restarted.claim(&key(k), fp(k)).unwrap(), Claim::Unknown { .. }), "{k}");
+    }
+    // Kept as far as the cache can keep anything, and no further.
+    clock.advance(idemcache::MAX_DURATION - Duration::from_secs(1));
+    assert!(restarted.peek(&key("unknown")).is_some());
+    clock.advance(Duration::from_secs(2));
+    assert!(restarted.peek(&key("unknown")).is_none());
+}
+
+/// A cache too small for a snapshot keeps its UNKNOWN marks, evicting results for them
+/// as a claim would: a mark left out would let its key run again with nobody knowing
+/// whether the first run happened.
+#[test]
+fn a_cache_too_small_for_the_snapshot_keeps_its_marks_first() {
+    let path = scratch("marks-first");
+    let (cache, _clock) = manual();
+    for i in 0..8 {
+        complete(&cache, &format!("done-{i}"), b"r");
+    }
+    for i in 0..4 {
+        match cache.claim(&key(&format!("unknown-{i}")), fp("u")).unwrap() {
+            Claim::Acquired(guard) => guard.mark_unknown().unwrap(),
+            other => panic!("{other:?}"),
+        }
+    }
+    SnapshotFile::new(&path).save(&cache).unwrap();
+
+    let small = Cache::builder().shards(1).max_entries(4).build().unwrap();
+    let loaded = SnapshotFile::new(&path).load(&small, Load::Strict).unwrap();
+    assert_eq!(loaded.expired, 0);
+    for i in 0..4 {
+        let k = key(&format!("unknown-{i}"));
+        assert!(matches!(small.claim(&k, fp("u")).unwrap(), Claim::Unknown { .. }), "{i}");
+    }
+}
+
+/// Sets `path`'s modification time `by` into the past.
+fn age(path: &std::path::Path, by: Duration) {
+    let file = std::fs::File::options().write(true).open(path).unwrap();
+    file.set_modified(SystemTime::now() - by).unwrap();
+}
+
+/// Only a temporary that no save holds and that has gone a minute unmodified is
+/// removed: one locked by a running save (however old), one just created (a save
+/// between creating and locking it), and files that are not this snapshot's
+/// temporaries are left as they are.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_save_removes_only_temporaries_no_save_is_writing() {
+    let path = scratch("leftovers");
+    let dir = path.parent().unwrap();
+    let file = |name: &str| dir.join(name);
+    for name in ["cache.snap.tmp-1-0-0", "cache.snap.tmp-2-0-0", "cache.snap.tmp-3-0-0"] {
+        std::fs::write(file(name), b"part of a snapshot").unwrap();
+    }
+    std::fs::write(file("other.snap.tmp-4-0-0"), b"another snapshot's").unwrap();
+    age(&file("cache.snap.tmp-1-0-0"), Duration::from_secs(120)); // killed long ago
+    age(&file("cache.snap.tmp-2-0-0"), Duration::from_secs(120)); // a running save's
+    age(&file("other.snap.tmp-4-0-0"), Duration::from_secs(120));
+    let running = std::fs::File::open(file("cache.snap.tmp-2-0-0")).unwrap();
+    rustix::fs::flock(&running, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+
+    let (cache, _clock) = filled();
+    SnapshotFile::new(&path).save(&cache).unwrap();
+    let left = |name: &str| file(name).exists();
+    assert!(!left("cache.snap.tmp-1-0-0"), "a leftover of a killed save is removed");
+    assert!(left("cache.snap.tmp-2-0-0"), "a running save's temporary is kept");
+    assert!(left("cache.snap.tmp-3-0-0"), "a temporary just created is kept");
+    assert!(left("other.snap.tmp-4-0-0"), "another snapshot's temporary is kept");
+    let loaded = SnapshotFile::new(&path).load(&manual().0, Load::Strict).unwrap();
+    assert_eq!(loaded.inserted, 4, "the save itself is whole");
+    drop(running);
 }

@@ -34,7 +34,9 @@
 //!   [`Load::Strict`] or an empty start with the reason under [`Load::Quiet`].
 //! - **Times are wall-clock.** Each entry keeps its own deadline as a wall-clock time:
 //!   a cache loaded an hour later has an hour less of every TTL, and what expired while
-//!   it was down is not loaded. PROCESSING entries are written as UNKNOWN (marked when
+//!   it was down is not loaded. A deadline further ahead than the cache can keep (a
+//!   wall clock stepped back since the save) is kept as far as it can be, and counted
+//!   in [`Loaded::clamped`]: only its own expiry drops a fact. PROCESSING entries are written as UNKNOWN (marked when
 //!   the snapshot was taken): their holder will not settle them in the next process, and
 //!   nobody knows whether the effect happened.
 //! - **A snapshot never overrides.** Loading uses [`Cache::insert`]: original times
@@ -62,6 +64,7 @@
 //! The file format (version 1) is documented at [`read_bytes`].
 
 mod format;
+mod temporary;
 
 use std::fs::{File, OpenOptions};
 use std::io::BufWriter;
@@ -179,6 +182,7 @@ pub struct Saved {
 
 /// What a load did.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct Loaded {
     /// The loaded snapshot's generation (`None`: nothing was read).
     pub generation: Option<u64>,
@@ -186,12 +190,19 @@ pub struct Loaded {
     pub written_at: Option<SystemTime>,
     /// Entries inserted.
     pub inserted: usize,
-    /// Entries that expired while the cache was down (or whose times are out of the
-    /// cache's range): not loaded.
+    /// Of those inserted, entries whose deadline lay further ahead than
+    /// [`MAX_DURATION`](crate::MAX_DURATION) from now (the wall clock stepped back
+    /// since the save, or the snapshot came from a cache with longer TTLs): kept until
+    /// `now + MAX_DURATION`, the furthest the cache can keep anything. A fact that did
+    /// not expire is never dropped for its deadline being too far ahead.
+    pub clamped: usize,
+    /// Entries that expired while the cache was down: not loaded.
     pub expired: usize,
     /// Entries whose key the cache already holds live: the live entry was kept.
     pub occupied: usize,
     /// Entries the cache had no room for (its bounds are smaller than the snapshot).
+    /// A mark finds room by evicting results, as a claim does, and is never evicted
+    /// for a later entry: results are the ones left out.
     pub no_room: usize,
     /// Under [`Load::Quiet`]: why the file was not used (nothing was inserted then).
     pub refused: Option<SnapshotError>,
@@ -201,7 +212,9 @@ pub struct Loaded {
 /// count up from the one this handle loaded (or 1): load before you save, or a new
 /// handle's first save is generation 1 again. A symbolic link at the path is replaced
 /// by the snapshot (the rename does not follow it). The file is created readable by its
-/// owner only (mode 0600 on Unix): it holds every stored result.
+/// owner only (mode 0600 on Unix): it holds every stored result. On Linux, a save and a
+/// load first remove the temporaries (`path.tmp-*`) that saves killed mid-write left
+/// behind, once no process holds them and they have gone a minute unmodified.
 #[derive(Debug, Clone)]
 pub struct SnapshotFile {
     path: PathBuf,
@@ -232,10 +245,12 @@ impl SnapshotFile {
     /// Writes `cache`'s live COMPLETED and UNKNOWN entries (and PROCESSING ones, as
     /// UNKNOWN) to the file, replacing it atomically (see the module docs).
     pub fn save(&mut self, cache: &Cache) -> Result<Saved, SnapshotError> {
+        temporary::remove_stale(&self.path);
         let generation = self.next_generation;
         let temporary = self.temporary();
         let written = self.write(cache, generation, &temporary);
-        let saved = written.and_then(|saved| {
+        // `_held` keeps the temporary locked through the rename (see `temporary`).
+        let saved = written.and_then(|(saved, _held)| {
             let doing = format!("renaming {} to {}", temporary.display(), self.path.display());
             std::fs::rename(&temporary, &self.path).map_err(|e| io(doing, e))?;
             sync_directory(&self.path)?;
@@ -249,20 +264,18 @@ impl SnapshotFile {
         saved
     }
 
-    /// `path.tmp-PID-N`, beside the target (the rename stays on one filesystem), a name
-    /// of its own for every save: two saves at once (two threads, or two containers whose
-    /// processes are both PID 1) each write a file of their own, and the later rename wins
-    /// whole. Created exclusively, so a leftover of a killed save is never written into.
     fn temporary(&self) -> PathBuf {
-        static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-        let mut name = self.path.file_name().unwrap_or_default().to_owned();
-        name.push(format!(".tmp-{}-{n}-{}", std::process::id(), nanos.subsec_nanos()));
-        self.path.with_file_name(name)
+        temporary::name_for(&self.path)
     }
 
-    fn write(&self, cache: &Cache, generation: u64, to: &Path) -> Result<Saved, SnapshotError> {
+    /// Writes the snapshot to `to` and syncs it; returns the file still open, so that
+    /// its lock holds until the caller has renamed it.
+    fn write(
+        &self,
+        cache: &Cache,
+        generation: u64,
+        to: &Path,
+    ) -> Result<(Saved, File), SnapshotError> {
         let doing = || format!("writing the snapshot {}", to.display());
         let mut options = OpenOptions::new();
         options.write(true).create_new(true);
@@ -270,6 +283,7 @@ impl SnapshotFile {
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
         let file = options.open(to).map_err(|e| io(doing(), e))?;
+        temporary::hold(&file).map_err(|e| io(format!("locking {}", to.display()), e))?;
         let wall = (self.wall_clock)();
         let out = BufWriter::with_capacity(1 << 16, file);
         let mut encoder =
@@ -287,12 +301,13 @@ impl SnapshotFile {
         let file = out.into_inner().map_err(|e| io(doing(), e.into_error()))?;
         file.sync_all().map_err(|e| io(format!("syncing {}", to.display()), e))?;
         let bytes = file.metadata().map(|m| m.len()).unwrap_or_default();
-        Ok(Saved { generation, entries, bytes })
+        Ok((Saved { generation, entries, bytes }, file))
     }
 
     /// Loads the file into `cache` (see the module docs and [`Load`]). Entries are
     /// inserted only after the whole file was read and checked.
     pub fn load(&mut self, cache: &Cache, mode: Load) -> Result<Loaded, SnapshotError> {
+        temporary::remove_stale(&self.path);
         let read = std::fs::read(&self.path)
             .map_err(|e| (e.kind(), io(format!("reading the snapshot {}", self.path.display()), e)))
             .and_then(|bytes| read_bytes(&bytes).map_err(|e| (std::io::ErrorKind::Other, e)));
@@ -312,12 +327,20 @@ impl SnapshotFile {
         };
         let wall = (self.wall_clock)();
         for entry in snapshot.entries {
-            let known = from_wall(entry.state, cache, wall);
+            let (known, clamped) = from_wall(entry.state, cache, wall);
             match cache.insert(&entry.key, entry.fingerprint, known) {
-                Ok(()) => loaded.inserted += 1,
+                Ok(()) => {
+                    loaded.inserted += 1;
+                    loaded.clamped += usize::from(clamped);
+                }
                 Err(InsertError::Occupied(_)) => loaded.occupied += 1,
                 Err(InsertError::CapacityExhausted) => loaded.no_room += 1,
-                Err(_) => loaded.expired += 1,
+                // `from_wall` keeps the times within what `insert` takes (a mark or a
+                // completion at or before now, a deadline within MAX_DURATION), so the
+                // one refusal left is a deadline that passed.
+                Err(
+                    InsertError::Expired | InsertError::StartsInTheFuture | InsertError::TtlTooLong,
+                ) => loaded.expired += 1,
             }
         }
         Ok(loaded)
@@ -384,22 +407,31 @@ fn to_wall(known: Known, now: crate::Timestamp, wall: SystemTime) -> SnapshotSta
     }
 }
 
-/// A snapshot's fact on `cache`'s clock, whose now is `wall`. Times before the clock's
-/// origin read as its origin (a completion long ago is still at or before now).
-fn from_wall(state: SnapshotState, cache: &Cache, wall: SystemTime) -> Known {
+/// A snapshot's fact on `cache`'s clock, whose now is `wall`, and whether its deadline
+/// was clamped. Times before the clock's origin read as its origin (a completion long ago
+/// is still at or before now); a deadline further ahead than the cache can keep (the
+/// wall clock stepped back since the save) is kept as far as it can be: the fact did
+/// not expire, and dropping it would let its key execute again.
+fn from_wall(state: SnapshotState, cache: &Cache, wall: SystemTime) -> (Known, bool) {
     let now = cache.now();
     let at = |t: SystemTime| match t.duration_since(wall) {
         Ok(ahead) => now.saturating_add(ahead),
         Err(behind) => now.saturating_sub(behind.duration()),
     };
+    let furthest = now.saturating_add(crate::MAX_DURATION);
+    let deadline = |t: SystemTime| {
+        let deadline = at(t);
+        (deadline.min(furthest), deadline > furthest)
+    };
     match state {
-        SnapshotState::Completed { body, completed_at, expires_at } => Known::Completed {
-            body,
-            completed_at: at(completed_at).min(now),
-            expires_at: at(expires_at),
-        },
+        SnapshotState::Completed { body, completed_at, expires_at } => {
+            let (expires_at, clamped) = deadline(expires_at);
+            let completed_at = at(completed_at).min(now);
+            (Known::Completed { body, completed_at, expires_at }, clamped)
+        }
         SnapshotState::Unknown { marked_at, expires_at } => {
-            Known::Unknown { marked_at: at(marked_at).min(now), expires_at: at(expires_at) }
+            let (expires_at, clamped) = deadline(expires_at);
+            (Known::Unknown { marked_at: at(marked_at).min(now), expires_at }, clamped)
         }
     }
 }

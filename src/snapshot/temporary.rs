@@ -1,0 +1,85 @@
+//! The temporary files a save writes beside its target, and the removal of those a
+//! killed save left behind.
+//!
+//! Invariant: a temporary is removed only when no save can still be writing it. A save
+//! holds an exclusive `flock` on its temporary from just after creating it until the
+//! file is renamed or removed, and a lock dies with its process (`kill -9` included),
+//! so a temporary that can be locked belongs to no running save. A save between
+//! creating its file and locking it is protected by the file's age: a temporary
+//! modified within [`STALE_AFTER`] is left alone whatever its lock says. Where locks
+//! are not available (outside Linux) nothing is removed.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// How long a temporary must have gone unmodified before it may be removed: far longer
+/// than a save takes between creating its file and locking it (two system calls).
+pub(super) const STALE_AFTER: Duration = Duration::from_secs(60);
+
+/// `target.tmp-PID-N-NANOS`, beside the target (the rename stays on one filesystem), a
+/// name of its own for every save: two saves at once (two threads, or two containers
+/// whose processes are both PID 1) each write a file of their own, and the later rename
+/// wins whole.
+pub(super) fn name_for(target: &Path) -> PathBuf {
+    static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let mut name = prefix(target);
+    name.push(format!("{}-{n}-{}", std::process::id(), nanos.subsec_nanos()));
+    target.with_file_name(name)
+}
+
+/// What every temporary of `target` is named starting with.
+fn prefix(target: &Path) -> std::ffi::OsString {
+    let mut name = target.file_name().unwrap_or_default().to_owned();
+    name.push(".tmp-");
+    name
+}
+
+/// Marks `file` as a save in progress: the lock is held until the file is closed.
+pub(super) fn hold(file: &File) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+    Ok(())
+}
+
+/// Removes the temporaries of `target` that no save is writing (see the module docs);
+/// returns how many. Best effort: a directory or file that cannot be read is passed
+/// over, as a leftover costs disk space, never correctness.
+pub(super) fn remove_stale(target: &Path) -> usize {
+    let dir = match target.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let prefix = prefix(target);
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name.as_encoded_bytes().starts_with(prefix.as_encoded_bytes())
+            && is_stale(&entry.path())
+            && std::fs::remove_file(entry.path()).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+#[cfg(target_os = "linux")]
+fn is_stale(path: &Path) -> bool {
+    let Ok(file) = File::open(path) else { return false };
+    let Ok(modified) = file.metadata().and_then(|m| m.modified()) else { return false };
+    let idle = SystemTime::now().duration_since(modified).unwrap_or_default();
+    // Locked by nobody: the lock is released as `file` closes, and a save that locks
+    // it after this is one whose file was already `STALE_AFTER` old, which none is.
+    idle >= STALE_AFTER && hold(&file).is_ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn is_stale(_: &Path) -> bool {
+    false
+}
