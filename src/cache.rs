@@ -504,7 +504,7 @@ impl Cache {
     ) -> Result<(), ResolveError> {
         let (hash, shard) = self.locate(&listed.key);
         let mut body = body;
-        let seen = Listed { fingerprint: listed.fingerprint, marked_at: listed.marked_at };
+        let seen = Listed { token: listed.token.get() };
         self.with_shard(shard, |s, now, cfg| {
             s.resolve(hash, &listed.key, Some(seen), &mut body, now, cfg)
         })
@@ -513,7 +513,7 @@ impl Cache {
     /// [`Cache::forget`] of the entry `listed` saw, as [`Cache::resolve_listed`].
     pub(crate) fn forget_listed(&self, listed: &UnknownEntry) -> Result<(), ResolveError> {
         let (hash, shard) = self.locate(&listed.key);
-        let seen = Listed { fingerprint: listed.fingerprint, marked_at: listed.marked_at };
+        let seen = Listed { token: listed.token.get() };
         self.with_shard(shard, |s, now, _| s.forget(hash, &listed.key, Some(seen), now))
     }
 

@@ -211,6 +211,12 @@ pub struct UnknownEntry<At = Timestamp> {
     pub key: Key,
     /// The fingerprint of the request that claimed it.
     pub fingerprint: Fingerprint,
+    /// The fencing token of the execution whose outcome is unknown: what identifies
+    /// that execution, so that a verdict about it never settles a later one of the
+    /// same key (forgotten, claimed and marked again while the authority was asked,
+    /// with the same fingerprint and, on a coarse clock, the same mark time). An entry
+    /// [`insert`](crate::Cache::insert)ed into a cache has a token of its own too.
+    pub token: FencingToken,
     /// When its outcome was marked unknown.
     pub marked_at: At,
     /// When the mark expires and the key becomes claimable again.
@@ -218,8 +224,15 @@ pub struct UnknownEntry<At = Timestamp> {
 }
 
 impl<At> UnknownEntry<At> {
-    /// An UNKNOWN entry, for a store implementation listing what it holds.
-    pub fn new(key: Key, fingerprint: Fingerprint, marked_at: At, expires_at: At) -> Self {
-        UnknownEntry { key, fingerprint, marked_at, expires_at }
+    /// An UNKNOWN entry, for a store implementation listing what it holds: `token` is
+    /// the token the record's execution was claimed under.
+    pub fn new(
+        key: Key,
+        fingerprint: Fingerprint,
+        token: FencingToken,
+        marked_at: At,
+        expires_at: At,
+    ) -> Self {
+        UnknownEntry { key, fingerprint, token, marked_at, expires_at }
     }
 }

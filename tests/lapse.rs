@@ -197,6 +197,31 @@ fn reconcile_leaves_an_entry_settled_while_it_was_checked() {
     assert_eq!(replay(&cache, &k, fp("r")).body.unwrap(), "theirs");
 }
 
+/// As above with no tick between the listing and the retry's mark (the coarse
+/// monotonic clock ticks every 1-4 ms): the retry has the listed entry's fingerprint and
+/// mark time, and only its fencing token tells the two executions apart. A stale verdict
+/// used to forget the retry's mark, and a third claim executed.
+#[test]
+fn reconcile_never_settles_a_retry_marked_within_the_same_tick() {
+    let clock = ManualClock::new();
+    let cache = marking(&clock);
+    let k = key("same-tick");
+    acquire(&cache, &k, fp("r")).mark_unknown().unwrap();
+    for verdict in [Verdict::DidNotHappen, Verdict::Happened(None)] {
+        let done = cache.reconcile(10, |entry| {
+            cache.forget(&entry.key).unwrap();
+            acquire(&cache, &entry.key, fp("r")).mark_unknown().unwrap();
+            verdict.clone()
+        });
+        assert_eq!((done.resolved, done.forgotten, done.left), (0, 0, 1), "{verdict:?}");
+        assert!(matches!(cache.claim(&k, fp("r")).unwrap(), Claim::Unknown { .. }));
+    }
+    // The entry listed now is settled as usual.
+    let done = cache.reconcile(10, |_| Verdict::DidNotHappen);
+    assert_eq!(done.forgotten, 1);
+    assert!(cache.claim(&k, fp("r")).unwrap().is_acquired());
+}
+
 /// A verdict is about the entry that was listed: forgotten, claimed again (by another
 /// request, or the same one) and marked again while it was being checked, the key's new
 /// UNKNOWN entry is left, never settled by the stale verdict.

@@ -54,8 +54,8 @@ use crate::config::Config;
 use crate::stats::Counters;
 use crate::wait::Wakers;
 use crate::{
-    Claim, ClaimError, EntrySnapshot, Fingerprint, InsertError, Key, Known, LeaseLost,
-    RemovalCause, Replay, ResolveError, Timestamp, UnknownEntry,
+    Claim, ClaimError, EntrySnapshot, FencingToken, Fingerprint, InsertError, Key, Known,
+    LeaseLost, RemovalCause, Replay, ResolveError, Timestamp, UnknownEntry,
 };
 
 /// Wheel work (node moves) an insert may spend reclaiming expired entries. An entry costs
@@ -85,11 +85,12 @@ pub(crate) const FREE_BATCH: usize = 4;
 pub(crate) const LAST_DEADLINE: Timestamp =
     Timestamp::from_nanos(u64::MAX - crate::MAX_TICK.as_nanos() as u64);
 
-/// The UNKNOWN entry a listing saw: settling "it" must not settle a later one.
+/// The UNKNOWN entry a listing saw, by its token (never reused within a shard):
+/// settling "it" must not settle a later one, which a fingerprint and a mark time on a
+/// coarse clock cannot tell apart.
 #[derive(Clone, Copy)]
 pub(crate) struct Listed {
-    pub(crate) fingerprint: Fingerprint,
-    pub(crate) marked_at: Timestamp,
+    pub(crate) token: u64,
 }
 
 /// `now + d`, capped at [`LAST_DEADLINE`].
@@ -625,7 +626,7 @@ impl Shard {
     }
 
     /// The key's live UNKNOWN entry; with `listed`, only if it is still the one a listing
-    /// saw (same fingerprint, same mark), so that a verdict about one execution never
+    /// saw (the same token), so that a verdict about one execution never
     /// settles another: forgotten, claimed by another request and marked again while
     /// the verdict was being reached.
     fn find_unknown(
@@ -637,7 +638,7 @@ impl Shard {
     ) -> Result<u32, ResolveError> {
         let slot = self.find_live(hash, key, now).ok_or(ResolveError::NotFound)?;
         let e = self.entry(slot);
-        let same = listed.is_none_or(|l| (l.fingerprint, l.marked_at) == (e.fingerprint, e.since));
+        let same = listed.is_none_or(|l| l.token == e.token);
         if e.state == State::Unknown && same {
             Ok(slot)
         } else {
@@ -728,6 +729,7 @@ impl Shard {
             .map(|e| UnknownEntry {
                 key: e.key.clone(),
                 fingerprint: e.fingerprint,
+                token: FencingToken(e.token),
                 marked_at: e.since,
                 expires_at: e.deadline,
             })

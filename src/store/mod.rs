@@ -195,30 +195,29 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// [`resolve`](Store::resolve), only if the key's UNKNOWN record is still the one
-    /// `listed` ([`unknown`](Store::unknown)'s) names: the same fingerprint and mark time.
-    /// What a reconciler writes its verdict with, so that a verdict about one execution
-    /// never settles another (the key forgotten, claimed again and marked again while the
-    /// authority was being asked): [`StoreError::NotUnknown`] then.
+    /// `listed` ([`unknown`](Store::unknown)'s) names: the execution claimed under
+    /// `listed.token`. What a reconciler writes its verdict with, so that a verdict about
+    /// one execution never settles another (the key forgotten, claimed again and marked
+    /// again while the authority was being asked, perhaps by the same request within the
+    /// same clock tick): [`StoreError::NotUnknown`] then.
     ///
-    /// The default is not conditional (it calls `resolve`); the shipped stores override
-    /// it with one conditional write, and `conformance::run` checks that a store does.
+    /// Required, with no default: the check and the write must be one atomic step of
+    /// the store (a conditional write), which only the store can make.
+    /// `conformance::run` checks it, including the case a fingerprint and a mark time
+    /// cannot tell apart.
     fn resolve_listed(
         &self,
         listed: &UnknownEntry<SystemTime>,
         body: Option<Bytes>,
         ttl: Duration,
-    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        self.resolve(&listed.key, body, ttl)
-    }
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send;
 
     /// [`forget`](Store::forget), only if the key's UNKNOWN record is still the one
-    /// `listed` names, as [`resolve_listed`](Store::resolve_listed).
+    /// `listed` names (its token), as [`resolve_listed`](Store::resolve_listed).
     fn forget_listed(
         &self,
         listed: &UnknownEntry<SystemTime>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.forget(&listed.key)
-    }
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Up to `limit` live UNKNOWN records, oldest mark first (as
     /// [`Cache::unknown`](crate::Cache::unknown) lists the cache's).

@@ -188,7 +188,10 @@ pub async fn reconcile_as_checked<S: Store>(store: &S) {
 /// A verdict is about the execution that was listed: if the key is forgotten, claimed
 /// again (by another request, or by the same one) and marked UNKNOWN again while the
 /// authority was asked, settling the listed record is refused (`NotUnknown`) and the new
-/// record stays UNKNOWN; the record listed now settles as usual.
+/// record stays UNKNOWN; the record listed now settles as usual. The listed execution is
+/// told apart by its token alone: a listing of the new record's fingerprint and mark
+/// time under the old token (what a mark within the same clock tick looks like) is
+/// refused too.
 async fn verdicts_settle_only_the_listed_record<S: Store>(store: &S, run: &Run) {
     async fn listed<S: Store>(store: &S, k: &Key) -> crate::UnknownEntry<SystemTime> {
         let listed = store.unknown(usize::MAX).await.unwrap();
@@ -198,19 +201,29 @@ async fn verdicts_settle_only_the_listed_record<S: Store>(store: &S, run: &Run) 
     let token = acquire(store, &k).await;
     store.mark_unknown(&k, token, TTL).await.unwrap();
     let stale = listed(store, &k).await;
+    assert_eq!(stale.token, token, "a record is listed with its execution's token");
     for request in ["another request", "r"] {
         store.forget(&k).await.unwrap();
-        // A mark a moment later: SQLite's clock counts milliseconds.
-        pause(Duration::from_millis(3)).await;
         let StoreClaim::Acquired { token, .. } = store.claim(&k, fp(request), LEASE).await.unwrap()
         else {
             panic!("a forgotten key is acquired");
         };
         store.mark_unknown(&k, token, TTL).await.unwrap();
-        let refused = store.resolve_listed(&stale, Some(Bytes::from_static(b"stale")), TTL).await;
-        assert!(matches!(refused, Err(StoreError::NotUnknown(_))), "{request}: {refused:?}");
-        let refused = store.forget_listed(&stale).await;
-        assert!(matches!(refused, Err(StoreError::NotUnknown(_))), "{request}: {refused:?}");
+        let now = listed(store, &k).await;
+        let same_tick = crate::UnknownEntry::new(
+            k.clone(),
+            now.fingerprint,
+            stale.token,
+            now.marked_at,
+            now.expires_at,
+        );
+        for earlier in [&stale, &same_tick] {
+            let refused =
+                store.resolve_listed(earlier, Some(Bytes::from_static(b"stale")), TTL).await;
+            assert!(matches!(refused, Err(StoreError::NotUnknown(_))), "{request}: {refused:?}");
+            let refused = store.forget_listed(earlier).await;
+            assert!(matches!(refused, Err(StoreError::NotUnknown(_))), "{request}: {refused:?}");
+        }
         assert!(matches!(
             store.claim(&k, fp(request), LEASE).await.unwrap(),
             StoreClaim::Unknown { .. }

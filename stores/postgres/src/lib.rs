@@ -397,34 +397,26 @@ const TURN_UNKNOWN: &str = concat!(
     " RETURNING r.fingerprint, r.settled_at"
 );
 
-/// The UNKNOWN record a listing saw, as its row holds it: a settling write "of it"
-/// matches only a row with this fingerprint and mark, never a later execution's.
+/// The UNKNOWN record a listing saw, by the token its execution was claimed under
+/// (from `idemcache_tokens`, never handed out twice): a settling write "of it" matches
+/// only that execution's row, never a later one's, whatever their fingerprints and mark
+/// times.
 struct Listed {
-    fingerprint: Vec<u8>,
-    marked: i64,
+    token: i64,
 }
 
 impl Listed {
     fn of(entry: &UnknownEntry<SystemTime>) -> Listed {
-        let fingerprint = entry.fingerprint.to_bytes().to_vec();
-        Listed { fingerprint, marked: idemcache::store::encoding::to_micros(entry.marked_at) }
+        // The inverse of the listing's `as u64`: the row's own value, bit for bit.
+        Listed { token: entry.token.get() as i64 }
     }
 }
 
-/// "Record `r` is the listed one", binding `$fp` (the fingerprint, or NULL: any record)
-/// and `$marked` (the mark: `settled_at`, or a lapse's `expires_at`, as the listing
-/// reads it).
+/// "Record `r` is the listed one", binding `$token` (the listed token, or NULL: any
+/// record).
 macro_rules! listed {
-    ($fp:literal, $marked:literal) => {
-        concat!(
-            "(",
-            $fp,
-            "::bytea IS NULL OR (r.fingerprint = ",
-            $fp,
-            " AND (CASE WHEN r.state = 1 THEN r.expires_at ELSE r.settled_at END) = ",
-            $marked,
-            "::bigint))"
-        )
+    ($token:literal) => {
+        concat!("(", $token, "::bigint IS NULL OR r.token = ", $token, "::bigint)")
     };
 }
 
@@ -446,14 +438,14 @@ impl PostgresStore {
              WHERE r.key = $1 AND ",
             unknown_or_lapsed!("$4"),
             " AND ",
-            listed!("$5", "$6"),
+            listed!("$5"),
             " RETURNING r.settled_at, r.expires_at"
         );
         let stored = body.as_deref();
         let lapse_ttl = self.lapse.unknown_ttl_micros();
-        let (fp, marked) = listed.map(|l| (l.fingerprint, l.marked)).unzip();
-        let params: [&(dyn ToSql + Sync); 6] =
-            [&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl, &fp, &marked];
+        let token = listed.map(|l| l.token);
+        let params: [&(dyn ToSql + Sync); 5] =
+            [&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl, &token];
         let (at, until) = self.settle(&key, sql, &params, StoreError::NotUnknown).await?;
         Ok(Replay::new(body, from_micros(at), from_micros(until)))
     }
@@ -467,12 +459,12 @@ impl PostgresStore {
              WHERE r.key = $1 AND ",
             unknown_or_lapsed!("$2"),
             " AND ",
-            listed!("$3", "$4"),
+            listed!("$3"),
             " RETURNING r.started_at, r.expires_at"
         );
         let lapse_ttl = self.lapse.unknown_ttl_micros();
-        let (fp, marked) = listed.map(|l| (l.fingerprint, l.marked)).unzip();
-        let params: [&(dyn ToSql + Sync); 4] = [&key.as_bytes(), &lapse_ttl, &fp, &marked];
+        let token = listed.map(|l| l.token);
+        let params: [&(dyn ToSql + Sync); 3] = [&key.as_bytes(), &lapse_ttl, &token];
         self.settle(&key, sql, &params, StoreError::NotUnknown).await.map(drop)
     }
 }
@@ -670,7 +662,8 @@ impl Store for PostgresStore {
             now!(),
             " SELECT r.key, r.fingerprint,
                      CASE WHEN r.state = 1 THEN r.expires_at ELSE r.settled_at END AS marked,
-                     CASE WHEN r.state = 1 THEN r.expires_at + $2 ELSE r.expires_at END
+                     CASE WHEN r.state = 1 THEN r.expires_at + $2 ELSE r.expires_at END,
+                     r.token
               FROM idemcache_records r, now
               WHERE ",
             unknown_or_lapsed!("$2"),
@@ -682,9 +675,11 @@ impl Store for PostgresStore {
             let stored: Vec<u8> = column(&row, 0, &[])?;
             let marked_at: Option<i64> = column(&row, 2, &stored)?;
             let fp: Vec<u8> = column(&row, 1, &stored)?;
+            let token: i64 = column(&row, 4, &stored)?;
             out.push(UnknownEntry::new(
                 key(&stored)?,
                 fingerprint(&fp).map_err(|e| corrupt(&stored, e))?,
+                FencingToken::new(token as u64),
                 from_micros(
                     marked_at
                         .ok_or_else(|| corrupt(&stored, "it has no mark time (settled_at)"))?,

@@ -137,13 +137,10 @@ local function unknown(lapse)
   if rec.state == 3 and rec.expires > now then return true end
   return rec.state == 1 and rec.expires <= now and rec.expires + tonumber(lapse) > now
 end
-local function listed(fp, marked)
-  if fp == '' then return true end
+local function listed(token)
+  if token == '' then return true end
   local rec = record()
-  local r = redis.call('HMGET', KEYS[1], 'fp', 'settled')
-  local mark = rec.expires
-  if rec.state ~= 1 then mark = int(r[2]) end
-  return r[1] == fp and mark == tonumber(marked)
+  return rec ~= nil and rec.token == tonumber(token)
 end
 ";
 
@@ -221,21 +218,20 @@ redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
 return {now, ends}
 ";
 
-/// ARGV: TTL in µs, the unknown TTL of lapses in µs, the listed fingerprint and mark
-/// (both empty: any record), then the body if there is one.
+/// ARGV: TTL in µs, the unknown TTL of lapses in µs, the listed token (empty: any
+/// record), then the body if there is one.
 const RESOLVE: &str = r"
-if not (unknown(ARGV[2]) and listed(ARGV[3], ARGV[4])) then return false end
+if not (unknown(ARGV[2]) and listed(ARGV[3])) then return false end
 local ends = now + tonumber(ARGV[1])
 redis.call('HSET', KEYS[1], 'state', 2, 'settled', fmt(now), 'expires', fmt(ends))
-if #ARGV >= 5 then redis.call('HSET', KEYS[1], 'body', ARGV[5]) else redis.call('HDEL', KEYS[1], 'body') end
+if #ARGV >= 4 then redis.call('HSET', KEYS[1], 'body', ARGV[4]) else redis.call('HDEL', KEYS[1], 'body') end
 redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
 return {now, ends}
 ";
 
-/// ARGV: the unknown TTL of lapses in µs, the listed fingerprint and mark (both empty:
-/// any record).
+/// ARGV: the unknown TTL of lapses in µs, the listed token (empty: any record).
 const FORGET: &str = r"
-if not (unknown(ARGV[1]) and listed(ARGV[2], ARGV[3])) then return false end
+if not (unknown(ARGV[1]) and listed(ARGV[2])) then return false end
 redis.call('DEL', KEYS[1])
 return {now, now}
 ";
@@ -814,11 +810,12 @@ fn number(n: impl ToString) -> Vec<u8> {
 
 type ClaimReply = (i64, Option<Vec<u8>>, Option<i64>, Option<Vec<u8>>, Option<i64>, i64);
 
-/// The listed record's fingerprint and mark as the scripts compare them (the record's
-/// `fp` bytes; `settled`, or a lapse's `expires`, in µs); both empty: any record.
-fn listed_args(entry: &UnknownEntry<SystemTime>) -> [Vec<u8>; 2] {
-    let mark = idemcache::store::encoding::to_micros(entry.marked_at);
-    [entry.fingerprint.to_bytes().to_vec(), number(mark)]
+/// The listed record's token as the scripts compare it with the record's `token`
+/// (empty: any record). A claim's token is `max(previous + 1, now in µs)`, so a key
+/// forgotten and claimed again gets a later one unless Redis's clock stepped back to
+/// the very microsecond of the listed claim.
+fn listed_arg(entry: &UnknownEntry<SystemTime>) -> Vec<u8> {
+    number(entry.token.get())
 }
 
 impl RedisStore {
@@ -826,13 +823,13 @@ impl RedisStore {
     async fn resolve_where(
         &self,
         key: Key,
-        listed: Option<[Vec<u8>; 2]>,
+        listed: Option<Vec<u8>>,
         body: Option<Bytes>,
         ttl: Duration,
     ) -> Result<Replay<SystemTime>, StoreError> {
         check_duration("result TTL", ttl)?;
         let mut args = vec![number(micros(ttl)), number(self.lapse.unknown_ttl_micros())];
-        args.extend(listed.unwrap_or_default());
+        args.push(listed.unwrap_or_default());
         args.extend(body.as_deref().map(<[u8]>::to_vec));
         // The index's member for this mark is stale from now on (trimmed later).
         let (at, until) =
@@ -841,10 +838,9 @@ impl RedisStore {
     }
 
     /// UNKNOWN → absent of `key`, of the `listed` record only if given.
-    async fn forget_where(&self, key: Key, listed: Option<[Vec<u8>; 2]>) -> Result<(), StoreError> {
+    async fn forget_where(&self, key: Key, listed: Option<Vec<u8>>) -> Result<(), StoreError> {
         // The index's member for this mark is stale from now on (trimmed later).
-        let mut args = vec![number(self.lapse.unknown_ttl_micros())];
-        args.extend(listed.unwrap_or_default());
+        let args = vec![number(self.lapse.unknown_ttl_micros()), listed.unwrap_or_default()];
         self.settle(&self.scripts.forget, &key, args, StoreError::NotUnknown).await.map(drop)
     }
 }
@@ -1050,14 +1046,14 @@ impl Store for RedisStore {
         body: Option<Bytes>,
         ttl: Duration,
     ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        self.resolve_where(listed.key.clone(), Some(listed_args(listed)), body, ttl)
+        self.resolve_where(listed.key.clone(), Some(listed_arg(listed)), body, ttl)
     }
 
     fn forget_listed(
         &self,
         listed: &UnknownEntry<SystemTime>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.forget_where(listed.key.clone(), Some(listed_args(listed)))
+        self.forget_where(listed.key.clone(), Some(listed_arg(listed)))
     }
 
     async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
@@ -1164,10 +1160,11 @@ impl Checked {
 impl Kept {
     /// The listed record, or [`StoreError::Corrupt`] naming its key.
     fn listed(&self) -> Result<UnknownEntry<SystemTime>, StoreError> {
-        let stored =
-            self.member.split_once(':').and_then(|(hex, _token)| unhex(hex)).ok_or_else(|| {
-                StoreError::Corrupt(format!("the index member {:?}", self.member))
-            })?;
+        let (stored, token) = self
+            .member
+            .split_once(':')
+            .and_then(|(hex, token)| Some((unhex(hex)?, token.parse::<u64>().ok()?)))
+            .ok_or_else(|| StoreError::Corrupt(format!("the index member {:?}", self.member)))?;
         let unreadable = |why: &str| {
             let hex = hex(&stored);
             corrupt(&stored, format_args!("{why} (delete the Redis key idemcache:{{{hex}}})"))
@@ -1181,6 +1178,7 @@ impl Kept {
         Ok(UnknownEntry::new(
             Key::from_bytes(&stored).map_err(|e| unreadable(&e.to_string()))?,
             self::fingerprint(&fingerprint).map_err(|e| unreadable(&e.to_string()))?,
+            FencingToken::new(token),
             from_micros(marked_at),
             from_micros(expires_at),
         ))

@@ -35,9 +35,7 @@ use bytes::Bytes;
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use idemcache::store::encoding::{
-    check_duration, corrupt, fingerprint, from_micros, key, micros, to_micros,
-};
+use idemcache::store::encoding::{check_duration, corrupt, fingerprint, from_micros, key, micros};
 use idemcache::store::unique::is_unique_sqlite_code;
 use idemcache::store::{Lapse, Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
@@ -568,35 +566,25 @@ fn settle(
         .ok_or_else(|| missing(key.clone()))
 }
 
-/// The UNKNOWN record a listing saw, as its row holds it: a settling write "of it"
-/// matches only a row with this fingerprint and mark, never a later execution's.
+/// The UNKNOWN record a listing saw, by the token its execution was claimed under
+/// (from `idemcache_tokens`, never handed out twice): a settling write "of it" matches
+/// only that execution's row, never a later one's, whatever their fingerprints and mark
+/// times.
 struct Listed {
-    fingerprint: Vec<u8>,
-    marked: i64,
+    token: i64,
 }
 
 impl Listed {
     fn of(entry: &UnknownEntry<SystemTime>) -> Listed {
-        Listed {
-            fingerprint: entry.fingerprint.to_bytes().to_vec(),
-            marked: to_micros(entry.marked_at),
-        }
+        // The inverse of the listing's `as u64`: the row's own value, bit for bit.
+        Listed { token: entry.token.get() as i64 }
     }
 }
 
-/// "The row is the listed one", binding `$fp` (the fingerprint, or NULL: any row) and
-/// `$marked` (the mark: `settled_at`, or a lapse's `expires_at`, as the listing reads it).
+/// "The row is the listed one", binding `$token` (the listed token, or NULL: any row).
 macro_rules! listed {
-    ($fp:literal, $marked:literal) => {
-        concat!(
-            "(",
-            $fp,
-            " IS NULL OR (fingerprint = ",
-            $fp,
-            " AND (CASE WHEN state = 1 THEN expires_at ELSE settled_at END) = ",
-            $marked,
-            "))"
-        )
+    ($token:literal) => {
+        concat!("(", $token, " IS NULL OR token = ", $token, ")")
     };
 }
 
@@ -622,16 +610,16 @@ impl SqliteStore {
                  WHERE key = ?1 AND ",
                 unknown_or_lapsed!("?4"),
                 " AND ",
-                listed!("?5", "?6"),
+                listed!("?5"),
                 " RETURNING settled_at, expires_at"
             );
             let stored = body.as_deref().map(<[u8]>::to_vec);
-            let (fp, marked) = listed.map(|l| (l.fingerprint, l.marked)).unzip();
+            let token = listed.map(|l| l.token);
             let (at, until) = settle(
                 db,
                 &key,
                 sql,
-                &[&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl, &fp, &marked],
+                &[&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl, &token],
                 StoreError::NotUnknown,
             )?;
             Ok(Replay::new(body, from_micros(at), from_micros(until)))
@@ -650,10 +638,10 @@ impl SqliteStore {
                 "DELETE FROM idemcache_records WHERE key = ?1 AND ",
                 unknown_or_lapsed!("?2"),
                 " AND ",
-                listed!("?3", "?4")
+                listed!("?3")
             );
-            let (fp, marked) = listed.map(|l| (l.fingerprint, l.marked)).unzip();
-            let args = params![key.as_bytes(), lapse_ttl, fp, marked];
+            let token = listed.map(|l| l.token);
+            let args = params![key.as_bytes(), lapse_ttl, token];
             match db.execute(sql, args).map_err(backend)? {
                 0 => Err(StoreError::NotUnknown(key)),
                 _ => Ok(()),
@@ -821,7 +809,8 @@ impl Store for SqliteStore {
             let sql = concat!(
                 "SELECT key, fingerprint,
                         CASE WHEN state = 1 THEN expires_at ELSE settled_at END AS marked,
-                        CASE WHEN state = 1 THEN expires_at + ?2 ELSE expires_at END
+                        CASE WHEN state = 1 THEN expires_at + ?2 ELSE expires_at END,
+                        token
                  FROM idemcache_records WHERE ",
                 unknown_or_lapsed!("?2"),
                 " ORDER BY marked, key LIMIT ?1"
@@ -837,16 +826,19 @@ impl Store for SqliteStore {
                         ValueRef::Real(f) => f.to_string().into_bytes(),
                         ValueRef::Null => Vec::new(),
                     };
-                    Ok((key, r.get::<_, Vec<u8>>(1), r.get::<_, i64>(2), r.get::<_, i64>(3)))
+                    let (fp, marked, expires) = (r.get(1), r.get(2), r.get(3));
+                    Ok((key, fp, marked, expires, r.get::<_, i64>(4)))
                 })
                 .map_err(backend)?;
             let mut out = Vec::new();
             for row in rows {
-                let (stored, fp, marked_at, expires_at) = row.map_err(|e| read_error(&[], e))?;
-                let fp = fp.map_err(|e| read_error(&stored, e))?;
+                let (stored, fp, marked_at, expires_at, token) =
+                    row.map_err(|e| read_error(&[], e))?;
+                let fp: Vec<u8> = fp.map_err(|e| read_error(&stored, e))?;
                 out.push(UnknownEntry::new(
                     key(&stored)?,
                     fingerprint(&fp).map_err(|e| corrupt(&stored, e))?,
+                    FencingToken::new(token.map_err(|e| read_error(&stored, e))? as u64),
                     from_micros(marked_at.map_err(|e| read_error(&stored, e))?),
                     from_micros(expires_at.map_err(|e| read_error(&stored, e))?),
                 ));
