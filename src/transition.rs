@@ -2,13 +2,17 @@
 //! that arrive more than once: "move payment 42 from PENDING to PAID" must apply once,
 //! answer OK to every duplicate without a second effect, and refuse PAID → PENDING.
 //!
-//! The transition is one `UPDATE t SET status = :to WHERE id = :id AND status IN
-//! (:from, ...)`; if it moved no row, one locking read of the status tells why:
+//! The transition is one `UPDATE t SET status = :to WHERE status IN (:from, ...) AND
+//! id = :id`; if it moved no row, one locking read tells why: `SELECT status, status =
+//! :to, status IN (:from, ...)`, so that the database, which decided what the `UPDATE`
+//! matched, also decides whether the row is in the target, by the same comparison
+//! (its column type's and collation's: a `CHAR(n)` ignores its padding, MySQL's default
+//! collations ignore case):
 //!
 //! | the `UPDATE` | the read | answer |
 //! |---|---|---|
 //! | moved the row | (none) | [`Transition::Applied`]: do the effect now, in the same transaction |
-//! | no row | the status is `to` | [`Transition::AlreadyInTarget`]: a duplicate, answer OK, do nothing |
+//! | no row | `status = :to` | [`Transition::AlreadyInTarget`]: a duplicate, answer OK, do nothing |
 //! | no row | another status | [`Transition::Illegal`] `{ current }`: refuse (e.g. PAID → PENDING) |
 //! | no row | no row | [`Transition::NotFound`] |
 //!
@@ -21,6 +25,8 @@
 //! Invariants:
 //! - No SQL is built from user input: only names [`StatusColumn::new`] validated are
 //!   interpolated (quoted), every status and id is a bound parameter.
+//! - Statuses are compared by the database only, never in Rust, so the answer agrees
+//!   with what the `UPDATE` matched whatever the column's type and collation.
 //! - `to` is never among `from` (compared ignoring ASCII case and trailing spaces, as
 //!   MySQL's default collations compare), so the `UPDATE` can only match a row not yet
 //!   in `to`: a duplicate is never [`Transition::Applied`], whatever the engine counts
@@ -40,7 +46,7 @@ mod plan;
 
 pub use column::{Dialect, StatusColumn, MAX_IDENTIFIER_LEN};
 pub use error::TransitionError;
-pub use plan::{Plan, StoredStatus, MAX_SOURCES};
+pub use plan::{Plan, ReadRow, StoredStatus, MAX_SOURCES};
 
 /// What a conditional transition found and did.
 #[must_use = "only Applied may do the effect; AlreadyInTarget is a duplicate to answer OK"]

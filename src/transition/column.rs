@@ -16,7 +16,7 @@ use super::TransitionError;
 pub const MAX_IDENTIFIER_LEN: usize = 63;
 
 /// The SQL dialect a statement is written in: how names are quoted, how parameters are
-/// written, and how the status is read back under a lock.
+/// written, and how the status is read back (as text, under a lock).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Dialect {
@@ -61,6 +61,18 @@ impl Dialect {
         match self {
             Dialect::Sqlite => "",
             Dialect::Postgres | Dialect::MySql => " FOR UPDATE",
+        }
+    }
+
+    /// What follows the status read back to make it text: PostgreSQL's drivers read an
+    /// enum type's value only as text, and `text` drops a `CHAR(n)`'s padding, which
+    /// the column's own comparisons ignore. MySQL sends every string type, `ENUM`
+    /// included, as text (`CHAR(n)` without its padding); SQLite's value keeps its
+    /// storage class, so a status that is not text is told apart.
+    pub(super) fn as_text_suffix(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "::text",
+            Dialect::Sqlite | Dialect::MySql => "",
         }
     }
 }

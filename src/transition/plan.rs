@@ -2,9 +2,16 @@
 //! from what the database answered. A driver binds and executes; everything it decides
 //! is decided here, once for every engine.
 //!
-//! Invariant: a `Plan` exists only for a `from` list of 1 to [`MAX_SOURCES`] statuses
-//! that does not hold `to` (ignoring ASCII case and trailing spaces), so an `UPDATE` that matched a row moved
-//! it out of a source status into `to`, and only that is [`Transition::Applied`].
+//! Invariants:
+//! - A `Plan` exists only for a `from` list of 1 to [`MAX_SOURCES`] statuses that does
+//!   not hold `to` (ignoring ASCII case and trailing spaces), so an `UPDATE` that
+//!   matched a row moved it out of a source status into `to`, and only that is
+//!   [`Transition::Applied`].
+//! - Statuses are compared by the database only, never in Rust: the read returns the
+//!   database's own `status = to` and `status IN (from, ...)` beside the value, the
+//!   same comparisons by the same column type and collation as the `UPDATE`'s (`CHAR(n)`
+//!   ignoring its padding, a case-insensitive collation ignoring case), so the answer
+//!   agrees with what the `UPDATE` matched. The value itself is only reported.
 
 use std::error::Error;
 use std::fmt;
@@ -26,11 +33,25 @@ pub enum StoredStatus {
     Other(String),
 }
 
+/// One row as [`select_sql`](Plan::select_sql) read it: the status, and what the
+/// database answered comparing it with the target and the sources (a `NULL` comparison,
+/// from a `NULL` status, is `false`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadRow {
+    /// The status as the database holds it (as text, in PostgreSQL).
+    pub status: StoredStatus,
+    /// The database's `status = to`.
+    pub is_target: bool,
+    /// The database's `status IN (from, ...)`: the `UPDATE`'s own condition.
+    pub is_source: bool,
+}
+
 /// One transition of one [`StatusColumn`]: `from` → `to` in a [`Dialect`], validated.
 /// Made by [`StatusColumn::plan`]; the driver runs [`update_sql`](Self::update_sql),
 /// hands the affected rows to [`after_update`](Self::after_update), and if that gives no
 /// answer, runs [`select_sql`](Self::select_sql) and hands the rows to
-/// [`after_read`](Self::after_read).
+/// [`after_read`](Self::after_read). Both statements take the same parameters, bound in
+/// the same order: the target, each of [`from`](Self::from) in order, then the id.
 #[derive(Debug, Clone)]
 pub struct Plan<'a> {
     column: &'a StatusColumn,
@@ -47,8 +68,8 @@ impl StatusColumn {
     /// applied again (MySQL's default collations compare so: `paid` and `PAID ` match
     /// `PAID`).
     ///
-    /// Statuses are any strings, bound as parameters, compared by the column's
-    /// collation in the `UPDATE` and byte for byte in the answer.
+    /// Statuses are any strings, bound as parameters, and compared by the database
+    /// only (by the column's type and collation), in the `UPDATE` and in the answer.
     pub fn plan<'a>(
         &'a self,
         dialect: Dialect,
@@ -91,8 +112,8 @@ impl<'a> Plan<'a> {
         self.from
     }
 
-    /// `UPDATE t SET status = P1 WHERE id = P2 AND status IN (P3, ...)`: bind the
-    /// target, then the id, then each of [`from`](Self::from) in order.
+    /// `UPDATE t SET status = P1 WHERE status IN (P2, ...) AND id = Pn`: bind the
+    /// target, each of [`from`](Self::from) in order, then the id.
     pub fn update_sql(&self) -> String {
         let (c, d) = (self.column, self.dialect);
         let mut sql = String::with_capacity(64 + 4 * self.from.len());
@@ -103,38 +124,59 @@ impl<'a> Plan<'a> {
         sql.push_str(" = ");
         d.param(&mut sql, 1);
         sql.push_str(" WHERE ");
-        c.push_id(&mut sql, d);
-        sql.push_str(" = ");
-        d.param(&mut sql, 2);
+        self.push_is_source(&mut sql);
         sql.push_str(" AND ");
+        self.push_is_id(&mut sql);
+        sql
+    }
+
+    /// `SELECT status, status = P1, status IN (P2, ...) FROM t WHERE id = Pn LIMIT 2`,
+    /// `FOR UPDATE` where the engine locks rows: the parameters of
+    /// [`update_sql`](Self::update_sql), bound the same way. The two comparisons are the
+    /// database's, by the column's type and collation, as the `UPDATE`'s was; PostgreSQL
+    /// reads the status as `text` (a `CHAR(n)` without its padding, an enum's label).
+    /// Two rows at most, to tell a non-unique id from a unique one.
+    pub fn select_sql(&self) -> String {
+        let (c, d) = (self.column, self.dialect);
+        let mut sql = String::with_capacity(96 + 4 * self.from.len());
+        sql.push_str("SELECT ");
         c.push_status(&mut sql, d);
+        sql.push_str(d.as_text_suffix());
+        sql.push_str(", ");
+        c.push_status(&mut sql, d);
+        sql.push_str(" = ");
+        d.param(&mut sql, 1);
+        sql.push_str(", ");
+        self.push_is_source(&mut sql);
+        sql.push_str(" FROM ");
+        c.push_table(&mut sql, d);
+        sql.push_str(" WHERE ");
+        self.push_is_id(&mut sql);
+        sql.push_str(" LIMIT 2");
+        sql.push_str(d.lock_suffix());
+        sql
+    }
+
+    /// `status IN (P2, ..., Pn-1)`: the sources, after the target's parameter.
+    fn push_is_source(&self, sql: &mut String) {
+        let (c, d) = (self.column, self.dialect);
+        c.push_status(sql, d);
         sql.push_str(" IN (");
         for n in 0..self.from.len() {
             if n > 0 {
                 sql.push_str(", ");
             }
-            d.param(&mut sql, n + 3);
+            d.param(sql, n + 2);
         }
         sql.push(')');
-        sql
     }
 
-    /// `SELECT status FROM t WHERE id = P1 LIMIT 2`, `FOR UPDATE` where the engine locks
-    /// rows: bind the id. Two rows at most, to tell a non-unique id from a unique one.
-    pub fn select_sql(&self) -> String {
+    /// `id = Pn`: the id, the last parameter.
+    fn push_is_id(&self, sql: &mut String) {
         let (c, d) = (self.column, self.dialect);
-        let mut sql = String::with_capacity(64);
-        sql.push_str("SELECT ");
-        c.push_status(&mut sql, d);
-        sql.push_str(" FROM ");
-        c.push_table(&mut sql, d);
-        sql.push_str(" WHERE ");
-        c.push_id(&mut sql, d);
+        c.push_id(sql, d);
         sql.push_str(" = ");
-        d.param(&mut sql, 1);
-        sql.push_str(" LIMIT 2");
-        sql.push_str(d.lock_suffix());
-        sql
+        d.param(sql, self.from.len() + 2);
     }
 
     /// The answer from the `UPDATE`'s affected rows: `Some(Applied)` for one, `None` for none
@@ -160,20 +202,22 @@ impl<'a> Plan<'a> {
     }
 
     /// The answer from the rows [`select_sql`](Self::select_sql) read after an `UPDATE`
-    /// that moved none: no row is [`Transition::NotFound`]; the target is
-    /// [`Transition::AlreadyInTarget`]; any other text is [`Transition::Illegal`], except
-    /// a source status, which means the row moved between the two statements (no
-    /// transaction, or one too weak to hold it) and is [`TransitionError::Conflict`].
-    /// NULL, a non-text value or two rows are [`TransitionError::Corrupt`].
+    /// that moved none: no row is [`Transition::NotFound`]; a status the database found
+    /// equal to the target is [`Transition::AlreadyInTarget`]; any other text is
+    /// [`Transition::Illegal`], except one the database found among the sources, which
+    /// means the row moved between the two statements and is
+    /// [`TransitionError::Conflict`]. NULL, a non-text value or two rows are
+    /// [`TransitionError::Corrupt`]. The value is only reported (`Illegal`'s `current`),
+    /// never compared here.
     pub fn after_read(
         &self,
-        rows: Vec<StoredStatus>,
+        rows: Vec<ReadRow>,
         id: &dyn fmt::Debug,
     ) -> Result<Transition, TransitionError> {
         let mut rows = rows.into_iter();
-        let status = match (rows.next(), rows.next()) {
+        let row = match (rows.next(), rows.next()) {
             (None, _) => return Ok(Transition::NotFound),
-            (Some(status), None) => status,
+            (Some(row), None) => row,
             (Some(_), Some(_)) => {
                 return Err(self.corrupt(
                     id,
@@ -181,14 +225,12 @@ impl<'a> Plan<'a> {
                 ))
             }
         };
-        match status {
-            StoredStatus::Text(current) if current == self.to => Ok(Transition::AlreadyInTarget),
-            StoredStatus::Text(current) if self.from.contains(&current.as_str()) => {
-                Err(TransitionError::Conflict {
-                    column: self.column.to_string(),
-                    source: Box::new(RowMoved { id: format!("{id:?}"), status: current }),
-                })
-            }
+        match row.status {
+            StoredStatus::Text(_) if row.is_target => Ok(Transition::AlreadyInTarget),
+            StoredStatus::Text(current) if row.is_source => Err(TransitionError::Conflict {
+                column: self.column.to_string(),
+                source: Box::new(RowMoved { id: format!("{id:?}"), status: current }),
+            }),
             StoredStatus::Text(current) => Ok(Transition::Illegal { current }),
             StoredStatus::Null => Err(self.corrupt(id, "the status is NULL".into())),
             StoredStatus::Other(kind) => {
@@ -248,8 +290,23 @@ mod tests {
         StatusColumn::new("payments", "id", "status").unwrap()
     }
 
-    fn text(s: &str) -> StoredStatus {
-        StoredStatus::Text(s.into())
+    /// A row holding `s` that the database found neither the target nor a source.
+    fn text(s: &str) -> ReadRow {
+        ReadRow { status: StoredStatus::Text(s.into()), is_target: false, is_source: false }
+    }
+
+    /// A row holding `s` that the database found equal to the target.
+    fn target(s: &str) -> ReadRow {
+        ReadRow { is_target: true, ..text(s) }
+    }
+
+    /// A row holding `s` that the database found among the sources.
+    fn source(s: &str) -> ReadRow {
+        ReadRow { is_source: true, ..text(s) }
+    }
+
+    fn stored(status: StoredStatus) -> ReadRow {
+        ReadRow { status, is_target: false, is_source: false }
     }
 
     #[test]
@@ -259,34 +316,47 @@ mod tests {
         let sqlite = column.plan(Dialect::Sqlite, &from, "PAID").unwrap();
         assert_eq!(
             sqlite.update_sql(),
-            "UPDATE `billing`.`payments` SET `status` = ? WHERE `id` = ? AND `status` IN (?, ?)"
+            "UPDATE `billing`.`payments` SET `status` = ? WHERE `status` IN (?, ?) AND `id` = ?"
         );
         assert_eq!(
             sqlite.select_sql(),
-            "SELECT `status` FROM `billing`.`payments` WHERE `id` = ? LIMIT 2"
+            "SELECT `status`, `status` = ?, `status` IN (?, ?) FROM `billing`.`payments` \
+             WHERE `id` = ? LIMIT 2"
         );
         let pg = column.plan(Dialect::Postgres, &from, "PAID").unwrap();
         assert_eq!(
             pg.update_sql(),
-            r#"UPDATE "billing"."payments" SET "status" = $1 WHERE "id" = $2 AND "status" IN ($3, $4)"#
+            "UPDATE \"billing\".\"payments\" SET \"status\" = $1 \
+             WHERE \"status\" IN ($2, $3) AND \"id\" = $4"
         );
         assert_eq!(
             pg.select_sql(),
-            r#"SELECT "status" FROM "billing"."payments" WHERE "id" = $1 LIMIT 2 FOR UPDATE"#
+            "SELECT \"status\"::text, \"status\" = $1, \"status\" IN ($2, $3) \
+             FROM \"billing\".\"payments\" WHERE \"id\" = $4 LIMIT 2 FOR UPDATE"
         );
         let mysql = payments().plan(Dialect::MySql, &["PENDING"], "PAID").unwrap().update_sql();
-        assert_eq!(mysql, "UPDATE `payments` SET `status` = ? WHERE `id` = ? AND `status` IN (?)");
+        assert_eq!(mysql, "UPDATE `payments` SET `status` = ? WHERE `status` IN (?) AND `id` = ?");
         let mysql = payments().plan(Dialect::MySql, &["PENDING"], "PAID").unwrap().select_sql();
-        assert_eq!(mysql, "SELECT `status` FROM `payments` WHERE `id` = ? LIMIT 2 FOR UPDATE");
+        assert_eq!(
+            mysql,
+            "SELECT `status`, `status` = ?, `status` IN (?) FROM `payments` WHERE `id` = ? \
+             LIMIT 2 FOR UPDATE"
+        );
     }
 
     #[test]
     fn postgres_numbers_every_source_parameter() {
         let from: Vec<String> = (0..MAX_SOURCES).map(|n| format!("S{n}")).collect();
         let from: Vec<&str> = from.iter().map(String::as_str).collect();
-        let sql = payments().plan(Dialect::Postgres, &from, "PAID").unwrap().update_sql();
-        assert!(sql.ends_with("$101, $102)"), "{sql}");
-        assert_eq!(sql.matches('$').count(), 2 + MAX_SOURCES);
+        let column = payments();
+        let plan = column.plan(Dialect::Postgres, &from, "PAID").unwrap();
+        let update = plan.update_sql();
+        assert!(update.ends_with(r#"$100, $101) AND "id" = $102"#), "{update}");
+        assert_eq!(update.matches('$').count(), 2 + MAX_SOURCES);
+        // The read binds the same parameters, each once.
+        let select = plan.select_sql();
+        assert!(select.contains(r#"$100, $101) FROM "payments" WHERE "id" = $102 "#), "{select}");
+        assert_eq!(select.matches('$').count(), 2 + MAX_SOURCES);
     }
 
     #[test]
@@ -336,24 +406,42 @@ mod tests {
     fn the_read_tells_duplicate_illegal_and_missing_apart() {
         let column = payments();
         let plan = column.plan(Dialect::Postgres, &["PENDING", "FAILED"], "PAID").unwrap();
-        assert_eq!(plan.after_read(vec![text("PAID")], &1).unwrap(), Transition::AlreadyInTarget);
+        assert_eq!(plan.after_read(vec![target("PAID")], &1).unwrap(), Transition::AlreadyInTarget);
         assert_eq!(
             plan.after_read(vec![text("REFUNDED")], &1).unwrap(),
             Transition::Illegal { current: "REFUNDED".into() }
         );
-        // Compared byte for byte: "paid" is not the target "PAID".
+        assert_eq!(plan.after_read(vec![], &1).unwrap(), Transition::NotFound);
+    }
+
+    #[test]
+    fn the_database_compares_the_read_only_reports_the_value() {
+        let column = payments();
+        let plan = column.plan(Dialect::Postgres, &["PENDING", "FAILED"], "PAID").unwrap();
+        // A padded CHAR(n), or a case-insensitive collation: the target by the
+        // database's comparison, whatever the bytes.
+        for held in ["PAID      ", "paid"] {
+            let answer = plan.after_read(vec![target(held)], &1).unwrap();
+            assert_eq!(answer, Transition::AlreadyInTarget, "{held:?}");
+        }
+        // A binary collation: "paid" is another status, and is reported as held.
         assert_eq!(
             plan.after_read(vec![text("paid")], &1).unwrap(),
             Transition::Illegal { current: "paid".into() }
         );
-        assert_eq!(plan.after_read(vec![], &1).unwrap(), Transition::NotFound);
+        // Nor do the bytes make a source: only the database's `IN` does.
+        assert_eq!(
+            plan.after_read(vec![text("FAILED")], &1).unwrap(),
+            Transition::Illegal { current: "FAILED".into() }
+        );
+        assert!(plan.after_read(vec![source("failed ")], &1).unwrap_err().is_conflict());
     }
 
     #[test]
     fn a_source_status_read_after_no_update_is_a_conflict_to_retry() {
         let column = payments();
         let plan = column.plan(Dialect::Postgres, &["PENDING", "FAILED"], "PAID").unwrap();
-        let error = plan.after_read(vec![text("FAILED")], &"p-1").unwrap_err();
+        let error = plan.after_read(vec![source("FAILED")], &"p-1").unwrap_err();
         assert!(error.is_conflict(), "{error:?}");
         let message = error.to_string();
         assert!(message.contains("roll back and retry"), "{message}");
@@ -365,9 +453,12 @@ mod tests {
         let column = payments();
         let plan = column.plan(Dialect::MySql, &["PENDING"], "PAID").unwrap();
         let cases = [
-            (vec![StoredStatus::Null], "the status is NULL"),
-            (vec![StoredStatus::Other("INTEGER".into())], "the status is INTEGER, not text"),
-            (vec![text("PAID"), text("PENDING")], "2 rows have this id"),
+            (vec![stored(StoredStatus::Null)], "the status is NULL"),
+            (
+                vec![stored(StoredStatus::Other("INTEGER".into()))],
+                "the status is INTEGER, not text",
+            ),
+            (vec![target("PAID"), source("PENDING")], "2 rows have this id"),
         ];
         for (rows, reason) in cases {
             let error = plan.after_read(rows, &42_i64).unwrap_err();

@@ -28,14 +28,18 @@
 //!
 //! Invariant: the transition is an `UPDATE` and, only if it matched no row, one
 //! `SELECT ... FOR UPDATE` on the same client; both statements are the core's [`Plan`],
-//! with every value bound.
+//! with every value bound. The read returns PostgreSQL's own `status = to` and `status
+//! IN (from, ...)`, compared by the column's type as the `UPDATE`'s condition was, and
+//! the answer is taken from those, not from the value read back.
 //!
-//! Types: tokio-postgres checks each parameter's Rust type against the type the server
-//! infers for it. The status column must be `TEXT` or `VARCHAR` (statuses are bound as
-//! `&str`; a `CHAR(n)` column pads what it reads back, and an enum type does not accept
-//! `&str`). The id is any value whose type matches its column: `i64` for `BIGINT`, `i32`
-//! for `INTEGER`, `&str` for `TEXT`, ...; a mismatch is [`TransitionError::Database`]
-//! before anything ran.
+//! Types: the server types each parameter from the column it meets, and tokio-postgres
+//! checks the Rust value against that type. The status column may be `TEXT`,
+//! `VARCHAR`, `CHAR(n)` (compared ignoring its padding, and reported without it) or an
+//! enum type (`CREATE TYPE ... AS ENUM`; a status that is none of its labels is the
+//! server's refusal, [`TransitionError::Database`], before anything changed); statuses
+//! are strings either way, and `current` is the status as `text`. The id is any value
+//! whose type matches its column: `i64` for `BIGINT`, `i32` for `INTEGER`, `&str` for
+//! `TEXT`, ...; a mismatch is [`TransitionError::Database`] before anything ran.
 //!
 //! Isolation: under `READ COMMITTED` (PostgreSQL's default) a concurrent transition of
 //! the same row makes the `UPDATE` wait for it, then re-check the row: the loser sees
@@ -43,11 +47,15 @@
 //! `SERIALIZABLE`, a row changed since the transaction's snapshot is a serialization
 //! failure, [`TransitionError::Conflict`]: roll back and run the transaction again.
 
-use tokio_postgres::types::ToSql;
-use tokio_postgres::GenericClient;
+use std::error::Error;
+
+use bytes::BytesMut;
+use tokio_postgres::types::{to_sql_checked, IsNull, Kind, ToSql, Type};
+use tokio_postgres::{GenericClient, Row};
 
 use idemcache::transition::{
-    is_conflict_sqlstate, Dialect, Plan, StatusColumn, StoredStatus, Transition, TransitionError,
+    is_conflict_sqlstate, Dialect, Plan, ReadRow, StatusColumn, StoredStatus, Transition,
+    TransitionError,
 };
 
 /// Moves the row of `column`'s table whose id is `id` from any status in `from` to
@@ -68,29 +76,66 @@ where
     C: GenericClient + Sync,
 {
     let plan = column.plan(Dialect::Postgres, from, to)?;
+    // The plan's parameters, the same for both statements: target, sources, id.
+    let statuses: Vec<Status<'_>> =
+        std::iter::once(plan.to()).chain(plan.from().iter().copied()).map(Status).collect();
     let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(2 + from.len());
-    let target = plan.to();
-    params.push(&target);
+    params.extend(statuses.iter().map(|s| s as &(dyn ToSql + Sync)));
     params.push(id);
-    params.extend(plan.from().iter().map(|f| f as &(dyn ToSql + Sync)));
     let updated =
         client.execute(plan.update_sql().as_str(), &params).await.map_err(|e| failed(&plan, e))?;
     if let Some(done) = plan.after_update(updated, &id)? {
         return Ok(done);
     }
     let rows =
-        client.query(plan.select_sql().as_str(), &[id]).await.map_err(|e| failed(&plan, e))?;
-    let statuses = rows
-        .iter()
-        .map(|row| match row.try_get::<_, Option<String>>(0) {
-            Ok(Some(text)) => StoredStatus::Text(text),
-            Ok(None) => StoredStatus::Null,
-            Err(_) => StoredStatus::Other(
-                row.columns().first().map_or("unknown", |c| c.type_().name()).to_owned(),
-            ),
-        })
-        .collect();
-    plan.after_read(statuses, &id)
+        client.query(plan.select_sql().as_str(), &params).await.map_err(|e| failed(&plan, e))?;
+    let found =
+        rows.iter().map(read_row).collect::<Result<_, _>>().map_err(|e| failed(&plan, e))?;
+    plan.after_read(found, &id)
+}
+
+/// One row of the plan's read: the status as text, and the server's comparisons of it
+/// (NULL, for a NULL status, is neither).
+fn read_row(row: &Row) -> Result<ReadRow, tokio_postgres::Error> {
+    let status = match row.try_get::<_, Option<String>>(0) {
+        Ok(Some(text)) => StoredStatus::Text(text),
+        Ok(None) => StoredStatus::Null,
+        Err(_) => StoredStatus::Other(
+            row.columns().first().map_or("unknown", |c| c.type_().name()).to_owned(),
+        ),
+    };
+    Ok(ReadRow {
+        status,
+        is_target: row.try_get::<_, Option<bool>>(1)?.unwrap_or(false),
+        is_source: row.try_get::<_, Option<bool>>(2)?.unwrap_or(false),
+    })
+}
+
+/// A status, bound as the type the server gave its parameter from the status column:
+/// any text type `&str` binds (`TEXT`, `VARCHAR`, `CHAR(n)`, ...), or an enum type,
+/// whose binary form is its label's UTF-8 (which the server checks is a label).
+#[derive(Debug)]
+struct Status<'a>(&'a str);
+
+impl ToSql for Status<'_> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn Error + Sync + Send>> {
+        if matches!(ty.kind(), Kind::Enum(_)) {
+            out.extend_from_slice(self.0.as_bytes());
+            Ok(IsNull::No)
+        } else {
+            self.0.to_sql(ty, out)
+        }
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        <&str as ToSql>::accepts(ty) || matches!(ty.kind(), Kind::Enum(_))
+    }
+
+    to_sql_checked!();
 }
 
 /// A tokio-postgres error as the transition's: a serialization failure or a deadlock is

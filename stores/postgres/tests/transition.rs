@@ -318,3 +318,81 @@ async fn repeatable_read_after_a_concurrent_commit_is_a_conflict_to_retry() {
     assert_eq!(t.ledger("p1").await, 1);
     t.drop_tables().await;
 }
+
+/// The status column's types a schema uses: each answers as PostgreSQL compares in it,
+/// the duplicate included. `CHAR(n)` pads what it holds and compares ignoring the
+/// padding; an enum type compares labels. The answer is the database's comparison (the
+/// one the `UPDATE` made), not the Rust bytes of the value read back, and `current`
+/// is the value as text (`CHAR(n)` without its padding).
+#[tokio::test]
+async fn every_status_column_type_answers_as_the_database_compares() {
+    let Some(t) = Tables::new().await else { return };
+    let mut client = t.client().await;
+    let kind = format!("{}_kind", t.payments);
+    client
+        .batch_execute(&format!(
+            "CREATE TYPE {kind} AS ENUM ('PENDING', 'PAID', 'REFUNDED', 'FAILED')"
+        ))
+        .await
+        .unwrap();
+    for (n, column_type) in ["CHAR(10)", "VARCHAR(20)", "TEXT", kind.as_str()].iter().enumerate() {
+        let table = format!("{}_{n}", t.payments);
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE {table} (id TEXT PRIMARY KEY, status {column_type} NOT NULL);
+                 INSERT INTO {table} VALUES ('p1', 'PENDING'), ('p2', 'REFUNDED');"
+            ))
+            .await
+            .unwrap();
+        let column = StatusColumn::new(&table, "id", "status").unwrap();
+        let answers = [
+            ("p1", &["PENDING"][..], "PAID", Transition::Applied),
+            ("p1", &["PENDING"][..], "PAID", Transition::AlreadyInTarget),
+            ("p1", &["FAILED"][..], "PENDING", Transition::Illegal { current: "PAID".into() }),
+            ("p2", &["PENDING"][..], "PAID", Transition::Illegal { current: "REFUNDED".into() }),
+            ("p404", &["PENDING"][..], "PAID", Transition::NotFound),
+        ];
+        for (id, from, to, expected) in answers {
+            let tx = client.transaction().await.unwrap();
+            let outcome = transition(&tx, &column, &id, from, to).await;
+            tx.commit().await.unwrap();
+            assert_eq!(outcome.unwrap(), expected, "{column_type}: {id} {from:?} -> {to}");
+        }
+        client.batch_execute(&format!("DROP TABLE {table}")).await.unwrap();
+    }
+    client.batch_execute(&format!("DROP TYPE {kind}")).await.unwrap();
+    t.drop_tables().await;
+}
+
+/// A status that is not one of an enum type's labels is the database's refusal
+/// (`Database`), before anything changed.
+#[tokio::test]
+async fn a_status_outside_an_enum_type_is_refused_by_the_database() {
+    let Some(t) = Tables::new().await else { return };
+    let mut client = t.client().await;
+    let (kind, table) = (format!("{}_kind", t.payments), format!("{}_enum", t.payments));
+    client
+        .batch_execute(&format!(
+            "CREATE TYPE {kind} AS ENUM ('PENDING', 'PAID');
+             CREATE TABLE {table} (id TEXT PRIMARY KEY, status {kind} NOT NULL);
+             INSERT INTO {table} VALUES ('p1', 'PENDING');"
+        ))
+        .await
+        .unwrap();
+    let column = StatusColumn::new(&table, "id", "status").unwrap();
+    for (from, to) in [("PENDING", "SHIPPED"), ("SHIPPED", "PAID")] {
+        let tx = client.transaction().await.unwrap();
+        let error = transition(&tx, &column, &"p1", &[from], to).await.unwrap_err();
+        assert!(matches!(error, TransitionError::Database { .. }), "{error:?}");
+        assert!(error.to_string().contains("SHIPPED"), "{error}");
+        tx.rollback().await.unwrap();
+    }
+    let status: String = client
+        .query_one(&format!("SELECT status::text FROM {table} WHERE id = 'p1'"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "PENDING");
+    client.batch_execute(&format!("DROP TABLE {table}; DROP TYPE {kind}")).await.unwrap();
+    t.drop_tables().await;
+}

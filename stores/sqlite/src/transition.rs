@@ -34,6 +34,10 @@
 //!
 //! Invariant: the transition is an `UPDATE` and, only if it matched no row, one read on
 //! the same connection; both statements are the core's [`Plan`], with every value bound.
+//! The read returns SQLite's own `status = to` and `status IN (from, ...)`, compared by
+//! the column's collation as the `UPDATE`'s condition was (`NOCASE` ignores ASCII
+//! case, `RTRIM` trailing spaces), and the answer is taken from those, not from the
+//! bytes read back.
 //!
 //! Run it in a transaction begun `IMMEDIATE` (rusqlite's
 //! `transaction_with_behavior(TransactionBehavior::Immediate)`): the write lock is then
@@ -50,7 +54,8 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ToSql};
 
 use idemcache::transition::{
-    is_conflict_sqlite_code, Dialect, Plan, StatusColumn, StoredStatus, Transition, TransitionError,
+    is_conflict_sqlite_code, Dialect, Plan, ReadRow, StatusColumn, StoredStatus, Transition,
+    TransitionError,
 };
 
 /// Moves the row of `column`'s table whose id is `id` from any status in `from` to
@@ -70,42 +75,56 @@ pub fn transition(
 ) -> Result<Transition, TransitionError> {
     let plan = column.plan(Dialect::Sqlite, from, to)?;
     let shown = Shown(&id);
-    let updated = update(conn, &plan, &id).map_err(|e| failed(&plan, e))?;
+    let to = plan.to();
+    // The plan's parameters, the same for both statements: target, sources, id.
+    let mut params: Vec<&dyn ToSql> = Vec::with_capacity(2 + from.len());
+    params.push(&to);
+    params.extend(plan.from().iter().map(|f| f as &dyn ToSql));
+    params.push(&id);
+    let updated = conn
+        .prepare_cached(&plan.update_sql())
+        .and_then(|mut update| update.execute(params.as_slice()))
+        .map_err(|e| failed(&plan, e))?;
     if let Some(done) = plan.after_update(updated as u64, &shown)? {
         return Ok(done);
     }
-    let rows = read(conn, &plan, &id).map_err(|e| failed(&plan, e))?;
+    let rows = read(conn, &plan, &params).map_err(|e| failed(&plan, e))?;
     plan.after_read(rows, &shown)
 }
 
-/// Runs the plan's `UPDATE`: the affected rows.
-fn update(conn: &Connection, plan: &Plan<'_>, id: &dyn ToSql) -> rusqlite::Result<usize> {
-    let to = plan.to();
-    let mut params: Vec<&dyn ToSql> = Vec::with_capacity(2 + plan.from().len());
-    params.push(&to);
-    params.push(id);
-    params.extend(plan.from().iter().map(|f| f as &dyn ToSql));
-    conn.prepare_cached(&plan.update_sql())?.execute(params.as_slice())
-}
-
-/// Runs the plan's read: the status of each row (at most two) with the id.
-fn read(conn: &Connection, plan: &Plan<'_>, id: &dyn ToSql) -> rusqlite::Result<Vec<StoredStatus>> {
+/// Runs the plan's read: each row (at most two) with the id, its status and SQLite's
+/// comparisons of it.
+fn read(
+    conn: &Connection,
+    plan: &Plan<'_>,
+    params: &[&dyn ToSql],
+) -> rusqlite::Result<Vec<ReadRow>> {
     let mut statement = conn.prepare_cached(&plan.select_sql())?;
-    let mut rows = statement.query([id])?;
-    let mut statuses = Vec::with_capacity(1);
+    let mut rows = statement.query(params)?;
+    let mut found = Vec::with_capacity(1);
     while let Some(row) = rows.next()? {
-        statuses.push(match row.get_ref(0)? {
-            ValueRef::Text(bytes) => match std::str::from_utf8(bytes) {
-                Ok(text) => StoredStatus::Text(text.to_owned()),
-                Err(_) => StoredStatus::Other("TEXT that is not UTF-8".into()),
-            },
-            ValueRef::Null => StoredStatus::Null,
-            ValueRef::Integer(_) => StoredStatus::Other("INTEGER".into()),
-            ValueRef::Real(_) => StoredStatus::Other("REAL".into()),
-            ValueRef::Blob(_) => StoredStatus::Other("BLOB".into()),
+        found.push(ReadRow {
+            status: stored(row.get_ref(0)?),
+            // NULL (a NULL status) compares as neither.
+            is_target: row.get::<_, Option<bool>>(1)?.unwrap_or(false),
+            is_source: row.get::<_, Option<bool>>(2)?.unwrap_or(false),
         });
     }
-    Ok(statuses)
+    Ok(found)
+}
+
+/// A status as SQLite holds it: text, or its storage class.
+fn stored(value: ValueRef<'_>) -> StoredStatus {
+    match value {
+        ValueRef::Text(bytes) => match std::str::from_utf8(bytes) {
+            Ok(text) => StoredStatus::Text(text.to_owned()),
+            Err(_) => StoredStatus::Other("TEXT that is not UTF-8".into()),
+        },
+        ValueRef::Null => StoredStatus::Null,
+        ValueRef::Integer(_) => StoredStatus::Other("INTEGER".into()),
+        ValueRef::Real(_) => StoredStatus::Other("REAL".into()),
+        ValueRef::Blob(_) => StoredStatus::Other("BLOB".into()),
+    }
 }
 
 /// A rusqlite error as the transition's: `SQLITE_BUSY` in any form is a conflict.

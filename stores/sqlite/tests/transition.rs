@@ -268,3 +268,78 @@ fn a_deferred_transaction_with_a_stale_snapshot_gets_a_conflict_to_retry() {
     assert_eq!(on_success(&mut late, "p1").unwrap(), Transition::AlreadyInTarget);
     assert_eq!(ledger(&late, "p1"), 1);
 }
+
+/// On `table` holding p1 PENDING and p2 REFUNDED (`column_type` names it in failures),
+/// each in its own `IMMEDIATE` transaction: p1 PENDING -> PAID applies, its duplicate is
+/// in the target, PAID -> PENDING and REFUNDED -> PAID are refused naming the status, an
+/// unknown id is not found.
+fn assert_standard_answers(conn: &mut Connection, table: &str, column_type: &str) {
+    let column = StatusColumn::new(table, "id", "status").unwrap();
+    let answers = [
+        ("p1", "PENDING", "PAID", Transition::Applied),
+        ("p1", "PENDING", "PAID", Transition::AlreadyInTarget),
+        ("p1", "FAILED", "PENDING", Transition::Illegal { current: "PAID".into() }),
+        ("p2", "PENDING", "PAID", Transition::Illegal { current: "REFUNDED".into() }),
+        ("p404", "PENDING", "PAID", Transition::NotFound),
+    ];
+    for (id, from, to, expected) in answers {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
+        let outcome = transition(&tx, &column, id, &[from], to);
+        tx.commit().unwrap();
+        assert_eq!(outcome.unwrap(), expected, "{column_type}: {id} {from} -> {to}");
+    }
+}
+
+/// The declared types a schema uses, and SQLite's stand-in for an enum (a `CHECK` on
+/// the labels): SQLite stores and compares them all as text.
+#[test]
+fn every_status_column_type_answers_as_the_database_compares() {
+    let db = Db::new();
+    let mut conn = db.open();
+    let labels = "CHECK (status IN ('PENDING', 'PAID', 'REFUNDED', 'FAILED'))";
+    let enumeration = format!("TEXT {labels}");
+    for (n, column_type) in ["CHAR(10)", "VARCHAR(20)", "TEXT", &enumeration].iter().enumerate() {
+        let table = format!("typed_{n}");
+        conn.execute_batch(&format!(
+            "CREATE TABLE {table} (id TEXT PRIMARY KEY, status {column_type} NOT NULL);
+             INSERT INTO {table} VALUES ('p1', 'PENDING'), ('p2', 'REFUNDED');"
+        ))
+        .unwrap();
+        assert_standard_answers(&mut conn, &table, column_type);
+    }
+}
+
+/// The column's collation decides, in the answer as in the `UPDATE`: under `NOCASE` a
+/// row holding `paid` is already PAID (the redelivered callback is a duplicate) and one
+/// holding `pending` moves; under `RTRIM` one holding `PAID  ` is PAID; under the
+/// default `BINARY` they are other statuses. Each answer agrees with SQLite's own
+/// `status = 'PAID'` for the row.
+#[test]
+fn the_collation_that_matched_the_update_decides_the_answer() {
+    let db = Db::new();
+    let mut conn = db.open();
+    let illegal = |current: &str| Transition::Illegal { current: current.into() };
+    let cases = [
+        ("BINARY", [illegal("paid"), illegal("PAID  "), illegal("pending")]),
+        ("NOCASE", [Transition::AlreadyInTarget, illegal("PAID  "), Transition::Applied]),
+        ("RTRIM", [illegal("paid"), Transition::AlreadyInTarget, illegal("pending")]),
+    ];
+    for (collation, answers) in cases {
+        let table = format!("collated_{collation}");
+        conn.execute_batch(&format!(
+            "CREATE TABLE {table} (id TEXT PRIMARY KEY, status TEXT COLLATE {collation});
+             INSERT INTO {table} VALUES ('p3', 'paid'), ('p4', 'PAID  '), ('p5', 'pending');"
+        ))
+        .unwrap();
+        let column = StatusColumn::new(&table, "id", "status").unwrap();
+        for (id, expected) in ["p3", "p4", "p5"].into_iter().zip(answers) {
+            let sql = format!("SELECT status = 'PAID' FROM {table} WHERE id = ?");
+            let same: bool = conn.query_row(&sql, [id], |r| r.get(0)).unwrap();
+            assert_eq!(same, expected == Transition::AlreadyInTarget, "{collation} {id}");
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
+            let outcome = transition(&tx, &column, id, &["PENDING"], "PAID");
+            tx.commit().unwrap();
+            assert_eq!(outcome.unwrap(), expected, "{collation} {id}");
+        }
+    }
+}

@@ -34,7 +34,10 @@
 //!
 //! Invariant: the transition is an `UPDATE` and, only if it matched no row, one
 //! `SELECT ... FOR UPDATE` on the same connection; both statements are the core's
-//! [`Plan`](idemcache::transition::Plan), with every value bound. The read locks: under
+//! [`Plan`](idemcache::transition::Plan), with every value bound. The read returns the
+//! engine's own `status = to` and `status IN (from, ...)`, compared by the column's type
+//! and collation as the `UPDATE`'s condition was, and the answer is taken from those,
+//! not from the value read back. The read locks: under
 //! MySQL's and MariaDB's default `REPEATABLE READ`, a plain `SELECT` reads the
 //! transaction's snapshot, so after a concurrent transition committed it would still
 //! say PENDING; a locking read, like the `UPDATE` itself, reads the committed row.
@@ -50,15 +53,16 @@
 //! as `&mut pooled`. The id is any value sqlx binds for its column (`i64`, `&str`,
 //! `String`, a `Uuid`, ...), passed by reference; it shows in error messages by `Debug`.
 
-/// The body of one engine's `transition`: the same steps, with that engine's types.
+/// The body of one engine's `transition`: the same steps, with that engine's types
+/// (`$status` makes each status a value to bind).
 macro_rules! transition_fn {
-    ($db:ty, $connection:ty, $dialect:expr, $is_conflict:path) => {
+    ($db:ty, $connection:ty, $dialect:expr, $status:path, $is_conflict:path) => {
         use std::fmt;
 
         use sqlx::{AssertSqlSafe, Column, Row, TypeInfo};
 
         use idemcache::transition::{
-            Plan, StatusColumn, StoredStatus, Transition, TransitionError,
+            Plan, ReadRow, StatusColumn, StoredStatus, Transition, TransitionError,
         };
 
         /// Moves the row of `column`'s table whose id is `id` from any status in `from`
@@ -78,33 +82,57 @@ macro_rules! transition_fn {
             Id: for<'q> sqlx::Encode<'q, $db> + sqlx::Type<$db> + fmt::Debug + Sync,
         {
             let plan = column.plan($dialect, from, to)?;
-            let mut update = sqlx::query(AssertSqlSafe(plan.update_sql())).bind(plan.to()).bind(id);
-            for source in plan.from() {
-                update = update.bind(*source);
-            }
-            let updated = update.execute(&mut *conn).await.map_err(|e| failed(&plan, e))?;
+            let updated = bound(&plan, plan.update_sql(), id)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| failed(&plan, e))?;
             if let Some(done) = plan.after_update(updated.rows_affected(), id)? {
                 return Ok(done);
             }
-            let rows = sqlx::query(AssertSqlSafe(plan.select_sql()))
-                .bind(id)
+            let rows = bound(&plan, plan.select_sql(), id)
                 .fetch_all(&mut *conn)
                 .await
                 .map_err(|e| failed(&plan, e))?;
-            let statuses = rows
+            let found = rows
                 .iter()
-                .map(|row| match row.try_get::<Option<String>, _>(0) {
-                    Ok(Some(text)) => StoredStatus::Text(text),
-                    Ok(None) => StoredStatus::Null,
-                    Err(_) => StoredStatus::Other(
-                        row.columns()
-                            .first()
-                            .map_or("unknown", |c| c.type_info().name())
-                            .to_owned(),
-                    ),
-                })
-                .collect();
-            plan.after_read(statuses, id)
+                .map(read_row)
+                .collect::<Result<_, _>>()
+                .map_err(|e| failed(&plan, e))?;
+            plan.after_read(found, id)
+        }
+
+        /// `sql`, one of the plan's statements, with the parameters both take: the
+        /// target, the sources, the id.
+        fn bound<'q, Id>(
+            plan: &Plan<'q>,
+            sql: String,
+            id: &'q Id,
+        ) -> sqlx::query::Query<'q, $db, <$db as sqlx::Database>::Arguments>
+        where
+            Id: for<'e> sqlx::Encode<'e, $db> + sqlx::Type<$db> + Sync,
+        {
+            let mut query = sqlx::query(AssertSqlSafe(sql)).bind($status(plan.to()));
+            for source in plan.from() {
+                query = query.bind($status(source));
+            }
+            query.bind(id)
+        }
+
+        /// One row of the plan's read: the status, and the engine's comparisons of it
+        /// (NULL, for a NULL status, is neither).
+        fn read_row(row: &<$db as sqlx::Database>::Row) -> Result<ReadRow, sqlx::Error> {
+            let status = match row.try_get::<Option<String>, _>(0) {
+                Ok(Some(text)) => StoredStatus::Text(text),
+                Ok(None) => StoredStatus::Null,
+                Err(_) => StoredStatus::Other(
+                    row.columns().first().map_or("unknown", |c| c.type_info().name()).to_owned(),
+                ),
+            };
+            Ok(ReadRow {
+                status,
+                is_target: row.try_get::<Option<bool>, _>(1)?.unwrap_or(false),
+                is_source: row.try_get::<Option<bool>, _>(2)?.unwrap_or(false),
+            })
         }
 
         /// A sqlx error as the transition's, a conflict as the engine's codes say.
@@ -117,10 +145,13 @@ macro_rules! transition_fn {
 
 /// PostgreSQL (feature `postgres`).
 ///
-/// Types: PostgreSQL types each parameter from its column: the status column must be
-/// `TEXT` or `VARCHAR` (statuses are bound as text; a `CHAR(n)` column pads what it
-/// reads back, an enum type refuses text parameters), and the id's Rust type must be
-/// one sqlx encodes for the id column (`i64` for `BIGINT`, ...); a mismatch is
+/// Types: statuses are bound untyped, so that the server types them from the status
+/// column, as it does for tokio-postgres, and compares as the column does: `TEXT`,
+/// `VARCHAR`, `CHAR(n)` (ignoring its padding, and reported without it) or an enum type
+/// (`CREATE TYPE ... AS ENUM`; a status that is none of its labels is the server's
+/// refusal, [`TransitionError::Database`](idemcache::transition::TransitionError::Database),
+/// before anything changed); `current` is the status as `text`. The id's Rust type
+/// must be one sqlx encodes for the id column (`i64` for `BIGINT`, ...); a mismatch is
 /// [`TransitionError::Database`](idemcache::transition::TransitionError::Database).
 ///
 /// Isolation: under `READ COMMITTED` (the default) a concurrent transition of the same
@@ -136,8 +167,30 @@ pub mod postgres {
         sqlx::Postgres,
         sqlx::PgConnection,
         idemcache::transition::Dialect::Postgres,
+        Status,
         is_conflict
     );
+
+    /// A status, bound with no declared type (OID 0): the server types it from the
+    /// status column it meets, as `TEXT`, `VARCHAR`, `CHAR(n)` or an enum type, whose
+    /// binary forms are all the string's UTF-8. (Declared `TEXT`, as a `&str` is, it
+    /// would compare a `CHAR(n)` as text and meet no operator for an enum type.)
+    struct Status<'a>(&'a str);
+
+    impl sqlx::Type<sqlx::Postgres> for Status<'_> {
+        fn type_info() -> sqlx::postgres::PgTypeInfo {
+            sqlx::postgres::PgTypeInfo::with_oid(sqlx::postgres::types::Oid(0))
+        }
+    }
+
+    impl sqlx::Encode<'_, sqlx::Postgres> for Status<'_> {
+        fn encode_by_ref(
+            &self,
+            buf: &mut sqlx::postgres::PgArgumentBuffer,
+        ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+            <&str as sqlx::Encode<sqlx::Postgres>>::encode_by_ref(&self.0, buf)
+        }
+    }
 
     /// A serialization failure or a deadlock (by SQLSTATE).
     fn is_conflict(error: &dyn sqlx::error::DatabaseError) -> bool {
@@ -147,12 +200,14 @@ pub mod postgres {
 
 /// MySQL and MariaDB (feature `mysql`).
 ///
-/// Types: the status column is text (`VARCHAR`, `TEXT`, `ENUM` binds as text too); the
-/// id any type sqlx binds. Statuses are compared by the column's collation in the
-/// `UPDATE` (by default ignoring case, trailing spaces and accents: which is why a `to`
-/// equal to a `from` ignoring ASCII case and trailing spaces is refused; statuses that
-/// differ only by accents are yours to avoid) and byte for byte in the answer; for
-/// exact matching, give the column a binary collation (`utf8mb4_bin`).
+/// Types: the status column is text (`CHAR(n)`, `VARCHAR`, `TEXT`, `ENUM` binds as text
+/// too); the id any type sqlx binds. Statuses are compared by the column's collation,
+/// in the `UPDATE` and in the answer alike (by default ignoring case, trailing spaces
+/// and accents: a row holding `paid` is already `PAID`, so a redelivered callback is
+/// `AlreadyInTarget`; which is also why a `to` equal to a `from` ignoring ASCII case and
+/// trailing spaces is refused; statuses that differ only by accents are yours to
+/// avoid); `current` is the value as held. For exact matching, give the column a binary
+/// collation (`utf8mb4_bin`).
 ///
 /// Isolation: under `REPEATABLE READ` (the default) or `READ COMMITTED`, a concurrent
 /// transition of the same row makes the `UPDATE` wait for its lock and then read the
@@ -169,8 +224,15 @@ pub mod mysql {
         sqlx::MySql,
         sqlx::MySqlConnection,
         idemcache::transition::Dialect::MySql,
+        status,
         is_conflict
     );
+
+    /// A status, bound as a string: MySQL converts it to the column's type (`ENUM`
+    /// included) and compares by the column's collation.
+    fn status(status: &str) -> &str {
+        status
+    }
 
     /// A deadlock, a lock wait timeout, or a snapshot refusal (by error number: sqlx's
     /// `code()` is the SQLSTATE, too coarse here).

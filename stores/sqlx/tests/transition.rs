@@ -306,6 +306,26 @@ macro_rules! suite {
             assert_eq!(t.ledger("p1").await, 1);
             Arc::into_inner(t).unwrap().drop_tables().await;
         }
+
+        /// On `column`'s table holding p1 PENDING and p2 REFUNDED (`column_type` names
+        /// it in failures), each in its own transaction: p1 PENDING -> PAID applies, its
+        /// duplicate is in the target, PAID -> PENDING and REFUNDED -> PAID are refused
+        /// naming the status, an unknown id is not found.
+        async fn assert_standard_answers(conn: &mut Db, column: &StatusColumn, column_type: &str) {
+            let answers = [
+                ("p1", "PENDING", "PAID", Transition::Applied),
+                ("p1", "PENDING", "PAID", Transition::AlreadyInTarget),
+                ("p1", "FAILED", "PENDING", Transition::Illegal { current: "PAID".into() }),
+                ("p2", "PENDING", "PAID", Transition::Illegal { current: "REFUNDED".into() }),
+                ("p404", "PENDING", "PAID", Transition::NotFound),
+            ];
+            for (id, from, to, expected) in answers {
+                let mut tx = conn.begin().await.unwrap();
+                let outcome = transition(&mut tx, column, &id, &[from], to).await;
+                tx.commit().await.unwrap();
+                assert_eq!(outcome.unwrap(), expected, "{column_type}: {id} {from} -> {to}");
+            }
+        }
     };
 }
 
@@ -337,6 +357,56 @@ mod postgres {
         tx.rollback().await.unwrap();
         assert_eq!(t.on_success(&mut late, "p1").await.unwrap(), Transition::AlreadyInTarget);
         assert_eq!(t.ledger("p1").await, 1);
+        t.drop_tables().await;
+    }
+
+    /// The status column's types a schema uses: each answers as PostgreSQL compares in
+    /// it, the duplicate included (`CHAR(n)` ignores its padding; an enum type compares
+    /// labels), and `current` is the value as text.
+    #[tokio::test]
+    async fn every_status_column_type_answers_as_the_database_compares() {
+        let Some(t) = Tables::new().await else { return };
+        let mut conn = t.conn().await;
+        let kind = format!("{}_kind", t.payments);
+        let labels = "('PENDING', 'PAID', 'REFUNDED', 'FAILED')";
+        run(&mut conn, format!("CREATE TYPE {kind} AS ENUM {labels}")).await;
+        for (n, column_type) in ["CHAR(10)", "VARCHAR(20)", "TEXT", &kind].iter().enumerate() {
+            let table = format!("{}_{n}", t.payments);
+            let create =
+                format!("CREATE TABLE {table} (id TEXT PRIMARY KEY, status {column_type})");
+            run(&mut conn, create).await;
+            let rows = format!("INSERT INTO {table} VALUES ('p1', 'PENDING'), ('p2', 'REFUNDED')");
+            run(&mut conn, rows).await;
+            let column = StatusColumn::new(&table, "id", "status").unwrap();
+            assert_standard_answers(&mut conn, &column, column_type).await;
+            run(&mut conn, format!("DROP TABLE {table}")).await;
+        }
+        run(&mut conn, format!("DROP TYPE {kind}")).await;
+        t.drop_tables().await;
+    }
+
+    /// A status that is not one of an enum type's labels is the database's refusal
+    /// (`Database`), before anything changed.
+    #[tokio::test]
+    async fn a_status_outside_an_enum_type_is_refused_by_the_database() {
+        let Some(t) = Tables::new().await else { return };
+        let mut conn = t.conn().await;
+        let (kind, table) = (format!("{}_kind", t.payments), format!("{}_enum", t.payments));
+        run(&mut conn, format!("CREATE TYPE {kind} AS ENUM ('PENDING', 'PAID')")).await;
+        run(&mut conn, format!("CREATE TABLE {table} (id TEXT PRIMARY KEY, status {kind})")).await;
+        run(&mut conn, format!("INSERT INTO {table} VALUES ('p1', 'PENDING')")).await;
+        let column = StatusColumn::new(&table, "id", "status").unwrap();
+        for (from, to) in [("PENDING", "SHIPPED"), ("SHIPPED", "PAID")] {
+            let mut tx = conn.begin().await.unwrap();
+            let error = transition(&mut tx, &column, &"p1", &[from], to).await.unwrap_err();
+            assert!(matches!(error, TransitionError::Database { .. }), "{error:?}");
+            assert!(error.to_string().contains("SHIPPED"), "{error}");
+            tx.rollback().await.unwrap();
+        }
+        let status = format!("SELECT status::text FROM {table} WHERE id = 'p1'");
+        assert_eq!(one_text(&mut conn, status).await.as_deref(), Some("PENDING"));
+        run(&mut conn, format!("DROP TABLE {table}")).await;
+        run(&mut conn, format!("DROP TYPE {kind}")).await;
         t.drop_tables().await;
     }
 }
@@ -430,6 +500,77 @@ mod mysql {
         tx.rollback().await.unwrap();
         assert_eq!(t.on_success(&mut late, "p1").await.unwrap(), Transition::AlreadyInTarget);
         assert_eq!(t.ledger("p1").await, 1);
+        t.drop_tables().await;
+    }
+
+    /// The status column's types a schema uses: each answers as MariaDB compares in it,
+    /// the duplicate included (`CHAR(n)` drops trailing spaces, `ENUM` compares labels).
+    #[tokio::test]
+    async fn every_status_column_type_answers_as_the_database_compares() {
+        let Some(t) = Tables::new().await else { return };
+        let mut conn = t.conn().await;
+        let enumeration = "ENUM('PENDING', 'PAID', 'REFUNDED', 'FAILED')";
+        for (n, column_type) in ["CHAR(10)", "VARCHAR(20)", "TEXT", enumeration].iter().enumerate()
+        {
+            let table = format!("{}_{n}", t.payments);
+            let create = format!(
+                "CREATE TABLE {table} (id VARCHAR(64) PRIMARY KEY, status {column_type}) \
+                 ENGINE=InnoDB"
+            );
+            run(&mut conn, create).await;
+            let rows = format!("INSERT INTO {table} VALUES ('p1', 'PENDING'), ('p2', 'REFUNDED')");
+            run(&mut conn, rows).await;
+            let column = StatusColumn::new(&table, "id", "status").unwrap();
+            assert_standard_answers(&mut conn, &column, column_type).await;
+            run(&mut conn, format!("DROP TABLE {table}")).await;
+        }
+        t.drop_tables().await;
+    }
+
+    /// The column's collation decides, in the answer as in the `UPDATE`: under the
+    /// server's default (`utf8mb4_general_ci`: case-insensitive, PAD SPACE) a row holding
+    /// `paid` or `PAID  ` is already PAID, so the redelivered callback is a duplicate, and
+    /// one holding `pending` moves; `utf8mb4_bin` tells case apart but still ignores
+    /// trailing spaces; `utf8mb4_nopad_bin` (MariaDB) tells both apart. Each answer
+    /// agrees with the database's own `status = 'PAID'` for the row.
+    #[tokio::test]
+    async fn the_collation_that_matched_the_update_decides_the_answer() {
+        let Some(t) = Tables::new().await else { return };
+        let mut conn = t.conn().await;
+        let illegal = |current: &str| Transition::Illegal { current: current.into() };
+        let cases = [
+            (
+                "utf8mb4_general_ci",
+                [Transition::AlreadyInTarget, Transition::AlreadyInTarget, Transition::Applied],
+            ),
+            ("utf8mb4_bin", [illegal("paid"), Transition::AlreadyInTarget, illegal("pending")]),
+            ("utf8mb4_nopad_bin", [illegal("paid"), illegal("PAID  "), illegal("pending")]),
+        ];
+        for (collation, answers) in cases {
+            let table = format!("{}_{collation}", t.payments);
+            let create = format!(
+                "CREATE TABLE {table} (id VARCHAR(64) PRIMARY KEY, \
+                 status VARCHAR(20) CHARACTER SET utf8mb4 COLLATE {collation}) ENGINE=InnoDB"
+            );
+            run(&mut conn, create).await;
+            let rows = format!(
+                "INSERT INTO {table} VALUES ('p3', 'paid'), ('p4', 'PAID  '), ('p5', 'pending')"
+            );
+            run(&mut conn, rows).await;
+            let column = StatusColumn::new(&table, "id", "status").unwrap();
+            for ((id, held), expected) in
+                [("p3", "paid"), ("p4", "PAID  "), ("p5", "pending")].into_iter().zip(answers)
+            {
+                let same = format!("SELECT status = 'PAID' FROM {table} WHERE id = '{id}'");
+                let same = one_i64(&mut conn, same).await == 1;
+                assert_eq!(same, expected == Transition::AlreadyInTarget, "{collation} {held:?}");
+                let mut tx = conn.begin().await.unwrap();
+                let outcome = transition(&mut tx, &column, &id, &["PENDING"], "PAID").await;
+                tx.commit().await.unwrap();
+                assert_eq!(outcome.unwrap(), expected, "{collation} {held:?}");
+            }
+            run(&mut conn, format!("DROP TABLE {table}")).await;
+        }
         t.drop_tables().await;
     }
 }
