@@ -38,7 +38,9 @@
 //!
 //! Run it inside the transaction that does the effect (the ledger entry, the e-mail
 //! outbox row), and commit both together: a crash before the commit leaves the row
-//! unmoved, and the redelivered callback applies it.
+//! unmoved, and the redelivered callback applies it. Each driver's `transition` takes
+//! that transaction the way the driver's `inbox::receive` (and `complete_in`) take it:
+//! `&tx` (`&mut tx` for sqlx).
 
 mod column;
 mod error;

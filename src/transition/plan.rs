@@ -273,8 +273,7 @@ impl fmt::Display for RowMoved {
         write!(
             f,
             "the row {} has the source status {:?}, yet the update matched no row: another \
-             transaction moved it between the update and the read (run the transition inside \
-             a transaction)",
+             transaction moved it, and committed, between the update and the read",
             self.id, self.status
         )
     }

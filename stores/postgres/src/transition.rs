@@ -1,5 +1,5 @@
-//! Conditional transitions of a status column on your own tokio-postgres client or
-//! transaction (see [`idemcache::transition`] for the contract).
+//! Conditional transitions of a status column in your own tokio-postgres transaction
+//! (see [`idemcache::transition`] for the contract).
 //!
 //! ```no_run
 //! use idemcache::transition::{StatusColumn, Transition};
@@ -27,10 +27,10 @@
 //! ```
 //!
 //! Invariant: the transition is an `UPDATE` and, only if it matched no row, one
-//! `SELECT ... FOR UPDATE` on the same client; both statements are the core's [`Plan`],
-//! with every value bound. The read returns PostgreSQL's own `status = to` and `status
-//! IN (from, ...)`, compared by the column's type as the `UPDATE`'s condition was, and
-//! the answer is taken from those, not from the value read back.
+//! `SELECT ... FOR UPDATE` in the same transaction; both statements are the core's
+//! [`Plan`], with every value bound. The read returns PostgreSQL's own `status = to`
+//! and `status IN (from, ...)`, compared by the column's type as the `UPDATE`'s
+//! condition was, and the answer is taken from those, not from the value read back.
 //!
 //! Types: the server types each parameter from the column it meets, and tokio-postgres
 //! checks the Rust value against that type. The status column may be `TEXT`,
@@ -51,7 +51,7 @@ use std::error::Error;
 
 use bytes::BytesMut;
 use tokio_postgres::types::{to_sql_checked, IsNull, Kind, ToSql, Type};
-use tokio_postgres::{GenericClient, Row};
+use tokio_postgres::{Row, Transaction};
 
 use idemcache::transition::{
     is_conflict_sqlstate, Dialect, Plan, ReadRow, StatusColumn, StoredStatus, Transition,
@@ -59,22 +59,21 @@ use idemcache::transition::{
 };
 
 /// Moves the row of `column`'s table whose id is `id` from any status in `from` to
-/// `to`, and says what it found (see [`Transition`]). `client` is a `Client` or a
-/// `Transaction` (see [`GenericClient`]; from a deadpool pool, `&**pooled`): run it in
-/// the transaction that does the effect of [`Transition::Applied`].
+/// `to` inside `tx`, and says what it found (see [`Transition`]): do the effect of
+/// [`Transition::Applied`] in `tx` too, and commit both together. `tx` is taken as
+/// [`complete_in`](crate::complete_in) and [`inbox::receive`](crate::inbox::receive)
+/// take it: pass `&tx`, a tokio-postgres transaction or a deadpool-postgres one (which
+/// dereferences to it).
 ///
 /// A NULL status is [`TransitionError::Corrupt`]; invalid input
 /// ([`StatusColumn::plan`]) is refused before any SQL runs.
-pub async fn transition<C>(
-    client: &C,
+pub async fn transition(
+    tx: &Transaction<'_>,
     column: &StatusColumn,
     id: &(dyn ToSql + Sync),
     from: &[&str],
     to: &str,
-) -> Result<Transition, TransitionError>
-where
-    C: GenericClient + Sync,
-{
+) -> Result<Transition, TransitionError> {
     let plan = column.plan(Dialect::Postgres, from, to)?;
     // The plan's parameters, the same for both statements: target, sources, id.
     let statuses: Vec<Status<'_>> =
@@ -83,12 +82,11 @@ where
     params.extend(statuses.iter().map(|s| s as &(dyn ToSql + Sync)));
     params.push(id);
     let updated =
-        client.execute(plan.update_sql().as_str(), &params).await.map_err(|e| failed(&plan, e))?;
+        tx.execute(plan.update_sql().as_str(), &params).await.map_err(|e| failed(&plan, e))?;
     if let Some(done) = plan.after_update(updated, &id)? {
         return Ok(done);
     }
-    let rows =
-        client.query(plan.select_sql().as_str(), &params).await.map_err(|e| failed(&plan, e))?;
+    let rows = tx.query(plan.select_sql().as_str(), &params).await.map_err(|e| failed(&plan, e))?;
     let found =
         rows.iter().map(read_row).collect::<Result<_, _>>().map_err(|e| failed(&plan, e))?;
     plan.after_read(found, &id)

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use idemcache::store::conformance::service_url;
 use idemcache::transition::{StatusColumn, Transition, TransitionError};
-use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
+use idemcache_postgres::tokio_postgres::{self, Client, IsolationLevel, NoTls, Transaction};
 use idemcache_postgres::transition::transition;
 
 const EXAMPLE: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -67,24 +67,23 @@ impl Tables {
         self.client().await.query_one(&sql, &[&id]).await.unwrap().get(0)
     }
 
-    /// The SUCCESS callback's handler: in one transaction (`begin` says which),
-    /// optionally loading the payment first (as handlers do), PENDING -> PAID and the
-    /// ledger entry only if this call applied it.
+    /// The SUCCESS callback's handler: in one transaction at `isolation`, PENDING ->
+    /// PAID and the ledger entry only if this call applied it.
     async fn on_success(
         &self,
         client: &mut Client,
-        begin: &str,
+        isolation: IsolationLevel,
         id: &str,
     ) -> Result<Transition, TransitionError> {
-        client.batch_execute(begin).await.unwrap();
-        let outcome = transition(&*client, &self.column(), &id, &["PENDING"], "PAID").await;
-        self.settle(client, outcome, id).await
+        let tx = begin(client, isolation).await;
+        let outcome = transition(&tx, &self.column(), &id, &["PENDING"], "PAID").await;
+        self.settle(tx, outcome, id).await
     }
 
     /// Books the ledger entry if `outcome` is Applied and commits; rolls back on an error.
     async fn settle(
         &self,
-        client: &Client,
+        tx: Transaction<'_>,
         outcome: Result<Transition, TransitionError>,
         id: &str,
     ) -> Result<Transition, TransitionError> {
@@ -95,13 +94,13 @@ impl Tables {
                         "INSERT INTO {} SELECT id, amount FROM {} WHERE id = $1",
                         self.ledger, self.payments
                     );
-                    client.execute(&sql, &[&id]).await.unwrap();
+                    tx.execute(&sql, &[&id]).await.unwrap();
                 }
-                client.batch_execute("COMMIT").await.unwrap();
+                tx.commit().await.unwrap();
                 Ok(outcome)
             }
             Err(error) => {
-                client.batch_execute("ROLLBACK").await.unwrap();
+                tx.rollback().await.unwrap();
                 Err(error)
             }
         }
@@ -113,13 +112,21 @@ impl Tables {
     }
 }
 
+/// A transaction at `isolation` on `client`.
+async fn begin(client: &mut Client, isolation: IsolationLevel) -> Transaction<'_> {
+    client.build_transaction().isolation_level(isolation).start().await.unwrap()
+}
+
+/// PostgreSQL's default isolation.
+const READ_COMMITTED: IsolationLevel = IsolationLevel::ReadCommitted;
+
 #[tokio::test]
 async fn a_duplicate_success_callback_is_ok_with_no_second_effect() {
     let Some(t) = Tables::new().await else { return };
     let mut client = t.client().await;
-    assert_eq!(t.on_success(&mut client, "BEGIN", "p1").await.unwrap(), Transition::Applied);
+    assert_eq!(t.on_success(&mut client, READ_COMMITTED, "p1").await.unwrap(), Transition::Applied);
     for _ in 0..3 {
-        let again = t.on_success(&mut client, "BEGIN", "p1").await.unwrap();
+        let again = t.on_success(&mut client, READ_COMMITTED, "p1").await.unwrap();
         assert_eq!(again, Transition::AlreadyInTarget);
     }
     assert_eq!((t.status("p1").await.as_deref(), t.ledger("p1").await), (Some("PAID"), 1));
@@ -129,14 +136,15 @@ async fn a_duplicate_success_callback_is_ok_with_no_second_effect() {
 #[tokio::test]
 async fn paid_to_pending_is_refused_unknown_ids_are_not_found() {
     let Some(t) = Tables::new().await else { return };
-    let client = t.client().await;
+    let mut client = t.client().await;
     let column = t.column();
-    // On a plain client (autocommit) as well as in a transaction.
-    let outcome = transition(&client, &column, &"p2", &["FAILED"], "PENDING").await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let outcome = transition(&tx, &column, &"p2", &["FAILED"], "PENDING").await.unwrap();
     assert_eq!(outcome, Transition::Illegal { current: "PAID".into() });
-    assert_eq!(t.status("p2").await.as_deref(), Some("PAID"));
-    let outcome = transition(&client, &column, &"p404", &["PENDING"], "PAID").await.unwrap();
+    let outcome = transition(&tx, &column, &"p404", &["PENDING"], "PAID").await.unwrap();
     assert_eq!(outcome, Transition::NotFound);
+    tx.commit().await.unwrap();
+    assert_eq!(t.status("p2").await.as_deref(), Some("PAID"));
     t.drop_tables().await;
 }
 
@@ -151,7 +159,7 @@ async fn a_rolled_back_transition_leaves_the_row_for_the_redelivery() {
         tx.rollback().await.unwrap();
     }
     assert_eq!(t.status("p1").await.as_deref(), Some("PENDING"));
-    assert_eq!(t.on_success(&mut client, "BEGIN", "p1").await.unwrap(), Transition::Applied);
+    assert_eq!(t.on_success(&mut client, READ_COMMITTED, "p1").await.unwrap(), Transition::Applied);
     assert_eq!(t.ledger("p1").await, 1);
     t.drop_tables().await;
 }
@@ -159,7 +167,7 @@ async fn a_rolled_back_transition_leaves_the_row_for_the_redelivery() {
 #[tokio::test]
 async fn injection_attempts_are_refused_and_values_are_bound() {
     let Some(t) = Tables::new().await else { return };
-    let client = t.client().await;
+    let mut client = t.client().await;
     let hostile_table = format!("{}; DROP TABLE {}", t.payments, t.ledger);
     for (table, id, status) in [
         (hostile_table.as_str(), "id", "status"),
@@ -170,9 +178,10 @@ async fn injection_attempts_are_refused_and_values_are_bound() {
         assert!(matches!(refused, TransitionError::InvalidIdentifier { .. }), "{refused:?}");
     }
     let hostile = format!("PENDING'); DROP TABLE {}; --", t.ledger);
-    let outcome =
-        transition(&client, &t.column(), &"p1", &[hostile.as_str()], "PAID").await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let outcome = transition(&tx, &t.column(), &"p1", &[hostile.as_str()], "PAID").await.unwrap();
     assert_eq!(outcome, Transition::Illegal { current: "PENDING".into() });
+    tx.commit().await.unwrap();
     assert_eq!(t.ledger("p1").await, 0, "the ledger table still exists");
     t.drop_tables().await;
 }
@@ -180,7 +189,7 @@ async fn injection_attempts_are_refused_and_values_are_bound() {
 #[tokio::test]
 async fn null_statuses_duplicate_ids_and_mistyped_ids_are_typed_errors() {
     let Some(t) = Tables::new().await else { return };
-    let client = t.client().await;
+    let mut client = t.client().await;
     let loose = format!("{}_loose", t.payments);
     client
         .batch_execute(&format!(
@@ -191,17 +200,24 @@ async fn null_statuses_duplicate_ids_and_mistyped_ids_are_typed_errors() {
         ))
         .await
         .unwrap();
-    let error = transition(&client, &t.column(), &"p3", &["PENDING"], "PAID").await.unwrap_err();
+    // Each in a transaction of its own, rolled back (as after any error).
+    let tx = client.transaction().await.unwrap();
+    let error = transition(&tx, &t.column(), &"p3", &["PENDING"], "PAID").await.unwrap_err();
+    tx.rollback().await.unwrap();
     assert!(matches!(error, TransitionError::Corrupt { .. }), "{error:?}");
     let message = error.to_string();
     assert!(message.contains(&format!("the row \"p3\" of {}.status", t.payments)), "{message}");
     assert!(message.contains("NULL"), "{message}");
 
     let column = StatusColumn::new(&loose, "id", "status").unwrap();
-    let error = transition(&client, &column, &7_i64, &["PENDING"], "PAID").await.unwrap_err();
+    let tx = client.transaction().await.unwrap();
+    let error = transition(&tx, &column, &7_i64, &["PENDING"], "PAID").await.unwrap_err();
+    tx.rollback().await.unwrap();
     assert!(error.to_string().contains("2 rows have this id"), "{error}");
     // An i32 for a BIGINT column: refused by the driver's type check, nothing ran.
-    let error = transition(&client, &column, &7_i32, &["PENDING"], "PAID").await.unwrap_err();
+    let tx = client.transaction().await.unwrap();
+    let error = transition(&tx, &column, &7_i32, &["PENDING"], "PAID").await.unwrap_err();
+    tx.rollback().await.unwrap();
     assert!(matches!(error, TransitionError::Database { .. }), "{error:?}");
     assert!(error.to_string().contains(&format!("transition of {loose}.status")), "{error}");
     client.batch_execute(&format!("DROP TABLE {loose}")).await.unwrap();
@@ -236,10 +252,11 @@ async fn an_answer_holds_the_row_until_the_transaction_ends() {
 /// conflict), and its retry's after a conflict.
 type Attempts = (Option<Transition>, Option<Transition>);
 
-/// `CALLBACKS` handlers, each on its own connection: all begin (`begin`) and load the
-/// payment, then, past a barrier so that every snapshot predates the winner's commit,
-/// transition it; a handler that gets a conflict rolls back and runs again.
-async fn concurrent_callbacks(t: &Arc<Tables>, begin: &'static str) -> Vec<Attempts> {
+/// `CALLBACKS` handlers, each on its own connection: all begin a transaction at
+/// `isolation` and load the payment, then, past a barrier so that every snapshot
+/// predates the winner's commit, transition it; a handler that gets a conflict rolls
+/// back and runs again.
+async fn concurrent_callbacks(t: &Arc<Tables>, isolation: IsolationLevel) -> Vec<Attempts> {
     const CALLBACKS: usize = 8;
     let loaded = Arc::new(tokio::sync::Barrier::new(CALLBACKS));
     let mut handlers = Vec::new();
@@ -247,17 +264,17 @@ async fn concurrent_callbacks(t: &Arc<Tables>, begin: &'static str) -> Vec<Attem
         let (t, loaded) = (t.clone(), loaded.clone());
         handlers.push(tokio::spawn(async move {
             let mut client = t.client().await;
-            client.batch_execute(begin).await.unwrap();
+            let tx = begin(&mut client, isolation).await;
             let load = format!("SELECT status FROM {} WHERE id = 'p1'", t.payments);
-            let seen: String = client.query_one(&load, &[]).await.unwrap().get(0);
+            let seen: String = tx.query_one(&load, &[]).await.unwrap().get(0);
             assert_eq!(seen, "PENDING");
             loaded.wait().await;
-            let first = transition(&client, &t.column(), &"p1", &["PENDING"], "PAID").await;
-            match t.settle(&client, first, "p1").await {
+            let first = transition(&tx, &t.column(), &"p1", &["PENDING"], "PAID").await;
+            match t.settle(tx, first, "p1").await {
                 Ok(outcome) => (Some(outcome), None),
                 Err(error) => {
                     assert!(error.is_conflict(), "{error:?}");
-                    (None, Some(t.on_success(&mut client, begin, "p1").await.unwrap()))
+                    (None, Some(t.on_success(&mut client, isolation, "p1").await.unwrap()))
                 }
             }
         }));
@@ -273,7 +290,7 @@ async fn concurrent_callbacks(t: &Arc<Tables>, begin: &'static str) -> Vec<Attem
 async fn concurrent_callbacks_under_read_committed_apply_once() {
     let Some(t) = Tables::new().await else { return };
     let t = Arc::new(t);
-    let outcomes = concurrent_callbacks(&t, "BEGIN ISOLATION LEVEL READ COMMITTED").await;
+    let outcomes = concurrent_callbacks(&t, READ_COMMITTED).await;
     // The losers waited on the winner's row lock, re-checked the row, and read PAID.
     let applied = outcomes.iter().filter(|o| **o == (Some(Transition::Applied), None)).count();
     let duplicates =
@@ -287,7 +304,7 @@ async fn concurrent_callbacks_under_read_committed_apply_once() {
 async fn concurrent_callbacks_under_repeatable_read_conflict_and_their_retries_are_duplicates() {
     let Some(t) = Tables::new().await else { return };
     let t = Arc::new(t);
-    let outcomes = concurrent_callbacks(&t, "BEGIN ISOLATION LEVEL REPEATABLE READ").await;
+    let outcomes = concurrent_callbacks(&t, IsolationLevel::RepeatableRead).await;
     // Every loser's snapshot predates the winner's commit: a serialization failure, then
     // a retry that sees PAID.
     let applied = outcomes.iter().filter(|o| **o == (Some(Transition::Applied), None)).count();
@@ -302,18 +319,16 @@ async fn concurrent_callbacks_under_repeatable_read_conflict_and_their_retries_a
 async fn repeatable_read_after_a_concurrent_commit_is_a_conflict_to_retry() {
     let Some(t) = Tables::new().await else { return };
     let (mut late, mut first) = (t.client().await, t.client().await);
-    let tx =
-        late.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead);
-    let tx = tx.start().await.unwrap();
+    let tx = begin(&mut late, IsolationLevel::RepeatableRead).await;
     // The handler loads the payment first: the snapshot is taken here.
     let load = format!("SELECT status FROM {} WHERE id = 'p1'", t.payments);
     assert_eq!(tx.query_one(&load, &[]).await.unwrap().get::<_, String>(0), "PENDING");
-    assert_eq!(t.on_success(&mut first, "BEGIN", "p1").await.unwrap(), Transition::Applied);
+    assert_eq!(t.on_success(&mut first, READ_COMMITTED, "p1").await.unwrap(), Transition::Applied);
     let error = transition(&tx, &t.column(), &"p1", &["PENDING"], "PAID").await.unwrap_err();
     assert!(error.is_conflict(), "{error:?}");
     assert!(error.to_string().contains("could not serialize access"), "{error}");
     tx.rollback().await.unwrap();
-    let retry = t.on_success(&mut late, "BEGIN ISOLATION LEVEL REPEATABLE READ", "p1").await;
+    let retry = t.on_success(&mut late, IsolationLevel::RepeatableRead, "p1").await;
     assert_eq!(retry.unwrap(), Transition::AlreadyInTarget);
     assert_eq!(t.ledger("p1").await, 1);
     t.drop_tables().await;

@@ -1,5 +1,5 @@
-//! Conditional transitions of a status column on your own rusqlite connection or
-//! transaction (see [`idemcache::transition`] for the contract).
+//! Conditional transitions of a status column in your own rusqlite transaction (see
+//! [`idemcache::transition`] for the contract).
 //!
 //! ```
 //! use idemcache::transition::{StatusColumn, Transition};
@@ -32,8 +32,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Invariant: the transition is an `UPDATE` and, only if it matched no row, one read on
-//! the same connection; both statements are the core's [`Plan`], with every value bound.
+//! Invariant: the transition is an `UPDATE` and, only if it matched no row, one read in
+//! the same transaction; both statements are the core's [`Plan`], with every value bound.
 //! The read returns SQLite's own `status = to` and `status IN (from, ...)`, compared by
 //! the column's collation as the `UPDATE`'s condition was (`NOCASE` ignores ASCII
 //! case, `RTRIM` trailing spaces), and the answer is taken from those, not from the
@@ -44,14 +44,12 @@
 //! held from the start, so the read sees what the `UPDATE` saw and the answer holds until
 //! you commit. In a `DEFERRED` transaction that read before, another connection's commit
 //! makes the `UPDATE` fail with `SQLITE_BUSY_SNAPSHOT`
-//! ([`TransitionError::Conflict`]: roll back and run it again). Outside any
-//! transaction the two statements commit apart, and a row moving in between is a
-//! `Conflict` too.
+//! ([`TransitionError::Conflict`]: roll back and run it again).
 
 use std::fmt;
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
-use rusqlite::{Connection, ToSql};
+use rusqlite::{Connection, ToSql, Transaction};
 
 use idemcache::transition::{
     is_conflict_sqlite_code, Dialect, Plan, ReadRow, StatusColumn, StoredStatus, Transition,
@@ -59,15 +57,16 @@ use idemcache::transition::{
 };
 
 /// Moves the row of `column`'s table whose id is `id` from any status in `from` to
-/// `to`, and says what it found (see [`Transition`]). `conn` is a connection or, through
-/// `Deref`, a `Transaction` (pass `&tx`): do the effect of [`Transition::Applied`] in
-/// the same transaction before committing it.
+/// `to` inside `tx`, and says what it found (see [`Transition`]): do the effect of
+/// [`Transition::Applied`] in `tx` too, and commit both together. `tx` is taken as
+/// [`complete_in`](crate::complete_in) and [`inbox::receive`](crate::inbox::receive)
+/// take it: pass `&tx`.
 ///
 /// `id` is any value rusqlite binds (an integer, a `&str`, ...); the status column holds
 /// text. A NULL or non-text status is [`TransitionError::Corrupt`]; invalid input
 /// ([`StatusColumn::plan`]) is refused before any SQL runs.
 pub fn transition(
-    conn: &Connection,
+    tx: &Transaction<'_>,
     column: &StatusColumn,
     id: impl ToSql,
     from: &[&str],
@@ -81,14 +80,14 @@ pub fn transition(
     params.push(&to);
     params.extend(plan.from().iter().map(|f| f as &dyn ToSql));
     params.push(&id);
-    let updated = conn
+    let updated = tx
         .prepare_cached(&plan.update_sql())
         .and_then(|mut update| update.execute(params.as_slice()))
         .map_err(|e| failed(&plan, e))?;
     if let Some(done) = plan.after_update(updated as u64, &shown)? {
         return Ok(done);
     }
-    let rows = read(conn, &plan, &params).map_err(|e| failed(&plan, e))?;
+    let rows = read(tx, &plan, &params).map_err(|e| failed(&plan, e))?;
     plan.after_read(rows, &shown)
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use idemcache::transition::{StatusColumn, Transition, TransitionError};
-use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
+use idemcache_sqlite::rusqlite::{Connection, ToSql, TransactionBehavior};
 use idemcache_sqlite::transition::transition;
 
 mod common;
@@ -59,6 +59,21 @@ fn on_success(conn: &mut Connection, id: &str) -> Result<Transition, TransitionE
     Ok(outcome)
 }
 
+/// One transition in an `IMMEDIATE` transaction of its own, committed after an answer
+/// and rolled back after an error.
+fn alone(
+    conn: &mut Connection,
+    column: &StatusColumn,
+    id: impl ToSql,
+    from: &[&str],
+    to: &str,
+) -> Result<Transition, TransitionError> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
+    let outcome = transition(&tx, column, id, from, to)?;
+    tx.commit().unwrap();
+    Ok(outcome)
+}
+
 #[test]
 fn a_duplicate_success_callback_is_ok_with_no_second_effect() {
     let db = Db::new();
@@ -74,9 +89,9 @@ fn a_duplicate_success_callback_is_ok_with_no_second_effect() {
 #[test]
 fn paid_to_pending_is_refused_and_changes_nothing() {
     let db = Db::new();
-    let conn = db.open();
+    let mut conn = db.open();
     // A retry flow may move FAILED back to PENDING; a PAID payment never.
-    let outcome = transition(&conn, &payments(), "p2", &["FAILED"], "PENDING").unwrap();
+    let outcome = alone(&mut conn, &payments(), "p2", &["FAILED"], "PENDING").unwrap();
     assert_eq!(outcome, Transition::Illegal { current: "PAID".into() });
     assert_eq!(status(&conn, "p2").as_deref(), Some("PAID"));
 }
@@ -84,8 +99,8 @@ fn paid_to_pending_is_refused_and_changes_nothing() {
 #[test]
 fn an_unknown_id_is_not_found() {
     let db = Db::new();
-    let conn = db.open();
-    let outcome = transition(&conn, &payments(), "p404", &["PENDING"], "PAID").unwrap();
+    let mut conn = db.open();
+    let outcome = alone(&mut conn, &payments(), "p404", &["PENDING"], "PAID").unwrap();
     assert_eq!(outcome, Transition::NotFound);
 }
 
@@ -107,7 +122,7 @@ fn a_rolled_back_transition_leaves_the_row_for_the_redelivery() {
 #[test]
 fn injection_attempts_are_refused_before_any_sql_runs() {
     let db = Db::new();
-    let conn = db.open();
+    let mut conn = db.open();
     for (table, id, status) in [
         ("payments; DROP TABLE x", "id", "status"),
         ("payments", "id; DROP TABLE x", "status"),
@@ -119,7 +134,7 @@ fn injection_attempts_are_refused_before_any_sql_runs() {
     }
     // Values are bound, so a hostile status is just a string that matches nothing.
     let hostile = "PENDING'); DROP TABLE x; --";
-    let outcome = transition(&conn, &payments(), "p1", &[hostile], "PAID").unwrap();
+    let outcome = alone(&mut conn, &payments(), "p1", &[hostile], "PAID").unwrap();
     assert_eq!(outcome, Transition::Illegal { current: "PENDING".into() });
     let kept: i64 = conn.query_row("SELECT count(*) FROM x", [], |r| r.get(0)).unwrap();
     assert_eq!(kept, 0, "table x still exists");
@@ -128,13 +143,13 @@ fn injection_attempts_are_refused_before_any_sql_runs() {
 #[test]
 fn a_misspelled_column_is_an_error_not_a_silent_not_found() {
     let db = Db::new();
-    let conn = db.open();
+    let mut conn = db.open();
     // Why the names are in backticks: SQLite reads a double-quoted name that matches no
     // column as a string literal, so this matches no row instead of failing.
     let silent = conn.execute(r#"UPDATE payments SET status = 'X' WHERE "idd" = 'p1'"#, []);
     assert_eq!(silent.unwrap(), 0);
     let column = StatusColumn::new("payments", "idd", "status").unwrap();
-    let error = transition(&conn, &column, "p1", &["PENDING"], "PAID").unwrap_err();
+    let error = alone(&mut conn, &column, "p1", &["PENDING"], "PAID").unwrap_err();
     assert!(matches!(error, TransitionError::Database { .. }), "{error:?}");
     assert!(error.to_string().contains("no such column: idd"), "{error}");
 }
@@ -142,7 +157,7 @@ fn a_misspelled_column_is_an_error_not_a_silent_not_found() {
 #[test]
 fn a_status_that_is_not_text_is_corrupt_naming_table_and_id() {
     let db = Db::new();
-    let conn = db.open();
+    let mut conn = db.open();
     // A TEXT column turns numbers into text; a column without a type keeps them.
     conn.execute_batch(
         "INSERT INTO payments VALUES ('p3', NULL, 1), ('p5', x'00ff', 1);
@@ -157,7 +172,7 @@ fn a_status_that_is_not_text_is_corrupt_naming_table_and_id() {
         (untyped.clone(), "p4", "INTEGER"),
         (untyped, "p6", "REAL"),
     ] {
-        let error = transition(&conn, &column, id, &["PENDING"], "PAID").unwrap_err();
+        let error = alone(&mut conn, &column, id, &["PENDING"], "PAID").unwrap_err();
         assert!(matches!(error, TransitionError::Corrupt { .. }), "{error:?}");
         let message = error.to_string();
         let row = format!("the row \"{id}\" of {}.status", column.table());
@@ -186,24 +201,26 @@ fn a_non_unique_id_is_corrupt_and_the_rollback_undoes_it() {
         .query_row("SELECT count(*) FROM loose WHERE status = 'PENDING'", [], |r| r.get(0))
         .unwrap();
     assert_eq!(pending, 2);
-    let error = transition(&conn, &loose, 8_i64, &["PENDING"], "PAID").unwrap_err();
+    let error = alone(&mut conn, &loose, 8_i64, &["PENDING"], "PAID").unwrap_err();
     assert!(error.to_string().contains("2 rows have this id"), "{error}");
 }
 
 #[test]
 fn integer_ids_and_schema_qualified_tables() {
     let db = Db::new();
-    let conn = db.open();
+    let mut conn = db.open();
     conn.execute_batch(
         "CREATE TABLE orders (order_id INTEGER PRIMARY KEY, state TEXT NOT NULL);
          INSERT INTO orders VALUES (41, 'NEW');",
     )
     .unwrap();
     let orders = StatusColumn::new("main.orders", "order_id", "state").unwrap();
-    assert_eq!(transition(&conn, &orders, 41, &["NEW"], "SHIPPED").unwrap(), Transition::Applied);
-    let again = transition(&conn, &orders, 41_i64, &["NEW"], "SHIPPED").unwrap();
+    let shipped = alone(&mut conn, &orders, 41, &["NEW"], "SHIPPED").unwrap();
+    assert_eq!(shipped, Transition::Applied);
+    let again = alone(&mut conn, &orders, 41_i64, &["NEW"], "SHIPPED").unwrap();
     assert_eq!(again, Transition::AlreadyInTarget);
-    assert_eq!(transition(&conn, &orders, 42, &["NEW"], "SHIPPED").unwrap(), Transition::NotFound);
+    let missing = alone(&mut conn, &orders, 42, &["NEW"], "SHIPPED").unwrap();
+    assert_eq!(missing, Transition::NotFound);
 }
 
 #[test]

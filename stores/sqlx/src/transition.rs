@@ -1,5 +1,5 @@
-//! Conditional transitions of a status column on your own sqlx connection or transaction
-//! (see [`idemcache::transition`] for the contract): [`postgres::transition`] (feature
+//! Conditional transitions of a status column in your own sqlx transaction (see
+//! [`idemcache::transition`] for the contract): [`postgres::transition`] (feature
 //! `postgres`) and [`mysql::transition`] (feature `mysql`, for MySQL and MariaDB).
 //!
 //! ```no_run
@@ -33,7 +33,7 @@
 //! ```
 //!
 //! Invariant: the transition is an `UPDATE` and, only if it matched no row, one
-//! `SELECT ... FOR UPDATE` on the same connection; both statements are the core's
+//! `SELECT ... FOR UPDATE` in the same transaction; both statements are the core's
 //! [`Plan`](idemcache::transition::Plan), with every value bound. The read returns the
 //! engine's own `status = to` and `status IN (from, ...)`, compared by the column's type
 //! and collation as the `UPDATE`'s condition was, and the answer is taken from those,
@@ -48,15 +48,15 @@
 //! [`Transition::Applied`](idemcache::transition::Transition::Applied) only if this call
 //! moved it.
 //!
-//! The connection is `&mut` a `PgConnection` or `MySqlConnection`: pass a transaction
-//! as `&mut tx` (a `Transaction` dereferences to its connection) or a pooled connection
-//! as `&mut pooled`. The id is any value sqlx binds for its column (`i64`, `&str`,
-//! `String`, a `Uuid`, ...), passed by reference; it shows in error messages by `Debug`.
+//! The transaction is taken as the inbox's `receive` takes it: `&mut tx`, a
+//! `sqlx::Transaction` of the engine. The id is any value sqlx binds for its column
+//! (`i64`, `&str`, `String`, a `Uuid`, ...), passed by reference; it shows in error
+//! messages by `Debug`.
 
 /// The body of one engine's `transition`: the same steps, with that engine's types
 /// (`$status` makes each status a value to bind).
 macro_rules! transition_fn {
-    ($db:ty, $connection:ty, $dialect:expr, $status:path, $is_conflict:path) => {
+    ($db:ty, $dialect:expr, $status:path, $is_conflict:path) => {
         use std::fmt;
 
         use sqlx::{AssertSqlSafe, Column, Row, TypeInfo};
@@ -66,13 +66,14 @@ macro_rules! transition_fn {
         };
 
         /// Moves the row of `column`'s table whose id is `id` from any status in `from`
-        /// to `to`, and says what it found (see [`Transition`]). Run it in the
-        /// transaction that does the effect of [`Transition::Applied`] (`&mut tx`).
+        /// to `to` inside `tx`, and says what it found (see [`Transition`]): do the
+        /// effect of [`Transition::Applied`] in `tx` too, and commit both together.
+        /// Pass `&mut tx`, as to the inbox's `receive`.
         ///
         /// A NULL or non-text status is [`TransitionError::Corrupt`]; invalid input
         /// ([`StatusColumn::plan`]) is refused before any SQL runs.
         pub async fn transition<Id>(
-            conn: &mut $connection,
+            tx: &mut sqlx::Transaction<'_, $db>,
             column: &StatusColumn,
             id: &Id,
             from: &[&str],
@@ -83,14 +84,14 @@ macro_rules! transition_fn {
         {
             let plan = column.plan($dialect, from, to)?;
             let updated = bound(&plan, plan.update_sql(), id)
-                .execute(&mut *conn)
+                .execute(&mut **tx)
                 .await
                 .map_err(|e| failed(&plan, e))?;
             if let Some(done) = plan.after_update(updated.rows_affected(), id)? {
                 return Ok(done);
             }
             let rows = bound(&plan, plan.select_sql(), id)
-                .fetch_all(&mut *conn)
+                .fetch_all(&mut **tx)
                 .await
                 .map_err(|e| failed(&plan, e))?;
             let found = rows
@@ -163,13 +164,7 @@ macro_rules! transition_fn {
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres {
-    transition_fn!(
-        sqlx::Postgres,
-        sqlx::PgConnection,
-        idemcache::transition::Dialect::Postgres,
-        Status,
-        is_conflict
-    );
+    transition_fn!(sqlx::Postgres, idemcache::transition::Dialect::Postgres, Status, is_conflict);
 
     /// A status, bound with no declared type (OID 0): the server types it from the
     /// status column it meets, as `TEXT`, `VARCHAR`, `CHAR(n)` or an enum type, whose
@@ -220,13 +215,7 @@ pub mod postgres {
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql {
-    transition_fn!(
-        sqlx::MySql,
-        sqlx::MySqlConnection,
-        idemcache::transition::Dialect::MySql,
-        status,
-        is_conflict
-    );
+    transition_fn!(sqlx::MySql, idemcache::transition::Dialect::MySql, status, is_conflict);
 
     /// A status, bound as a string: MySQL converts it to the column's type (`ENUM`
     /// included) and compares by the column's collation.

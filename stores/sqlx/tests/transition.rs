@@ -47,6 +47,30 @@ macro_rules! suite {
             sqlx::query_scalar(AssertSqlSafe(sql)).fetch_one(&mut *conn).await.unwrap()
         }
 
+        /// One transition in a transaction of its own, committed after an answer and
+        /// rolled back after an error.
+        async fn alone<Id>(
+            conn: &mut Db,
+            column: &StatusColumn,
+            id: &Id,
+            from: &[&str],
+            to: &str,
+        ) -> Result<Transition, TransitionError>
+        where
+            Id: for<'q> sqlx::Encode<'q, <Db as Connection>::Database>
+                + sqlx::Type<<Db as Connection>::Database>
+                + std::fmt::Debug
+                + Sync,
+        {
+            let mut tx = conn.begin().await.unwrap();
+            let outcome = transition(&mut tx, column, id, from, to).await;
+            match outcome {
+                Ok(_) => tx.commit().await.unwrap(),
+                Err(_) => tx.rollback().await.unwrap(),
+            }
+            outcome
+        }
+
         /// Tables of this test's own: payments p1 PENDING (500), p2 PAID; a ledger.
         pub(crate) struct Tables {
             pub(crate) url: String,
@@ -165,11 +189,10 @@ macro_rules! suite {
             let Some(t) = Tables::new().await else { return };
             let mut conn = t.conn().await;
             let column = t.column();
-            // On a plain connection (autocommit) as well as in a transaction.
-            let outcome = transition(&mut conn, &column, &"p2", &["FAILED"], "PENDING").await;
+            let outcome = alone(&mut conn, &column, &"p2", &["FAILED"], "PENDING").await;
             assert_eq!(outcome.unwrap(), Transition::Illegal { current: "PAID".into() });
             assert_eq!(t.status("p2").await.as_deref(), Some("PAID"));
-            let outcome = transition(&mut conn, &column, &"p404", &["PENDING"], "PAID").await;
+            let outcome = alone(&mut conn, &column, &"p404", &["PENDING"], "PAID").await;
             assert_eq!(outcome.unwrap(), Transition::NotFound);
             t.drop_tables().await;
         }
@@ -207,8 +230,7 @@ macro_rules! suite {
                 );
             }
             let hostile = format!("PENDING'); DROP TABLE {}; --", t.ledger);
-            let outcome =
-                transition(&mut conn, &t.column(), &"p1", &[hostile.as_str()], "PAID").await;
+            let outcome = alone(&mut conn, &t.column(), &"p1", &[hostile.as_str()], "PAID").await;
             assert_eq!(outcome.unwrap(), Transition::Illegal { current: "PENDING".into() });
             assert_eq!(t.ledger("p1").await, 0, "the ledger table still exists");
             t.drop_tables().await;
@@ -224,14 +246,13 @@ macro_rules! suite {
                 .await;
             run(&mut conn, format!("INSERT INTO {loose} VALUES (7, 'PAID'), (7, 'PAID')")).await;
             let error =
-                transition(&mut conn, &t.column(), &"p3", &["PENDING"], "PAID").await.unwrap_err();
+                alone(&mut conn, &t.column(), &"p3", &["PENDING"], "PAID").await.unwrap_err();
             assert!(matches!(error, TransitionError::Corrupt { .. }), "{error:?}");
             let message = error.to_string();
             let row = format!("the row \"p3\" of {}.status", t.payments);
             assert!(message.contains(&row) && message.contains("NULL"), "{message}");
             let column = StatusColumn::new(&loose, "id", "status").unwrap();
-            let error =
-                transition(&mut conn, &column, &7_i64, &["PENDING"], "PAID").await.unwrap_err();
+            let error = alone(&mut conn, &column, &7_i64, &["PENDING"], "PAID").await.unwrap_err();
             let message = error.to_string();
             assert!(message.contains(&format!("the row 7 of {loose}.status")), "{message}");
             assert!(message.contains("2 rows have this id"), "{message}");
@@ -470,7 +491,7 @@ mod mysql {
         let sql = format!("SELECT count(*) FROM {} WHERE status IN ('PAID  ')", t.payments);
         assert_eq!(one_i64(&mut conn, sql).await, 1, "PAD SPACE: trailing spaces ignored");
         for source in ["paid", "PAID  "] {
-            let refused = transition(&mut conn, &t.column(), &"p2", &[source], "PAID").await;
+            let refused = alone(&mut conn, &t.column(), &"p2", &[source], "PAID").await;
             assert!(matches!(refused, Err(TransitionError::InvalidInput { .. })), "{refused:?}");
         }
         t.drop_tables().await;
