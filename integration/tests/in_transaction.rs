@@ -4,7 +4,9 @@
 //! - Over the layer: the handler's record is what repeats replay, and the layer writes
 //!   none of its own; a handler that rolls back releases the key (nothing committed), so
 //!   a retry runs again; a handler that holds its transaction open past several lease
-//!   beats is not stalled by a renewal waiting on the record's row (PostgreSQL).
+//!   beats is not stalled by a renewal waiting on the record's row (PostgreSQL); a
+//!   handler answering with axum's `Json` records the response it returns
+//!   (`record_response`), and repeats replay it byte for byte (PostgreSQL).
 //! - At the store: the two crash instants (before and after the commit) leave a record
 //!   that is replayed, or one that lapses and is run again; a claim whose key was taken
 //!   over is refused and changes nothing. Real process kills are `.ci/orders-crash`'s.
@@ -318,6 +320,99 @@ async fn postgres_a_transaction_held_past_lease_beats_after_recording_is_not_sta
     let (status, headers, body) = send_owned(&app, &key).await;
     assert_eq!((status, &body[..]), (StatusCode::CREATED, &b"held"[..]));
     assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
+}
+
+/// The order a JSON handler answers with.
+#[derive(serde::Serialize)]
+struct Created {
+    id: i64,
+    item: String,
+}
+
+/// PostgreSQL: a handler answering with axum's `Json` records that very response
+/// (`record_response`, no `HeaderMap` or serializing by hand) and returns it; a repeat,
+/// from this instance or from one whose cache is empty, replays it byte for byte: the
+/// status, every header the first answer had (`Content-Type` included) and the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_json_response_is_recorded_as_returned_and_replayed_byte_for_byte() {
+    let Some(url) = conformance::service_url(
+        "IDEMCACHE_POSTGRES_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    ) else {
+        return;
+    };
+    let store = idemcache_postgres::PostgresStore::connect(&url, 4).await.unwrap();
+    store.ensure_schema().await.unwrap();
+    let (client, connection) = idemcache_postgres::tokio_postgres::connect(
+        &url,
+        idemcache_postgres::tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS idemcache_it_json_orders
+                 (id BIGSERIAL PRIMARY KEY, item TEXT NOT NULL)",
+        )
+        .await
+        .unwrap();
+    let client = Arc::new(tokio::sync::Mutex::new(client));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let (client, runs) = (client.clone(), runs.clone());
+        move |held: Option<Extension<InTransaction>>, item: String| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let Some(Extension(held)) = held else {
+                return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+            };
+            let mut client = client.lock().await;
+            let tx = client.transaction().await.unwrap();
+            let insert = "INSERT INTO idemcache_it_json_orders (item) VALUES ($1) RETURNING id";
+            let id: i64 = tx.query_one(insert, &[&item]).await.unwrap().get(0);
+            let location = [(header::LOCATION, format!("/orders/{id}"))];
+            let response =
+                (StatusCode::CREATED, location, axum::Json(Created { id, item })).into_response();
+            let (record, response) = held.record_response(response).await.unwrap();
+            let record = record.expect("a 201 is kept");
+            idemcache_postgres::complete_in(&tx, held.claim(), Some(&record)).await.unwrap();
+            tx.commit().await.unwrap();
+            response.into_response()
+        }
+    };
+    let app = |store: idemcache_postgres::PostgresStore| {
+        let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
+        Router::new()
+            .route("/orders", post(handler.clone()))
+            .route_layer(IdempotencyLayer::tiered(tiered))
+    };
+    let (one, fresh) = (app(store.clone()), app(store));
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let key = format!("pg-json-{}-{}", std::process::id(), nanos.as_nanos());
+    let (status, first, body) = send_text(&one, &key, "book").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(first.get(header::CONTENT_TYPE).unwrap(), "application/json");
+    let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["item"], "book");
+    assert!(first.get("idempotent-replayed").is_none());
+    for app in [&one, &fresh] {
+        let (replayed_status, mut replayed, replayed_body) = send_text(app, &key, "book").await;
+        assert_eq!(replayed.remove("idempotent-replayed").unwrap(), "true");
+        assert!(replayed.remove("idempotency-expires").is_some());
+        assert_eq!((replayed_status, &replayed, &replayed_body), (status, &first, &body));
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+async fn send_text(app: &Router, key: &str, text: &'static str) -> (StatusCode, HeaderMap, Bytes) {
+    let request = Request::post("/orders")
+        .header("idempotency-key", key)
+        .header("content-type", "text/plain")
+        .body(Body::from(text))
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    (parts.status, parts.headers, body.collect().await.unwrap().to_bytes())
 }
 
 async fn send_owned(app: &Router, key: &str) -> (StatusCode, HeaderMap, Bytes) {

@@ -4,15 +4,19 @@
 //!
 //! Invariant: the record the handler writes is exactly what the layer would have stored
 //! for that response (the same encoding, the same fields left out), so a replay cannot
-//! tell which of the two wrote it; and once the handler handed the claim over, the layer
-//! writes no completion of its own (see [`OpenClaim`]).
+//! tell which of the two wrote it; [`InTransaction::record_response`] makes the record
+//! and the response it hands back from the same bytes, so the first answer and its
+//! replays cannot differ; and once the handler handed the claim over, the layer writes
+//! no completion of its own (see [`OpenClaim`]).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
+use http_body::Body;
+use http_body_util::BodyExt;
 
-use super::stored_response;
+use super::{stored_response, LayerBody};
 use crate::store::OpenClaim;
 
 /// A request extension the layer sets on every request it claimed over a durable store
@@ -28,13 +32,18 @@ use crate::store::OpenClaim;
 /// async fn create(held: Option<Extension<InTransaction>>, /* ... */) -> Response {
 ///     let tx = client.transaction().await?;
 ///     let id = insert_order(&tx, &order).await?;
-///     let (status, headers, body) = created(id);
-///     if let Some(Extension(held)) = &held {
-///         let record = held.record(status, &headers, &body).ok_or("a 5xx: roll back")?;
-///         idemcache_postgres::complete_in(&tx, held.claim(), Some(&record)).await?;
-///     }
+///     let response = (StatusCode::CREATED, Json(Created { id })).into_response();
+///     let response = match &held {
+///         Some(Extension(held)) => {
+///             let (record, response) = held.record_response(response).await?;
+///             let record = record.ok_or("a 5xx: roll back")?;
+///             idemcache_postgres::complete_in(&tx, held.claim(), Some(&record)).await?;
+///             response.into_response() // what was recorded, byte for byte
+///         }
+///         None => response,
+///     };
 ///     tx.commit().await?;
-///     (status, headers, body).into_response()
+///     response
 /// }
 /// ```
 ///
@@ -44,12 +53,16 @@ use crate::store::OpenClaim;
 /// and another caller claimed it) with `StoreError::LeaseLost`: roll back then.
 ///
 /// Return the response you recorded: repeats replay the record, not what the handler
-/// returned. Use it only over a SQL store whose database holds your business tables
-/// (`SqliteStore`, `PostgresStore`): over Redis there is no transaction to join, and a
-/// `complete_in` into your own database finds no record there (`LeaseLost`). Over
-/// SQLite, the renewal needs the write lock your transaction holds: keep the
-/// transaction itself shorter than the lease (open it when you start writing). The layer renews the lease until the handler hands the claim over (the
-/// first thing `complete_in` does) and not after: commit promptly.
+/// returned. [`record_response`](Self::record_response) takes the response your handler
+/// would return (axum's `Json`, a tuple, anything that is an `http::Response`) and hands
+/// it back with its record, made from the same bytes; [`record`](Self::record) takes the
+/// parts, for a response you build yourself. Use it only over a SQL store whose database
+/// holds your business tables (`SqliteStore`, `PostgresStore`): over Redis there is no
+/// transaction to join, and a `complete_in` into your own database finds no record there
+/// (`LeaseLost`). Over SQLite, the renewal needs the write lock your transaction holds:
+/// keep the transaction itself shorter than the lease (open it when you start writing).
+/// The layer renews the lease until the handler hands the claim over (the first thing
+/// `complete_in` does) and not after: commit promptly.
 #[derive(Clone)]
 pub struct InTransaction {
     claim: OpenClaim,
@@ -90,5 +103,106 @@ impl InTransaction {
     pub fn record(&self, status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Option<Bytes> {
         (self.kept)(status)
             .then(|| stored_response::encode(status, headers, self.replay_set_cookie, body, None))
+    }
+
+    /// The record of `response`, and `response` itself to return: its body is read whole
+    /// (trailers included, as the layer reads every response), recorded, and handed back
+    /// as the same bytes, so what the client gets first is what its retries replay. The
+    /// record is as [`record`](Self::record)'s: `None` for a status the layer does not
+    /// keep (record nothing then, and roll back; the response is still handed back).
+    ///
+    /// A body that fails while being read is its error: nothing was recorded; roll back
+    /// and answer an error (a 5xx releases the key, so a retry runs again).
+    pub async fn record_response<B>(
+        &self,
+        response: Response<B>,
+    ) -> Result<(Option<Bytes>, Response<LayerBody<B>>), B::Error>
+    where
+        B: Body<Data = Bytes>,
+    {
+        let (parts, body) = response.into_parts();
+        let collected = body.collect().await?;
+        let trailers = collected.trailers().cloned();
+        let data = collected.to_bytes();
+        let record = (self.kept)(parts.status).then(|| {
+            let (headers, set_cookie) = (&parts.headers, self.replay_set_cookie);
+            stored_response::encode(parts.status, headers, set_cookie, &data, trailers.as_ref())
+        });
+        Ok((record, Response::from_parts(parts, LayerBody::buffered(data, trailers))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http::header::{CONTENT_TYPE, SET_COOKIE};
+    use http::HeaderValue;
+    use http_body_util::Full;
+
+    use super::*;
+    use crate::store::block_on;
+    use crate::{FencingToken, Key};
+
+    fn held() -> InTransaction {
+        let key = Key::new("POST /orders", "u", "k").unwrap();
+        let claim = OpenClaim::new(key, FencingToken::new(1), Duration::from_secs(60));
+        InTransaction::new(claim, false, Arc::new(|status: StatusCode| !status.is_server_error()))
+    }
+
+    /// A response of `status` with a JSON body, a cookie (never replayed) and a trailer.
+    fn response(status: StatusCode) -> Response<LayerBody<Full<Bytes>>> {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-checksum", HeaderValue::from_static("abc"));
+        let body = LayerBody::buffered(Bytes::from_static(b"{\"id\":7}"), Some(trailers));
+        let mut response = Response::new(body);
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(SET_COOKIE, HeaderValue::from_static("session=s"));
+        response
+    }
+
+    /// `response` read whole: its parts, data and trailers.
+    fn read<B: Body<Data = Bytes>>(
+        response: Response<B>,
+    ) -> (http::response::Parts, Bytes, Option<HeaderMap>)
+    where
+        B::Error: std::fmt::Debug,
+    {
+        let (parts, body) = response.into_parts();
+        let collected = block_on(body.collect()).unwrap();
+        let trailers = collected.trailers().cloned();
+        (parts, collected.to_bytes(), trailers)
+    }
+
+    #[test]
+    fn the_recorded_response_is_the_one_handed_back() {
+        let (record, handed) =
+            block_on(held().record_response(response(StatusCode::CREATED))).unwrap();
+        let stored = stored_response::decode(&record.unwrap()).unwrap();
+        let (parts, body, trailers) = read(handed);
+        assert_eq!((stored.status, &stored.body[..]), (parts.status, &body[..]));
+        assert_eq!(&body[..], b"{\"id\":7}");
+        assert_eq!(stored.trailers, trailers);
+        assert_eq!(trailers.unwrap().get("x-checksum").unwrap(), "abc");
+        // The first answer carries every header; the record all but the cookie, as the
+        // layer stores responses.
+        assert_eq!(parts.headers.get(SET_COOKIE).unwrap(), "session=s");
+        let mut replayed = parts.headers.clone();
+        replayed.remove(SET_COOKIE);
+        assert_eq!(stored.headers, replayed);
+    }
+
+    #[test]
+    fn a_status_not_kept_is_not_recorded_but_still_handed_back() {
+        let (record, handed) =
+            block_on(held().record_response(response(StatusCode::SERVICE_UNAVAILABLE))).unwrap();
+        assert_eq!(record, None);
+        let (parts, body, _) = read(handed);
+        assert_eq!(
+            (parts.status, &body[..]),
+            (StatusCode::SERVICE_UNAVAILABLE, &b"{\"id\":7}"[..])
+        );
     }
 }
