@@ -22,6 +22,44 @@
 //! it, the other statements read such a record as UNKNOWN too (`unknown` lists it,
 //! `resolve` and `forget` settle it, `purge_expired` keeps it).
 //!
+//! # One pool for the store and your handlers
+//!
+//! A service whose orders live in the store's database needs one pool, not two: take
+//! your handlers' connections from the store's ([`PostgresStore::pool`]), or build the
+//! store over yours ([`PostgresStore::from_pool`]). Either way the records and the
+//! orders share the connections, and a handler can complete its claim in its own
+//! transaction ([`complete_in`]):
+//!
+//! ```no_run
+//! use idemcache::store::Store;
+//! use idemcache_postgres::{deadpool_postgres, PostgresStore};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = PostgresStore::connect("postgres://app@db.internal/shop", 32).await?;
+//! store.ensure_schema().await?;
+//! let pool: deadpool_postgres::Pool = store.pool().clone(); // the same pool, shared
+//!
+//! // In a handler (the pool lives in your application's state):
+//! let mut client = pool.get().await?;
+//! let tx = client.transaction().await?;
+//! tx.execute("INSERT INTO orders (item) VALUES ($1)", &[&"book"]).await?;
+//! // idemcache_postgres::complete_in(&tx, held.claim(), Some(&record)).await?;
+//! tx.commit().await?;
+//!
+//! // Or your own pool (TLS, hooks, sizes of your choosing), and the store over it:
+//! let store = PostgresStore::from_pool(pool.clone());
+//! # drop(store);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Size the pool for both: the handlers' transactions and the store's calls (a claim, a
+//! lease renewal every third of the lease, a completion) draw from the same connections.
+//! A pool built by [`connect`](PostgresStore::connect) waits 5 s for a free connection,
+//! then the store's call fails as [`StoreError::Backend`] (a 503 for a new request; a
+//! renewal tries again at its next beat); a pool of your own waits as you configured it
+//! (deadpool's default is for ever: set `wait_timeout`).
+//!
 //! # At volume
 //!
 //! Measured with `benches/pg_volume.rs` (BENCHMARKS.md, "PostgreSQL at volume"; 10 million
@@ -258,6 +296,14 @@ impl PostgresStore {
     /// server as [`connect`](Self::connect)'s are.
     pub fn from_pool(pool: Pool) -> PostgresStore {
         PostgresStore { pool, server: None, lapse: Lapse::TAKE_OVER }
+    }
+
+    /// The pool the store takes its connections from: clone it (a cheap handle on the
+    /// same pool) for your handlers' own queries and transactions, so the records and
+    /// your tables share one set of connections (see the crate docs, "One pool for the
+    /// store and your handlers").
+    pub fn pool(&self) -> &Pool {
+        &self.pool
     }
 
     /// What a lapsed lease becomes for this handle's claims, listings and purges:
