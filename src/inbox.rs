@@ -23,6 +23,58 @@
 //! `Duplicate`). The record is keyed by consumer *and* message id, so several consumers
 //! of one event each apply it once.
 //!
+//! # Fingerprint the message, not its bytes
+//!
+//! The fingerprint tells a redelivery of a message (`Duplicate`) from another message
+//! under a reused id (`Mismatch`). Take it from the fields that define the effect, read
+//! from the parsed message, not from the body as it arrived: a producer that serializes
+//! a retry afresh (another key order, other whitespace, a field it adds on retries such
+//! as a send time) sends other bytes for the same message, and a fingerprint of the
+//! bytes ([`Fingerprint::of`](crate::Fingerprint::of)`(&body)`) makes that retry a
+//! `Mismatch`: acknowledged and not applied, which is right for a copy of a message
+//! already applied, but reported as an id reused for another message, so every such
+//! retry sets off the alarm meant for a producer's bug. Feed each field
+//! that changes the effect to [`Fingerprint::builder`](crate::Fingerprint::builder) as
+//! one [`bytes`](crate::FingerprintBuilder::bytes) part (each part is framed by its
+//! length, so `("ab", "c")` and `("a", "bc")` differ), numbers in a fixed form, and
+//! leave out what a retry may change (times, trace ids):
+//!
+//! ```
+//! use idemcache::Fingerprint;
+//! use serde::Deserialize;
+//!
+//! #[derive(Deserialize)]
+//! struct Payment {
+//!     account: String,
+//!     amount: i64,
+//! }
+//!
+//! impl Payment {
+//!     /// What the payment does: its account and amount, whatever the wire form.
+//!     fn fingerprint(&self) -> Fingerprint {
+//!         Fingerprint::builder()
+//!             .bytes(self.account.as_bytes())
+//!             .bytes(&self.amount.to_be_bytes())
+//!             .finish()
+//!     }
+//! }
+//!
+//! let first = br#"{"account":"a1","amount":5}"#;
+//! let retry = br#"{ "amount": 5, "account": "a1", "sent_at": "2026-05-01T10:00:00Z" }"#;
+//! let parse = |body: &[u8]| serde_json::from_slice::<Payment>(body);
+//! // One message in two serializations: one fingerprint, so the retry is a `Duplicate`.
+//! assert_eq!(parse(first)?.fingerprint(), parse(retry)?.fingerprint());
+//! assert_ne!(Fingerprint::of(first), Fingerprint::of(retry)); // the bytes' would differ
+//! // Another payment under the same id is still told apart: a `Mismatch`.
+//! let other = br#"{"account":"a1","amount":50}"#;
+//! assert_ne!(parse(first)?.fingerprint(), parse(other)?.fingerprint());
+//! # Ok::<(), serde_json::Error>(())
+//! ```
+//!
+//! The records keep the fingerprint for the retention window: a change of what it is
+//! made of makes redeliveries of messages received before the change `Mismatch` until
+//! their records are purged.
+//!
 //! Invariant of this module: nothing here ever answers [`Receipt::New`] on its own; only
 //! a driver's claiming `INSERT` inside the user's transaction does. The pre-filter
 //! ([`KnownMessages`]) answers only what it was told was committed.
