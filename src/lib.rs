@@ -78,7 +78,8 @@
 //! [`transition`] moves a row's status only from allowed sources (a callback's duplicate
 //! is told apart from its first delivery), [`inbox`] is a message consumer's record in
 //! the transaction that applies the message, and [`snapshot`] carries a cache's facts
-//! across a restart; the drivers' halves live in the store crates.
+//! across a restart; the drivers' halves live in the store crates. [`purge`] keeps a
+//! store's and an inbox's tables trimmed: one future to spawn each.
 //! Built on the public API, behind features, and in crates of their own:
 //!
 //! | feature / crate | what it adds | dependencies |
@@ -122,6 +123,7 @@ mod lapse;
 #[cfg(feature = "tower")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod layer;
+pub mod purge;
 mod reconcile;
 mod shard;
 pub mod snapshot;

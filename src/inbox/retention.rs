@@ -105,6 +105,8 @@ impl Retention {
 
 /// When a purge may run and what it may delete: [`cutoff`](Purger::cutoff) gives the
 /// time before which records may go, for the driver's `purge(conn, cutoff, limit)`.
+/// [`purge::inbox`](crate::purge::inbox) asks it every round, for as long as the
+/// program runs.
 ///
 /// Why it waits after a start: messages committed but not acknowledged before a crash
 /// (or a shutdown, or a lost connection) are redelivered only after the consumer is back,

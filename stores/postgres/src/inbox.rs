@@ -12,6 +12,40 @@
 //! the claiming statement answers [`Receipt::InFlight`] at once). Its docs explain the
 //! lock, the isolation levels (under REPEATABLE READ or SERIALIZABLE a concurrent commit
 //! is `InFlight` and aborts the transaction) and retention.
+//!
+//! # Purging
+//!
+//! [`purge`] deletes a batch of records older than a cutoff; [`idemcache::purge::inbox`]
+//! runs it for as long as the program runs, asking a [`Purger`] for the cutoff each
+//! round (so it keeps the dedup window, and purges nothing in the first redelivery
+//! horizon after a start). Over a deadpool pool, each batch takes a connection:
+//!
+//! ```no_run
+//! use std::time::{Duration, SystemTime};
+//!
+//! use idemcache::purge::{self, Round, Schedule};
+//! use idemcache_postgres::deadpool_postgres::Pool;
+//! use idemcache_postgres::inbox::{self, InboxError, Purger, Retention};
+//!
+//! # async fn run(pool: Pool) -> Result<(), Box<dyn std::error::Error>> {
+//! let hour = Duration::from_secs(3600);
+//! let purger = Purger::new(Retention::new(24 * hour, hour)?, SystemTime::now());
+//! let batch = move |cutoff, limit| {
+//!     let pool = pool.clone();
+//!     async move {
+//!         let client = pool.get().await.map_err(|e| InboxError::Database(e.into()))?;
+//!         inbox::purge(&**client, cutoff, limit).await
+//!     }
+//! };
+//! let every_minute = Schedule::every(Duration::from_secs(60))?;
+//! tokio::spawn(purge::inbox(purger, batch, every_minute, tokio::time::sleep, |round| {
+//!     if let Round::Failed { error, .. } = round {
+//!         eprintln!("purging the inbox failed: {error}"); // the loop goes on
+//!     }
+//! }));
+//! # Ok(())
+//! # }
+//! ```
 
 use std::time::SystemTime;
 

@@ -31,6 +31,7 @@
 //! transaction ([`complete_in`]):
 //!
 //! ```no_run
+//! use idemcache::purge::{self, Round, Schedule};
 //! use idemcache::store::Store;
 //! use idemcache_postgres::{deadpool_postgres, PostgresStore};
 //!
@@ -48,7 +49,14 @@
 //!
 //! // Or your own pool (TLS, hooks, sizes of your choosing), and the store over it:
 //! let store = PostgresStore::from_pool(pool.clone());
-//! # drop(store);
+//!
+//! // Expired records purged every minute, in paced batches, for as long as it runs.
+//! let every_minute = Schedule::every(std::time::Duration::from_secs(60))?;
+//! tokio::spawn(purge::records(store.clone(), every_minute, tokio::time::sleep, |round| {
+//!     if let Round::Failed { error, .. } = round {
+//!         eprintln!("purging idempotency records failed: {error}"); // the loop goes on
+//!     }
+//! }));
 //! # Ok(())
 //! # }
 //! ```
@@ -73,7 +81,8 @@
 //!   billion rows a day) with the claims' p99 at about 2x. A steady state needs only the
 //!   claim rate purged. So: call it in a loop with a pause, again at once only while it
 //!   returns a full batch, from one process or several (`SKIP LOCKED`: they never wait
-//!   on each other's batch).
+//!   on each other's batch). `idemcache::purge::records` is that loop, with these
+//!   batches and pauses by default (the example above spawns it).
 //! - **Vacuum.** Every record leaves two dead row versions (the claim's, updated by the
 //!   completion, and the completed one the purge deletes), so the table needs vacuum as
 //!   much as it needs the purge. Autovacuum's defaults keep it bounded (measured:

@@ -35,6 +35,39 @@
 //! own). [`purge`] deletes records received before a cutoff, in bounded batches; take
 //! the cutoff from an [`idemcache::inbox::Purger`], which keeps the dedup window and
 //! purges nothing in the first redelivery horizon after a start.
+//! [`idemcache::purge::inbox`] does both for as long as the program runs, on a
+//! connection of its own (here on a thread, as a program without an async runtime
+//! would; under tokio, `tokio::spawn` it with `tokio::time::sleep`):
+//!
+//! ```no_run
+//! use std::time::{Duration, SystemTime};
+//!
+//! use idemcache::purge::{self, Round, Schedule};
+//! use idemcache_sqlite::inbox::{self, Purger, Retention};
+//! use idemcache_sqlite::rusqlite::Connection;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let conn = Connection::open("ledger.db")?;
+//! let hour = Duration::from_secs(3600);
+//! let purger = Purger::new(Retention::new(24 * hour, hour)?, SystemTime::now());
+//! let purging = purge::inbox(
+//!     purger,
+//!     move |cutoff, limit| std::future::ready(inbox::purge(&conn, cutoff, limit)),
+//!     Schedule::every(Duration::from_secs(60))?,
+//!     |pause| {
+//!         std::thread::sleep(pause);
+//!         std::future::ready(())
+//!     },
+//!     |round| {
+//!         if let Round::Failed { error, .. } = round {
+//!             eprintln!("purging the inbox failed: {error}"); // the loop goes on
+//!         }
+//!     },
+//! );
+//! std::thread::spawn(move || idemcache::store::block_on(purging));
+//! # Ok(())
+//! # }
+//! ```
 
 use std::time::SystemTime;
 
