@@ -8,6 +8,12 @@
 //! creating its file and locking it is protected by the file's age: a temporary
 //! modified within [`STALE_AFTER`] is left alone whatever its lock says. Where locks
 //! are not available (outside Linux) nothing is removed.
+//!
+//! Only what a save could have left is a candidate: a regular file (never a directory,
+//! a link or a FIFO, which opening for the lock check could block on) named exactly as
+//! [`name_for`] names one, `target.tmp-PID-N-NANOS` in digits, so that a file of
+//! another program or another snapshot whose name merely starts alike is never taken
+//! for one. A target with no file name has no temporaries.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -25,16 +31,26 @@ pub(super) fn name_for(target: &Path) -> PathBuf {
     static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    let mut name = prefix(target);
+    let mut name = prefix(target).unwrap_or_else(|| ".tmp-".into());
     name.push(format!("{}-{n}-{}", std::process::id(), nanos.subsec_nanos()));
     target.with_file_name(name)
 }
 
-/// What every temporary of `target` is named starting with.
-fn prefix(target: &Path) -> std::ffi::OsString {
-    let mut name = target.file_name().unwrap_or_default().to_owned();
+/// What every temporary of `target` is named starting with; `None` for a target with
+/// no file name (`dir/..`), which no save can rename a temporary to.
+fn prefix(target: &Path) -> Option<std::ffi::OsString> {
+    let mut name = target.file_name()?.to_owned();
     name.push(".tmp-");
-    name
+    Some(name)
+}
+
+/// Whether `name` is `prefix` then `PID-N-NANOS` in digits, as [`name_for`] names a
+/// temporary.
+fn is_temporary_name(name: &[u8], prefix: &[u8]) -> bool {
+    name.strip_prefix(prefix).is_some_and(|rest| {
+        let parts: Vec<&[u8]> = rest.split(|b| *b == b'-').collect();
+        parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.iter().all(u8::is_ascii_digit))
+    })
 }
 
 /// Marks `file` as a save in progress: the lock is held until the file is closed.
@@ -54,12 +70,14 @@ pub(super) fn remove_stale(target: &Path) -> usize {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     };
-    let prefix = prefix(target);
+    let Some(prefix) = prefix(target) else { return 0 };
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     let mut removed = 0;
     for entry in entries.flatten() {
         let name = entry.file_name();
-        if name.as_encoded_bytes().starts_with(prefix.as_encoded_bytes())
+        // `file_type` does not follow a link: a link named like a temporary is left.
+        if is_temporary_name(name.as_encoded_bytes(), prefix.as_encoded_bytes())
+            && entry.file_type().is_ok_and(|t| t.is_file())
             && is_stale(&entry.path())
             && std::fs::remove_file(entry.path()).is_ok()
         {
@@ -71,8 +89,17 @@ pub(super) fn remove_stale(target: &Path) -> usize {
 
 #[cfg(target_os = "linux")]
 fn is_stale(path: &Path) -> bool {
-    let Ok(file) = File::open(path) else { return false };
-    let Ok(modified) = file.metadata().and_then(|m| m.modified()) else { return false };
+    use std::os::unix::fs::OpenOptionsExt;
+    // Never blocking, never following a link: the name may have been replaced by a
+    // FIFO or a link since it was listed.
+    let flags = rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOFOLLOW;
+    let opened = File::options().read(true).custom_flags(flags.bits() as i32).open(path);
+    let Ok(file) = opened else { return false };
+    let Ok(metadata) = file.metadata() else { return false };
+    let Ok(modified) = metadata.modified() else { return false };
+    if !metadata.is_file() {
+        return false;
+    }
     let idle = SystemTime::now().duration_since(modified).unwrap_or_default();
     // Locked by nobody: the lock is released as `file` closes, and a save that locks
     // it after this is one whose file was already `STALE_AFTER` old, which none is.
