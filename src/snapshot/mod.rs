@@ -283,7 +283,7 @@ impl SnapshotFile {
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
         let file = options.open(to).map_err(|e| io(doing(), e))?;
-        temporary::hold(&file).map_err(|e| io(format!("locking {}", to.display()), e))?;
+        temporary::hold(&file);
         let wall = (self.wall_clock)();
         let out = BufWriter::with_capacity(1 << 16, file);
         let mut encoder =

@@ -54,12 +54,14 @@ fn is_temporary_name(name: &[u8], prefix: &[u8]) -> bool {
 }
 
 /// Marks `file` as a save in progress: the lock is held until the file is closed.
-pub(super) fn hold(file: &File) -> std::io::Result<()> {
+/// Best effort: a filesystem that refuses locks (NFS mounted `nolock`) refuses the
+/// cleanup's lock too, so its temporaries are never taken for stale, and the save goes
+/// on rather than failing for a lock that only serves the cleanup.
+pub(super) fn hold(file: &File) {
     #[cfg(target_os = "linux")]
-    rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+    let _ = rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive);
     #[cfg(not(target_os = "linux"))]
     let _ = file;
-    Ok(())
 }
 
 /// Removes the temporaries of `target` that no save is writing (see the module docs);
@@ -103,7 +105,8 @@ fn is_stale(path: &Path) -> bool {
     let idle = SystemTime::now().duration_since(modified).unwrap_or_default();
     // Locked by nobody: the lock is released as `file` closes, and a save that locks
     // it after this is one whose file was already `STALE_AFTER` old, which none is.
-    idle >= STALE_AFTER && hold(&file).is_ok()
+    let lock = rustix::fs::FlockOperation::NonBlockingLockExclusive;
+    idle >= STALE_AFTER && rustix::fs::flock(&file, lock).is_ok()
 }
 
 #[cfg(not(target_os = "linux"))]
