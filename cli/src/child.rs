@@ -4,7 +4,8 @@
 //! Invariant: every byte CMD writes reaches `idem`'s own stdout or stderr as it comes
 //! (a closed pipe on our side stops the passing, never the capture), and is kept in
 //! order per stream until the two streams together pass the limit; past it, that
-//! stream's capture is dropped (its length still counted). The lease is renewed every
+//! stream's capture is dropped (its length still counted). A stream's capture never
+//! holds more memory than the limit, whatever CMD writes. The lease is renewed every
 //! third of its length from the moment CMD starts until [`Renewal::stop`].
 
 use std::io::{Read, Write};
@@ -88,12 +89,22 @@ fn pass(mut from: impl Read, to: impl Write, budget: &AtomicUsize) -> Capture {
             let taken = budget
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| left.checked_sub(n));
             match (taken, &mut capture.kept) {
-                (Ok(_), Some(kept)) => kept.extend_from_slice(chunk),
+                (Ok(left), Some(kept)) => keep(kept, chunk, left),
                 _ => capture.kept = None,
             }
         }
     }
     capture
+}
+
+/// Appends `chunk` to `kept`, growing it as a `Vec` grows (doubling, so appends stay
+/// cheap) but never past what the stream may still keep: `left` (the budget before this
+/// chunk, at least its length) beyond what it holds.
+fn keep(kept: &mut Vec<u8>, chunk: &[u8], left: usize) {
+    if kept.capacity() - kept.len() < chunk.len() {
+        kept.reserve_exact(kept.capacity().max(chunk.len()).min(left));
+    }
+    kept.extend_from_slice(chunk);
 }
 
 /// The thread renewing a claim's lease while CMD runs.
@@ -135,5 +146,28 @@ impl Renewal {
     pub fn stop(self) -> Option<StoreError> {
         drop(self.stop);
         self.thread.join().unwrap_or(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a stream keeps, read in chunks from `input` under `limit`.
+    fn captured(input: &[u8], limit: usize) -> Capture {
+        pass(input, std::io::sink(), &AtomicUsize::new(limit))
+    }
+
+    #[test]
+    fn a_capture_holds_no_more_memory_than_the_limit() {
+        // Two reads (64 KiB, then the rest): doubling would reserve 128 KiB.
+        let input = vec![7u8; 99_999];
+        let capture = captured(&input, 100_000);
+        let kept = capture.kept.expect("it fits");
+        assert_eq!(kept, input);
+        assert!(kept.capacity() <= 100_000, "{} bytes reserved", kept.capacity());
+        // Over the limit: dropped, its length counted.
+        let over = captured(&vec![1u8; 300_000], 100_000);
+        assert_eq!((over.kept, over.len), (None, 300_000));
     }
 }

@@ -57,6 +57,15 @@ impl Stream {
             Stream::Dropped(len) => *len,
         }
     }
+
+    /// How many bytes its record holds: a tag, a length, and what was kept.
+    fn encoded_len(&self) -> usize {
+        1 + 8
+            + match self {
+                Stream::Kept(bytes) => bytes.len(),
+                Stream::Dropped(_) => 0,
+            }
+    }
 }
 
 /// What a run left: replayed by every repeat of its key.
@@ -76,12 +85,15 @@ pub struct Outcome {
 
 const MAGIC: &[u8; 4] = b"IDEM";
 const VERSION: u8 = 1;
+/// The bytes before the command line: magic, version, kind, code, flags, argc.
+const HEADER: usize = 4 + 1 + 1 + 4 + 1 + 4;
 
 impl Outcome {
-    /// The record's body.
+    /// The record's body, in memory of exactly its size: what was kept, never what a
+    /// dropped stream's length says CMD wrote (gigabytes, which this process may not be
+    /// allowed to reserve, and must not need to, to record that they were dropped).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out =
-            Vec::with_capacity(64 + self.stdout.len() as usize + self.stderr.len() as usize);
+        let mut out = Vec::with_capacity(self.encoded_len());
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
         let (kind, code) = match self.status {
@@ -109,7 +121,14 @@ impl Outcome {
                 }
             }
         }
+        debug_assert_eq!(out.len(), self.encoded_len());
         out
+    }
+
+    /// How many bytes [`Outcome::encode`] writes.
+    fn encoded_len(&self) -> usize {
+        let argv: usize = self.argv.iter().map(|arg| 4 + arg.len()).sum();
+        HEADER + argv + self.stdout.encoded_len() + self.stderr.encoded_len()
     }
 
     /// Reads a record's body back; `Err` says why it is not one.
@@ -234,6 +253,25 @@ mod tests {
             resolved: true,
         };
         assert_eq!(Outcome::decode(&resolved.encode()), Ok(resolved));
+    }
+
+    /// A dropped stream's length is what CMD wrote, not what is kept: the record
+    /// reserves nothing for it (reserving it made an idem under a memory limit abort
+    /// after a command wrote gigabytes, recording nothing).
+    #[test]
+    fn a_record_reserves_what_it_keeps_not_what_was_dropped() {
+        let outcome = Outcome {
+            status: Status::Exited(0),
+            stdout: Stream::Dropped(1 << 29),
+            stderr: Stream::Dropped(1 << 29),
+            argv: vec![b"yes".to_vec()],
+            resolved: false,
+        };
+        let bytes = outcome.encode();
+        assert!(bytes.capacity() < 4096, "{} bytes reserved", bytes.capacity());
+        assert_eq!(Outcome::decode(&bytes), Ok(outcome));
+        let kept = sample().encode();
+        assert_eq!(kept.capacity(), kept.len(), "reserved exactly");
     }
 
     #[test]

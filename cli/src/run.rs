@@ -312,12 +312,11 @@ fn execute(
             limit
         );
     }
-    match idemcache::store::block_on(db.store.complete(
-        key,
-        token,
-        Some(outcome.encode().into()),
-        run.ttl,
-    )) {
+    // The captured output is let go of before the store copies the record: at most
+    // the record and the store's copies of it are held at once.
+    let body = outcome.encode();
+    drop(outcome);
+    match idemcache::store::block_on(db.store.complete(key, token, Some(body.into()), run.ttl)) {
         Ok(_) => Ok(status.exit_code()),
         Err(StoreError::LeaseLost(_)) => Ok(lost_hold(&run.key, status)),
         Err(e) => {

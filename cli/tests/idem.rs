@@ -36,7 +36,12 @@ impl Dir {
 
     /// `idem ARGS` on this directory's database, in this directory.
     fn idem(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(IDEM);
+        self.command(IDEM, args)
+    }
+
+    /// `PROGRAM ARGS` with the environment and directory [`Dir::idem`] gives idem.
+    fn command(&self, program: &str, args: &[&str]) -> Command {
+        let mut c = Command::new(program);
         c.args(args)
             .current_dir(&self.0)
             .env("IDEM_DB", self.db())
@@ -662,4 +667,45 @@ fn a_database_that_cannot_be_made_is_refused_with_71_saying_why() {
         dir.idem(&["run", "--key", "u", "--db", "elsewhere.db", "--", "true"]).output().unwrap();
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
     assert!(dir.path("elsewhere.db").exists() && !dir.db().exists());
+}
+
+/// A command writing far more than `IDEM_MAX_OUTPUT` is recorded (its status, and how
+/// much it wrote) by an idem whose memory follows what it keeps, not what was written:
+/// 1 GiB written under a 700 MiB address-space limit (`ulimit -v`), 1000 bytes kept.
+/// An idem that reserved room for the whole output to record its length aborted
+/// (exit 134) after the command ran, recording nothing: the key then read UNKNOWN.
+#[test]
+fn output_far_over_the_limit_is_recorded_in_memory_bounded_by_what_is_kept() {
+    let dir = Dir::new("huge");
+    let script = "echo ran >> ran; head -c 1073741824 /dev/zero; exit 3";
+    let limited = || {
+        let mut c = dir.command(
+            "sh",
+            &[
+                "-c",
+                "ulimit -v 716800 && exec \"$@\"",
+                "sh",
+                IDEM,
+                "run",
+                "--key",
+                "huge",
+                "--",
+                "sh",
+                "-c",
+                script,
+            ],
+        );
+        c.env("IDEM_MAX_OUTPUT", "1000");
+        c
+    };
+    let first = limited().stdout(Stdio::null()).output().unwrap();
+    assert_eq!(code(&first), 3, "{}", text(&first.stderr));
+    assert!(text(&first.stderr).contains("over the 1000 byte limit"), "{}", text(&first.stderr));
+    let status = dir.idem(&["status", "huge", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["state"], "COMPLETED", "{v}");
+    assert_eq!(v["outcome"]["stdout"], serde_json::json!({ "bytes": 1u64 << 30, "kept": false }));
+    let replay = limited().output().unwrap();
+    assert_eq!((code(&replay), replay.stdout.len()), (3, 0), "{}", text(&replay.stderr));
+    assert_eq!(dir.lines("ran"), 1);
 }
