@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use crate::db::Db;
 use crate::exit::{self, Failure};
 use crate::outcome::{Outcome, Stream};
+use crate::output::{self, errln, outln};
 use crate::run::{key, SCOPE};
 use crate::timefmt::{ago, micros, rfc3339};
 
@@ -108,19 +109,19 @@ pub fn status(db: &Db, client_key: &str, as_json: bool) -> Result<u8, Failure> {
             Some(r) => json_of(r),
             None => json!({ "key": client_key, "state": "ABSENT" }),
         };
-        println!("{v}");
+        outln!("{v}");
         return Ok(0);
     }
     let Some(r) = record else {
-        println!("{client_key}: no record (a run executes it)");
+        outln!("{client_key}: no record (a run executes it)");
         return Ok(0);
     };
-    println!("key:       {client_key}");
-    println!("state:     {}", r.state.name());
-    println!("started:   {} ({})", rfc3339(r.started_at), ago(r.started_at));
+    outln!("key:       {client_key}");
+    outln!("state:     {}", r.state.name());
+    outln!("started:   {} ({})", rfc3339(r.started_at), ago(r.started_at));
     match r.state {
         RecordState::Processing => {
-            println!(
+            outln!(
                 "lease:     ends {} ({}), renewed while the command runs",
                 rfc3339(r.expires_at),
                 ago(r.expires_at)
@@ -128,19 +129,19 @@ pub fn status(db: &Db, client_key: &str, as_json: bool) -> Result<u8, Failure> {
         }
         RecordState::Completed => {
             if let Some(at) = r.settled_at {
-                println!("completed: {} ({})", rfc3339(at), ago(at));
+                outln!("completed: {} ({})", rfc3339(at), ago(at));
             }
             match outcome_of(&r) {
                 Some(Ok(o)) => {
-                    println!(
+                    outln!(
                         "outcome:   {} (a repeat exits {})",
                         o.status.describe(),
                         o.status.exit_code()
                     );
                     if o.resolved {
-                        println!("command:   (resolved by hand with idem resolve)");
+                        outln!("command:   (resolved by hand with idem resolve)");
                     } else {
-                        println!("command:   {}", o.command_line());
+                        outln!("command:   {}", o.command_line());
                     }
                     let kept = |s: &Stream| {
                         if matches!(s, Stream::Kept(_)) {
@@ -149,24 +150,24 @@ pub fn status(db: &Db, client_key: &str, as_json: bool) -> Result<u8, Failure> {
                             "not kept: over the limit"
                         }
                     };
-                    println!("stdout:    {} bytes ({})", o.stdout.len(), kept(&o.stdout));
-                    println!("stderr:    {} bytes ({})", o.stderr.len(), kept(&o.stderr));
+                    outln!("stdout:    {} bytes ({})", o.stdout.len(), kept(&o.stdout));
+                    outln!("stderr:    {} bytes ({})", o.stderr.len(), kept(&o.stderr));
                 }
-                Some(Err(why)) => println!("outcome:   unreadable: {why}"),
+                Some(Err(why)) => outln!("outcome:   unreadable: {why}"),
                 None => {}
             }
-            println!("expires:   {} ({})", rfc3339(r.expires_at), ago(r.expires_at));
+            outln!("expires:   {} ({})", rfc3339(r.expires_at), ago(r.expires_at));
         }
         RecordState::Unknown => {
             if let Some(at) = r.settled_at {
                 let how =
                     if r.lapsed { "its run died mid-command (lease lapsed)" } else { "marked" };
-                println!("unknown:   {how} {} ({})", rfc3339(at), ago(at));
+                outln!("unknown:   {how} {} ({})", rfc3339(at), ago(at));
             }
-            println!("expires:   {} ({})", rfc3339(r.expires_at), ago(r.expires_at));
-            println!("next:      check whether the command had its effect, then");
-            println!("           idem resolve {client_key} --exit-code N   (it did)");
-            println!("           idem forget {client_key}                  (it did not)");
+            outln!("expires:   {} ({})", rfc3339(r.expires_at), ago(r.expires_at));
+            outln!("next:      check whether the command had its effect, then");
+            outln!("           idem resolve {client_key} --exit-code N   (it did)");
+            outln!("           idem forget {client_key}                  (it did not)");
         }
     }
     Ok(0)
@@ -183,17 +184,14 @@ pub fn forget(db: &Db, client_key: &str, force: bool, as_json: bool) -> Result<u
     match db.wait(db.store.remove_record(&key, states))? {
         Some(was) => {
             if as_json {
-                println!(
-                    "{}",
-                    json!({ "key": client_key, "forgotten": true, "was": json_of(&was) })
-                );
+                outln!("{}", json!({ "key": client_key, "forgotten": true, "was": json_of(&was) }));
             } else {
-                println!(
+                outln!(
                     "{client_key}: forgot its {} record; the next run executes the command",
                     was.state.name()
                 );
                 if was.state == RecordState::Processing {
-                    println!("(a run still holding it will not have its outcome recorded)");
+                    outln!("(a run still holding it will not have its outcome recorded)");
                 }
             }
             Ok(0)
@@ -208,9 +206,9 @@ pub fn forget(db: &Db, client_key: &str, force: bool, as_json: bool) -> Result<u
                 ),
             };
             if as_json {
-                println!("{}", json!({ "key": client_key, "forgotten": false, "why": why }));
+                outln!("{}", json!({ "key": client_key, "forgotten": false, "why": why }));
             } else {
-                eprintln!("idem: {client_key}: nothing forgotten: {why}");
+                errln!("idem: {client_key}: nothing forgotten: {why}");
             }
             Ok(exit::REFUSED)
         }
@@ -236,12 +234,12 @@ pub fn resolve(
     match idemcache::store::block_on(db.store.resolve(&key, Some(outcome.encode().into()), ttl)) {
         Ok(replay) => {
             if as_json {
-                println!(
+                outln!(
                     "{}",
                     json!({ "key": client_key, "resolved": true, "exit_code": exit_code, "expires_at": rfc3339(replay.expires_at) })
                 );
             } else {
-                println!("{client_key}: resolved as exit {exit_code}: repeats exit {exit_code} without running (until {})", rfc3339(replay.expires_at));
+                outln!("{client_key}: resolved as exit {exit_code}: repeats exit {exit_code} without running (until {})", rfc3339(replay.expires_at));
             }
             Ok(0)
         }
@@ -252,9 +250,9 @@ pub fn resolve(
                 Some(r) => format!("it is {}, not UNKNOWN", r.state.name()),
             };
             if as_json {
-                println!("{}", json!({ "key": client_key, "resolved": false, "why": why }));
+                outln!("{}", json!({ "key": client_key, "resolved": false, "why": why }));
             } else {
-                eprintln!("idem: {client_key}: not resolved: {why}");
+                errln!("idem: {client_key}: not resolved: {why}");
             }
             Ok(exit::REFUSED)
         }
@@ -275,15 +273,16 @@ pub fn list(db: &Db, unknown_only: bool, as_json: bool) -> Result<u8, Failure> {
             if as_json {
                 all.push(json_of(record));
             } else {
-                println!("{}", line_of(record));
+                outln!("{}", line_of(record));
             }
         }
-        if !full {
+        // The reader gone (`idem list | head`): the rest is not wanted.
+        if !full || output::stdout_gone() {
             break;
         }
     }
     if as_json {
-        println!("{}", Value::Array(all));
+        outln!("{}", Value::Array(all));
     }
     Ok(0)
 }
@@ -299,9 +298,9 @@ pub fn gc(db: &Db, as_json: bool) -> Result<u8, Failure> {
         }
     }
     if as_json {
-        println!("{}", json!({ "purged": purged }));
+        outln!("{}", json!({ "purged": purged }));
     } else {
-        println!("purged {purged} expired record{}", if purged == 1 { "" } else { "s" });
+        outln!("purged {purged} expired record{}", if purged == 1 { "" } else { "s" });
     }
     Ok(0)
 }

@@ -68,4 +68,6 @@ Exit codes:
                filesystem, or holding a record idem cannot read
   64           bad usage (an unknown flag, a malformed key or duration)
   127 / 126    CMD could not be started (not found / not executable); nothing is recorded
-  1            status/forget/resolve: the record is not in a state the subcommand acts on";
+  1            status/forget/resolve: the record is not in a state the subcommand acts on
+A reader gone from idem's output (`idem list | head`) ends it quietly, and changes no
+exit code: the code says what happened to the key or record, not who read about it.";

@@ -3,7 +3,8 @@
 //!
 //! Invariant: the process's exit code is CMD's own (or 128+N for a CMD killed by
 //! signal N) or one of [`exit`]'s documented codes, and every failure is reported on
-//! stderr as `idem: <what failed and why>`.
+//! stderr as `idem: <what failed and why>`. Nothing is printed but through [`output`],
+//! which never panics (a closed pipe, `idem list | head`) nor changes that code.
 
 mod admin;
 mod child;
@@ -12,6 +13,7 @@ mod duration;
 mod exit;
 mod netfs;
 mod outcome;
+mod output;
 mod run;
 mod signals;
 mod timefmt;
@@ -206,7 +208,7 @@ fn main() -> ExitCode {
     match dispatch(cli) {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
-            eprintln!("idem: {failure}");
+            output::errln!("idem: {failure}");
             ExitCode::from(failure.code)
         }
     }

@@ -7,7 +7,6 @@
 //! lapse (`idem` itself killed), which the `MarkUnknown` lapse policy turns UNKNOWN.
 
 use std::ffi::OsString;
-use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
@@ -20,6 +19,7 @@ use crate::child::{Renewal, Tee};
 use crate::db::Db;
 use crate::exit::{self, Failure};
 use crate::outcome::{command_line, Outcome, Status, Stream};
+use crate::output::{self, errln};
 use crate::signals::Signals;
 use crate::timefmt::{ago, rfc3339};
 
@@ -109,7 +109,7 @@ pub fn run(db: &Db, run: Run) -> Result<u8, Failure> {
                 } else {
                     format!(" (waited {:.1} s)", run.wait.as_secs_f64())
                 };
-                eprintln!(
+                errln!(
                     "idem: {}: in progress{waited}: another run holds the key (its lease ends {}); \
                      try again later, or wait longer with --wait SECS",
                     run.key,
@@ -121,7 +121,7 @@ pub fn run(db: &Db, run: Run) -> Result<u8, Failure> {
                 retried = true;
                 match idemcache::store::block_on(db.store.forget(&key)) {
                     Ok(()) => {
-                        eprintln!("idem: {}: forgot the UNKNOWN outcome (--retry-unknown)", run.key)
+                        errln!("idem: {}: forgot the UNKNOWN outcome (--retry-unknown)", run.key)
                     }
                     // Settled by someone else meanwhile: the next look says how.
                     Err(StoreError::NotUnknown(_)) => {}
@@ -129,7 +129,7 @@ pub fn run(db: &Db, run: Run) -> Result<u8, Failure> {
                 }
             }
             StoreClaim::Unknown { marked_at } => {
-                eprintln!(
+                errln!(
                     "idem: {}: outcome UNKNOWN since {} ({}): an earlier run was interrupted or killed \
                      while its command ran, so it may or may not have had its effect. Check, then \
                      `idem resolve {} --exit-code N` (it happened) or `idem forget {}` (it did not), \
@@ -152,7 +152,7 @@ pub fn run(db: &Db, run: Run) -> Result<u8, Failure> {
                     .and_then(|body| Outcome::decode(&body).ok())
                     .filter(|o| !o.resolved)
                     .map_or_else(String::new, |o| format!(" (`{}`)", o.command_line()));
-                eprintln!(
+                errln!(
                     "idem: {}: the key was used for another command{recorded}, not `{}`; use \
                      another key (or `idem status {}` to see its record)",
                     run.key,
@@ -181,14 +181,13 @@ fn replay_outcome(client_key: &str, body: Option<Bytes>) -> Result<u8, Failure> 
     let outcome = Outcome::decode(&body).map_err(unreadable)?;
     // A reader gone (`| head`) is not an error of the replay: the status still counts.
     if let Stream::Kept(bytes) = &outcome.stdout {
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(bytes).and_then(|()| out.flush());
+        output::stdout_bytes(bytes);
     }
     if let Stream::Kept(bytes) = &outcome.stderr {
-        let _ = std::io::stderr().lock().write_all(bytes);
+        output::stderr_bytes(bytes);
     }
     if let (Stream::Dropped(_), _) | (_, Stream::Dropped(_)) = (&outcome.stdout, &outcome.stderr) {
-        eprintln!(
+        errln!(
             "idem: {client_key}: its output ({} bytes of stdout, {} of stderr) was over the limit \
              when it ran and was not kept: only its status is replayed",
             outcome.stdout.len(),
@@ -210,7 +209,7 @@ fn execute(
 ) -> Result<u8, Failure> {
     let release = |why: String, code: u8| {
         let released = db.wait(db.store.release(key, token));
-        eprintln!("idem: {}: {why}", run.key);
+        errln!("idem: {}: {why}", run.key);
         released.map(|()| code)
     };
     if let Some(signal) = signals.received() {
@@ -281,7 +280,7 @@ fn execute(
     if let Some(signal) = interrupted {
         let marked = db.wait(db.store.mark_unknown(key, token, run.unknown_ttl));
         let name = signal_hook::low_level::signal_name(signal).unwrap_or("a signal");
-        eprintln!(
+        errln!(
             "idem: {}: interrupted by {name} while the command ran (it ended: {}): the key is \
              marked UNKNOWN, since its effect may or may not have happened. Check, then \
              `idem resolve {} --exit-code N` or `idem forget {}`",
@@ -303,7 +302,7 @@ fn execute(
     };
     let outcome = Outcome { status, stdout, stderr, argv: bytes_of(&run.argv), resolved: false };
     if dropped {
-        eprintln!(
+        errln!(
             "idem: {}: the output ({} bytes of stdout, {} of stderr) is over the {} byte limit: \
              only the status is recorded, repeats will not replay the output",
             run.key,
@@ -323,7 +322,7 @@ fn execute(
             // Maybe recorded, maybe not; the command ran: never to be run again blindly.
             let _ = idemcache::store::block_on(db.store.mark_unknown(key, token, run.unknown_ttl));
             let failure = db.failure(e);
-            eprintln!(
+            errln!(
                 "idem: {}: recording the outcome ({}) failed, the key is marked UNKNOWN if the \
                  database allowed it: {}",
                 run.key,
@@ -338,7 +337,7 @@ fn execute(
 /// Says that this run lost the key while CMD ran, so CMD's outcome is not recorded;
 /// returns CMD's exit code (what happened is still CMD's status).
 fn lost_hold(client_key: &str, status: Status) -> u8 {
-    eprintln!(
+    errln!(
         "idem: {client_key}: this run lost its hold on the key while the command ran (its \
          lease lapsed: idem was suspended, or the database unreachable, longer than the lease; \
          or the key was forgotten with --force): its outcome ({}) is not recorded; `idem \

@@ -709,3 +709,78 @@ fn output_far_over_the_limit_is_recorded_in_memory_bounded_by_what_is_kept() {
     assert_eq!((code(&replay), replay.stdout.len()), (3, 0), "{}", text(&replay.stderr));
     assert_eq!(dir.lines("ran"), 1);
 }
+
+/// The write end of a pipe whose reader is gone: the stdin of a `true` that exited.
+fn readerless_pipe() -> Stdio {
+    let mut reader = Command::new("true").stdin(Stdio::piped()).spawn().unwrap();
+    let end = reader.stdin.take().unwrap();
+    reader.wait().unwrap();
+    Stdio::from(end)
+}
+
+/// `cmd` run with its stdout (and, with `stderr_too`, its stderr) a pipe whose reader
+/// is gone before idem writes a byte, as `idem list | head -c 10` leaves it once `head`
+/// has read its fill.
+fn with_reader_gone(cmd: &mut Command, stderr_too: bool) -> Output {
+    cmd.stderr(if stderr_too { readerless_pipe() } else { Stdio::piped() });
+    finish(cmd.stdout(readerless_pipe()).spawn().unwrap(), 30)
+}
+
+/// A reader gone (`| head`) ends idem's output quietly, in every subcommand and every
+/// path that prints (records, JSON, help, messages, replays, a command's live output),
+/// and changes no exit code: it is what idem would have exited with, never a panic
+/// (101, "failed printing to stdout: Broken pipe").
+#[test]
+fn a_reader_gone_ends_the_output_quietly_and_changes_no_exit_code() {
+    let dir = Dir::new("epipe");
+    let done = "echo ran >> ran; echo out; exit 0";
+    let over = "echo ran >> ran; echo 0123456789; exit 4";
+    let term = "echo ran >> ran; kill -TERM $$";
+    assert_eq!(code(&dir.run("done", &[], done)), 0);
+    assert_eq!(
+        code(&dir.run_cmd("over", &[], over).env("IDEM_MAX_OUTPUT", "1").output().unwrap()),
+        4
+    );
+    assert_eq!(code(&dir.run("term", &[], term)), 143);
+    let run = |key: &'static str, script: &'static str| -> Vec<&'static str> {
+        vec!["run", "--key", key, "--", "sh", "-c", script]
+    };
+    let cases: Vec<(Vec<&str>, bool, i32)> = vec![
+        (vec!["list"], false, 0),
+        (vec!["list", "--json"], false, 0),
+        (vec!["list", "--unknown"], true, 0),
+        (vec!["status", "done"], false, 0),
+        (vec!["status", "done", "--json"], true, 0),
+        (vec!["status", "term"], false, 0),
+        (vec!["status", "nothing"], false, 0),
+        (vec!["gc"], false, 0),
+        (vec!["gc", "--json"], true, 0),
+        (vec!["forget", "done"], true, 1),
+        (vec!["forget", "done", "--json"], false, 1),
+        (vec!["--help"], true, 0),
+        (vec!["run", "--help"], true, 0),
+        (vec!["--version"], true, 0),
+        (vec!["status", "bad key"], true, 64),
+        // Replays: the recorded output, the note that it was not kept, the refusals.
+        (run("done", done), true, 0),
+        (run("over", over), true, 4),
+        (run("over", done), true, 65),
+        (run("term", term), true, 79),
+        // A first run: the command's output passed through live, and recorded.
+        (run("fresh", "echo ran >> ran; echo out; echo err >&2; exit 5"), true, 5),
+        (vec!["resolve", "term", "--exit-code", "6"], false, 0),
+        (vec!["resolve", "term", "--exit-code", "6", "--json"], true, 1),
+        (vec!["forget", "done", "--force"], false, 0),
+    ];
+    for (args, stderr_too, expected) in cases {
+        let out = with_reader_gone(&mut dir.idem(&args), stderr_too);
+        let said = text(&out.stderr);
+        assert_eq!(code(&out), expected, "{args:?}: {said}");
+        assert!(!said.contains("panicked") && !said.contains("Broken pipe"), "{args:?}: {said}");
+    }
+    assert_eq!(dir.lines("ran"), 4, "a replay ran its command");
+    let fresh = dir.run("fresh", &[], "echo ran >> ran; echo out; echo err >&2; exit 5");
+    assert_eq!((code(&fresh), text(&fresh.stdout).as_str()), (5, "out\n"), "recorded whole");
+    assert_eq!(code(&dir.run("term", &[], term)), 6, "resolved");
+    assert_eq!(dir.state("done"), "ABSENT", "forgotten");
+}
