@@ -17,10 +17,6 @@ use idemcache_sqlite::{SqliteStore, SQLITE_SCHEMA};
 use crate::exit::{Failure, DB_UNUSABLE};
 use crate::netfs;
 
-/// How long a statement waits for another process's lock before the database is
-/// called locked (`$IDEM_BUSY_TIMEOUT_MS`): idem's own transactions last milliseconds.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// An open state database.
 #[derive(Debug)]
 pub struct Db {
@@ -52,12 +48,10 @@ pub fn path(flag: Option<PathBuf>) -> Result<PathBuf, Failure> {
 }
 
 /// Opens the database at `path` (creating it and its directory, mode 0700, if missing),
-/// with lapsed leases turning UNKNOWN for `unknown_ttl`.
-pub fn open(path: PathBuf, unknown_ttl: Duration) -> Result<Db, Failure> {
-    let busy_timeout = std::env::var("IDEM_BUSY_TIMEOUT_MS")
-        .ok()
-        .and_then(|ms| ms.parse().ok())
-        .map_or(BUSY_TIMEOUT, Duration::from_millis);
+/// with lapsed leases turning UNKNOWN for `unknown_ttl`, and statements waiting up to
+/// `busy_timeout` for another process's lock before the database is called locked
+/// (`$IDEM_BUSY_TIMEOUT_MS`, 5 s by default: idem's own transactions last milliseconds).
+pub fn open(path: PathBuf, unknown_ttl: Duration, busy_timeout: Duration) -> Result<Db, Failure> {
     let unusable = |why: String| {
         Failure::new(
             DB_UNUSABLE,

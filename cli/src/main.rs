@@ -15,6 +15,7 @@ mod netfs;
 mod outcome;
 mod output;
 mod run;
+mod settings;
 mod signals;
 mod timefmt;
 
@@ -53,9 +54,11 @@ Leases: a run holds K for 10 s, renewed every ~3.3 s while CMD runs, so a long c
 is never taken over. A run killed with SIGKILL leaves K in progress for at most 10 s,
 then UNKNOWN.
 
-Environment for tuning and tests: IDEM_LEASE_MS (the lease, default 10000),
+Environment for tuning and tests, each a whole number (another value is exit 64):
+IDEM_LEASE_MS (the lease, default 10000, from 30 to 3153600000000),
 IDEM_BUSY_TIMEOUT_MS (how long to wait for another process's lock on the database,
-default 5000), IDEM_MAX_OUTPUT (bytes of output kept, default 4194304).
+default 5000, from 0 to 2147483647), IDEM_MAX_OUTPUT (bytes of output kept, default
+4194304, from 0 to 536870912).
 ";
 
 #[derive(Debug, Parser)]
@@ -229,10 +232,12 @@ fn dispatch(cli: Cli) -> Result<u8, exit::Failure> {
         | Command::Resolve { key, .. } => drop(run::key(key)?),
         Command::List { .. } | Command::Gc => {}
     }
+    let settings = settings::Settings::from_env()?;
     let path = db::path(cli.db)?;
+    let open = |path| db::open(path, LAPSE_WINDOW, settings.busy_timeout);
     match cli.command {
         Command::Run(args) => {
-            let db = db::open(path, LAPSE_WINDOW)?;
+            let db = open(path)?;
             let wait = if args.no_wait { Duration::ZERO } else { args.wait };
             let run = run::Run {
                 key: args.key,
@@ -241,17 +246,17 @@ fn dispatch(cli: Cli) -> Result<u8, exit::Failure> {
                 unknown_ttl: LAPSE_WINDOW,
                 wait,
                 retry_unknown: args.retry_unknown,
+                lease: settings.lease,
+                max_output: settings.max_output,
             };
             run::run(&db, run)
         }
-        Command::Status { key } => admin::status(&db::open(path, LAPSE_WINDOW)?, &key, cli.json),
-        Command::Forget { key, force } => {
-            admin::forget(&db::open(path, LAPSE_WINDOW)?, &key, force, cli.json)
-        }
+        Command::Status { key } => admin::status(&open(path)?, &key, cli.json),
+        Command::Forget { key, force } => admin::forget(&open(path)?, &key, force, cli.json),
         Command::Resolve { key, exit_code, ttl } => {
-            admin::resolve(&db::open(path, LAPSE_WINDOW)?, &key, exit_code, ttl, cli.json)
+            admin::resolve(&open(path)?, &key, exit_code, ttl, cli.json)
         }
-        Command::List { unknown } => admin::list(&db::open(path, LAPSE_WINDOW)?, unknown, cli.json),
-        Command::Gc => admin::gc(&db::open(path, LAPSE_WINDOW)?, cli.json),
+        Command::List { unknown } => admin::list(&open(path)?, unknown, cli.json),
+        Command::Gc => admin::gc(&open(path)?, cli.json),
     }
 }

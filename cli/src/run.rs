@@ -27,15 +27,6 @@ use crate::timefmt::{ago, rfc3339};
 /// cannot meet them).
 pub const SCOPE: &str = "idem run";
 
-/// The lease a run holds (`$IDEM_LEASE_MS`), renewed every third of it while CMD runs:
-/// a run killed with SIGKILL keeps its key "in progress" for at most this long, then
-/// the key is UNKNOWN.
-pub const LEASE: Duration = Duration::from_secs(10);
-
-/// The most output (stdout and stderr together) a record keeps (`$IDEM_MAX_OUTPUT`):
-/// past it the status is kept and replayed, the output is not.
-pub const MAX_OUTPUT: usize = 4 << 20;
-
 /// The signals that interrupt a run (passed on to CMD, leaving the key UNKNOWN), and
 /// that leave it UNKNOWN when CMD dies of one: SIGINT, SIGTERM, SIGHUP.
 const INTERRUPTS: [i32; 3] =
@@ -56,6 +47,13 @@ pub struct Run {
     pub wait: Duration,
     /// Forget an UNKNOWN outcome and run.
     pub retry_unknown: bool,
+    /// The lease the run holds, renewed every third of it while CMD runs: a run killed
+    /// with SIGKILL keeps its key "in progress" for at most this long, then the key is
+    /// UNKNOWN.
+    pub lease: Duration,
+    /// The most output (stdout and stderr together) the record keeps: past it the
+    /// status is kept and replayed, the output is not.
+    pub max_output: usize,
 }
 
 /// The key `idem` keeps `client_key`'s record under.
@@ -75,17 +73,11 @@ pub fn fingerprint(argv: &[OsString]) -> Fingerprint {
     builder.finish()
 }
 
-fn env_number(name: &str) -> Option<u64> {
-    std::env::var(name).ok()?.parse().ok()
-}
-
 /// Runs `run` over `db`; the exit code `idem` ends with.
 pub fn run(db: &Db, run: Run) -> Result<u8, Failure> {
     let key = key(&run.key)?;
     let fp = fingerprint(&run.argv);
-    let lease = env_number("IDEM_LEASE_MS").map_or(LEASE, |ms| Duration::from_millis(ms.max(30)));
-    let limit = env_number("IDEM_MAX_OUTPUT")
-        .map_or(MAX_OUTPUT, |n| usize::try_from(n).unwrap_or(usize::MAX));
+    let (lease, limit) = (run.lease, run.max_output);
     let signals = Signals::listen().map_err(|e| {
         Failure::new(exit::CANNOT_EXECUTE, format!("cannot listen for signals: {e}"))
     })?;

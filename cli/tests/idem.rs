@@ -784,3 +784,61 @@ fn a_reader_gone_ends_the_output_quietly_and_changes_no_exit_code() {
     assert_eq!(code(&dir.run("term", &[], term)), 6, "resolved");
     assert_eq!(dir.state("done"), "ABSENT", "forgotten");
 }
+
+/// Every `IDEM_*` variable idem reads is checked before anything is done: one that is
+/// not a whole number in its range is a usage error (64) naming the variable, its value
+/// and the range, for every subcommand. (A lease of "abc" or an output limit of -1 was
+/// silently ignored; a busy timeout over 2^31 ms panicked, 101; a lease over 100 years
+/// was 71, blaming the database.)
+#[test]
+fn every_idem_variable_is_checked_and_a_bad_one_is_64_naming_it_and_its_range() {
+    let dir = Dir::new("env");
+    let range = |var: &str| match var {
+        "IDEM_LEASE_MS" => "from 30 to 3153600000000",
+        "IDEM_BUSY_TIMEOUT_MS" => "from 0 to 2147483647",
+        _ => "from 0 to 536870912",
+    };
+    let bad = [
+        ("IDEM_LEASE_MS", "abc"),
+        ("IDEM_LEASE_MS", "29"),
+        ("IDEM_LEASE_MS", "-5"),
+        ("IDEM_LEASE_MS", "3153600000001"),
+        ("IDEM_LEASE_MS", "99999999999999999999999"),
+        ("IDEM_MAX_OUTPUT", "-1"),
+        ("IDEM_MAX_OUTPUT", "4M"),
+        ("IDEM_MAX_OUTPUT", "536870913"),
+        ("IDEM_BUSY_TIMEOUT_MS", "3000000000"),
+        ("IDEM_BUSY_TIMEOUT_MS", "1.5"),
+    ];
+    let script = "echo ran >> ran";
+    for (var, value) in bad {
+        for args in [
+            &["run", "--key", "v", "--", "sh", "-c", script][..],
+            &["status", "v"],
+            &["list", "--json"],
+        ] {
+            let out = dir.idem(args).env(var, value).output().unwrap();
+            let said = text(&out.stderr);
+            assert_eq!(code(&out), 64, "{var}={value} {args:?}: {said}");
+            assert!(said.starts_with("idem: ") && said.contains(var), "{var}={value}: {said}");
+            assert!(said.contains(&format!("{value:?}")), "the value is not named: {said}");
+            assert!(said.contains(range(var)), "the range is not named: {said}");
+            assert!(out.stdout.is_empty());
+        }
+    }
+    assert_eq!(dir.lines("ran"), 0, "a run with a bad setting ran its command");
+    let good = [
+        ("IDEM_LEASE_MS", "30"),
+        ("IDEM_LEASE_MS", "3153600000000"),
+        ("IDEM_BUSY_TIMEOUT_MS", "0"),
+        ("IDEM_BUSY_TIMEOUT_MS", "2147483647"),
+        ("IDEM_MAX_OUTPUT", "0"),
+        ("IDEM_MAX_OUTPUT", "536870912"),
+        ("IDEM_MAX_OUTPUT", ""),
+    ];
+    for (i, (var, value)) in good.iter().enumerate() {
+        let out = dir.run_cmd(&format!("g{i}"), &[], script).env(var, value).output().unwrap();
+        assert_eq!(code(&out), 0, "{var}={value}: {}", text(&out.stderr));
+    }
+    assert_eq!(dir.lines("ran"), good.len());
+}
