@@ -6,7 +6,9 @@
 //! order per stream until the two streams together pass the limit; past it, that
 //! stream's capture is dropped (its length still counted). A stream's capture never
 //! holds more memory than the limit, whatever CMD writes. The lease is renewed every
-//! third of its length from the moment CMD starts until [`Renewal::stop`].
+//! third of its length from the moment CMD starts until [`Renewal::stop`], and a
+//! renewal that fails is tried again until the lease's end, never waiting longer than
+//! what is left of it.
 
 use std::io::{Read, Write};
 use std::process::{Child, ChildStderr, ChildStdout};
@@ -14,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use idemcache::store::{block_on, Store, StoreError};
 use idemcache::{FencingToken, Key};
@@ -107,35 +109,59 @@ fn keep(kept: &mut Vec<u8>, chunk: &[u8], left: usize) {
     kept.extend_from_slice(chunk);
 }
 
+/// The first pause after a renewal failed, doubling to [`LONGEST_PAUSE`]: short, so
+/// that a lock released is found soon, among other writers queuing for it (SQLite's
+/// own busy handler pauses 1 ms to 100 ms).
+const FIRST_PAUSE: Duration = Duration::from_millis(2);
+/// The longest pause between two tries of one renewal.
+const LONGEST_PAUSE: Duration = Duration::from_millis(25);
+
 /// The thread renewing a claim's lease while CMD runs.
 pub struct Renewal {
     stop: mpsc::Sender<()>,
     thread: JoinHandle<Option<StoreError>>,
 }
 
+/// How one renewal ended.
+enum Renewed {
+    /// The lease now ends then.
+    Until(SystemTime),
+    /// The key has moved on (forgotten by force, or the lease lapsed): nothing more to
+    /// renew.
+    Lost(StoreError),
+    /// The lease's end came with every try failing: the next beat's try hears it lost
+    /// (or renews it, if SQLite's clock is behind this process's).
+    Lapsed,
+    /// [`Renewal::stop`] was called.
+    Stopped,
+}
+
 impl Renewal {
-    /// Renews `token`'s lease on `key` to `lease` every third of `lease`.
+    /// Renews `token`'s lease on `key` to `lease` every third of `lease`, through
+    /// `store` (a connection that does not wait for locks: see
+    /// [`Db::renewal_store`](crate::db::Db::renewal_store)). A renewal that fails is
+    /// tried again after a short pause until the lease ends (`ends_at`, then the end
+    /// each renewal returns).
     pub fn start(
         store: SqliteStore,
         key: Key,
         token: FencingToken,
         lease: Duration,
+        ends_at: SystemTime,
     ) -> std::io::Result<Renewal> {
         let (stop, stopped) = mpsc::channel::<()>();
         let beat = lease / 3;
         let thread = std::thread::Builder::new().name("idem-lease".into()).spawn(move || {
+            let mut ends = monotonic(ends_at);
             loop {
-                match stopped.recv_timeout(beat) {
-                    Err(mpsc::RecvTimeoutError::Timeout) => {}
-                    _ => return None,
+                if !rest(&stopped, beat) {
+                    return None;
                 }
-                match block_on(store.extend_lease(&key, token, lease)) {
-                    Ok(_) => {}
-                    // The key moved on (forgotten by force): nothing more to renew.
-                    Err(lost @ StoreError::LeaseLost(_)) => return Some(lost),
-                    // The database busy or failing this time: the next beat tries again,
-                    // two more before the lease lapses.
-                    Err(_) => {}
+                match renew(&store, &key, token, lease, ends, &stopped) {
+                    Renewed::Until(until) => ends = monotonic(until),
+                    Renewed::Lost(lost) => return Some(lost),
+                    Renewed::Lapsed => {}
+                    Renewed::Stopped => return None,
                 }
             }
         })?;
@@ -147,6 +173,47 @@ impl Renewal {
         drop(self.stop);
         self.thread.join().unwrap_or(None)
     }
+}
+
+/// One renewal, tried until the store answers or the lease ends (`ends`), pausing
+/// after each failure: the database locked by another writer (this connection does not
+/// wait) or failing.
+fn renew(
+    store: &SqliteStore,
+    key: &Key,
+    token: FencingToken,
+    lease: Duration,
+    ends: Instant,
+    stopped: &mpsc::Receiver<()>,
+) -> Renewed {
+    let mut pause = FIRST_PAUSE;
+    loop {
+        match block_on(store.extend_lease(key, token, lease)) {
+            Ok(until) => return Renewed::Until(until),
+            Err(lost @ StoreError::LeaseLost(_)) => return Renewed::Lost(lost),
+            Err(_) => {}
+        }
+        let left = ends.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Renewed::Lapsed;
+        }
+        if !rest(stopped, pause.min(left)) {
+            return Renewed::Stopped;
+        }
+        pause = (pause * 2).min(LONGEST_PAUSE);
+    }
+}
+
+/// Waits `d`, or until told to stop: `false` then.
+fn rest(stopped: &mpsc::Receiver<()>, d: Duration) -> bool {
+    matches!(stopped.recv_timeout(d), Err(mpsc::RecvTimeoutError::Timeout))
+}
+
+/// The instant on this process's monotonic clock of `at`, a time on SQLite's (the
+/// system's) clock; the present if it is past (or beyond what an `Instant` holds).
+fn monotonic(at: SystemTime) -> Instant {
+    let now = Instant::now();
+    now.checked_add(at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO)).unwrap_or(now)
 }
 
 #[cfg(test)]

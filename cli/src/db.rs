@@ -190,6 +190,30 @@ impl Db {
         Failure::new(DB_UNUSABLE, format!("the state database {path} is unusable: {why}"))
     }
 
+    /// A store on a second connection to the database, for renewing a lease while CMD
+    /// runs (`extend_lease`, nothing else). It never waits for another connection's
+    /// lock (no busy timeout): a renewal meeting one hears "busy" at once, and tries
+    /// again within what is left of its lease, which it knows and SQLite's busy handler
+    /// does not. Waiting out the busy timeout instead (5 s by default, half the default
+    /// lease), a renewal that failed tried again only a third of the lease later: past
+    /// the lease's end, so a live command's key lapsed to UNKNOWN.
+    pub fn renewal_store(&self) -> Result<SqliteStore, Failure> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let db = Connection::open_with_flags(&self.path, flags)
+            .and_then(|db| db.busy_timeout(Duration::ZERO).map(|()| db))
+            .map_err(|e| {
+                Failure::new(
+                    DB_UNUSABLE,
+                    format!(
+                        "the state database {} is unusable: opening it again to renew the lease: {}",
+                        self.path.display(),
+                        explain(&e, self.busy_timeout)
+                    ),
+                )
+            })?;
+        Ok(SqliteStore::from_connection(db))
+    }
+
     /// Runs a store operation to its end on this thread.
     pub fn wait<T>(
         &self,

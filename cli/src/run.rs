@@ -10,7 +10,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use idemcache::store::{claim_wait, Store, StoreClaim, StoreError};
 use idemcache::{Bytes, FencingToken, Fingerprint, Key};
@@ -77,22 +77,21 @@ pub fn fingerprint(argv: &[OsString]) -> Fingerprint {
 pub fn run(db: &Db, run: Run) -> Result<u8, Failure> {
     let key = key(&run.key)?;
     let fp = fingerprint(&run.argv);
-    let (lease, limit) = (run.lease, run.max_output);
     let signals = Signals::listen().map_err(|e| {
         Failure::new(exit::CANNOT_EXECUTE, format!("cannot listen for signals: {e}"))
     })?;
     let mut retried = false;
     loop {
         let waiting =
-            Box::pin(claim_wait(&db.store, &key, fp, lease, run.wait, |d| signals.nap(d)));
+            Box::pin(claim_wait(&db.store, &key, fp, run.lease, run.wait, |d| signals.nap(d)));
         let claim = match idemcache::store::block_on(signals.interruptible(waiting)) {
             Some(claim) => claim.map_err(|e| db.failure(e))?,
             // Interrupted while waiting: nothing was held, nothing ran.
             None => return Ok(exit::signal_code(signals.received().unwrap_or(0))),
         };
         match claim {
-            StoreClaim::Acquired { token, .. } => {
-                return execute(db, &run, &key, token, lease, limit, &signals)
+            StoreClaim::Acquired { token, lease_ends_at } => {
+                return execute(db, &run, &key, token, lease_ends_at, &signals)
             }
             StoreClaim::Completed(replay) => return replay_outcome(&run.key, replay.body),
             StoreClaim::InProgress { lease_ends_at } => {
@@ -189,14 +188,14 @@ fn replay_outcome(client_key: &str, body: Option<Bytes>) -> Result<u8, Failure> 
     Ok(outcome.status.exit_code())
 }
 
-/// Runs CMD under the claim `token`, and settles the claim by what happened.
+/// Runs CMD under the claim `token` (its lease ending at `lease_ends_at`), and settles
+/// the claim by what happened.
 fn execute(
     db: &Db,
     run: &Run,
     key: &Key,
     token: FencingToken,
-    lease: Duration,
-    limit: usize,
+    lease_ends_at: SystemTime,
     signals: &Signals,
 ) -> Result<u8, Failure> {
     let release = |why: String, code: u8| {
@@ -210,6 +209,15 @@ fn execute(
             exit::signal_code(signal),
         );
     }
+    // The renewals' own connection, opened before CMD starts: failing to open it, no
+    // command has run yet.
+    let renewer = match db.renewal_store() {
+        Ok(store) => store,
+        Err(failure) => {
+            let _ = db.wait(db.store.release(key, token));
+            return Err(failure);
+        }
+    };
     let mut child = match Command::new(&run.argv[0])
         .args(&run.argv[1..])
         .stdin(Stdio::inherit())
@@ -231,8 +239,8 @@ fn execute(
         }
     };
     let interrupted_early = signals.child_started(child.id());
-    let renewal = Renewal::start(db.store.clone(), key.clone(), token, lease);
-    let tee = Tee::start(&mut child, limit);
+    let renewal = Renewal::start(renewer, key.clone(), token, run.lease, lease_ends_at);
+    let tee = Tee::start(&mut child, run.max_output);
     let waited = child.wait();
     let interrupted = signals.child_ended().or(interrupted_early);
     let (stdout, stderr) = match tee {
@@ -300,7 +308,7 @@ fn execute(
             run.key,
             outcome.stdout.len(),
             outcome.stderr.len(),
-            limit
+            run.max_output
         );
     }
     // The captured output is let go of before the store copies the record: at most

@@ -431,6 +431,28 @@ fn a_bad_key_is_64_whatever_the_database() {
     assert_eq!(code(&out), 71, "{}", text(&out.stderr));
 }
 
+/// An `idem` whose command waits for the file `go`. A failing assertion still ends the
+/// command (and waits for it, before its directory goes): left waiting, it would hold
+/// the test run's stderr open and hang it, or, its directory gone, never see `go`.
+struct Holder(Option<Child>, PathBuf);
+
+impl Holder {
+    /// Lets the command end, and waits for `idem`.
+    fn finish(mut self) -> Output {
+        std::fs::write(&self.1, "").unwrap();
+        finish(self.0.take().unwrap(), 20)
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.take() {
+            let _ = std::fs::write(&self.1, "");
+            let _ = child.wait_with_output();
+        }
+    }
+}
+
 /// The renewal is watched through `idem status` (a reader: it takes no write lock), not
 /// by runs claiming the key in a loop. A tight loop of claims held SQLite's write lock
 /// so often (each claim took it then, even of a live key) that on a loaded CI machine
@@ -445,23 +467,6 @@ fn a_long_command_keeps_its_key_past_many_leases() {
     let dir = Dir::new("renew");
     let script =
         "echo ran >> ran; touch started; while [ ! -f go ]; do sleep 0.02; done; echo long";
-    // A failing assertion still ends the command (and waits for it, before its directory
-    // goes): left waiting, it would hold the test run's stderr open and hang it.
-    struct Holder(Option<Child>, PathBuf);
-    impl Holder {
-        fn finish(mut self) -> Output {
-            std::fs::write(&self.1, "").unwrap();
-            finish(self.0.take().unwrap(), 20)
-        }
-    }
-    impl Drop for Holder {
-        fn drop(&mut self) {
-            if let Some(child) = self.0.take() {
-                let _ = std::fs::write(&self.1, "");
-                let _ = child.wait_with_output();
-            }
-        }
-    }
     let spawned = dir
         .run_cmd("long", &[], script)
         .env("IDEM_LEASE_MS", LEASE_MS.to_string())
@@ -841,4 +846,55 @@ fn every_idem_variable_is_checked_and_a_bad_one_is_64_naming_it_and_its_range() 
         assert_eq!(code(&out), 0, "{var}={value}: {}", text(&out.stderr));
     }
     assert_eq!(dir.lines("ran"), good.len());
+}
+
+/// A renewal that meets another connection's write lock is tried again, with short
+/// pauses, until the lease's end: a lock held across a renewal and released before the
+/// lease ends leaves the live command its key. The old renewal waited out the busy
+/// timeout (here 3 s of a 6 s lease, as 5 s of the default 10 s), then a whole beat
+/// (2 s) before trying again: past the lease's end, so the command's key lapsed to
+/// UNKNOWN under it while the database had been free for half a second.
+#[test]
+fn a_renewal_held_off_by_a_write_lock_tries_again_within_the_lease() {
+    use idemcache_sqlite::rusqlite::Connection;
+    const LEASE_MS: i64 = 6000;
+    let dir = Dir::new("renew-locked");
+    let script =
+        "echo ran >> ran; touch started; while [ ! -f go ]; do sleep 0.02; done; echo long";
+    let spawned = dir
+        .run_cmd("held", &[], script)
+        .env("IDEM_LEASE_MS", LEASE_MS.to_string())
+        .env("IDEM_BUSY_TIMEOUT_MS", (LEASE_MS / 2).to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let holder = Holder(Some(spawned), dir.path("go"));
+    eventually(10, "the command to start", || dir.path("started").exists());
+    let lock = Connection::open(dir.db()).unwrap();
+    lock.busy_timeout(Duration::from_secs(10)).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    // Under the lock, the lease's end cannot move: the last renewal's, plus the lease.
+    let ends: i64 =
+        lock.query_row("SELECT expires_at FROM idemcache_records", [], |r| r.get(0)).unwrap();
+    let now = || {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        since.as_micros() as i64
+    };
+    // Held past the next beat's renewal and the busy timeout it waited, released with a
+    // twelfth of the lease left.
+    eventually(20, "the lease's end to near", || now() >= ends - LEASE_MS * 1000 / 12);
+    lock.execute_batch("ROLLBACK").unwrap();
+    let lease_end = || {
+        let out = dir.idem(&["status", "held", "--json"]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["state"].as_str(), Some("PROCESSING"), "the live key lapsed: {v}");
+        v["expires_at"]["unix_micros"].as_i64().unwrap()
+    };
+    eventually(10, "the lease to be renewed", || lease_end() > ends);
+    let held = holder.finish();
+    assert_eq!(code(&held), 0, "{}", text(&held.stderr));
+    assert!(!text(&held.stderr).contains("lost its hold"), "{}", text(&held.stderr));
+    assert_eq!(text(&dir.run("held", &[], script).stdout), "long\n");
+    assert_eq!(dir.lines("ran"), 1);
 }
