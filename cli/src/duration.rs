@@ -2,7 +2,7 @@
 //! bare seconds) and `--wait SECS` (seconds, fractions allowed).
 //!
 //! Invariant: a parsed TTL is more than zero and at most the stores' `MAX_DURATION`;
-//! a parsed wait is finite and not negative.
+//! a parsed wait is not negative and at most the same (100 years: as good as forever).
 
 use std::time::Duration;
 
@@ -52,10 +52,21 @@ pub fn parse_ttl(text: &str) -> Result<Duration, String> {
 
 /// Parses `--wait SECS`: seconds, fractions allowed, zero for "do not wait".
 pub fn parse_wait(text: &str) -> Result<Duration, String> {
-    let secs: f64 =
-        text.trim().parse().map_err(|_| format!("{text:?} is not a number of seconds"))?;
-    Duration::try_from_secs_f64(secs)
-        .map_err(|_| format!("{text:?}: the wait must be a finite number of seconds, not negative"))
+    let not_a_number = || format!("{text:?} is not a number of seconds");
+    let secs: f64 = text.trim().parse().map_err(|_| not_a_number())?;
+    let most = idemcache::MAX_DURATION;
+    if secs.is_nan() {
+        Err(not_a_number())
+    } else if secs < 0.0 {
+        Err(format!("{text:?}: the wait must not be negative"))
+    } else if secs > most.as_secs_f64() {
+        Err(format!(
+            "{text:?} seconds is too large: the most is {} seconds (100 years)",
+            most.as_secs()
+        ))
+    } else {
+        Ok(Duration::from_secs_f64(secs))
+    }
 }
 
 #[cfg(test)]
@@ -82,5 +93,12 @@ mod tests {
         for bad in ["-1", "inf", "NaN", "soon"] {
             assert!(parse_wait(bad).is_err(), "{bad:?} was accepted");
         }
+        assert_eq!(parse_wait("3153600000"), Ok(idemcache::MAX_DURATION), "the most");
+        for large in ["3153600001", "18446744073709551615", "1e300", "inf"] {
+            let said = parse_wait(large).unwrap_err();
+            assert!(said.contains("too large: the most is 3153600000 seconds"), "{said}");
+        }
+        assert!(parse_wait("-1").unwrap_err().contains("not be negative"));
+        assert!(parse_wait("NaN").unwrap_err().contains("not a number"));
     }
 }

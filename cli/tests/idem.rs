@@ -898,3 +898,16 @@ fn a_renewal_held_off_by_a_write_lock_tries_again_within_the_lease() {
     assert_eq!(text(&dir.run("held", &[], script).stdout), "long\n");
     assert_eq!(dir.lines("ran"), 1);
 }
+
+#[test]
+fn a_wait_too_large_says_so_and_names_the_most() {
+    let dir = Dir::new("wait-max");
+    let out = dir
+        .idem(&["run", "--key", "w", "--wait", "18446744073709551615", "--", "true"])
+        .output()
+        .unwrap();
+    let said = text(&out.stderr);
+    assert_eq!(code(&out), 64, "{said}");
+    assert!(said.contains("too large") && said.contains("3153600000"), "{said}");
+    assert!(!said.contains("not negative"), "{said}");
+}
