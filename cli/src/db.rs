@@ -184,7 +184,8 @@ impl Db {
                 Some(sqlite) => explain(sqlite, self.busy_timeout),
                 None => cause.to_string(),
             },
-            StoreError::Corrupt(why) => format!("it holds a record idem cannot read: {why}"),
+            // A record, or the token counter, changed by hand: the store names which.
+            StoreError::Corrupt(why) => format!("it holds what idem cannot read: {why}"),
             other => other.to_string(),
         };
         Failure::new(DB_UNUSABLE, format!("the state database {path} is unusable: {why}"))

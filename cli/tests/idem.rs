@@ -911,3 +911,19 @@ fn a_wait_too_large_says_so_and_names_the_most() {
     assert!(said.contains("too large") && said.contains("3153600000"), "{said}");
     assert!(!said.contains("not negative"), "{said}");
 }
+
+/// The token counter's row deleted by hand is exit 71 naming the table and how to
+/// restore it (it was "SQLite: Query returned no rows", naming nothing).
+#[test]
+fn a_lost_token_counter_row_is_71_naming_its_table_and_the_repair() {
+    use idemcache_sqlite::rusqlite::Connection;
+    let dir = Dir::new("tokens");
+    assert_eq!(code(&dir.run("t1", &[], "true")), 0);
+    Connection::open(dir.db()).unwrap().execute_batch("DELETE FROM idemcache_tokens").unwrap();
+    let out = dir.run("t2", &[], "echo ran >> ran");
+    let said = text(&out.stderr);
+    assert_eq!(code(&out), 71, "{said}");
+    assert!(said.contains("idemcache_tokens") && said.contains("INSERT INTO"), "{said}");
+    assert!(said.contains(&dir.db().display().to_string()), "{said}");
+    assert_eq!(dir.lines("ran"), 0);
+}

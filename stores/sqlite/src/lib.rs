@@ -535,7 +535,9 @@ fn claim(
             [],
             |r| r.get(0),
         )
-        .map_err(backend)?;
+        .optional()
+        .map_err(backend)?
+        .ok_or_else(lost_token_counter)?;
     let lease_ends_at = now.saturating_add(lease);
     tx.execute(
         "INSERT OR REPLACE INTO idemcache_records
@@ -549,6 +551,20 @@ fn claim(
         token: FencingToken::new(token as u64),
         lease_ends_at: from_micros(lease_ends_at),
     })
+}
+
+/// The token counter's one row is gone (deleted by hand; `ensure_schema` would put it
+/// back at 0, reissuing tokens): no claim can acquire until it is restored above every
+/// token issued, since a token issued twice could let a stale holder settle its
+/// successor's claim.
+fn lost_token_counter() -> StoreError {
+    StoreError::Corrupt(
+        "the table idemcache_tokens has lost its one row (id 1: the last fencing token \
+         issued), so no claim can acquire; restore it above every token issued: \
+         `INSERT INTO idemcache_tokens (id, last) SELECT 1, coalesce(max(token), 0) FROM \
+         idemcache_records`"
+            .into(),
+    )
 }
 
 /// A settling write: `sql` updates the live row in `state` (and under the token, if

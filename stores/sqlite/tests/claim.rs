@@ -385,3 +385,30 @@ fn a_live_record_is_answered_while_another_connection_holds_the_write_lock() {
         ));
     });
 }
+
+/// The token counter's row deleted by hand: a claim that must acquire fails `Corrupt`
+/// naming the table and the repair (it was `Backend`, "Query returned no rows"), and
+/// changes nothing; once the row is back, above every token issued, claims acquire.
+#[test]
+fn a_lost_token_counter_row_is_corrupt_naming_its_table() {
+    let file = TempDb::new("claim", "tokens");
+    let store = SqliteStore::from_connection(file.open("wal", Duration::from_millis(200)));
+    block_on(store.ensure_schema()).unwrap();
+    let fp = Fingerprint::of(b"r");
+    let first = acquired(block_on(store.claim(&key("before"), fp, Duration::from_secs(10))));
+    let admin = file.open("wal", Duration::from_millis(200));
+    admin.execute_batch("DELETE FROM idemcache_tokens").unwrap();
+    let repair = match block_on(store.claim(&key("after"), fp, Duration::from_secs(10))) {
+        Err(StoreError::Corrupt(why)) => {
+            assert!(why.contains("idemcache_tokens"), "{why}");
+            why.split('`').nth(1).expect("the repair, quoted").to_owned()
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    };
+    let records: i64 =
+        admin.query_row("SELECT count(*) FROM idemcache_records", [], |r| r.get(0)).unwrap();
+    assert_eq!(records, 1, "the failed claim wrote nothing");
+    admin.execute_batch(&repair).unwrap();
+    let next = acquired(block_on(store.claim(&key("after"), fp, Duration::from_secs(10))));
+    assert!(next.get() > first.get(), "a token was issued twice: {first:?} then {next:?}");
+}
