@@ -70,7 +70,7 @@ pub fn open(path: PathBuf, unknown_ttl: Duration, busy_timeout: Duration) -> Res
             .create(&dir)
             .map_err(|e| unusable(format!("creating its directory {}: {e}", dir.display())))?;
     }
-    if let Some((fstype, point)) = netfs::network_filesystem(&dir) {
+    if let Some((fstype, point)) = netfs::network_filesystem(&path) {
         return Err(unusable(format!(
             "it is on a network filesystem ({fstype} mounted at {point}): SQLite's WAL and \
              locks do not work there, so two runs could both execute one key; put it on a \

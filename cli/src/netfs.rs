@@ -3,12 +3,15 @@
 //! and FUSE filesystems break or ignore, so two hosts (or two processes) could both
 //! claim one key.
 //!
-//! Invariant: the filesystem judged is the one mounted at the longest mount point that
-//! contains the database's directory (the last such mount, as later mounts hide earlier
-//! ones), read from `/proc/self/mountinfo`; where that file cannot be read (not Linux),
-//! nothing is refused.
+//! Invariant: the filesystem judged is the one holding the file SQLite opens: the
+//! database's path with every symlink resolved (a link on a local disk into an NFS mount
+//! is on NFS), or, while the file does not exist yet, the resolved path of where it will
+//! be made. It is the one mounted at the longest mount point that contains that path
+//! (the last such mount, as later mounts hide earlier ones), read from
+//! `/proc/self/mountinfo`; where that file cannot be read (not Linux), nothing is
+//! refused.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Filesystem types whose locking SQLite cannot rely on.
 const NETWORK: &[&str] = &[
@@ -39,12 +42,41 @@ const NETWORK: &[&str] = &[
     "fuse.curlftpfs",
 ];
 
-/// The network filesystem `dir` is on, as `(type, mount point)`, or `None`.
-pub fn network_filesystem(dir: &Path) -> Option<(String, String)> {
+/// How many symlinks are followed to the database file (Linux's own limit).
+const MAX_LINKS: usize = 40;
+
+/// The network filesystem the database file `db` is on, as `(type, mount point)`, or
+/// `None`.
+pub fn network_filesystem(db: &Path) -> Option<(String, String)> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let dir = std::fs::canonicalize(dir).ok()?;
-    let (point, fstype) = mount_of(&mountinfo, dir.to_str()?)?;
+    judge(db, |path| mount_of(&mountinfo, path))
+}
+
+/// The network filesystem `db` is on, where `mount` gives the mount point and type
+/// of the mount holding an absolute, resolved path.
+fn judge(db: &Path, mount: impl Fn(&str) -> Option<(String, String)>) -> Option<(String, String)> {
+    let (point, fstype) = mount(resolved(db)?.to_str()?)?;
     NETWORK.contains(&fstype.as_str()).then_some((fstype, point))
+}
+
+/// Where the file `db` is, or will be made: its canonical path if it exists; else,
+/// after following any symlinks (SQLite makes the file where a link points), its
+/// directory's canonical path and its name.
+fn resolved(db: &Path) -> Option<PathBuf> {
+    let mut path = db.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        if let Ok(file) = std::fs::canonicalize(&path) {
+            return Some(file);
+        }
+        let Ok(target) = std::fs::read_link(&path) else { break };
+        // A relative target is relative to the link's directory.
+        path = path.parent().map_or_else(|| target.clone(), |dir| dir.join(&target));
+    }
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    Some(std::fs::canonicalize(dir).ok()?.join(path.file_name()?))
 }
 
 /// The mount point and filesystem type of the mount holding the absolute path `path`.
@@ -125,6 +157,39 @@ mod tests {
             assert!(NETWORK.contains(&network));
         }
         assert!(!NETWORK.contains(&"ext4") && !NETWORK.contains(&"tmpfs"));
+    }
+
+    /// A database whose path leads, through symlinks, into an NFS mount is judged by
+    /// where it leads, not by where the link is (the link's directory is local). The
+    /// mounts are made up: the `remote` directory is an NFS mount in them.
+    #[test]
+    fn a_symlink_into_a_network_mount_is_judged_where_it_leads() {
+        use std::os::unix::fs::symlink;
+        let root = std::env::temp_dir().join(format!("idem-netfs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (local, remote) = (root.join("local"), root.join("remote"));
+        std::fs::create_dir_all(&local).unwrap();
+        std::fs::create_dir_all(&remote).unwrap();
+        let remote_dir = std::fs::canonicalize(&remote).unwrap();
+        let mountinfo = format!(
+            "22 1 8:1 / / rw - ext4 /dev/sda1 rw\n41 22 0:36 / {} rw - nfs4 server:/x rw",
+            remote_dir.display()
+        );
+        let at = |db: &Path| judge(db, |p| mount_of(&mountinfo, p)).map(|(t, _)| t);
+        std::fs::write(remote.join("idem.db"), "").unwrap();
+        symlink(remote.join("idem.db"), local.join("link.db")).unwrap();
+        symlink("../remote/idem.db", local.join("relative.db")).unwrap();
+        symlink("link.db", local.join("chain.db")).unwrap();
+        symlink(remote.join("not-yet.db"), local.join("dangling.db")).unwrap();
+        symlink(&remote, local.join("state")).unwrap();
+        for db in ["link.db", "relative.db", "chain.db", "dangling.db", "state/new.db"] {
+            assert_eq!(at(&local.join(db)).as_deref(), Some("nfs4"), "{db}");
+        }
+        assert_eq!(at(&remote.join("new.db")).as_deref(), Some("nfs4"), "not made yet");
+        std::fs::write(local.join("plain.db"), "").unwrap();
+        assert_eq!(at(&local.join("plain.db")), None, "a local file");
+        assert_eq!(at(&local.join("new.db")), None, "a local file not made yet");
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]
