@@ -41,9 +41,16 @@ nobody knows whether CMD had its effect, so K is not run again until you say so.
 const AFTER_HELP: &str = "\
 Examples:
   idem run --key deploy-2026-12-01 -- ./deploy.sh --prod
-  idem run --key nightly-$(date +%F) --no-wait -- backup /srv    # cron: exit 75 if running
   idem status deploy-2026-12-01
   idem list --unknown --json
+
+From cron, two crontab lines (exit 75 at once if the last run is still going):
+  IDEM_DB=/home/al/.local/state/idem/idem.db
+  0 3 * * * /usr/local/bin/idem run --key nightly-$(date +\\%F) --no-wait -- /srv/bin/backup
+In a crontab a `%` not written `\\%` ends the command (the job fails with a shell syntax
+error and never runs). Cron's environment (HOME, XDG_STATE_HOME) and working directory
+are not your shell's: set IDEM_DB, or cron's runs and yours use two databases, and give
+CMD by its absolute path (`./backup` and `/srv/bin/backup` are two commands: exit 65).
 
 The state database: --db PATH, else $IDEM_DB, else $XDG_STATE_HOME/idem/idem.db, else
 ~/.local/state/idem/idem.db (its directory created mode 0700). It must be on a local
@@ -85,8 +92,11 @@ Examples:
       runs once; every repeat prints the same output and exits with the same status
   idem run --key db-migrate-v7 --wait 600 -- ./migrate up
       a second run at the same time waits up to 10 min for the first, then replays it
-  idem run --key nightly-$(date +%F) --no-wait -- backup /srv
-      exits 75 at once if another run of the key is in progress
+  0 3 * * * /usr/local/bin/idem run --key nightly-$(date +\\%F) --no-wait -- /srv/bin/backup
+      a crontab line: exits 75 at once if another run of the key is in progress. In a
+      crontab, write `%` as `\\%`, set IDEM_DB=... on a line above (cron's HOME is not
+      always yours: two databases), and give CMD by its absolute path (cron's working
+      directory is not yours; `./backup` and `/srv/bin/backup` are two commands, exit 65)
   idem run --key invoice-42 --retry-unknown -- ./send-invoice 42
       after an interrupted run (exit 79, UNKNOWN), and after checking: run it again
 

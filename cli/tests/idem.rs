@@ -599,6 +599,20 @@ fn forget_and_gc_and_usage_errors() {
     for number in ["75", "65", "79", "71", "64", "128+N"] {
         assert!(text(&help.stdout).contains(number), "--help does not name exit code {number}");
     }
+    // A crontab line as shown works when pasted: cron makes an unescaped `%` a newline
+    // (the job then fails with a shell syntax error and never runs), and its HOME,
+    // PATH and working directory are not the shell's.
+    let run_help = dir.idem(&["run", "--help"]).output().unwrap();
+    for help in [text(&help.stdout), text(&run_help.stdout)] {
+        assert!(help.contains(r"date +\%F"), "no crontab line: {help}");
+        // The help's dated keys are crontab lines: every `%` in them escaped.
+        for line in help.lines().filter(|l| l.contains("$(date")) {
+            let unescaped = line.match_indices('%').any(|(i, _)| !line[..i].ends_with('\\'));
+            assert!(!unescaped, "a `%` cron would cut the line at: {line}");
+        }
+        assert!(help.contains("IDEM_DB="), "cron's database is not set: {help}");
+        assert!(help.contains("absolute"), "cron's command path is not said: {help}");
+    }
 }
 
 #[test]
