@@ -59,7 +59,8 @@ and locks do not work there).
 
 Leases: a run holds K for 10 s, renewed every ~3.3 s while CMD runs, so a long command
 is never taken over. A run killed with SIGKILL leaves K in progress for at most 10 s,
-then UNKNOWN.
+then UNKNOWN. So does a run suspended (Ctrl-Z, SIGSTOP) for longer than the lease:
+resumed, it does not record CMD's outcome (and says so).
 
 Environment for tuning and tests, each a whole number (another value is exit 64):
 IDEM_LEASE_MS (the lease, default 10000, from 30 to 3153600000000),

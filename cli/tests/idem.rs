@@ -613,6 +613,8 @@ fn forget_and_gc_and_usage_errors() {
         assert!(help.contains("IDEM_DB="), "cron's database is not set: {help}");
         assert!(help.contains("absolute"), "cron's command path is not said: {help}");
     }
+    // A run suspended past its lease loses its key: said where leases are.
+    assert!(text(&help.stdout).contains("suspended (Ctrl-Z"), "{}", text(&help.stdout));
 }
 
 #[test]
