@@ -66,7 +66,10 @@ CREATE TABLE IF NOT EXISTS idemcache_tokens (
     id   INTEGER PRIMARY KEY CHECK (id = 1),
     last INTEGER NOT NULL
 );
-INSERT OR IGNORE INTO idemcache_tokens (id, last) VALUES (1, 0);
+-- Above every token a record holds: a counter row deleted by hand and put back by
+-- this statement never hands out a token a live record was claimed under.
+INSERT OR IGNORE INTO idemcache_tokens (id, last)
+    SELECT 1, coalesce(max(token), 0) FROM idemcache_records;
 ";
 
 /// "Now" on SQLite's clock, in microseconds since the epoch: a macro, so every statement

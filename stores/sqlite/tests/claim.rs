@@ -412,3 +412,22 @@ fn a_lost_token_counter_row_is_corrupt_naming_its_table() {
     let next = acquired(block_on(store.claim(&key("after"), fp, Duration::from_secs(10))));
     assert!(next.get() > first.get(), "a token was issued twice: {first:?} then {next:?}");
 }
+
+/// `ensure_schema` puts a lost counter row back above every token a record holds (it
+/// put it back at 0, and the next claims were handed tokens live records held).
+#[test]
+fn ensure_schema_puts_a_lost_token_counter_back_above_every_token() {
+    let file = TempDb::new("claim", "tokens-schema");
+    let store = SqliteStore::from_connection(file.open("wal", Duration::from_millis(200)));
+    block_on(store.ensure_schema()).unwrap();
+    let fp = Fingerprint::of(b"r");
+    let mut issued = Vec::new();
+    for k in ["a", "b", "c"] {
+        issued.push(acquired(block_on(store.claim(&key(k), fp, Duration::from_secs(10)))));
+    }
+    let admin = file.open("wal", Duration::from_millis(200));
+    admin.execute_batch("DELETE FROM idemcache_tokens").unwrap();
+    block_on(store.ensure_schema()).unwrap();
+    let next = acquired(block_on(store.claim(&key("d"), fp, Duration::from_secs(10))));
+    assert!(issued.iter().all(|t| next.get() > t.get()), "{next:?} after {issued:?}");
+}
