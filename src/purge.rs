@@ -1,12 +1,12 @@
-//! Maintenance loops: a store's expired records (`records`, feature `store`) and a
-//! consumer inbox's old records ([`inbox`]) purged for as long as the program runs, in
+//! Maintenance loops: a store's expired records (`records_loop`, feature `store`) and a
+//! consumer inbox's old records ([`inbox_loop`]) purged for as long as the program runs, in
 //! paced batches, each as one future to spawn.
 //!
 //! ```ignore
 //! use idemcache::purge::{self, Round, Schedule};
 //!
 //! let every_minute = Schedule::every(Duration::from_secs(60))?; // batches of 1000, 50 ms apart
-//! tokio::spawn(purge::records(store.clone(), every_minute, tokio::time::sleep, |round| {
+//! tokio::spawn(purge::records_loop(store.clone(), every_minute, tokio::time::sleep, |round| {
 //!     if let Round::Failed { error, .. } = round {
 //!         tracing::warn!("purging idempotency records failed: {error}");
 //!     }
@@ -42,7 +42,7 @@
 //!         std::thread::sleep(pause);
 //!         std::future::ready(())
 //!     };
-//!     idemcache::store::block_on(purge::records(store, every_minute, sleep, report))
+//!     idemcache::store::block_on(purge::records_loop(store, every_minute, sleep, report))
 //! });
 //! ```
 //!
@@ -78,11 +78,11 @@ pub const DEFAULT_PAUSE: Duration = Duration::from_millis(50);
 /// use std::time::Duration;
 ///
 /// let schedule = Schedule::every(Duration::from_secs(60))?;
-/// assert_eq!(schedule.batch_size(), DEFAULT_BATCH);
-/// let gentle = schedule.batch(200)?.pause(Duration::from_millis(200));
-/// assert_eq!((gentle.batch_size(), gentle.pause_between()), (200, Duration::from_millis(200)));
+/// assert_eq!(schedule.batch(), DEFAULT_BATCH);
+/// let gentle = schedule.with_batch(200)?.with_pause(Duration::from_millis(200));
+/// assert_eq!((gentle.batch(), gentle.pause()), (200, Duration::from_millis(200)));
 /// assert!(Schedule::every(Duration::ZERO).is_err());
-/// assert!(schedule.batch(0).is_err());
+/// assert!(schedule.with_batch(0).is_err());
 /// # Ok::<(), idemcache::purge::ScheduleError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +104,7 @@ impl Schedule {
 
     /// At most `batch` records deleted by one statement. Refuses zero (nothing would
     /// ever be deleted).
-    pub fn batch(self, batch: usize) -> Result<Schedule, ScheduleError> {
+    pub fn with_batch(self, batch: usize) -> Result<Schedule, ScheduleError> {
         match batch {
             0 => Err(ScheduleError::ZeroBatch),
             batch => Ok(Schedule { batch, ..self }),
@@ -112,7 +112,7 @@ impl Schedule {
     }
 
     /// The pause between two batches of one round; zero runs them back to back.
-    pub fn pause(self, pause: Duration) -> Schedule {
+    pub fn with_pause(self, pause: Duration) -> Schedule {
         Schedule { pause, ..self }
     }
 
@@ -122,12 +122,12 @@ impl Schedule {
     }
 
     /// The most records one batch deletes.
-    pub fn batch_size(&self) -> usize {
+    pub fn batch(&self) -> usize {
         self.batch
     }
 
     /// The pause between two batches of one round.
-    pub fn pause_between(&self) -> Duration {
+    pub fn pause(&self) -> Duration {
         self.pause
     }
 }
@@ -162,7 +162,7 @@ pub enum Round<E> {
     /// The round deleted this many records, batch after batch, until one came back short.
     Purged(usize),
     /// The inbox's [`Purger`] gave no cutoff (it has not run for its redelivery horizon
-    /// since it started): nothing was deleted. Never from `records`.
+    /// since it started): nothing was deleted. Never from `records_loop`.
     Waiting,
     /// A batch failed with `error` after the round's earlier batches deleted `deleted`
     /// records. The loop goes on: the next round comes one interval later.
@@ -178,7 +178,7 @@ pub enum Round<E> {
 /// then one every [`Schedule::interval`] after the last ended, each in paced batches
 /// until a batch comes back short. Every round is handed to `report`, a failed one
 /// ([`Round::Failed`], the store down, say) included: log it there; the loop goes on.
-/// Spawn it (`tokio::spawn(purge::records(store.clone(), schedule, tokio::time::sleep,
+/// Spawn it (`tokio::spawn(purge::records_loop(store.clone(), schedule, tokio::time::sleep,
 /// report))`); it ends only when dropped. See the module docs for `sleep`.
 ///
 /// One loop per database is enough, and one per instance is safe: a purge deletes only
@@ -186,7 +186,7 @@ pub enum Round<E> {
 /// other's rows; SQLite's take turns on its write lock).
 #[cfg(feature = "store")]
 #[cfg_attr(docsrs, doc(cfg(feature = "store")))]
-pub async fn records<S, Z, ZF, R>(
+pub async fn records_loop<S, Z, ZF, R>(
     store: S,
     schedule: Schedule,
     mut sleep: Z,
@@ -208,14 +208,14 @@ where
 /// Purges a consumer inbox forever: each round asks `purger` for the cutoff at
 /// `SystemTime::now()`, and, when there is one, calls `purge(cutoff, limit)` (the
 /// driver's `inbox::purge`) in paced batches until one comes back short; while there is
-/// none, the round is [`Round::Waiting`]. Otherwise as `records`: a round at once,
+/// none, the round is [`Round::Waiting`]. Otherwise as `records_loop`: a round at once,
 /// then one every interval, each handed to `report`, failures included, for ever.
 ///
 /// `purge` is the driver's call on a connection the closure owns: over SQLite,
 /// `move |cutoff, limit| std::future::ready(idemcache_sqlite::inbox::purge(&conn, cutoff,
 /// limit))` (the driver's inbox docs show it whole); over a PostgreSQL pool, a future
 /// that takes a client from the pool and calls `idemcache_postgres::inbox::purge`.
-pub async fn inbox<P, PF, Z, ZF, R>(
+pub async fn inbox_loop<P, PF, Z, ZF, R>(
     purger: Purger,
     mut purge: P,
     schedule: Schedule,
@@ -290,17 +290,17 @@ mod tests {
     #[test]
     fn a_schedule_refuses_what_would_spin_or_delete_nothing() {
         let every = Schedule::every(MINUTE).unwrap();
-        assert_eq!((every.interval(), every.batch_size()), (MINUTE, DEFAULT_BATCH));
-        assert_eq!(every.pause_between(), DEFAULT_PAUSE);
+        assert_eq!((every.interval(), every.batch()), (MINUTE, DEFAULT_BATCH));
+        assert_eq!(every.pause(), DEFAULT_PAUSE);
         let zero = Schedule::every(Duration::ZERO).unwrap_err();
         assert_eq!(zero, ScheduleError::InvalidInterval(Duration::ZERO));
         assert!(zero.to_string().starts_with("purge interval of 0ns refused"), "{zero}");
         let over = crate::MAX_DURATION + Duration::from_nanos(1);
         assert_eq!(Schedule::every(over), Err(ScheduleError::InvalidInterval(over)));
         assert_eq!(Schedule::every(crate::MAX_DURATION).unwrap().interval(), crate::MAX_DURATION);
-        assert_eq!(every.batch(0), Err(ScheduleError::ZeroBatch));
+        assert_eq!(every.with_batch(0), Err(ScheduleError::ZeroBatch));
         assert_eq!(ScheduleError::ZeroBatch.to_string(), "a purge batch of zero records refused");
-        assert_eq!(every.batch(1).unwrap().batch_size(), 1);
+        assert_eq!(every.with_batch(1).unwrap().batch(), 1);
     }
 
     /// Runs one round over `answers` (one per batch), returning it, the limits asked and
@@ -324,7 +324,7 @@ mod tests {
 
     #[test]
     fn a_round_deletes_in_paced_batches_until_one_comes_back_short() {
-        let schedule = Schedule::every(MINUTE).unwrap().batch(2).unwrap();
+        let schedule = Schedule::every(MINUTE).unwrap().with_batch(2).unwrap();
         let (done, asked, slept) = one_round(schedule, vec![Ok(2), Ok(2), Ok(1)]);
         assert!(matches!(done, Round::Purged(5)), "{done:?}");
         assert_eq!((asked, slept), (vec![2, 2, 2], vec![DEFAULT_PAUSE; 2]));
@@ -332,14 +332,14 @@ mod tests {
         assert!(matches!(done, Round::Purged(0)), "{done:?}");
         assert_eq!(asked, [2]);
         // No pause: the batches run back to back, the timer never asked.
-        let (done, _, slept) = one_round(schedule.pause(Duration::ZERO), vec![Ok(2), Ok(0)]);
+        let (done, _, slept) = one_round(schedule.with_pause(Duration::ZERO), vec![Ok(2), Ok(0)]);
         assert!(matches!(done, Round::Purged(2)), "{done:?}");
         assert!(slept.is_empty());
     }
 
     #[test]
     fn a_failed_batch_ends_its_round_saying_what_was_deleted_before_it() {
-        let schedule = Schedule::every(MINUTE).unwrap().batch(2).unwrap();
+        let schedule = Schedule::every(MINUTE).unwrap().with_batch(2).unwrap();
         let (done, asked, _) = one_round(schedule, vec![Ok(2), Err("database gone")]);
         assert!(matches!(done, Round::Failed { deleted: 2, error: "database gone" }), "{done:?}");
         assert_eq!(asked, [2, 2]);

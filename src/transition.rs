@@ -1,6 +1,7 @@
 //! Conditional state transitions of a row's status column, for callbacks and webhooks
 //! that arrive more than once: "move payment 42 from PENDING to PAID" must apply once,
-//! answer OK to every duplicate without a second effect, and refuse PAID → PENDING.
+//! answer OK to every duplicate without a second effect, and refuse
+//! one asked of a row no longer in a source status (a PAID payment asked to move back).
 //!
 //! The transition is one `UPDATE t SET status = :to WHERE status IN (:from, ...) AND
 //! id = :id`; if it moved no row, one locking read tells why: `SELECT status, status =
@@ -13,7 +14,7 @@
 //! |---|---|---|
 //! | moved the row | (none) | [`Transition::Applied`]: do the effect now, in the same transaction |
 //! | no row | `status = :to` | [`Transition::AlreadyInTarget`]: a duplicate, answer OK, do nothing |
-//! | no row | another status | [`Transition::Illegal`] `{ current }`: refuse (e.g. PAID → PENDING) |
+//! | no row | another status | [`Transition::Illegal`] `{ current }`: refuse (e.g. a PAID row asked to move from PENDING) |
 //! | no row | no row | [`Transition::NotFound`] |
 //!
 //! This module is the driver-free half: [`StatusColumn`] (validated, quoted names) and

@@ -105,7 +105,7 @@ impl Retention {
 
 /// When a purge may run and what it may delete: [`cutoff`](Purger::cutoff) gives the
 /// time before which records may go, for the driver's `purge(conn, cutoff, limit)`.
-/// [`purge::inbox`](crate::purge::inbox) asks it every round, for as long as the
+/// [`purge::inbox_loop`](crate::purge::inbox_loop) asks it every round, for as long as the
 /// program runs.
 ///
 /// Why it waits after a start: messages committed but not acknowledged before a crash

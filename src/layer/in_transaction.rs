@@ -54,7 +54,8 @@ use crate::store::OpenClaim;
 ///
 /// Return the response you recorded: repeats replay the record, not what the handler
 /// returned. [`record_response`](Self::record_response) takes the response your handler
-/// would return (axum's `Json`, a tuple, anything that is an `http::Response`) and hands
+/// would return, as an `http::Response` (axum's `Json(..)` or a tuple after
+/// `.into_response()`), and hands
 /// it back with its record, made from the same bytes; [`record`](Self::record) takes the
 /// parts, for a response you build yourself. Use it only over a SQL store whose database
 /// holds your business tables (`SqliteStore`, `PostgresStore`): over Redis there is no

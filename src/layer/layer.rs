@@ -54,7 +54,8 @@ impl IdempotencyLayer {
 
     /// A layer over a [`Tiered`](crate::store::Tiered) store (the cache in front of a
     /// durable store), with [`new`](IdempotencyLayer::new)'s defaults: exactly-once
-    /// across processes and restarts. Feature `store` (with a store's feature).
+    /// across processes and restarts. Features `tower` and `store`, and a store's crate
+    /// (`idemcache-sqlite`, `idemcache-postgres`, `idemcache-redis`).
     ///
     /// What changes against a cache alone: a duplicate executing in another process is
     /// looked at again every 10 ms (doubling to 250 ms) while [`wait`](Self::wait)ing, as

@@ -15,7 +15,7 @@
 //!
 //! # Purging
 //!
-//! [`purge`] deletes a batch of records older than a cutoff; [`idemcache::purge::inbox`]
+//! [`purge`] deletes a batch of records older than a cutoff; [`idemcache::purge::inbox_loop`]
 //! runs it for as long as the program runs, asking a [`Purger`] for the cutoff each
 //! round (so it keeps the dedup window, and purges nothing in the first redelivery
 //! horizon after a start). Over a deadpool pool, each batch takes a connection:
@@ -38,7 +38,7 @@
 //!     }
 //! };
 //! let every_minute = Schedule::every(Duration::from_secs(60))?;
-//! tokio::spawn(purge::inbox(purger, batch, every_minute, tokio::time::sleep, |round| {
+//! tokio::spawn(purge::inbox_loop(purger, batch, every_minute, tokio::time::sleep, |round| {
 //!     if let Round::Failed { error, .. } = round {
 //!         eprintln!("purging the inbox failed: {error}"); // the loop goes on
 //!     }

@@ -52,7 +52,7 @@
 //!
 //! // Expired records purged every minute, in paced batches, for as long as it runs.
 //! let every_minute = Schedule::every(std::time::Duration::from_secs(60))?;
-//! tokio::spawn(purge::records(store.clone(), every_minute, tokio::time::sleep, |round| {
+//! tokio::spawn(purge::records_loop(store.clone(), every_minute, tokio::time::sleep, |round| {
 //!     if let Round::Failed { error, .. } = round {
 //!         eprintln!("purging idempotency records failed: {error}"); // the loop goes on
 //!     }
@@ -81,7 +81,7 @@
 //!   billion rows a day) with the claims' p99 at about 2x. A steady state needs only the
 //!   claim rate purged. So: call it in a loop with a pause, again at once only while it
 //!   returns a full batch, from one process or several (`SKIP LOCKED`: they never wait
-//!   on each other's batch). `idemcache::purge::records` is that loop, with these
+//!   on each other's batch). `idemcache::purge::records_loop` is that loop, with these
 //!   batches and pauses by default (the example above spawns it).
 //! - **Vacuum.** Every record leaves two dead row versions (the claim's, updated by the
 //!   completion, and the completed one the purge deletes), so the table needs vacuum as
@@ -269,7 +269,8 @@ fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
     })
 }
 
-fn limit(n: usize) -> i64 {
+/// A count as a `LIMIT` takes it (a `bigint`; past `i64::MAX`, no limit).
+fn sql_limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
@@ -710,7 +711,7 @@ impl Store for PostgresStore {
         self.forget_where(listed.key.clone(), Some(Listed::of(listed)))
     }
 
-    async fn unknown(&self, n: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
         // A lapse not yet turned by a claim reads as the UNKNOWN it will be.
         let sql = concat!(
             "WITH ",
@@ -726,7 +727,7 @@ impl Store for PostgresStore {
         );
         let mut out = Vec::new();
         let lapse_ttl = self.lapse.unknown_ttl_micros();
-        for row in self.rows(sql, &[&limit(n), &lapse_ttl]).await? {
+        for row in self.rows(sql, &[&sql_limit(limit), &lapse_ttl]).await? {
             let stored: Vec<u8> = column(&row, 0, &[])?;
             let marked_at: Option<i64> = column(&row, 2, &stored)?;
             let fp: Vec<u8> = column(&row, 1, &stored)?;
@@ -745,10 +746,10 @@ impl Store for PostgresStore {
         Ok(out)
     }
 
-    async fn purge_expired(&self, n: usize) -> Result<usize, StoreError> {
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         // A lapse this handle reads as UNKNOWN is kept until that mark would expire.
         let lapse_ttl = self.lapse.unknown_ttl_micros();
-        let rows = self.rows(PURGE, &[&limit(n), &lapse_ttl]).await?;
+        let rows = self.rows(PURGE, &[&sql_limit(limit), &lapse_ttl]).await?;
         let purged: i64 = match rows.first() {
             Some(row) => column(row, 0, &[])?,
             None => 0,

@@ -35,7 +35,7 @@
 //! own). [`purge`] deletes records received before a cutoff, in bounded batches; take
 //! the cutoff from an [`idemcache::inbox::Purger`], which keeps the dedup window and
 //! purges nothing in the first redelivery horizon after a start.
-//! [`idemcache::purge::inbox`] does both for as long as the program runs, on a
+//! [`idemcache::purge::inbox_loop`] does both for as long as the program runs, on a
 //! connection of its own (here on a thread, as a program without an async runtime
 //! would; under tokio, `tokio::spawn` it with `tokio::time::sleep`):
 //!
@@ -50,7 +50,7 @@
 //! let conn = Connection::open("ledger.db")?;
 //! let hour = Duration::from_secs(3600);
 //! let purger = Purger::new(Retention::new(24 * hour, hour)?, SystemTime::now());
-//! let purging = purge::inbox(
+//! let purging = purge::inbox_loop(
 //!     purger,
 //!     move |cutoff, limit| std::future::ready(inbox::purge(&conn, cutoff, limit)),
 //!     Schedule::every(Duration::from_secs(60))?,
@@ -133,10 +133,16 @@ pub fn ensure_schema(conn: &Connection) -> Result<(), InboxError> {
 /// inbox::ensure_schema(&db)?;
 /// db.execute_batch("CREATE TABLE accounts (id TEXT PRIMARY KEY, balance INTEGER NOT NULL);
 ///                   INSERT INTO accounts VALUES ('a1', 0);")?;
-/// let body = br#"{"account":"a1","amount":5}"#;
+/// // The fields that make the message what it is, not its wire bytes: a producer that
+/// // re-serializes a retry (another key order, other whitespace) sends the same message.
+/// let (account, amount) = ("a1", 5_i64);
+/// let fingerprint = Fingerprint::builder()
+///     .bytes(account.as_bytes())
+///     .bytes(&amount.to_be_bytes())
+///     .finish();
 /// for _delivery in 0..2 {
 ///     let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
-///     match inbox::receive(&tx, "ledger", "m-1", Fingerprint::of(body))? {
+///     match inbox::receive(&tx, "ledger", "m-1", fingerprint)? {
 ///         Receipt::New => {
 ///             tx.execute("UPDATE accounts SET balance = balance + 5 WHERE id = 'a1'", [])?;
 ///             tx.commit()?; // then acknowledge

@@ -140,8 +140,8 @@ fn the_records_loop_purges_what_expired_in_paced_batches_and_survives_a_failed_r
         completed(&store, k, ttl);
     }
     let (timer, rounds) = (Rc::new(Timer::default()), Rounds::default());
-    let schedule = Schedule::every(MINUTE).unwrap().batch(2).unwrap();
-    let mut purging = pin!(purge::records(store, schedule, timer.sleep(), reporter(&rounds)));
+    let schedule = Schedule::every(MINUTE).unwrap().with_batch(2).unwrap();
+    let mut purging = pin!(purge::records_loop(store, schedule, timer.sleep(), reporter(&rounds)));
 
     // A round at once, then a minute's sleep: nothing had expired.
     assert_eq!(timer.run_until_asleep(purging.as_mut()), MINUTE);
@@ -211,13 +211,15 @@ fn the_inbox_loop_waits_for_its_purger_then_purges_past_the_window_and_survives_
     let other = file.open("wal", Duration::from_secs(5));
     let hour = Duration::from_secs(3600);
     let retention = Retention::new(hour, MINUTE).unwrap();
-    let schedule = Schedule::every(MINUTE).unwrap().batch(2).unwrap().pause(Duration::ZERO);
+    let schedule =
+        Schedule::every(MINUTE).unwrap().with_batch(2).unwrap().with_pause(Duration::ZERO);
 
     // Just started: a purger gives no cutoff for its redelivery horizon; nothing goes.
     let (timer, rounds) = (Rc::new(Timer::default()), Rounds::default());
     let starting = Purger::new(retention, SystemTime::now());
     let sleep = timer.sleep();
-    let waiting = pin!(purge::inbox(starting, batches(&conn), schedule, sleep, reporter(&rounds)));
+    let waiting =
+        pin!(purge::inbox_loop(starting, batches(&conn), schedule, sleep, reporter(&rounds)));
     assert_eq!(timer.run_until_asleep(waiting), MINUTE);
     assert!(matches!(rounds.borrow()[..], [Round::Waiting]), "{rounds:?}");
     assert_eq!(count(&other, "idemcache_inbox"), 4);
@@ -228,7 +230,7 @@ fn the_inbox_loop_waits_for_its_purger_then_purges_past_the_window_and_survives_
     let running = Purger::new(retention, SystemTime::now() - 24 * hour);
     let sleep = timer.sleep();
     let mut purging =
-        pin!(purge::inbox(running, batches(&conn), schedule, sleep, reporter(&rounds)));
+        pin!(purge::inbox_loop(running, batches(&conn), schedule, sleep, reporter(&rounds)));
     assert_eq!(timer.run_until_asleep(purging.as_mut()), MINUTE);
     assert!(matches!(rounds.borrow()[..], [Round::Purged(3)]), "{rounds:?}");
     assert_eq!(timer.asked.borrow().len(), 1, "no pause between batches");
