@@ -318,7 +318,7 @@ def audit(args):
     if records.get(3, (0, 0))[0]:
         print(f"  {records[3][0]} records UNKNOWN: a completion the store failed to record is marked UNKNOWN "
               "(its client had the answer; a retry gets 409 outcome_unknown, never a second run) until reconciled "
-              "(README, \"Effects outside any transaction\": idemcache::store::reconcile, checking the key's "
+              "(docs/commit-boundary.md, \"Effects outside any transaction\": idemcache::store::reconcile, checking the key's "
               "row in orders: Verdict::Happened if there, DidNotHappen if not)")
     print(f"time to answer, every key: {figures(all_times)}")
     print(f"keys whose holder was killed: {len(held_total)}; first attempt to answer: {figures(held_total)} "

@@ -108,6 +108,25 @@
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
+/// The guides' code blocks (`docs/`), compiled as the README's are: one item per guide.
+#[cfg(doctest)]
+mod guides {
+    #[doc = include_str!("../docs/http.md")]
+    pub struct Http;
+    #[doc = include_str!("../docs/durable-tiers.md")]
+    pub struct DurableTiers;
+    #[doc = include_str!("../docs/commit-boundary.md")]
+    pub struct CommitBoundary;
+    #[doc = include_str!("../docs/cli.md")]
+    pub struct Cli;
+    #[doc = include_str!("../docs/snapshots.md")]
+    pub struct Snapshots;
+    #[doc = include_str!("../docs/states.md")]
+    pub struct States;
+    #[doc = include_str!("../docs/testing.md")]
+    pub struct Testing;
+}
+
 mod cache;
 mod claim;
 mod clock;

@@ -53,7 +53,7 @@ impl fmt::Display for Failure {
     }
 }
 
-/// The exit-code table, as `idem --help` prints it (and the README copies it).
+/// The exit-code table, as `idem --help` prints it (and docs/cli.md copies it).
 pub const TABLE: &str = "\
 Exit codes:
   (CMD's own)  idem ran CMD, or replayed its recorded exit status
