@@ -464,13 +464,10 @@ mod redis_store {
         format!("idemcache:unknown:{{{n}}}")
     }
 
-    /// How many members the UNKNOWN index holds, over its buckets and the index of
-    /// versions before the sharding.
+    /// How many members the UNKNOWN index holds, over its buckets.
     async fn index_size(admin: &mut redis::aio::MultiplexedConnection) -> usize {
         let mut size = 0;
-        for index in
-            (0..idemcache_redis::INDEX_BUCKETS).map(bucket).chain(["idemcache:unknown".into()])
-        {
+        for index in (0..idemcache_redis::INDEX_BUCKETS).map(bucket) {
             let n: usize = redis::cmd("ZCARD").arg(index).query_async(admin).await.unwrap();
             size += n;
         }
@@ -654,12 +651,8 @@ mod redis_store {
     async fn an_index_of_another_type_is_corrupt() {
         let _serial = SERIAL.lock().await;
         let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
-        let _: () = redis::cmd("SET")
-            .arg("idemcache:unknown")
-            .arg("x")
-            .query_async(&mut admin)
-            .await
-            .unwrap();
+        let _: () =
+            redis::cmd("SET").arg(bucket(0)).arg("x").query_async(&mut admin).await.unwrap();
         assert!(matches!(store.unknown(10).await, Err(StoreError::Corrupt(_))));
         assert!(matches!(store.purge_expired(10).await, Err(StoreError::Corrupt(_))));
     }
@@ -776,42 +769,6 @@ mod redis_store {
         assert_eq!(trimmed, 50);
         assert_eq!(index_size(&mut admin).await, 3);
         assert_eq!(store.unknown(10).await.unwrap().len(), 3);
-    }
-
-    /// A mark listed by a version before the index was sharded (its member in the one
-    /// index `idemcache:unknown`) is still listed, and trimmed from there once stale:
-    /// the old index drains, nothing in it is lost.
-    #[tokio::test]
-    async fn a_mark_in_the_index_before_sharding_is_listed_and_drains() {
-        let _serial = SERIAL.lock().await;
-        let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
-        let k = key("marked-by-an-older-version");
-        let token = acquire(&store, &k).await;
-        store.mark_unknown(&k, token, TTL).await.unwrap();
-        // Moved where the older version put it.
-        let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
-            .arg(bucket(bucket_of(&k)))
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        let [(member, score)] = &members[..] else { panic!("{members:?}") };
-        let _: () =
-            redis::cmd("DEL").arg(bucket(bucket_of(&k))).query_async(&mut admin).await.unwrap();
-        let _: () = redis::cmd("ZADD")
-            .arg("idemcache:unknown")
-            .arg(*score as i64)
-            .arg(member)
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        let listed = store.unknown(10).await.unwrap();
-        assert_eq!(listed.iter().map(|u| &u.key).collect::<Vec<_>>(), [&k]);
-        store.forget(&k).await.unwrap();
-        assert_eq!(store.purge_expired(10).await.unwrap(), 1);
-        assert_eq!(index_size(&mut admin).await, 0);
     }
 
     /// `wait_for_replicas` on a server with no replica: `WAIT` counts none, so an

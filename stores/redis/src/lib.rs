@@ -22,8 +22,7 @@
 //! `MarkUnknown`) over the nodes, and only the index's layout changes. The cost is in
 //! listing and purging, which read bucket by bucket and check each member's record by a
 //! script of its own on that record's key (all of a window's checks sent at once), where
-//! one script read them all before. The single `idemcache:unknown` of earlier versions
-//! is still read and trimmed, never written, so it drains.
+//! one script read them all before.
 //!
 //! The index's members name the record *and its token* (`<hex>:<token>`): a member is
 //! live only while that record is UNKNOWN under that token, so resolving or forgetting
@@ -348,15 +347,10 @@ const LONGEST_WINDOW: usize = 1000;
 pub const INDEX_BUCKETS: usize = 16;
 
 /// The Redis keys of the UNKNOWN index, in the order listing and purging read them: the
-/// index of versions before the sharding first (only read and trimmed, never written,
-/// so it drains), then the buckets `idemcache:unknown:{0}` to `{15}`.
+/// buckets `idemcache:unknown:{0}` to `{15}`.
 fn index_keys() -> impl Iterator<Item = String> {
-    std::iter::once(LEGACY_INDEX.to_owned())
-        .chain((0..INDEX_BUCKETS).map(|n| format!("idemcache:unknown:{{{n}}}")))
+    (0..INDEX_BUCKETS).map(|n| format!("idemcache:unknown:{{{n}}}"))
 }
-
-/// The single-slot index of versions before the sharding.
-const LEGACY_INDEX: &str = "idemcache:unknown";
 
 /// The bucket of the UNKNOWN index `key`'s members go in: FNV-1a (32 bits) of the
 /// stored key's bytes, modulo [`INDEX_BUCKETS`]. Spreads the index's writes (one per
