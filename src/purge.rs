@@ -337,6 +337,38 @@ mod tests {
         assert!(slept.is_empty());
     }
 
+    /// A schedule without a pause still gives the executor its turn between batches: a
+    /// purge that answers at once (SQLite's inbox, as its docs call it), full batch
+    /// after full batch, ran the whole round inside one poll. The loop's task then held
+    /// its thread for as long as expired records came back full, and could not be
+    /// aborted (`JoinHandle::abort` takes effect at a yield) until the table drained.
+    #[test]
+    fn a_round_without_a_pause_still_yields_between_batches() {
+        use std::cell::Cell;
+        use std::task::{Context, Poll, Waker};
+
+        use crate::inbox::{Purger, Retention};
+
+        struct Nobody;
+        impl Wake for Nobody {
+            fn wake(self: Arc<Self>) {}
+        }
+        let hour = Duration::from_secs(3600);
+        let purger = Purger::new(Retention::new(hour, hour).unwrap(), SystemTime::UNIX_EPOCH);
+        let schedule = Schedule::every(MINUTE).unwrap().batch(10).unwrap().pause(Duration::ZERO);
+        // Full batches for a thousand, then a short one: a backlog of 10,000 records.
+        let batches = Cell::new(0usize);
+        let purge = |_, limit: usize| {
+            batches.set(batches.get() + 1);
+            std::future::ready(Ok(if batches.get() <= 1000 { limit } else { 0 }))
+        };
+        let purging = inbox(purger, purge, schedule, |_| std::future::pending(), |_| {});
+        let waker = Waker::from(Arc::new(Nobody));
+        let polled = std::pin::pin!(purging).poll(&mut Context::from_waker(&waker));
+        assert!(matches!(polled, Poll::Pending));
+        assert_eq!(batches.get(), 1, "batches run in one poll, never yielding");
+    }
+
     #[test]
     fn a_failed_batch_ends_its_round_saying_what_was_deleted_before_it() {
         let schedule = Schedule::every(MINUTE).unwrap().with_batch(2).unwrap();

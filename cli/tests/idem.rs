@@ -943,3 +943,74 @@ fn a_lost_token_counter_row_is_71_naming_its_table_and_the_repair() {
     assert!(said.contains(&dir.db().display().to_string()), "{said}");
     assert_eq!(dir.lines("ran"), 0);
 }
+
+/// A command's output that cannot be written to idem's stdout for another reason than
+/// a reader gone (a full disk: `/dev/full`) is said on stderr, as every other write to
+/// stdout that fails is ("another failure to write stdout (a full disk) is said on
+/// stderr"), and is still recorded whole. The live pass-through dropped it in silence:
+/// exit 0, nothing said, the output lost.
+#[test]
+fn a_full_disk_under_a_commands_live_output_is_said_on_stderr() {
+    let dir = Dir::new("full");
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = dir
+        .run_cmd("full", &[], "echo ran >> ran; echo hello")
+        .stdout(Stdio::from(full))
+        .output()
+        .unwrap();
+    let said = text(&out.stderr);
+    assert_eq!(code(&out), 0, "{said}");
+    assert!(said.contains("stdout") && said.contains("No space left"), "nothing said: {said:?}");
+    let replay = dir.run("full", &[], "echo ran >> ran; echo hello");
+    assert_eq!((code(&replay), text(&replay.stdout).as_str()), (0, "hello\n"), "recorded whole");
+    assert_eq!(dir.lines("ran"), 1);
+}
+
+/// A run interrupted (SIGTERM) after its key was taken from it (`forget --force` here;
+/// a lease lapsed while idem was suspended is the same) before a renewal noticed: the
+/// command's outcome is not recorded and idem says it lost its hold, exiting with the
+/// command's 128+N, as a run that loses its key and is not interrupted does. It exited
+/// 71, "the state database ... is unusable", after saying "the key is marked UNKNOWN",
+/// neither of which was so: marking UNKNOWN a key it no longer held was refused.
+#[test]
+fn an_interrupted_run_that_lost_its_key_says_so_and_exits_with_the_commands_status() {
+    let dir = Dir::new("lost-irq");
+    let script = "echo ran >> ran; touch started; exec sleep 30";
+    // A minute's lease: its first renewal (20 s on) comes long after the test's end.
+    let spawned = dir
+        .run_cmd("li", &[], script)
+        .env("IDEM_LEASE_MS", "60000")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually(10, "the command to start", || dir.path("started").exists());
+    assert_eq!(code(&dir.idem(&["forget", "li", "--force"]).output().unwrap()), 0);
+    signal(spawned.id(), Signal::TERM);
+    let out = finish(spawned, 20);
+    let said = text(&out.stderr);
+    assert_eq!(code(&out), 128 + Signal::TERM.as_raw(), "{said}");
+    assert!(said.contains("lost its hold on the key"), "{said}");
+    assert!(!said.contains("unusable") && !said.contains("marked UNKNOWN"), "{said}");
+    assert_eq!(dir.state("li"), "ABSENT", "the forgotten key was not written again");
+}
+
+/// A database path that is a symlink to a file not made yet (a state directory linked
+/// to another disk before the first run) is made 0600, as every database idem makes:
+/// records hold commands' output. It was made by SQLite through the link, 0644 under a
+/// umask of 022: readable by every user.
+#[test]
+fn a_database_made_through_a_dangling_symlink_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = Dir::new("dangling");
+    std::fs::create_dir_all(dir.path("disk")).unwrap();
+    std::os::unix::fs::symlink(dir.path("disk/idem.db"), dir.path("link.db")).unwrap();
+    let out = dir
+        .command("sh", &["-c", "umask 022 && exec \"$@\"", "sh", IDEM])
+        .args(["run", "--key", "d", "--db", "link.db", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let mode = std::fs::metadata(dir.path("disk/idem.db")).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "made {:o}", mode & 0o777);
+}
