@@ -16,8 +16,9 @@
 //! Invariants: a loop never ends on its own and never panics (only `sleep`, `report`
 //! or the store can): a failed batch ends its round, is handed to `report`, and the
 //! loop tries again one interval later. A round deletes in batches of at most the
-//! schedule's `batch`, the next one after the schedule's `pause`, until a batch comes
-//! back short; the next round starts one interval after a round ends. The inbox loop
+//! schedule's `batch`, the next one after the schedule's `pause` (with no pause, after
+//! a yield to the executor: never two batches in one poll), until a batch comes back
+//! short; the next round starts one interval after a round ends. The inbox loop
 //! deletes nothing while its [`Purger`] gives no cutoff (the dedup window and the
 //! startup wait are the purger's: see its docs).
 //!
@@ -53,6 +54,7 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
+use std::task::Poll;
 use std::time::{Duration, SystemTime};
 
 use crate::inbox::{InboxError, Purger};
@@ -111,7 +113,8 @@ impl Schedule {
         }
     }
 
-    /// The pause between two batches of one round; zero runs them back to back.
+    /// The pause between two batches of one round; zero runs them back to back (each
+    /// batch still gives the executor its turn before the next).
     pub fn with_pause(self, pause: Duration) -> Schedule {
         Schedule { pause, ..self }
     }
@@ -259,9 +262,31 @@ where
             }
             Err(error) => return Round::Failed { deleted, error },
         }
-        if !schedule.pause.is_zero() {
+        if schedule.pause.is_zero() {
+            // Back to back, but never in one poll: a purge that answers at once (SQLite's)
+            // would otherwise hold the executor's thread until the backlog drained, and
+            // an abort waits for a yield.
+            YieldNow(false).await;
+        } else {
             sleep(schedule.pause).await;
         }
+    }
+}
+
+/// Pending once, waking its task at once: the executor's turn to run other tasks (and
+/// to drop this one, if it was aborted).
+struct YieldNow(bool);
+
+impl Future for YieldNow {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 
@@ -272,16 +297,25 @@ mod tests {
 
     use super::*;
 
-    /// `future`'s output, when it is ready at its first poll (everything here is).
+    /// `future`'s output, when it waits on nothing: each time it is pending, it has
+    /// woken itself (a yield between batches), so it is polled again at once.
     fn now_or_never<F: Future>(future: F) -> F::Output {
-        struct Nobody;
-        impl Wake for Nobody {
-            fn wake(self: Arc<Self>) {}
+        use std::sync::atomic::{AtomicBool, Ordering};
+        struct Woken(AtomicBool);
+        impl Wake for Woken {
+            fn wake(self: Arc<Self>) {
+                self.0.store(true, Ordering::SeqCst);
+            }
         }
-        let waker = Waker::from(Arc::new(Nobody));
-        match std::pin::pin!(future).poll(&mut Context::from_waker(&waker)) {
-            Poll::Ready(out) => out,
-            Poll::Pending => panic!("not ready at once"),
+        let woken = Arc::new(Woken(AtomicBool::new(false)));
+        let waker = Waker::from(woken.clone());
+        let mut future = std::pin::pin!(future);
+        loop {
+            match future.as_mut().poll(&mut Context::from_waker(&waker)) {
+                Poll::Ready(out) => return out,
+                Poll::Pending if woken.0.swap(false, Ordering::SeqCst) => {}
+                Poll::Pending => panic!("waiting on something that never comes"),
+            }
         }
     }
 
