@@ -2,7 +2,8 @@
 //! a size limit), and the claim's lease renewed until it ends.
 //!
 //! Invariant: every byte CMD writes reaches `idem`'s own stdout or stderr as it comes
-//! (a closed pipe on our side stops the passing, never the capture), and is kept in
+//! (a write that fails on our side stops the passing, never the capture; one that fails
+//! for another reason than a reader gone is said on stderr), and is kept in
 //! order per stream until the two streams together pass the limit; past it, that
 //! stream's capture is dropped (its length still counted). A stream's capture never
 //! holds more memory than the limit, whatever CMD writes. The lease is renewed every
@@ -23,6 +24,7 @@ use idemcache::{FencingToken, Key};
 use idemcache_sqlite::SqliteStore;
 
 use crate::outcome::Stream;
+use crate::output::errln;
 
 /// What one of CMD's streams left.
 struct Capture {
@@ -48,10 +50,10 @@ impl Tee {
         let b = budget.clone();
         let stdout = std::thread::Builder::new()
             .name("idem-stdout".into())
-            .spawn(move || pass(out, std::io::stdout(), &b))?;
+            .spawn(move || pass(out, std::io::stdout(), "stdout", &b))?;
         let stderr = std::thread::Builder::new()
             .name("idem-stderr".into())
-            .spawn(move || pass(err, std::io::stderr(), &budget))?;
+            .spawn(move || pass(err, std::io::stderr(), "stderr", &budget))?;
         Ok(Tee { stdout, stderr })
     }
 
@@ -67,8 +69,9 @@ impl Tee {
     }
 }
 
-/// Copies `from` to `to` until end of file, keeping what fits in `budget`.
-fn pass(mut from: impl Read, to: impl Write, budget: &AtomicUsize) -> Capture {
+/// Copies `from` to `to` (idem's own `name`) until end of file, keeping what fits in
+/// `budget`.
+fn pass(mut from: impl Read, to: impl Write, name: &str, budget: &AtomicUsize) -> Capture {
     let mut to = Some(to);
     let mut capture = Capture { kept: Some(Vec::new()), len: 0 };
     let mut buf = vec![0u8; 64 * 1024];
@@ -82,9 +85,16 @@ fn pass(mut from: impl Read, to: impl Write, budget: &AtomicUsize) -> Capture {
         let chunk = &buf[..n];
         capture.len += n as u64;
         if let Some(w) = &mut to {
-            // A reader gone (`idem run ... | head`): stop passing, keep capturing.
-            if w.write_all(chunk).and_then(|()| w.flush()).is_err() {
+            // A reader gone (`idem run ... | head`): stop passing, keep capturing. Another
+            // failure (a full disk) is said once, as `output` says its own.
+            if let Err(e) = w.write_all(chunk).and_then(|()| w.flush()) {
                 to = None;
+                if e.kind() != std::io::ErrorKind::BrokenPipe {
+                    errln!(
+                        "idem: writing the command's output to {name} failed: {e}; the rest \
+                         of it is recorded, not written"
+                    );
+                }
             }
         }
         if capture.kept.is_some() {
@@ -222,7 +232,7 @@ mod tests {
 
     /// What a stream keeps, read in chunks from `input` under `limit`.
     fn captured(input: &[u8], limit: usize) -> Capture {
-        pass(input, std::io::sink(), &AtomicUsize::new(limit))
+        pass(input, std::io::sink(), "stdout", &AtomicUsize::new(limit))
     }
 
     #[test]
