@@ -278,7 +278,12 @@ fn execute(
         _ => None,
     });
     if let Some(signal) = interrupted {
-        let marked = db.wait(db.store.mark_unknown(key, token, run.unknown_ttl));
+        let marked = idemcache::store::block_on(db.store.mark_unknown(key, token, run.unknown_ttl));
+        // Taken from this run before a renewal heard it (forgotten by force; a lapse read
+        // since): not the database's failure, and nothing of this run's to mark.
+        if let Err(StoreError::LeaseLost(_)) = marked {
+            return Ok(lost_hold(&run.key, status));
+        }
         let name = signal_hook::low_level::signal_name(signal).unwrap_or("a signal");
         errln!(
             "idem: {}: interrupted by {name} while the command ran (it ended: {}): the key is \
@@ -289,7 +294,7 @@ fn execute(
             run.key,
             run.key
         );
-        marked?;
+        marked.map_err(|e| db.failure(e))?;
         return Ok(status.exit_code());
     }
     let dropped = matches!((&stdout, &stderr), (Stream::Dropped(_), _) | (_, Stream::Dropped(_)));
