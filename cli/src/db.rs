@@ -81,10 +81,20 @@ pub fn open(path: PathBuf, unknown_ttl: Duration, busy_timeout: Duration) -> Res
         return Err(unusable("it is a directory".into()));
     }
     // Created 0600 (SQLite gives its -wal and -shm files the same mode): records hold
-    // commands' output. An empty file is an empty database.
+    // commands' output. An empty file is an empty database. A symlink leading nowhere
+    // yet "exists" to `create_new`, which never follows one: its target is made here,
+    // not by SQLite (0644).
     {
         use std::os::unix::fs::OpenOptionsExt;
-        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).mode(0o600);
+        let made = match options.clone().create_new(true).open(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && !path.exists() => {
+                options.create(true).open(&path)
+            }
+            other => other,
+        };
+        match made {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(unusable(format!("creating it: {e}"))),
