@@ -195,6 +195,57 @@ mod tests {
         assert_eq!(stored.headers, replayed);
     }
 
+    /// A body streamed frame by frame: its data, trailers, or an error, in order.
+    struct Frames(std::collections::VecDeque<Result<http_body::Frame<Bytes>, &'static str>>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = &'static str;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, &'static str>>> {
+            std::task::Poll::Ready(self.0.pop_front())
+        }
+    }
+
+    fn streamed(frames: Vec<Result<http_body::Frame<Bytes>, &'static str>>) -> Response<Frames> {
+        let mut response = Response::new(Frames(frames.into()));
+        *response.status_mut() = StatusCode::CREATED;
+        response.headers_mut().insert(http::header::DATE, HeaderValue::from_static("x"));
+        response
+    }
+
+    #[test]
+    fn a_streamed_body_is_recorded_whole_with_its_trailers_or_not_at_all() {
+        use http_body::Frame;
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-checksum", HeaderValue::from_static("abc"));
+        trailers.insert(SET_COOKIE, HeaderValue::from_static("late=1"));
+        let frames = vec![
+            Ok(Frame::data(Bytes::from_static(b"{\"id\":"))),
+            Ok(Frame::data(Bytes::from_static(b"7}"))),
+            Ok(Frame::trailers(trailers)),
+        ];
+        let (record, handed) = block_on(held().record_response(streamed(frames))).unwrap();
+        let stored = stored_response::decode(&record.unwrap()).unwrap();
+        let (parts, body, sent_trailers) = read(handed);
+        assert_eq!((&body[..], &stored.body[..]), (&b"{\"id\":7}"[..], &b"{\"id\":7}"[..]));
+        // The first answer as the handler made it; the record without the fields a
+        // replay never repeats (Date; a cookie, even one sent as a trailer).
+        assert_eq!(parts.headers.get(http::header::DATE).unwrap(), "x");
+        assert!(stored.headers.get(http::header::DATE).is_none());
+        assert_eq!(sent_trailers.as_ref().unwrap().get(SET_COOKIE).unwrap(), "late=1");
+        let kept = stored.trailers.unwrap();
+        assert_eq!(kept.get("x-checksum").unwrap(), "abc");
+        assert!(kept.get(SET_COOKIE).is_none(), "{kept:?}");
+        // An error mid-stream is the body's error: no record to write.
+        let failing = vec![Ok(Frame::data(Bytes::from_static(b"{\"id\""))), Err("reset")];
+        let failed = block_on(held().record_response(streamed(failing)));
+        assert_eq!(failed.err(), Some("reset"));
+    }
+
     #[test]
     fn a_status_not_kept_is_not_recorded_but_still_handed_back() {
         let (record, handed) =
