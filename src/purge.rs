@@ -389,14 +389,15 @@ mod tests {
         }
         let hour = Duration::from_secs(3600);
         let purger = Purger::new(Retention::new(hour, hour).unwrap(), SystemTime::UNIX_EPOCH);
-        let schedule = Schedule::every(MINUTE).unwrap().batch(10).unwrap().pause(Duration::ZERO);
+        let schedule =
+            Schedule::every(MINUTE).unwrap().with_batch(10).unwrap().with_pause(Duration::ZERO);
         // Full batches for a thousand, then a short one: a backlog of 10,000 records.
         let batches = Cell::new(0usize);
         let purge = |_, limit: usize| {
             batches.set(batches.get() + 1);
             std::future::ready(Ok(if batches.get() <= 1000 { limit } else { 0 }))
         };
-        let purging = inbox(purger, purge, schedule, |_| std::future::pending(), |_| {});
+        let purging = inbox_loop(purger, purge, schedule, |_| std::future::pending(), |_| {});
         let waker = Waker::from(Arc::new(Nobody));
         let polled = std::pin::pin!(purging).poll(&mut Context::from_waker(&waker));
         assert!(matches!(polled, Poll::Pending));
