@@ -63,7 +63,7 @@ then UNKNOWN. So does a run suspended (Ctrl-Z, SIGSTOP) for longer than the leas
 resumed, it does not record CMD's outcome (and says so).
 
 Environment for tuning and tests, each a whole number (another value is exit 64):
-IDEM_LEASE_MS (the lease, default 10000, from 30 to 3153600000000),
+IDEM_LEASE_MS (the lease, default 10000, from 300 to 3153600000000),
 IDEM_BUSY_TIMEOUT_MS (how long to wait for another process's lock on the database,
 default 5000, from 0 to 2147483647), IDEM_MAX_OUTPUT (bytes of output kept, default
 4194304, from 0 to 536870912).

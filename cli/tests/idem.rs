@@ -815,13 +815,13 @@ fn a_reader_gone_ends_the_output_quietly_and_changes_no_exit_code() {
 fn every_idem_variable_is_checked_and_a_bad_one_is_64_naming_it_and_its_range() {
     let dir = Dir::new("env");
     let range = |var: &str| match var {
-        "IDEM_LEASE_MS" => "from 30 to 3153600000000",
+        "IDEM_LEASE_MS" => "from 300 to 3153600000000",
         "IDEM_BUSY_TIMEOUT_MS" => "from 0 to 2147483647",
         _ => "from 0 to 536870912",
     };
     let bad = [
         ("IDEM_LEASE_MS", "abc"),
-        ("IDEM_LEASE_MS", "29"),
+        ("IDEM_LEASE_MS", "299"),
         ("IDEM_LEASE_MS", "-5"),
         ("IDEM_LEASE_MS", "3153600000001"),
         ("IDEM_LEASE_MS", "99999999999999999999999"),
@@ -849,7 +849,7 @@ fn every_idem_variable_is_checked_and_a_bad_one_is_64_naming_it_and_its_range() 
     }
     assert_eq!(dir.lines("ran"), 0, "a run with a bad setting ran its command");
     let good = [
-        ("IDEM_LEASE_MS", "30"),
+        ("IDEM_LEASE_MS", "300"),
         ("IDEM_LEASE_MS", "3153600000000"),
         ("IDEM_BUSY_TIMEOUT_MS", "0"),
         ("IDEM_BUSY_TIMEOUT_MS", "2147483647"),
