@@ -83,6 +83,9 @@ impl Variable {
         let Some(value) = value.filter(|v| !v.is_empty()) else { return Ok(self.default) };
         value
             .to_str()
+            // Digits only: `u64::from_str` also takes a leading `+`, which no other
+            // number idem reads (`--ttl`, `--wait`) accepts.
+            .filter(|text| text.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|text| text.parse::<u64>().ok())
             .filter(|n| (self.min..=self.max).contains(n))
             .ok_or_else(|| {
@@ -120,6 +123,7 @@ mod tests {
         assert_eq!(parse(&MAX_OUTPUT, "0").ok(), Some(0));
         for (v, bad) in [
             (&LEASE_MS, "299"),
+            (&LEASE_MS, "+300"),
             (&LEASE_MS, "abc"),
             (&LEASE_MS, " 100"),
             (&LEASE_MS, "3153600000001"),
