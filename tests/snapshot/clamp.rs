@@ -1,28 +1,14 @@
-//! Attacks on the clamping of deadlines on load: wall clocks at the far ends of their
-//! range between a save and a load keep every fact that did not expire (clamped to
+//! Deadlines on load when the wall clock moved between a save and a load: stepped back
+//! a second, or at the far ends of its range between a save and a load keep every fact that did not expire (clamped to
 //! what the cache can keep), never panic, and never count a mark as expired for a
 //! reason other than its own deadline.
 
-use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idemcache::snapshot::{Load, SnapshotFile};
-use idemcache::{Cache, Claim, Fingerprint, Key, ManualClock, MAX_DURATION};
+use idemcache::{Cache, Claim, ManualClock, MAX_DURATION};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("idemcache-clamp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("cache.snap")
-}
-
-fn key(n: &str) -> Key {
-    Key::new("POST /orders", "user:1", n).unwrap()
-}
-
-fn fp(s: &str) -> Fingerprint {
-    Fingerprint::of(s.as_bytes())
-}
+use super::{fp, key, scratch};
 
 /// A cache holding a result, a mark and a running claim, each kept for `ttl`.
 fn filled(clock: &ManualClock, ttl: Duration) -> Cache {
@@ -86,4 +72,46 @@ fn a_wall_clock_five_centuries_on_expires_everything() {
     let loaded =
         SnapshotFile::new(&path).wall_clock(far_future).load(&restarted, Load::Strict).unwrap();
     assert_eq!((loaded.inserted, loaded.clamped, loaded.expired), (0, 0, 3));
+}
+
+fn saved_at() -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+fn a_second_earlier() -> SystemTime {
+    saved_at() - Duration::from_secs(1)
+}
+
+/// A cache that keeps results and marks as long as it can (`MAX_DURATION`, the natural
+/// "keep it" choice) is restarted on a wall clock one second behind the save's (an NTP
+/// step, a restored VM): every deadline lies past the new cache's range. Each fact is
+/// kept, clamped to that range, and said so; none is dropped as if it had expired, so no
+/// key executes again.
+#[test]
+fn a_wall_clock_stepped_back_clamps_deadlines_and_drops_no_fact() {
+    let path = scratch("stepped-back");
+    let cache = filled(&ManualClock::new(), MAX_DURATION);
+    SnapshotFile::new(&path).wall_clock(saved_at).save(&cache).unwrap();
+
+    let clock = ManualClock::new();
+    let restarted = Cache::builder()
+        .clock(clock.clone())
+        .completed_ttl(MAX_DURATION)
+        .unknown_ttl(MAX_DURATION)
+        .build()
+        .unwrap();
+    let loaded = SnapshotFile::new(&path)
+        .wall_clock(a_second_earlier)
+        .load(&restarted, Load::Strict)
+        .unwrap();
+    assert_eq!((loaded.inserted, loaded.clamped, loaded.expired), (3, 3, 0));
+    assert!(matches!(restarted.claim(&key("done"), fp("done")).unwrap(), Claim::Completed(_)));
+    for k in ["unknown", "running"] {
+        assert!(matches!(restarted.claim(&key(k), fp(k)).unwrap(), Claim::Unknown { .. }), "{k}");
+    }
+    // Kept as far as the cache can keep anything, and no further.
+    clock.advance(MAX_DURATION - Duration::from_secs(1));
+    assert!(restarted.peek(&key("unknown")).is_some());
+    clock.advance(Duration::from_secs(2));
+    assert!(restarted.peek(&key("unknown")).is_none());
 }

@@ -2,35 +2,19 @@
 //! that is this snapshot's own temporary, that no save holds and that has gone a minute
 //! unmodified may be removed, and nothing in the directory may hang or fail a save or a
 //! load.
-#![cfg(target_os = "linux")]
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use idemcache::snapshot::{Load, SnapshotFile};
-use idemcache::{Cache, Claim, Fingerprint, Key, ManualClock};
+use idemcache::{Cache, ManualClock};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("idemcache-snaptmp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("cache.snap")
-}
+use super::{age, complete, filled, manual, scratch};
 
+/// A cache holding one result.
 fn cache() -> Cache {
-    let cache = Cache::builder().clock(ManualClock::new()).build().unwrap();
-    let key = Key::new("POST /orders", "user:1", "k").unwrap();
-    match cache.claim(&key, Fingerprint::of(b"r")).unwrap() {
-        Claim::Acquired(guard) => guard.complete(&b"order 1"[..]).unwrap(),
-        other => panic!("{other:?}"),
-    }
+    let (cache, _clock) = manual();
+    complete(&cache, "k", b"order 1");
     cache
-}
-
-/// Sets `path`'s modification time `by` into the past.
-fn age(path: &Path, by: Duration) {
-    let file = std::fs::File::options().write(true).open(path).unwrap();
-    file.set_modified(SystemTime::now() - by).unwrap();
 }
 
 /// A FIFO in the snapshot's directory named like one of its temporaries (left by a
@@ -148,4 +132,35 @@ fn concurrent_saves_in_one_process_never_fail_each_other() {
     }
     let leftovers = std::fs::read_dir(path.parent().unwrap()).unwrap().count();
     assert_eq!(leftovers, 1, "only the snapshot is left");
+}
+
+/// Only a temporary that no save holds and that has gone a minute unmodified is
+/// removed: one locked by a running save (however old), one just created (a save
+/// between creating and locking it), and files that are not this snapshot's
+/// temporaries are left as they are.
+#[test]
+fn a_save_removes_only_temporaries_no_save_is_writing() {
+    let path = scratch("leftovers");
+    let dir = path.parent().unwrap();
+    let file = |name: &str| dir.join(name);
+    for name in ["cache.snap.tmp-1-0-0", "cache.snap.tmp-2-0-0", "cache.snap.tmp-3-0-0"] {
+        std::fs::write(file(name), b"part of a snapshot").unwrap();
+    }
+    std::fs::write(file("other.snap.tmp-4-0-0"), b"another snapshot's").unwrap();
+    age(&file("cache.snap.tmp-1-0-0"), Duration::from_secs(120)); // killed long ago
+    age(&file("cache.snap.tmp-2-0-0"), Duration::from_secs(120)); // a running save's
+    age(&file("other.snap.tmp-4-0-0"), Duration::from_secs(120));
+    let running = std::fs::File::open(file("cache.snap.tmp-2-0-0")).unwrap();
+    rustix::fs::flock(&running, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+
+    let (cache, _clock) = filled();
+    SnapshotFile::new(&path).save(&cache).unwrap();
+    let left = |name: &str| file(name).exists();
+    assert!(!left("cache.snap.tmp-1-0-0"), "a leftover of a killed save is removed");
+    assert!(left("cache.snap.tmp-2-0-0"), "a running save's temporary is kept");
+    assert!(left("cache.snap.tmp-3-0-0"), "a temporary just created is kept");
+    assert!(left("other.snap.tmp-4-0-0"), "another snapshot's temporary is kept");
+    let loaded = SnapshotFile::new(&path).load(&manual().0, Load::Strict).unwrap();
+    assert_eq!(loaded.inserted, 4, "the save itself is whole");
+    drop(running);
 }

@@ -1,8 +1,9 @@
-//! Snapshots: a round trip keeps every fact; expiry runs on across a restart; a file
+//! Snapshots: a round trip keeps every fact; expiry runs on across a restart (and a wall
+//! clock that moved between a save and a load clamps, `clamp`); a file
 //! truncated at any byte or with any bit flipped loads nothing and says why; a foreign
 //! file or a later version is refused; a live entry is never displaced; a save that
 //! fails leaves the cache serving; and a writer killed (SIGKILL) mid-save leaves the
-//! previous snapshot whole.
+//! previous snapshot whole, and a later load removes what it left (`temporaries`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,28 +12,32 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use idemcache::snapshot::{read_bytes, Load, SnapshotError, SnapshotFile, SnapshotState};
 use idemcache::{Cache, Claim, EntryState, Fingerprint, Key, Known, ManualClock};
 
-fn scratch(name: &str) -> PathBuf {
+mod clamp;
+#[cfg(target_os = "linux")]
+mod temporaries;
+
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("idemcache-snap-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir.join("cache.snap")
 }
 
-fn key(n: &str) -> Key {
+pub(crate) fn key(n: &str) -> Key {
     Key::new("POST /orders", "user:1", n).unwrap()
 }
 
-fn fp(s: &str) -> Fingerprint {
+pub(crate) fn fp(s: &str) -> Fingerprint {
     Fingerprint::of(s.as_bytes())
 }
 
-fn manual() -> (Cache, ManualClock) {
+pub(crate) fn manual() -> (Cache, ManualClock) {
     let clock = ManualClock::new();
     let cache = Cache::builder().clock(clock.clone()).max_result_size(64).build().unwrap();
     (cache, clock)
 }
 
-fn complete(cache: &Cache, k: &str, body: &[u8]) {
+pub(crate) fn complete(cache: &Cache, k: &str, body: &[u8]) {
     match cache.claim(&key(k), fp(k)).unwrap() {
         Claim::Acquired(guard) => guard.complete(body.to_vec()).unwrap(),
         other => panic!("{k}: {other:?}"),
@@ -41,7 +46,7 @@ fn complete(cache: &Cache, k: &str, body: &[u8]) {
 
 /// A cache holding each kind of fact: a result, a result too large to keep, an UNKNOWN
 /// mark, and a claim still executing.
-fn filled() -> (Cache, ManualClock) {
+pub(crate) fn filled() -> (Cache, ManualClock) {
     let (cache, clock) = manual();
     complete(&cache, "kept", b"order 1");
     complete(&cache, "too-large", &[7u8; 100]);
@@ -367,56 +372,6 @@ fn the_file_is_readable_by_its_owner_only() {
     assert_eq!(mode & 0o777, 0o600, "{mode:o}");
 }
 
-/// The wall clock of the step-back test, apart from [`WALL`] (tests run at once).
-static STEPPED: AtomicU64 = AtomicU64::new(1_800_000_000_000_000);
-
-fn stepped() -> SystemTime {
-    UNIX_EPOCH + Duration::from_micros(STEPPED.load(Ordering::SeqCst))
-}
-
-/// A cache that keeps results and marks as long as it can (`MAX_DURATION`, the natural
-/// "keep it" choice) is restarted on a wall clock one second behind the save's (an NTP
-/// step, a restored VM): every deadline lies past the new cache's range. Each fact is
-/// kept, clamped to that range, and said so; none is dropped as if it had expired, so no
-/// key executes again.
-#[test]
-fn a_wall_clock_stepped_back_clamps_deadlines_and_drops_no_fact() {
-    let path = scratch("stepped-back");
-    let keeping = |clock: &ManualClock| {
-        let builder = Cache::builder().clock(clock.clone());
-        let builder = builder.completed_ttl(idemcache::MAX_DURATION);
-        builder.unknown_ttl(idemcache::MAX_DURATION).build().unwrap()
-    };
-    let clock = ManualClock::new();
-    let cache = keeping(&clock);
-    complete(&cache, "kept", b"order 1");
-    match cache.claim(&key("unknown"), fp("unknown")).unwrap() {
-        Claim::Acquired(guard) => guard.mark_unknown().unwrap(),
-        other => panic!("{other:?}"),
-    }
-    match cache.claim(&key("running"), fp("running")).unwrap() {
-        Claim::Acquired(guard) => std::mem::forget(guard),
-        other => panic!("{other:?}"),
-    }
-    SnapshotFile::new(&path).wall_clock(stepped).save(&cache).unwrap();
-    STEPPED.fetch_sub(1_000_000, Ordering::SeqCst);
-
-    let clock = ManualClock::new();
-    let restarted = keeping(&clock);
-    let loaded =
-        SnapshotFile::new(&path).wall_clock(stepped).load(&restarted, Load::Strict).unwrap();
-    assert_eq!((loaded.inserted, loaded.clamped, loaded.expired), (3, 3, 0));
-    assert!(matches!(restarted.claim(&key("kept"), fp("kept")).unwrap(), Claim::Completed(_)));
-    for k in ["unknown", "running"] {
-        assert!(matches!(restarted.claim(&key(k), fp(k)).unwrap(), Claim::Unknown { .. }), "{k}");
-    }
-    // Kept as far as the cache can keep anything, and no further.
-    clock.advance(idemcache::MAX_DURATION - Duration::from_secs(1));
-    assert!(restarted.peek(&key("unknown")).is_some());
-    clock.advance(Duration::from_secs(2));
-    assert!(restarted.peek(&key("unknown")).is_none());
-}
-
 /// A cache too small for a snapshot keeps its UNKNOWN marks, evicting results for them
 /// as a claim would: a mark left out would let its key run again with nobody knowing
 /// whether the first run happened.
@@ -445,39 +400,7 @@ fn a_cache_too_small_for_the_snapshot_keeps_its_marks_first() {
 }
 
 /// Sets `path`'s modification time `by` into the past.
-fn age(path: &std::path::Path, by: Duration) {
+pub(crate) fn age(path: &std::path::Path, by: Duration) {
     let file = std::fs::File::options().write(true).open(path).unwrap();
     file.set_modified(SystemTime::now() - by).unwrap();
-}
-
-/// Only a temporary that no save holds and that has gone a minute unmodified is
-/// removed: one locked by a running save (however old), one just created (a save
-/// between creating and locking it), and files that are not this snapshot's
-/// temporaries are left as they are.
-#[cfg(target_os = "linux")]
-#[test]
-fn a_save_removes_only_temporaries_no_save_is_writing() {
-    let path = scratch("leftovers");
-    let dir = path.parent().unwrap();
-    let file = |name: &str| dir.join(name);
-    for name in ["cache.snap.tmp-1-0-0", "cache.snap.tmp-2-0-0", "cache.snap.tmp-3-0-0"] {
-        std::fs::write(file(name), b"part of a snapshot").unwrap();
-    }
-    std::fs::write(file("other.snap.tmp-4-0-0"), b"another snapshot's").unwrap();
-    age(&file("cache.snap.tmp-1-0-0"), Duration::from_secs(120)); // killed long ago
-    age(&file("cache.snap.tmp-2-0-0"), Duration::from_secs(120)); // a running save's
-    age(&file("other.snap.tmp-4-0-0"), Duration::from_secs(120));
-    let running = std::fs::File::open(file("cache.snap.tmp-2-0-0")).unwrap();
-    rustix::fs::flock(&running, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
-
-    let (cache, _clock) = filled();
-    SnapshotFile::new(&path).save(&cache).unwrap();
-    let left = |name: &str| file(name).exists();
-    assert!(!left("cache.snap.tmp-1-0-0"), "a leftover of a killed save is removed");
-    assert!(left("cache.snap.tmp-2-0-0"), "a running save's temporary is kept");
-    assert!(left("cache.snap.tmp-3-0-0"), "a temporary just created is kept");
-    assert!(left("other.snap.tmp-4-0-0"), "another snapshot's temporary is kept");
-    let loaded = SnapshotFile::new(&path).load(&manual().0, Load::Strict).unwrap();
-    assert_eq!(loaded.inserted, 4, "the save itself is whole");
-    drop(running);
 }
