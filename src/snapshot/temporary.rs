@@ -64,29 +64,26 @@ pub(super) fn hold(file: &File) {
     let _ = file;
 }
 
-/// Removes the temporaries of `target` that no save is writing (see the module docs);
-/// returns how many. Best effort: a directory or file that cannot be read is passed
+/// Removes the temporaries of `target` that no save is writing (see the module docs).
+/// Best effort: a directory or file that cannot be read is passed
 /// over, as a leftover costs disk space, never correctness.
-pub(super) fn remove_stale(target: &Path) -> usize {
+pub(super) fn remove_stale(target: &Path) {
     let dir = match target.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     };
-    let Some(prefix) = prefix(target) else { return 0 };
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    let mut removed = 0;
+    let Some(prefix) = prefix(target) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name();
         // `file_type` does not follow a link: a link named like a temporary is left.
         if is_temporary_name(name.as_encoded_bytes(), prefix.as_encoded_bytes())
             && entry.file_type().is_ok_and(|t| t.is_file())
             && is_stale(&entry.path())
-            && std::fs::remove_file(entry.path()).is_ok()
         {
-            removed += 1;
+            let _ = std::fs::remove_file(entry.path());
         }
     }
-    removed
 }
 
 #[cfg(target_os = "linux")]
@@ -112,4 +109,27 @@ fn is_stale(path: &Path) -> bool {
 #[cfg(not(target_os = "linux"))]
 fn is_stale(_: &Path) -> bool {
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_temporary_name_is_the_prefix_then_three_numbers() {
+        let name = name_for(Path::new("/d/cache.snap"));
+        let name = name.file_name().unwrap().as_encoded_bytes().to_vec();
+        let prefix = b"cache.snap.tmp-";
+        assert!(is_temporary_name(&name, prefix), "{}", String::from_utf8_lossy(&name));
+        for other in [
+            &b"cache.snap.tmp-1-2"[..],
+            b"cache.snap.tmp-1-2-3-4",
+            b"cache.snap.tmp-1--3",
+            b"cache.snap.tmp-1-2-x",
+            b"cache.snap.tmp-archive",
+            b"other.snap.tmp-1-2-3",
+        ] {
+            assert!(!is_temporary_name(other, prefix), "{}", String::from_utf8_lossy(other));
+        }
+    }
 }

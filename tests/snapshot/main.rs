@@ -404,3 +404,24 @@ pub(crate) fn age(path: &std::path::Path, by: Duration) {
     let file = std::fs::File::options().write(true).open(path).unwrap();
     file.set_modified(SystemTime::now() - by).unwrap();
 }
+
+/// A cache whose bound is taken by marks (never evicted) has no room for the results
+/// that come after them: they are counted as such, not as expired.
+#[test]
+fn results_that_find_no_room_are_counted_as_such() {
+    let path = scratch("no-room");
+    let (cache, _clock) = manual();
+    for i in 0..4 {
+        match cache.claim(&key(&format!("unknown-{i}")), fp("u")).unwrap() {
+            Claim::Acquired(guard) => guard.mark_unknown().unwrap(),
+            other => panic!("{other:?}"),
+        }
+    }
+    SnapshotFile::new(&path).save(&cache).unwrap();
+    let full = Cache::builder().shards(1).max_entries(4).build().unwrap();
+    SnapshotFile::new(&path).load(&full, Load::Strict).unwrap();
+    complete(&cache, "done", b"r");
+    SnapshotFile::new(&path).save(&cache).unwrap();
+    let loaded = SnapshotFile::new(&path).load(&full, Load::Strict).unwrap();
+    assert_eq!((loaded.inserted, loaded.occupied, loaded.no_room, loaded.expired), (0, 4, 1, 0));
+}
