@@ -1,24 +1,26 @@
 //! [`complete_in`]: a claim's completion written in the caller's own transaction, so
 //! that it commits with the business change it records, or not at all.
 //!
-//! Invariant: the write is the store's own completion (the same statement, judged by
-//! the server's clock), fenced by the claim's token and refused once the key has moved
-//! on; it changes nothing but the claim's record, and commits or rolls back with the
-//! caller's transaction. Under READ COMMITTED (PostgreSQL's default) a concurrent
-//! takeover of the key and this write serialize on the record's row: whichever commits
-//! first wins, and the other sees the winner's row (a takeover finds it COMPLETED and
-//! replays; this write finds a new token and is refused).
+//! Invariant: the write is the store's own completion (the same statement,
+//! `idemcache-sql`'s `COMPLETE`, judged by the server's clock), fenced by the claim's
+//! token and refused once the key has moved on; it changes nothing but the claim's
+//! record, and commits or rolls back with the caller's transaction. Under READ
+//! COMMITTED (PostgreSQL's default) a concurrent takeover of the key and this write
+//! serialize on the record's row: whichever commits first wins, and the other sees
+//! the winner's row (a takeover finds it COMPLETED and replays; this write finds a new
+//! token and is refused).
 
 use std::time::SystemTime;
 
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
 
-use idemcache::store::encoding::{check_duration, from_micros, micros};
+use idemcache::store::encoding::{check_duration, micros};
 use idemcache::store::{OpenClaim, StoreError};
 use idemcache::{Bytes, Replay};
+use idemcache_sql::records::{decode, postgres::COMPLETE};
 
-use crate::{backend, column, COMPLETE};
+use crate::{backend, column};
 
 /// Completes `claim` with `body` inside `tx`, a transaction on the database the
 /// [`PostgresStore`](crate::PostgresStore) keeps its records in, so that the record
@@ -42,10 +44,10 @@ pub async fn complete_in(
     claim.hand_over();
     let key = claim.key();
     let params: [&(dyn ToSql + Sync); 4] =
-        [&key.as_bytes(), &(claim.token().get() as i64), &body, &micros(ttl)];
+        [&key.as_bytes(), &decode::token(claim.token()), &body, &micros(ttl)];
     let rows = tx.query(COMPLETE, &params).await.map_err(backend)?;
     let row = rows.first().ok_or_else(|| StoreError::LeaseLost(key.clone()))?;
     let at: i64 = column(row, 0, key.as_bytes())?;
     let until: i64 = column(row, 1, key.as_bytes())?;
-    Ok(Replay::new(body.map(Bytes::copy_from_slice), from_micros(at), from_micros(until)))
+    Ok(decode::replay(body.map(Bytes::copy_from_slice), at, until))
 }

@@ -14,6 +14,12 @@
 //! write matches no row. Tokens come from a sequence: they increase across processes and
 //! restarts.
 //!
+//! The statements and the decoding of their rows are `idemcache-sql`'s
+//! ([`idemcache_sql::records::postgres`], [`idemcache_sql::records::decode`]), which
+//! `idemcache-sqlx` runs too: a table either crate wrote behaves the same under the
+//! other. This crate binds and runs them: the handle and its constructors here, the
+//! [`Store`] implementation in `store.rs`, [`complete_in`] in `in_transaction.rs`.
+//!
 //! Lapses ([`PostgresStore::lapse_policy`]): under `LapsePolicy::MarkUnknown` the claim
 //! statement never takes over a PROCESSING record whose lease lapsed less than the
 //! unknown TTL ago; it returns it, flagged, and a second statement fenced by its token
@@ -74,8 +80,8 @@
 //! records, 90% expired, on a stock PostgreSQL 15 with 2 cores shared with the load):
 //!
 //! - **Purge in paced batches.** A batch of [`purge_expired`](Store::purge_expired) costs
-//!   its rows, not the table (a TID scan; the statement's note in the source says what
-//!   it replaced: 15 s a batch). Flat out, one purger deletes ~90,000 rows/s and raises the claims'
+//!   its rows, not the table (a TID scan; the statement's docs, [`idemcache_sql::records::postgres::PURGE`],
+//!   say what it replaced: 15 s a batch). Flat out, one purger deletes ~90,000 rows/s and raises the claims'
 //!   p99 ~9x, from the CPU and WAL it takes (a checkpoint every ~25 s); batches of 1000
 //!   with a 50 ms pause delete ~17,000 rows/s (a 9-million-row backlog in 9 minutes, 1.4
 //!   billion rows a day) with the claims' p99 at about 2x. A steady state needs only the
@@ -112,104 +118,35 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-use std::future::Future;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use bytes::Bytes;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
 
-use idemcache::store::encoding::{
-    at_server, check_duration, check_url, corrupt, fingerprint, from_micros, key, micros,
-};
-use idemcache::store::{Lapse, Store, StoreClaim, StoreError};
-use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
+use idemcache::store::encoding::{at_server, check_url};
+use idemcache::store::{Lapse, StoreError};
+use idemcache::{Key, LapsePolicy};
+use idemcache_sql::records::decode;
+
+#[cfg(doc)]
+use idemcache::store::Store;
 
 pub use {deadpool_postgres, tokio_postgres};
 
+mod in_transaction;
 pub mod inbox;
-#[cfg(test)]
-mod purge_tests;
+mod store;
 pub mod transition;
 
-/// The schema [`ensure_schema`](Store::ensure_schema) creates (idempotent, and safe to run from
-/// several processes at once: it holds an advisory lock). Columns as in SQLite's:
+pub use in_transaction::complete_in;
+
+/// The schema [`ensure_schema`](Store::ensure_schema) creates (idempotent, and safe to
+/// run from several processes at once: it holds an advisory lock), as
+/// [`idemcache_sql::records::postgres::SCHEMA`] holds it. Columns as in SQLite's:
 /// `state` 1 PROCESSING, 2 COMPLETED, 3 UNKNOWN; `expires_at` the lease's end while
 /// PROCESSING, the TTL's after; times in microseconds since the epoch (server clock).
-pub const POSTGRES_SCHEMA: &str = "
-CREATE SEQUENCE IF NOT EXISTS idemcache_tokens;
-CREATE TABLE IF NOT EXISTS idemcache_records (
-    key         BYTEA PRIMARY KEY,
-    fingerprint BYTEA NOT NULL,
-    state       SMALLINT NOT NULL CHECK (state IN (1, 2, 3)),
-    token       BIGINT NOT NULL,
-    body        BYTEA,
-    started_at  BIGINT NOT NULL,
-    settled_at  BIGINT,
-    expires_at  BIGINT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS idemcache_records_expiry ON idemcache_records (expires_at);
-";
-
-/// `ddl` run once per database, as one statement: skipped when `last` (the object `ddl`
-/// creates last) exists, else run under the advisory lock `lock`, so processes starting
-/// together do not collide (concurrent `CREATE ... IF NOT EXISTS` can). The check comes
-/// first because `CREATE INDEX IF NOT EXISTS` takes its table's lock before it finds the
-/// index there: it would wait for every open transaction that wrote to the table (a
-/// handler's, holding a record it completes in its own transaction), and every later
-/// writer would queue behind it, so a restarting instance would stall the others.
-pub(crate) fn schema_once(lock: i64, last: &str, ddl: &str) -> String {
-    format!(
-        "DO $idemcache$ BEGIN
-           IF to_regclass('{last}') IS NULL THEN
-             PERFORM pg_advisory_xact_lock({lock});
-             {ddl}
-           END IF;
-         END $idemcache$;"
-    )
-}
-
-/// "Now" on the server's clock, in microseconds, as a one-row CTE named `now`: a macro,
-/// so every statement is one `concat!`ed constant.
-macro_rules! now {
-    () => {
-        "now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)"
-    };
-}
-
-/// PROCESSING → COMPLETED of `$1` under the token `$2`, the body `$3` kept for `$4` µs,
-/// while the lease is live; returns `settled_at, expires_at`. The store's `complete` and
-/// [`complete_in`] (the same write in the caller's transaction) share it. The server's
-/// `clock_timestamp()`, not `now()`: inside a caller's transaction `now()` is when the
-/// transaction began, and a lease that lapsed since would still look live.
-const COMPLETE: &str = concat!(
-    "WITH ",
-    now!(),
-    " UPDATE idemcache_records r
-     SET state = 2, body = $3, settled_at = now.us, expires_at = now.us + $4 FROM now
-     WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
-     RETURNING r.settled_at, r.expires_at"
-);
-
-mod in_transaction;
-pub use in_transaction::complete_in;
-/// Record `r` "lapsed less than `$N` µs ago" (against the `now` CTE): PROCESSING, past
-/// its lease, within the unknown TTL of `LapsePolicy::MarkUnknown` (never true when the
-/// TTL is 0, `TakeOver`). Such a record is UNKNOWN to every statement of a
-/// `MarkUnknown` handle.
-macro_rules! lapsed_within {
-    ($ttl:literal) => {
-        concat!("(r.state = 1 AND r.expires_at <= now.us AND r.expires_at + ", $ttl, " > now.us)")
-    };
-}
-
-/// A live UNKNOWN record, or one a lapse made so (see [`lapsed_within`]).
-macro_rules! unknown_or_lapsed {
-    ($ttl:literal) => {
-        concat!("((r.state = 3 AND r.expires_at > now.us) OR ", lapsed_within!($ttl), ")")
-    };
-}
+pub const POSTGRES_SCHEMA: &str = idemcache_sql::records::postgres::SCHEMA;
 
 /// Idempotency records in PostgreSQL. See the module docs for the guarantees.
 /// Cheap to clone (the pool is shared).
@@ -265,13 +202,8 @@ fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
 ) -> Result<T, StoreError> {
     row.try_get(i).map_err(|e| {
         let name = row.columns().get(i).map_or("?", |c| c.name());
-        corrupt(key, format_args!("column {name}: {e}"))
+        decode::unreadable(key, name, e)
     })
-}
-
-/// A count as a `LIMIT` takes it (a `bigint`; past `i64::MAX`, no limit).
-fn sql_limit(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 impl PostgresStore {
@@ -373,387 +305,5 @@ impl PostgresStore {
         let rows = self.rows(sql, params).await?;
         let row = rows.first().ok_or_else(|| missing(key.clone()))?;
         Ok((column(row, 0, key.as_bytes())?, column(row, 1, key.as_bytes())?))
-    }
-}
-
-/// The claim: take the key if absent or dead, else read its live holder; one statement.
-const CLAIM: &str = concat!(
-    "WITH ",
-    now!(),
-    ",
-         taken AS (
-             INSERT INTO idemcache_records AS r
-                 (key, fingerprint, state, token, body, started_at, settled_at, expires_at)
-             SELECT $1, $2, 1, nextval('idemcache_tokens'), NULL, now.us, NULL, now.us + $3 FROM now
-             ON CONFLICT (key) DO UPDATE SET
-                 fingerprint = EXCLUDED.fingerprint, state = 1, token = EXCLUDED.token,
-                 body = NULL, started_at = EXCLUDED.started_at, settled_at = NULL,
-                 expires_at = EXCLUDED.expires_at
-             WHERE r.expires_at <= EXCLUDED.started_at
-               AND NOT (r.state = 1 AND r.expires_at + $4 > EXCLUDED.started_at)
-             RETURNING token, expires_at
-         )
-         SELECT 0::smallint, token, NULL::bytea, NULL::bytea, NULL::bigint, expires_at, true, false
-         FROM taken
-         UNION ALL
-         SELECT r.state, r.token, r.fingerprint, r.body, r.settled_at, r.expires_at,
-                r.expires_at > now.us, ",
-    lapsed_within!("$4"),
-    "
-         FROM idemcache_records r, now
-         WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
-);
-
-/// One bounded batch of `purge_expired`: at most `$1` expired records (`$2` the unknown
-/// TTL of `LapsePolicy::MarkUnknown`: a lapse it reads as UNKNOWN stays), one count back.
-///
-/// The batch is picked through the expiry index (`LIMIT $1`, `SKIP LOCKED`: two purgers
-/// never wait on each other's batch, and a claim's row being written is skipped) and
-/// deleted by row address (`ctid = ANY(ARRAY(...))`, a TID scan), so its cost is the
-/// batch's rows whatever the table holds. It used to join the batch back on `key`; in
-/// the generic plan a prepared statement gets after five runs, the planner does not
-/// know the limit and hashed every expired row for that join: 15 s for a batch of 1000
-/// over 9 million expired rows, against 3 ms now (BENCHMARKS.md, "PostgreSQL at
-/// volume"). A row address is a partition's own, so the address is matched with its
-/// table (`tableoid`, a semi-join against the picked batch only): on a table you
-/// partitioned by key, one batch is still at most `$1`. The `DELETE` checks expiry again
-/// on the version it deletes, so a record a claim took over since it was picked is kept.
-const PURGE: &str = concat!(
-    "WITH ",
-    now!(),
-    ",
-         picked AS (
-             SELECT r.tableoid AS rel, r.ctid AS addr FROM idemcache_records r, now
-             WHERE r.expires_at <= now.us AND NOT ",
-    lapsed_within!("$2"),
-    "
-             LIMIT $1 FOR UPDATE OF r SKIP LOCKED
-         ),
-         gone AS (
-             DELETE FROM idemcache_records r USING now
-             WHERE r.ctid = ANY(ARRAY(SELECT addr FROM picked))
-               AND EXISTS (SELECT 1 FROM picked p WHERE p.rel = r.tableoid AND p.addr = r.ctid)
-               AND r.expires_at <= now.us AND NOT ",
-    lapsed_within!("$2"),
-    "
-             RETURNING 1
-         )
-     SELECT count(*) FROM gone"
-);
-
-/// `LapsePolicy::MarkUnknown`: the lapsed lease of `$2` turns UNKNOWN, marked at its
-/// end; no row if the record moved on since the claim read it.
-const TURN_UNKNOWN: &str = concat!(
-    "WITH ",
-    now!(),
-    " UPDATE idemcache_records r
-     SET state = 3, settled_at = r.expires_at, expires_at = r.expires_at + $3 FROM now
-     WHERE r.key = $1 AND r.token = $2 AND ",
-    lapsed_within!("$3"),
-    " RETURNING r.fingerprint, r.settled_at"
-);
-
-/// The UNKNOWN record a listing saw, by the token its execution was claimed under
-/// (from `idemcache_tokens`, never handed out twice): a settling write "of it" matches
-/// only that execution's row, never a later one's, whatever their fingerprints and mark
-/// times.
-struct Listed {
-    token: i64,
-}
-
-impl Listed {
-    fn of(entry: &UnknownEntry<SystemTime>) -> Listed {
-        // The inverse of the listing's `as u64`: the row's own value, bit for bit.
-        Listed { token: entry.token.get() as i64 }
-    }
-}
-
-/// "Record `r` is the listed one", binding `$token` (the listed token, or NULL: any
-/// record).
-macro_rules! listed {
-    ($token:literal) => {
-        concat!("(", $token, "::bigint IS NULL OR r.token = ", $token, "::bigint)")
-    };
-}
-
-impl PostgresStore {
-    /// UNKNOWN → COMPLETED of `key`, of the `listed` record only if given.
-    async fn resolve_where(
-        &self,
-        key: Key,
-        listed: Option<Listed>,
-        body: Option<Bytes>,
-        ttl: Duration,
-    ) -> Result<Replay<SystemTime>, StoreError> {
-        check_duration("result TTL", ttl)?;
-        let sql = concat!(
-            "WITH ",
-            now!(),
-            " UPDATE idemcache_records r
-             SET state = 2, body = $2, settled_at = now.us, expires_at = now.us + $3 FROM now
-             WHERE r.key = $1 AND ",
-            unknown_or_lapsed!("$4"),
-            " AND ",
-            listed!("$5"),
-            " RETURNING r.settled_at, r.expires_at"
-        );
-        let stored = body.as_deref();
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
-        let token = listed.map(|l| l.token);
-        let params: [&(dyn ToSql + Sync); 5] =
-            [&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl, &token];
-        let (at, until) = self.settle(&key, sql, &params, StoreError::NotUnknown).await?;
-        Ok(Replay::new(body, from_micros(at), from_micros(until)))
-    }
-
-    /// UNKNOWN → absent of `key`, of the `listed` record only if given.
-    async fn forget_where(&self, key: Key, listed: Option<Listed>) -> Result<(), StoreError> {
-        let sql = concat!(
-            "WITH ",
-            now!(),
-            " DELETE FROM idemcache_records r USING now
-             WHERE r.key = $1 AND ",
-            unknown_or_lapsed!("$2"),
-            " AND ",
-            listed!("$3"),
-            " RETURNING r.started_at, r.expires_at"
-        );
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
-        let token = listed.map(|l| l.token);
-        let params: [&(dyn ToSql + Sync); 3] = [&key.as_bytes(), &lapse_ttl, &token];
-        self.settle(&key, sql, &params, StoreError::NotUnknown).await.map(drop)
-    }
-}
-
-impl Store for PostgresStore {
-    /// Creates the sequence, table and index of [`POSTGRES_SCHEMA`] if missing.
-    async fn ensure_schema(&self) -> Result<(), StoreError> {
-        let client = self.client().await?;
-        let ensure = schema_once(7_315_993_121, "idemcache_records_expiry", POSTGRES_SCHEMA);
-        client.batch_execute(&ensure).await.map_err(|e| self.failed(e))
-    }
-
-    fn claim(
-        &self,
-        key: &Key,
-        fp_in: Fingerprint,
-        lease: Duration,
-    ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
-        let key = key.as_bytes().to_vec();
-        async move {
-            check_duration("lease", lease)?;
-            let fp = fp_in.to_bytes().to_vec();
-            let sql = CLAIM;
-            let lapse_ttl = self.lapse.unknown_ttl_micros();
-            // A holder committed after this statement's snapshot was taken blocks the
-            // insert but is not yet visible to the read: no row. Look again.
-            for _ in 0..16 {
-                let rows = self.rows(sql, &[&key, &fp, &micros(lease), &lapse_ttl]).await?;
-                let Some(row) = rows.first() else { continue };
-                let state: i16 = column(row, 0, &key)?;
-                let expires_at: i64 = column(row, 5, &key)?;
-                let live: bool = column(row, 6, &key)?;
-                if state == 0 {
-                    let token: i64 = column(row, 1, &key)?;
-                    return Ok(StoreClaim::Acquired {
-                        token: FencingToken::new(token as u64),
-                        lease_ends_at: from_micros(expires_at),
-                    });
-                }
-                if column::<bool>(row, 7, &key)? {
-                    let token: i64 = column(row, 1, &key)?;
-                    let turned = self.rows(TURN_UNKNOWN, &[&key, &token, &lapse_ttl]).await?;
-                    // None: the record moved on since (settled, turned by another
-                    // claim's statement): look again.
-                    let Some(turned) = turned.first() else { continue };
-                    let stored_fp: Vec<u8> = column(turned, 0, &key)?;
-                    if fingerprint(&stored_fp).map_err(|e| corrupt(&key, e))? != fp_in {
-                        return Ok(StoreClaim::Mismatch);
-                    }
-                    return Ok(StoreClaim::Unknown {
-                        marked_at: from_micros(column(turned, 1, &key)?),
-                    });
-                }
-                if !live {
-                    continue;
-                }
-                let stored_fp: Vec<u8> = column(row, 2, &key)?;
-                if fingerprint(&stored_fp).map_err(|e| corrupt(&key, e))? != fp_in {
-                    return Ok(StoreClaim::Mismatch);
-                }
-                let settled =
-                    from_micros(column::<Option<i64>>(row, 4, &key)?.unwrap_or(expires_at));
-                return Ok(match state {
-                    1 => StoreClaim::InProgress { lease_ends_at: from_micros(expires_at) },
-                    2 => StoreClaim::Completed(Replay::new(
-                        column::<Option<Vec<u8>>>(row, 3, &key)?.map(Bytes::from),
-                        settled,
-                        from_micros(expires_at),
-                    )),
-                    3 => StoreClaim::Unknown { marked_at: settled },
-                    other => return Err(corrupt(&key, format_args!("its state is {other}"))),
-                });
-            }
-            Err(StoreError::Backend("the claim kept racing a concurrent writer".into()))
-        }
-    }
-
-    fn complete(
-        &self,
-        key: &Key,
-        token: FencingToken,
-        body: Option<Bytes>,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        let key = key.clone();
-        async move {
-            check_duration("result TTL", ttl)?;
-            let stored = body.as_deref();
-            let params: [&(dyn ToSql + Sync); 4] =
-                [&key.as_bytes(), &(token.get() as i64), &stored, &micros(ttl)];
-            let (at, until) = self.settle(&key, COMPLETE, &params, StoreError::LeaseLost).await?;
-            Ok(Replay::new(body, from_micros(at), from_micros(until)))
-        }
-    }
-
-    fn extend_lease(
-        &self,
-        key: &Key,
-        token: FencingToken,
-        lease: Duration,
-    ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send {
-        let key = key.clone();
-        async move {
-            check_duration("lease", lease)?;
-            let sql = concat!(
-                "WITH ",
-                now!(),
-                " UPDATE idemcache_records r SET expires_at = now.us + $3 FROM now
-                 WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
-                 RETURNING r.started_at, r.expires_at"
-            );
-            let params: [&(dyn ToSql + Sync); 3] =
-                [&key.as_bytes(), &(token.get() as i64), &micros(lease)];
-            let (_, until) = self.settle(&key, sql, &params, StoreError::LeaseLost).await?;
-            Ok(from_micros(until))
-        }
-    }
-
-    fn release(
-        &self,
-        key: &Key,
-        token: FencingToken,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = key.clone();
-        async move {
-            let sql = concat!(
-                "WITH ",
-                now!(),
-                " DELETE FROM idemcache_records r USING now
-                 WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
-                 RETURNING r.started_at, r.expires_at"
-            );
-            self.settle(&key, sql, &[&key.as_bytes(), &(token.get() as i64)], StoreError::LeaseLost)
-                .await
-                .map(drop)
-        }
-    }
-
-    fn mark_unknown(
-        &self,
-        key: &Key,
-        token: FencingToken,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let key = key.clone();
-        async move {
-            check_duration("unknown TTL", ttl)?;
-            let sql = concat!(
-                "WITH ",
-                now!(),
-                " UPDATE idemcache_records r
-                 SET state = 3, settled_at = now.us, expires_at = now.us + $3 FROM now
-                 WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
-                 RETURNING r.settled_at, r.expires_at"
-            );
-            let params: [&(dyn ToSql + Sync); 3] =
-                [&key.as_bytes(), &(token.get() as i64), &micros(ttl)];
-            self.settle(&key, sql, &params, StoreError::LeaseLost).await.map(drop)
-        }
-    }
-
-    fn resolve(
-        &self,
-        key: &Key,
-        body: Option<Bytes>,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        self.resolve_where(key.clone(), None, body, ttl)
-    }
-
-    fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.forget_where(key.clone(), None)
-    }
-
-    fn resolve_listed(
-        &self,
-        listed: &UnknownEntry<SystemTime>,
-        body: Option<Bytes>,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        self.resolve_where(listed.key.clone(), Some(Listed::of(listed)), body, ttl)
-    }
-
-    fn forget_listed(
-        &self,
-        listed: &UnknownEntry<SystemTime>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.forget_where(listed.key.clone(), Some(Listed::of(listed)))
-    }
-
-    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
-        // A lapse not yet turned by a claim reads as the UNKNOWN it will be.
-        let sql = concat!(
-            "WITH ",
-            now!(),
-            " SELECT r.key, r.fingerprint,
-                     CASE WHEN r.state = 1 THEN r.expires_at ELSE r.settled_at END AS marked,
-                     CASE WHEN r.state = 1 THEN r.expires_at + $2 ELSE r.expires_at END,
-                     r.token
-              FROM idemcache_records r, now
-              WHERE ",
-            unknown_or_lapsed!("$2"),
-            " ORDER BY marked, r.key LIMIT $1"
-        );
-        let mut out = Vec::new();
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
-        for row in self.rows(sql, &[&sql_limit(limit), &lapse_ttl]).await? {
-            let stored: Vec<u8> = column(&row, 0, &[])?;
-            let marked_at: Option<i64> = column(&row, 2, &stored)?;
-            let fp: Vec<u8> = column(&row, 1, &stored)?;
-            let token: i64 = column(&row, 4, &stored)?;
-            out.push(UnknownEntry::new(
-                key(&stored)?,
-                fingerprint(&fp).map_err(|e| corrupt(&stored, e))?,
-                FencingToken::new(token as u64),
-                from_micros(
-                    marked_at
-                        .ok_or_else(|| corrupt(&stored, "it has no mark time (settled_at)"))?,
-                ),
-                from_micros(column(&row, 3, &stored)?),
-            ));
-        }
-        Ok(out)
-    }
-
-    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
-        // A lapse this handle reads as UNKNOWN is kept until that mark would expire.
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
-        let rows = self.rows(PURGE, &[&sql_limit(limit), &lapse_ttl]).await?;
-        let purged: i64 = match rows.first() {
-            Some(row) => column(row, 0, &[])?,
-            None => 0,
-        };
-        Ok(usize::try_from(purged).unwrap_or(0))
     }
 }

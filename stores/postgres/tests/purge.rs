@@ -15,8 +15,9 @@ use idemcache::store::conformance::service_url;
 use idemcache::store::{Store, StoreClaim};
 use idemcache::{Bytes, Fingerprint, Key};
 
-use crate::tokio_postgres::{self, Client, NoTls};
-use crate::{PostgresStore, PURGE};
+use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
+use idemcache_postgres::PostgresStore;
+use idemcache_sql::records::postgres::PURGE;
 
 const EXAMPLE: &str = "postgres://postgres@127.0.0.1:5432/test";
 const LEASE: Duration = Duration::from_secs(60);

@@ -1,0 +1,226 @@
+//! `impl Store for PostgresStore`: each operation binds its parameters, runs
+//! `idemcache-sql`'s PostgreSQL statement ([`idemcache_sql::records::postgres`]) and
+//! decodes its row with [`idemcache_sql::records::decode`].
+//!
+//! Invariant: every operation is that one statement (a claim that meets a lapse under
+//! `MarkUnknown`, two: the claim and the turn fenced by the lapsed token), so this file
+//! decides nothing the statements and the decoding do not; a row it cannot read is
+//! [`StoreError::Corrupt`] naming the key, never a panic.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use tokio_postgres::types::ToSql;
+
+use idemcache::store::encoding::{check_duration, micros};
+use idemcache::store::{Store, StoreClaim, StoreError};
+use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
+use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
+use idemcache_sql::records::postgres as sql;
+
+use crate::{column, PostgresStore};
+
+impl PostgresStore {
+    /// UNKNOWN → COMPLETED of `key`, of the execution claimed under `listed` only if
+    /// given.
+    async fn resolve_where(
+        &self,
+        key: Key,
+        listed: Option<i64>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> Result<Replay<SystemTime>, StoreError> {
+        check_duration("result TTL", ttl)?;
+        let stored = body.as_deref();
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let params: [&(dyn ToSql + Sync); 5] =
+            [&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl, &listed];
+        let (at, until) = self.settle(&key, sql::RESOLVE, &params, StoreError::NotUnknown).await?;
+        Ok(decode::replay(body, at, until))
+    }
+
+    /// UNKNOWN → absent of `key`, of the execution claimed under `listed` only if given.
+    async fn forget_where(&self, key: Key, listed: Option<i64>) -> Result<(), StoreError> {
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let params: [&(dyn ToSql + Sync); 3] = [&key.as_bytes(), &lapse_ttl, &listed];
+        self.settle(&key, sql::FORGET, &params, StoreError::NotUnknown).await.map(drop)
+    }
+}
+
+/// The claim statement's row, read as plain values.
+fn claim_row(row: &tokio_postgres::Row, key: &[u8]) -> Result<ClaimRow, StoreError> {
+    Ok(ClaimRow {
+        state: column(row, 0, key)?,
+        token: column(row, 1, key)?,
+        fingerprint: column(row, 2, key)?,
+        body: column(row, 3, key)?,
+        settled_at: column(row, 4, key)?,
+        expires_at: column(row, 5, key)?,
+        live: column(row, 6, key)?,
+        lapsed: column(row, 7, key)?,
+    })
+}
+
+impl Store for PostgresStore {
+    /// Creates the sequence, table and index of [`POSTGRES_SCHEMA`](crate::POSTGRES_SCHEMA)
+    /// if missing.
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client.batch_execute(&sql::ensure_schema()).await.map_err(|e| self.failed(e))
+    }
+
+    fn claim(
+        &self,
+        key: &Key,
+        fp: Fingerprint,
+        lease: Duration,
+    ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        async move {
+            check_duration("lease", lease)?;
+            let fp_bytes = fp.to_bytes().to_vec();
+            let lapse_ttl = self.lapse.unknown_ttl_micros();
+            // No row, or a dead record not taken: a concurrent writer got between. Look
+            // again.
+            for _ in 0..16 {
+                let params: [&(dyn ToSql + Sync); 4] =
+                    [&key, &fp_bytes, &micros(lease), &lapse_ttl];
+                let rows = self.rows(sql::CLAIM, &params).await?;
+                let Some(row) = rows.first() else { continue };
+                match decode::claim(&key, fp, &claim_row(row, &key)?)? {
+                    ClaimStep::Answer(answer) => return Ok(answer),
+                    ClaimStep::LookAgain => continue,
+                    ClaimStep::TurnUnknown { token } => {
+                        let turned =
+                            self.rows(sql::TURN_UNKNOWN, &[&key, &token, &lapse_ttl]).await?;
+                        // None: the record moved on since (settled, turned by another
+                        // claim's statement): look again.
+                        let Some(turned) = turned.first() else { continue };
+                        let stored: Option<Vec<u8>> = column(turned, 0, &key)?;
+                        let marked_at = column(turned, 1, &key)?;
+                        return decode::turned_unknown(&key, fp, stored.as_deref(), marked_at);
+                    }
+                }
+            }
+            Err(StoreError::Backend("the claim kept racing a concurrent writer".into()))
+        }
+    }
+
+    fn complete(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            check_duration("result TTL", ttl)?;
+            let stored = body.as_deref();
+            let params: [&(dyn ToSql + Sync); 4] =
+                [&key.as_bytes(), &decode::token(token), &stored, &micros(ttl)];
+            let (at, until) =
+                self.settle(&key, sql::COMPLETE, &params, StoreError::LeaseLost).await?;
+            Ok(decode::replay(body, at, until))
+        }
+    }
+
+    fn extend_lease(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            check_duration("lease", lease)?;
+            let params: [&(dyn ToSql + Sync); 3] =
+                [&key.as_bytes(), &decode::token(token), &micros(lease)];
+            let (_, until) = self.settle(&key, sql::EXTEND, &params, StoreError::LeaseLost).await?;
+            Ok(idemcache::store::encoding::from_micros(until))
+        }
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            let params: [&(dyn ToSql + Sync); 2] = [&key.as_bytes(), &decode::token(token)];
+            self.settle(&key, sql::RELEASE, &params, StoreError::LeaseLost).await.map(drop)
+        }
+    }
+
+    fn mark_unknown(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            check_duration("unknown TTL", ttl)?;
+            let params: [&(dyn ToSql + Sync); 3] =
+                [&key.as_bytes(), &decode::token(token), &micros(ttl)];
+            self.settle(&key, sql::MARK_UNKNOWN, &params, StoreError::LeaseLost).await.map(drop)
+        }
+    }
+
+    fn resolve(
+        &self,
+        key: &Key,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        self.resolve_where(key.clone(), None, body, ttl)
+    }
+
+    fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.forget_where(key.clone(), None)
+    }
+
+    fn resolve_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        self.resolve_where(listed.key.clone(), Some(decode::token(listed.token)), body, ttl)
+    }
+
+    fn forget_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.forget_where(listed.key.clone(), Some(decode::token(listed.token)))
+    }
+
+    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let rows = self.rows(sql::UNKNOWN, &[&decode::limit(limit), &lapse_ttl]).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let stored: Vec<u8> = column(&row, 0, &[])?;
+            let fp: Vec<u8> = column(&row, 1, &stored)?;
+            let marked_at = column(&row, 2, &stored)?;
+            let expires_at = column(&row, 3, &stored)?;
+            let token = column(&row, 4, &stored)?;
+            out.push(decode::unknown_entry(&stored, &fp, token, marked_at, expires_at)?);
+        }
+        Ok(out)
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        // A lapse this handle reads as UNKNOWN is kept until that mark would expire.
+        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let rows = self.rows(sql::PURGE, &[&decode::limit(limit), &lapse_ttl]).await?;
+        let purged: i64 = match rows.first() {
+            Some(row) => column(row, 0, &[])?,
+            None => 0,
+        };
+        Ok(decode::purged(purged))
+    }
+}

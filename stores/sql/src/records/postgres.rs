@@ -1,0 +1,272 @@
+//! The records table in PostgreSQL: its schema and statements, run alike by
+//! `idemcache-postgres` (tokio-postgres) and `idemcache-sqlx` (sqlx). Each statement's
+//! docs list its parameters (`$1`, `$2`, ...; `bytea`, `bigint`) and the columns it
+//! returns, which [`decode`](super::decode) reads.
+//!
+//! Invariant: every operation is one statement, judged by the server's clock
+//! (`clock_timestamp()`, read once per statement, so a statement inside a caller's
+//! transaction sees the time it runs, not the transaction's start). [`CLAIM`] is one
+//! `INSERT ... ON CONFLICT DO UPDATE ... WHERE <the holder is dead>` that also reads
+//! the live holder in the same statement; tokens come from the sequence
+//! `idemcache_tokens`, so they increase across processes and restarts; every later
+//! write names its token in its `WHERE`. Under `LapsePolicy::MarkUnknown` (its unknown
+//! TTL bound as a parameter, 0 under `TakeOver`) the claim never takes over a record
+//! that lapsed less than the TTL ago: it returns it, flagged, and [`TURN_UNKNOWN`],
+//! fenced by its token, turns it UNKNOWN.
+
+/// The schema (PostgreSQL): the token sequence, the table and its expiry index. Run it
+/// through [`ensure_schema`], which runs it once per database under an advisory lock.
+/// `state` 1 PROCESSING, 2 COMPLETED, 3 UNKNOWN; `expires_at` the lease's end while
+/// PROCESSING, the TTL's after; times in microseconds since the epoch (server clock).
+pub const SCHEMA: &str = "
+CREATE SEQUENCE IF NOT EXISTS idemcache_tokens;
+CREATE TABLE IF NOT EXISTS idemcache_records (
+    key         BYTEA PRIMARY KEY,
+    fingerprint BYTEA NOT NULL,
+    state       SMALLINT NOT NULL CHECK (state IN (1, 2, 3)),
+    token       BIGINT NOT NULL,
+    body        BYTEA,
+    started_at  BIGINT NOT NULL,
+    settled_at  BIGINT,
+    expires_at  BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS idemcache_records_expiry ON idemcache_records (expires_at);
+";
+
+/// The advisory lock [`ensure_schema`] creates the records' schema under.
+pub const SCHEMA_LOCK: i64 = 7_315_993_121;
+
+/// [`SCHEMA`] as one statement to run (a batch, no parameters): skipped when the expiry
+/// index (the object it creates last) exists, else run under [`SCHEMA_LOCK`].
+pub fn ensure_schema() -> String {
+    schema_once(SCHEMA_LOCK, "idemcache_records_expiry", SCHEMA)
+}
+
+/// `ddl` run once per database, as one statement: skipped when `last` (the object `ddl`
+/// creates last) exists, else run under the advisory lock `lock`, so processes starting
+/// together do not collide (concurrent `CREATE ... IF NOT EXISTS` can). The check comes
+/// first because `CREATE INDEX IF NOT EXISTS` takes its table's lock before it finds the
+/// index there: it would wait for every open transaction that wrote to the table (a
+/// handler's, holding a record it completes in its own transaction), and every later
+/// writer would queue behind it, so a restarting instance would stall the others.
+pub fn schema_once(lock: i64, last: &str, ddl: &str) -> String {
+    format!(
+        "DO $idemcache$ BEGIN
+           IF to_regclass('{last}') IS NULL THEN
+             PERFORM pg_advisory_xact_lock({lock});
+             {ddl}
+           END IF;
+         END $idemcache$;"
+    )
+}
+
+/// "Now" on the server's clock, in microseconds, as a one-row CTE named `now`: a macro,
+/// so every statement is one `concat!`ed constant.
+macro_rules! now {
+    () => {
+        "now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us)"
+    };
+}
+
+/// Record `r` "lapsed less than `$N` µs ago" (against the `now` CTE): PROCESSING, past
+/// its lease, within the unknown TTL of `LapsePolicy::MarkUnknown` (never true when the
+/// TTL is 0, `TakeOver`). Such a record is UNKNOWN to every statement of a
+/// `MarkUnknown` handle.
+macro_rules! lapsed_within {
+    ($ttl:literal) => {
+        concat!("(r.state = 1 AND r.expires_at <= now.us AND r.expires_at + ", $ttl, " > now.us)")
+    };
+}
+
+/// A live UNKNOWN record, or one a lapse made so (see [`lapsed_within`]).
+macro_rules! unknown_or_lapsed {
+    ($ttl:literal) => {
+        concat!("((r.state = 3 AND r.expires_at > now.us) OR ", lapsed_within!($ttl), ")")
+    };
+}
+
+/// "Record `r` is the listed one", binding `$token` (the listed token, or NULL: any
+/// record). A listed token comes from `idemcache_tokens`, never handed out twice, so a
+/// settling write "of it" matches only that execution's row, never a later one's,
+/// whatever their fingerprints and mark times.
+macro_rules! listed {
+    ($token:literal) => {
+        concat!("(", $token, "::bigint IS NULL OR r.token = ", $token, "::bigint)")
+    };
+}
+
+/// The claim of `$1` (key) for `$2` (fingerprint) with a lease of `$3` µs, `$4` the
+/// unknown TTL (0 under `TakeOver`): take the key if absent or dead, else read its
+/// holder; one statement. Returns at most one row, a
+/// [`ClaimRow`](super::decode::ClaimRow): `state, token, fingerprint, body,
+/// settled_at, expires_at, live, lapsed`. No row: a holder committed after this
+/// statement's snapshot blocked the insert but is not visible to the read: run it again.
+pub const CLAIM: &str = concat!(
+    "WITH ",
+    now!(),
+    ",
+         taken AS (
+             INSERT INTO idemcache_records AS r
+                 (key, fingerprint, state, token, body, started_at, settled_at, expires_at)
+             SELECT $1, $2, 1, nextval('idemcache_tokens'), NULL, now.us, NULL, now.us + $3 FROM now
+             ON CONFLICT (key) DO UPDATE SET
+                 fingerprint = EXCLUDED.fingerprint, state = 1, token = EXCLUDED.token,
+                 body = NULL, started_at = EXCLUDED.started_at, settled_at = NULL,
+                 expires_at = EXCLUDED.expires_at
+             WHERE r.expires_at <= EXCLUDED.started_at
+               AND NOT (r.state = 1 AND r.expires_at + $4 > EXCLUDED.started_at)
+             RETURNING token, expires_at
+         )
+         SELECT 0::smallint, token, NULL::bytea, NULL::bytea, NULL::bigint, expires_at, true, false
+         FROM taken
+         UNION ALL
+         SELECT r.state, r.token, r.fingerprint, r.body, r.settled_at, r.expires_at,
+                r.expires_at > now.us, ",
+    lapsed_within!("$4"),
+    "
+         FROM idemcache_records r, now
+         WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+);
+
+/// `LapsePolicy::MarkUnknown`: the lapsed lease of `$1` (key) claimed under `$2`
+/// (token) turns UNKNOWN, marked at its end and kept `$3` µs (the unknown TTL) from
+/// there. Returns `fingerprint, settled_at`; no row if the record moved on since the
+/// claim read it.
+pub const TURN_UNKNOWN: &str = concat!(
+    "WITH ",
+    now!(),
+    " UPDATE idemcache_records r
+     SET state = 3, settled_at = r.expires_at, expires_at = r.expires_at + $3 FROM now
+     WHERE r.key = $1 AND r.token = $2 AND ",
+    lapsed_within!("$3"),
+    " RETURNING r.fingerprint, r.settled_at"
+);
+
+/// PROCESSING → COMPLETED of `$1` (key) under `$2` (token), the body `$3` (or NULL)
+/// kept for `$4` µs, while the lease is live. Returns `settled_at, expires_at`; no row:
+/// the lease was lost. The store's `complete` and a completion in the caller's
+/// transaction share it: `clock_timestamp()`, not `now()`, whose value inside a
+/// caller's transaction is when it began, so a lease that lapsed since would look live.
+pub const COMPLETE: &str = concat!(
+    "WITH ",
+    now!(),
+    " UPDATE idemcache_records r
+     SET state = 2, body = $3, settled_at = now.us, expires_at = now.us + $4 FROM now
+     WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
+     RETURNING r.settled_at, r.expires_at"
+);
+
+/// The live lease of `$1` (key) under `$2` (token) renewed to end `$3` µs from now.
+/// Returns `started_at, expires_at`; no row: the lease was lost.
+pub const EXTEND: &str = concat!(
+    "WITH ",
+    now!(),
+    " UPDATE idemcache_records r SET expires_at = now.us + $3 FROM now
+     WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
+     RETURNING r.started_at, r.expires_at"
+);
+
+/// PROCESSING → absent of `$1` (key) under `$2` (token), while the lease is live.
+/// Returns `started_at, expires_at`; no row: the lease was lost.
+pub const RELEASE: &str = concat!(
+    "WITH ",
+    now!(),
+    " DELETE FROM idemcache_records r USING now
+     WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
+     RETURNING r.started_at, r.expires_at"
+);
+
+/// PROCESSING → UNKNOWN of `$1` (key) under `$2` (token), kept `$3` µs from now, while
+/// the lease is live. Returns `settled_at, expires_at`; no row: the lease was lost.
+pub const MARK_UNKNOWN: &str = concat!(
+    "WITH ",
+    now!(),
+    " UPDATE idemcache_records r
+     SET state = 3, settled_at = now.us, expires_at = now.us + $3 FROM now
+     WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
+     RETURNING r.settled_at, r.expires_at"
+);
+
+/// UNKNOWN → COMPLETED of `$1` (key) with the body `$2` (or NULL) kept `$3` µs, `$4`
+/// the unknown TTL (a lapse is UNKNOWN too), `$5` the listed token (or NULL: whichever
+/// execution holds it). Returns `settled_at, expires_at`; no row: the key has no such
+/// UNKNOWN record.
+pub const RESOLVE: &str = concat!(
+    "WITH ",
+    now!(),
+    " UPDATE idemcache_records r
+     SET state = 2, body = $2, settled_at = now.us, expires_at = now.us + $3 FROM now
+     WHERE r.key = $1 AND ",
+    unknown_or_lapsed!("$4"),
+    " AND ",
+    listed!("$5"),
+    " RETURNING r.settled_at, r.expires_at"
+);
+
+/// UNKNOWN → absent of `$1` (key), `$2` the unknown TTL, `$3` the listed token (or
+/// NULL). Returns `started_at, expires_at`; no row: the key has no such UNKNOWN record.
+pub const FORGET: &str = concat!(
+    "WITH ",
+    now!(),
+    " DELETE FROM idemcache_records r USING now
+     WHERE r.key = $1 AND ",
+    unknown_or_lapsed!("$2"),
+    " AND ",
+    listed!("$3"),
+    " RETURNING r.started_at, r.expires_at"
+);
+
+/// Up to `$1` live UNKNOWN records, oldest mark first, `$2` the unknown TTL (a lapse
+/// not yet turned by a claim reads as the UNKNOWN it will be). Returns `key,
+/// fingerprint, marked_at, expires_at, token` (for
+/// [`unknown_entry`](super::decode::unknown_entry)).
+pub const UNKNOWN: &str = concat!(
+    "WITH ",
+    now!(),
+    " SELECT r.key, r.fingerprint,
+             CASE WHEN r.state = 1 THEN r.expires_at ELSE r.settled_at END AS marked,
+             CASE WHEN r.state = 1 THEN r.expires_at + $2 ELSE r.expires_at END,
+             r.token
+      FROM idemcache_records r, now
+      WHERE ",
+    unknown_or_lapsed!("$2"),
+    " ORDER BY marked, r.key LIMIT $1"
+);
+
+/// One bounded batch of `purge_expired`: at most `$1` expired records (`$2` the unknown
+/// TTL of `LapsePolicy::MarkUnknown`: a lapse it reads as UNKNOWN stays), one count back
+/// (`bigint`).
+///
+/// The batch is picked through the expiry index (`LIMIT $1`, `SKIP LOCKED`: two purgers
+/// never wait on each other's batch, and a claim's row being written is skipped) and
+/// deleted by row address (`ctid = ANY(ARRAY(...))`, a TID scan), so its cost is the
+/// batch's rows whatever the table holds. It used to join the batch back on `key`; in
+/// the generic plan a prepared statement gets after five runs, the planner does not
+/// know the limit and hashed every expired row for that join: 15 s for a batch of 1000
+/// over 9 million expired rows, against 3 ms now (BENCHMARKS.md, "PostgreSQL at
+/// volume"). A row address is a partition's own, so the address is matched with its
+/// table (`tableoid`, a semi-join against the picked batch only): on a table you
+/// partitioned by key, one batch is still at most `$1`. The `DELETE` checks expiry again
+/// on the version it deletes, so a record a claim took over since it was picked is kept.
+pub const PURGE: &str = concat!(
+    "WITH ",
+    now!(),
+    ",
+         picked AS (
+             SELECT r.tableoid AS rel, r.ctid AS addr FROM idemcache_records r, now
+             WHERE r.expires_at <= now.us AND NOT ",
+    lapsed_within!("$2"),
+    "
+             LIMIT $1 FOR UPDATE OF r SKIP LOCKED
+         ),
+         gone AS (
+             DELETE FROM idemcache_records r USING now
+             WHERE r.ctid = ANY(ARRAY(SELECT addr FROM picked))
+               AND EXISTS (SELECT 1 FROM picked p WHERE p.rel = r.tableoid AND p.addr = r.ctid)
+               AND r.expires_at <= now.us AND NOT ",
+    lapsed_within!("$2"),
+    "
+             RETURNING 1
+         )
+     SELECT count(*) FROM gone"
+);
