@@ -1,4 +1,5 @@
-//! idemcache for sqlx: the unique-violation classifier (is this database error "that
+//! idemcache for sqlx: durable stores over your own pool ([`PgStore`], feature
+//! `postgres`), the unique-violation classifier (is this database error "that
 //! row already exists"? for your own business tables, whose `UNIQUE` constraint is the
 //! backstop behind the cache: see [`idemcache::store::unique`]), and on your own sqlx
 //! transaction the consumer [`inbox`] and conditional status `transition`s.
@@ -16,7 +17,13 @@
 
 pub use sqlx;
 
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use store::PgStore;
+
 pub mod inbox;
+#[cfg(feature = "postgres")]
+mod store;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql"))))]
 pub mod transition;

@@ -99,7 +99,7 @@ macro_rules! listed {
 /// unknown TTL (0 under `TakeOver`): take the key if absent or dead, else read its
 /// holder; one statement. Returns at most one row, a
 /// [`ClaimRow`](super::decode::ClaimRow): `state, token, fingerprint, body,
-/// settled_at, expires_at, live, lapsed`. No row: a holder committed after this
+/// settled_at, expires_at, live, lapsed` (named so, for a driver's error to name). No row: a holder committed after this
 /// statement's snapshot blocked the insert but is not visible to the read: run it again.
 pub const CLAIM: &str = concat!(
     "WITH ",
@@ -117,7 +117,8 @@ pub const CLAIM: &str = concat!(
                AND NOT (r.state = 1 AND r.expires_at + $4 > EXCLUDED.started_at)
              RETURNING token, expires_at
          )
-         SELECT 0::smallint, token, NULL::bytea, NULL::bytea, NULL::bigint, expires_at, true, false
+         SELECT 0::smallint AS state, token, NULL::bytea AS fingerprint, NULL::bytea AS body,
+                NULL::bigint AS settled_at, expires_at, true AS live, false AS lapsed
          FROM taken
          UNION ALL
          SELECT r.state, r.token, r.fingerprint, r.body, r.settled_at, r.expires_at,

@@ -1,0 +1,379 @@
+//! [`PgStore`]: idemcache's records in PostgreSQL over a sqlx `PgPool`, with
+//! `idemcache-sql`'s PostgreSQL statements ([`idemcache_sql::records::postgres`]).
+//!
+//! Invariant: every operation is one statement judged by the server's clock (a claim
+//! that meets a lapse under `MarkUnknown`, two: the claim and the turn fenced by the
+//! lapsed token), the same statements `idemcache-postgres` runs: a table either crate
+//! wrote behaves the same under the other.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, Postgres, Transaction};
+
+use idemcache::store::encoding::{check_duration, check_url, from_micros, micros};
+use idemcache::store::{Lapse, OpenClaim, Store, StoreClaim, StoreError};
+use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
+use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
+use idemcache_sql::records::postgres as sql;
+
+use super::{column, failed};
+
+/// Idempotency records in PostgreSQL, over a sqlx [`PgPool`] (yours, or one
+/// [`connect`](PgStore::connect) builds). Cheap to clone (the pool is shared).
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    /// The server, as errors name it (`PostgreSQL at host:port/db`).
+    server: String,
+    /// What a lapsed lease becomes, for this handle's statements.
+    lapse: Lapse,
+}
+
+impl std::fmt::Debug for PgStore {
+    /// The server and the pool's size, never the password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("server", &self.server)
+            .field("size", &self.pool.size())
+            .field("lapse", &self.lapse)
+            .finish()
+    }
+}
+
+impl PgStore {
+    /// A store over your own pool: the records and your handlers' tables share its
+    /// connections, and a handler completes its claim in its own transaction
+    /// ([`complete_in`](PgStore::complete_in)). The schema is not created: call
+    /// [`ensure_schema`](Store::ensure_schema).
+    pub fn from_pool(pool: PgPool) -> PgStore {
+        let options = pool.connect_options();
+        let server = format!(
+            "PostgreSQL at {}:{}/{}",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or("")
+        );
+        PgStore { pool, server, lapse: Lapse::TAKE_OVER }
+    }
+
+    /// A store over a new pool to `url` (`postgres://user@host:port/db`) that waits 5 s
+    /// for a connection, then fails as [`StoreError::Backend`]. Connects lazily: an
+    /// unreachable server shows from the first operation. Needs a sqlx runtime feature
+    /// on your `sqlx` dependency (`runtime-tokio`, ...).
+    pub async fn connect(url: &str) -> Result<PgStore, StoreError> {
+        check_url(url)?;
+        let pool = PgPoolOptions::new()
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy(url)
+            .map_err(|e| StoreError::InvalidInput(format!("not a PostgreSQL URL: {e}")))?;
+        Ok(PgStore::from_pool(pool))
+    }
+
+    /// The pool the store takes its connections from.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// What a lapsed lease becomes for this handle's claims, listings and purges: taken
+    /// over ([`LapsePolicy::TakeOver`], the default), or UNKNOWN from the lease's end for
+    /// `unknown_ttl` ([`LapsePolicy::MarkUnknown`]; see [`Lapse`], and why handles
+    /// sharing a database should agree). An `unknown_ttl` of zero or over
+    /// [`MAX_DURATION`](idemcache::MAX_DURATION) under `MarkUnknown` is
+    /// [`StoreError::InvalidInput`].
+    pub fn lapse_policy(
+        mut self,
+        policy: LapsePolicy,
+        unknown_ttl: Duration,
+    ) -> Result<PgStore, StoreError> {
+        self.lapse = Lapse::new(policy, unknown_ttl)?;
+        Ok(self)
+    }
+
+    /// This handle's lapse setting.
+    pub fn lapse(&self) -> Lapse {
+        self.lapse
+    }
+
+    /// Completes `claim` with `body` inside `tx`, a transaction on the database the
+    /// store keeps its records in, so that the record commits with your business writes
+    /// in `tx`, or neither does; the store's own completion statement, judged by the
+    /// server's clock at the moment it runs. Returns the record as it will be replayed
+    /// once `tx` commits.
+    ///
+    /// Refused with [`StoreError::LeaseLost`] if the claim no longer owns its key: roll
+    /// `tx` back then. Hands the claim over first ([`OpenClaim::hand_over`]), so the HTTP
+    /// layer neither renews its lease nor completes it itself. Under READ COMMITTED a
+    /// concurrent takeover and this write serialize on the record's row: whichever
+    /// commits first wins.
+    pub async fn complete_in(
+        tx: &mut Transaction<'_, Postgres>,
+        claim: &OpenClaim,
+        body: Option<&[u8]>,
+    ) -> Result<Replay<SystemTime>, StoreError> {
+        let ttl = claim.result_ttl();
+        check_duration("result TTL", ttl)?;
+        claim.hand_over();
+        let key = claim.key();
+        let row = sqlx::query(sql::COMPLETE)
+            .bind(key.as_bytes())
+            .bind(decode::token(claim.token()))
+            .bind(body)
+            .bind(micros(ttl))
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(|e| StoreError::Backend(Box::new(e)))?;
+        let row = row.ok_or_else(|| StoreError::LeaseLost(key.clone()))?;
+        let (at, until) = settled(&row, key)?;
+        Ok(decode::replay(body.map(Bytes::copy_from_slice), at, until))
+    }
+
+    /// Runs `query` on the pool and returns its rows.
+    async fn rows(
+        &self,
+        query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+    ) -> Result<Vec<PgRow>, StoreError> {
+        query.fetch_all(&self.pool).await.map_err(|e| failed(&self.server, e))
+    }
+
+    /// A settling write on `key` returning `(settled_at | started_at, expires_at)` of the
+    /// one row it changed; no row is `missing` of `key`.
+    async fn settle(
+        &self,
+        key: &Key,
+        query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+        missing: fn(Key) -> StoreError,
+    ) -> Result<(i64, i64), StoreError> {
+        let rows = self.rows(query).await?;
+        let row = rows.first().ok_or_else(|| missing(key.clone()))?;
+        settled(row, key)
+    }
+
+    /// UNKNOWN → COMPLETED of `key`, of the execution claimed under `listed` only if
+    /// given.
+    async fn resolve_where(
+        &self,
+        key: Key,
+        listed: Option<i64>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> Result<Replay<SystemTime>, StoreError> {
+        check_duration("result TTL", ttl)?;
+        let query = sqlx::query(sql::RESOLVE)
+            .bind(key.as_bytes())
+            .bind(body.as_deref())
+            .bind(micros(ttl))
+            .bind(self.lapse.unknown_ttl_micros())
+            .bind(listed);
+        let (at, until) = self.settle(&key, query, StoreError::NotUnknown).await?;
+        Ok(decode::replay(body, at, until))
+    }
+
+    /// UNKNOWN → absent of `key`, of the execution claimed under `listed` only if given.
+    async fn forget_where(&self, key: Key, listed: Option<i64>) -> Result<(), StoreError> {
+        let query = sqlx::query(sql::FORGET)
+            .bind(key.as_bytes())
+            .bind(self.lapse.unknown_ttl_micros())
+            .bind(listed);
+        self.settle(&key, query, StoreError::NotUnknown).await.map(drop)
+    }
+}
+
+/// The two time columns a settling statement returns.
+fn settled(row: &PgRow, key: &Key) -> Result<(i64, i64), StoreError> {
+    Ok((column(row, 0, key.as_bytes())?, column(row, 1, key.as_bytes())?))
+}
+
+/// The claim statement's row, read as plain values.
+fn claim_row(row: &PgRow, key: &[u8]) -> Result<ClaimRow, StoreError> {
+    Ok(ClaimRow {
+        state: column(row, 0, key)?,
+        token: column(row, 1, key)?,
+        fingerprint: column(row, 2, key)?,
+        body: column(row, 3, key)?,
+        settled_at: column(row, 4, key)?,
+        expires_at: column(row, 5, key)?,
+        live: column(row, 6, key)?,
+        lapsed: column(row, 7, key)?,
+    })
+}
+
+impl Store for PgStore {
+    /// Creates the sequence, table and index of [`idemcache_sql::records::postgres::SCHEMA`]
+    /// if missing (once per database, under an advisory lock).
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
+        sqlx::raw_sql(AssertSqlSafe(sql::ensure_schema()))
+            .execute(&self.pool)
+            .await
+            .map(drop)
+            .map_err(|e| failed(&self.server, e))
+    }
+
+    fn claim(
+        &self,
+        key: &Key,
+        fp: Fingerprint,
+        lease: Duration,
+    ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        async move {
+            check_duration("lease", lease)?;
+            let lapse_ttl = self.lapse.unknown_ttl_micros();
+            // No row, or a dead record not taken: a concurrent writer got between. Look
+            // again.
+            for _ in 0..16 {
+                let query = sqlx::query(sql::CLAIM)
+                    .bind(&key[..])
+                    .bind(&fp.to_bytes()[..])
+                    .bind(micros(lease))
+                    .bind(lapse_ttl);
+                let rows = self.rows(query).await?;
+                let Some(row) = rows.first() else { continue };
+                match decode::claim(&key, fp, &claim_row(row, &key)?)? {
+                    ClaimStep::Answer(answer) => return Ok(answer),
+                    ClaimStep::LookAgain => continue,
+                    ClaimStep::TurnUnknown { token } => {
+                        let query = sqlx::query(sql::TURN_UNKNOWN)
+                            .bind(&key[..])
+                            .bind(token)
+                            .bind(lapse_ttl);
+                        let turned = self.rows(query).await?;
+                        // None: the record moved on since: look again.
+                        let Some(turned) = turned.first() else { continue };
+                        let stored: Option<Vec<u8>> = column(turned, 0, &key)?;
+                        let marked_at = column(turned, 1, &key)?;
+                        return decode::turned_unknown(&key, fp, stored.as_deref(), marked_at);
+                    }
+                }
+            }
+            Err(StoreError::Backend("the claim kept racing a concurrent writer".into()))
+        }
+    }
+
+    fn complete(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            check_duration("result TTL", ttl)?;
+            let query = sqlx::query(sql::COMPLETE)
+                .bind(key.as_bytes())
+                .bind(decode::token(token))
+                .bind(body.as_deref())
+                .bind(micros(ttl));
+            let (at, until) = self.settle(&key, query, StoreError::LeaseLost).await?;
+            Ok(decode::replay(body, at, until))
+        }
+    }
+
+    fn extend_lease(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            check_duration("lease", lease)?;
+            let query = sqlx::query(sql::EXTEND)
+                .bind(key.as_bytes())
+                .bind(decode::token(token))
+                .bind(micros(lease));
+            let (_, until) = self.settle(&key, query, StoreError::LeaseLost).await?;
+            Ok(from_micros(until))
+        }
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            let query = sqlx::query(sql::RELEASE).bind(key.as_bytes()).bind(decode::token(token));
+            self.settle(&key, query, StoreError::LeaseLost).await.map(drop)
+        }
+    }
+
+    fn mark_unknown(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            check_duration("unknown TTL", ttl)?;
+            let query = sqlx::query(sql::MARK_UNKNOWN)
+                .bind(key.as_bytes())
+                .bind(decode::token(token))
+                .bind(micros(ttl));
+            self.settle(&key, query, StoreError::LeaseLost).await.map(drop)
+        }
+    }
+
+    fn resolve(
+        &self,
+        key: &Key,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        self.resolve_where(key.clone(), None, body, ttl)
+    }
+
+    fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.forget_where(key.clone(), None)
+    }
+
+    fn resolve_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        self.resolve_where(listed.key.clone(), Some(decode::token(listed.token)), body, ttl)
+    }
+
+    fn forget_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.forget_where(listed.key.clone(), Some(decode::token(listed.token)))
+    }
+
+    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+        let query = sqlx::query(sql::UNKNOWN)
+            .bind(decode::limit(limit))
+            .bind(self.lapse.unknown_ttl_micros());
+        let rows = self.rows(query).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let stored: Vec<u8> = column(row, 0, &[])?;
+            let fp: Vec<u8> = column(row, 1, &stored)?;
+            let marked_at = column(row, 2, &stored)?;
+            let expires_at = column(row, 3, &stored)?;
+            let token = column(row, 4, &stored)?;
+            out.push(decode::unknown_entry(&stored, &fp, token, marked_at, expires_at)?);
+        }
+        Ok(out)
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        let query = sqlx::query(sql::PURGE)
+            .bind(decode::limit(limit))
+            .bind(self.lapse.unknown_ttl_micros());
+        let rows = self.rows(query).await?;
+        let purged: i64 = match rows.first() {
+            Some(row) => column(row, 0, &[])?,
+            None => 0,
+        };
+        Ok(decode::purged(purged))
+    }
+}
