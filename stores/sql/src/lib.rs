@@ -1,5 +1,5 @@
 //! idemcache's records table in SQL, without a driver: the statements of each dialect
-//! ([`records::postgres`]) and the decoding of the columns they
+//! ([`records::postgres`], [`records::mysql`]) and the decoding of the columns they
 //! return ([`records::decode`]) into the [`Store`](idemcache::store::Store) contract's
 //! answers. A driver crate binds the parameters each statement documents, runs it,
 //! reads the columns as plain values (`i16`, `i64`, `bool`, `Option<Vec<u8>>`) and hands

@@ -15,4 +15,5 @@
 //! `forget`, kept by the purge) until a claim turns it.
 
 pub mod decode;
+pub mod mysql;
 pub mod postgres;

@@ -9,9 +9,13 @@
 //! is [`StoreError::Corrupt`](idemcache::store::StoreError::Corrupt) naming the record's
 //! key, never a panic.
 
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 

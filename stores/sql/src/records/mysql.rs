@@ -1,0 +1,373 @@
+//! The records table in MySQL and MariaDB (InnoDB): its schema and statements, with the
+//! order of each statement's parameters as data ([`Statement::params`]), so that a
+//! driver binds them from one [`Values`] and cannot bind them out of order.
+//!
+//! MySQL has no `RETURNING` on `UPDATE` and no single statement that inserts-or-takes
+//! over and reads the holder as PostgreSQL's claim does, so a claim here is a short
+//! transaction and every other write one statement with the server's now bound in:
+//!
+//! - **Now** is the server's clock in microseconds ([`NOW`]:
+//!   `TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))`, arithmetic on UTC,
+//!   whatever the session's time zone). Every write but the claim first reads it with
+//!   [`NOW`] and binds it ([`Param::Now`]), so the write is judged by the server's clock
+//!   read a moment before, and returns what it stored without a second read.
+//! - **Tokens** come from [`MINT`]: `UPDATE idemcache_tokens SET next =
+//!   LAST_INSERT_ID(next + 1)`, one committed row (autocommit, before the claim's
+//!   transaction, so the counter's lock is held for that statement only). The token is
+//!   the statement's last-insert id (the OK packet's; `SELECT LAST_INSERT_ID()` on the
+//!   same connection says the same). It increases across processes and restarts because
+//!   the counter is a durable row; a token minted for a claim that took nothing is
+//!   never used, which costs nothing.
+//! - **The claim** is one transaction on one connection, at READ COMMITTED (`SET
+//!   TRANSACTION ISOLATION LEVEL READ COMMITTED` before it begins): [`LOOK`] reads the
+//!   server's now and the key's record with `SELECT ... FOR UPDATE`, which locks the
+//!   record's row until the transaction ends. The decision
+//!   ([`decode::claim`](super::decode::claim)) is made on that locked row, so nothing can
+//!   change it before the write: a dead record is taken over with [`TAKE_OVER`], a lapse
+//!   turned with [`TURN_UNKNOWN`] (both also fenced by the token `LOOK` read); a live one
+//!   is answered and the transaction rolled back. An absent key has no row to lock:
+//!   [`TAKE_NEW`] inserts it, and the primary key decides between concurrent claims (a
+//!   second `INSERT` of the key waits for the first transaction, then fails with a
+//!   duplicate key, error 1062): the loser rolls back and runs the claim again, finding
+//!   the winner's row. A deadlock (1213, which InnoDB resolves by rolling one transaction
+//!   back) is run again the same way. So the claim is one atomic step: a read-then-write
+//!   only under the row's lock, or an insert only the key's uniqueness lets through.
+//! - **Every other write** is one statement naming the claim's token in its `WHERE`
+//!   (and the record's state and expiry, against the bound now), and tells by its
+//!   affected-row count whether it applied: sqlx and the C client connect with
+//!   `CLIENT_FOUND_ROWS`, so the count is of rows matched.
+//!
+//! Invariant: the one of [`records`](super) in every dialect: a claim is one atomic step
+//! judged by the server's clock, tokens increase across processes and restarts, every
+//! write after a claim is fenced by its token, and under `LapsePolicy::MarkUnknown` a
+//! lapse younger than the unknown TTL is UNKNOWN to every statement.
+
+/// One parameter of a statement, in the order the statement's `?`s take them. A value
+/// may be asked for more than once (MySQL's placeholders are positional).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Param {
+    /// The record's key (`VARBINARY`): [`Values::key`].
+    Key,
+    /// The request's fingerprint (`VARBINARY`): [`Values::fingerprint`].
+    Fingerprint,
+    /// The caller's token (`BIGINT`): [`Values::token`].
+    Token,
+    /// The token of the record as the claim read it, or the listed one (`BIGINT`, NULL
+    /// for any): [`Values::held`].
+    Held,
+    /// The server's now read by [`NOW`] (`BIGINT`, µs): [`Values::now`].
+    Now,
+    /// The lease or TTL of the call (`BIGINT`, µs): [`Values::duration`].
+    Duration,
+    /// The unknown TTL of `LapsePolicy::MarkUnknown`, 0 under `TakeOver` (`BIGINT`, µs):
+    /// [`Values::lapse_ttl`].
+    LapseTtl,
+    /// The body (`LONGBLOB`, NULL for none): [`Values::body`].
+    Body,
+    /// A row count (`BIGINT`): [`Values::limit`].
+    Limit,
+}
+
+/// The values a driver binds for [`Param`]s; a statement uses those its
+/// [`params`](Statement::params) name, the rest may be left at their defaults.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Values<'a> {
+    /// [`Param::Key`].
+    pub key: &'a [u8],
+    /// [`Param::Fingerprint`].
+    pub fingerprint: &'a [u8],
+    /// [`Param::Token`] ([`decode::token`](super::decode::token) of the caller's).
+    pub token: i64,
+    /// [`Param::Held`].
+    pub held: Option<i64>,
+    /// [`Param::Now`].
+    pub now: i64,
+    /// [`Param::Duration`].
+    pub duration: i64,
+    /// [`Param::LapseTtl`].
+    pub lapse_ttl: i64,
+    /// [`Param::Body`].
+    pub body: Option<&'a [u8]>,
+    /// [`Param::Limit`].
+    pub limit: i64,
+}
+
+/// A statement and the parameters its `?`s take, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Statement {
+    /// The SQL text.
+    pub sql: &'static str,
+    /// What each `?` binds, in order.
+    pub params: &'static [Param],
+}
+
+/// The schema, one statement each (MySQL's prepared statements take one at a time):
+/// the token counter and its one row, then the records table with its expiry index.
+/// Each is idempotent, and safe to run from several processes at once. Columns as in
+/// PostgreSQL's; `key` holds a key's stored form, at most 1,300 bytes or so (a
+/// `VARBINARY(1536)` primary key: InnoDB's index limit is 3072 bytes); the fingerprint
+/// is `VARBINARY`, so that a value of another length reads back as it is (and is
+/// [`Corrupt`](idemcache::store::StoreError::Corrupt)), not padded.
+pub const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS idemcache_tokens (
+        id   TINYINT NOT NULL PRIMARY KEY,
+        next BIGINT NOT NULL
+    ) ENGINE = InnoDB",
+    "INSERT INTO idemcache_tokens (id, next) VALUES (1, 0) ON DUPLICATE KEY UPDATE id = id",
+    "CREATE TABLE IF NOT EXISTS idemcache_records (
+        `key`       VARBINARY(1536) NOT NULL PRIMARY KEY,
+        fingerprint VARBINARY(255) NOT NULL,
+        state       SMALLINT NOT NULL CHECK (state IN (1, 2, 3)),
+        token       BIGINT NOT NULL,
+        body        LONGBLOB,
+        started_at  BIGINT NOT NULL,
+        settled_at  BIGINT,
+        expires_at  BIGINT NOT NULL,
+        INDEX idemcache_records_expiry (expires_at)
+    ) ENGINE = InnoDB",
+];
+
+/// The server's now in microseconds since the Unix epoch, from UTC (the session's time
+/// zone does not enter it): a macro, so that statements `concat!` it.
+macro_rules! now {
+    () => {
+        "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
+    };
+}
+
+/// "The record is UNKNOWN, or a lapse `MarkUnknown` reads as UNKNOWN", against the
+/// bound now: takes `Now, Now, LapseTtl, Now`.
+macro_rules! unknown_or_lapsed {
+    () => {
+        "((state = 3 AND expires_at > ?) OR (state = 1 AND expires_at <= ? AND expires_at + ? > ?))"
+    };
+}
+
+/// The server's now (one `BIGINT` column, µs).
+pub const NOW: Statement = Statement { sql: concat!("SELECT ", now!()), params: &[] };
+
+/// A new token: the statement's last-insert id. Run it outside a transaction
+/// (autocommit), so the counter's row is locked for this statement only. One row
+/// matched, or the counter's row is missing (run the schema again).
+pub const MINT: Statement = Statement {
+    sql: "UPDATE idemcache_tokens SET next = LAST_INSERT_ID(next + 1) WHERE id = 1",
+    params: &[],
+};
+
+/// Run before the claim's transaction begins: it sets the isolation of the next one
+/// only (not the session's), so that the claim takes no gap locks.
+pub const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// The claim's look, in its transaction: the server's now and the key's record, its row
+/// locked (`FOR UPDATE`) until the transaction ends. One row: `now, state, token,
+/// fingerprint, body, settled_at, expires_at, live, lapsed`, the record's columns NULL
+/// when the key is absent; with a record, the columns after `now` are a
+/// [`ClaimRow`](super::decode::ClaimRow).
+pub const LOOK: Statement = Statement {
+    sql: concat!(
+        "SELECT n.us AS now, r.state, r.token, r.fingerprint, r.body, r.settled_at, r.expires_at,
+                r.expires_at > n.us AS live,
+                (r.state = 1 AND r.expires_at <= n.us AND r.expires_at + ? > n.us) AS lapsed
+         FROM (SELECT ",
+        now!(),
+        " AS us) n
+         LEFT JOIN idemcache_records r ON r.`key` = ?
+         FOR UPDATE"
+    ),
+    params: &[Param::LapseTtl, Param::Key],
+};
+
+/// The claim of an absent key, in its transaction: the record, PROCESSING under the
+/// minted token until now + the lease. A duplicate key (error 1062): a concurrent claim
+/// inserted it first; roll back and claim again.
+pub const TAKE_NEW: Statement = Statement {
+    sql: "INSERT INTO idemcache_records
+              (`key`, fingerprint, state, token, body, started_at, settled_at, expires_at)
+          VALUES (?, ?, 1, ?, NULL, ?, NULL, ? + ?)",
+    params: &[
+        Param::Key,
+        Param::Fingerprint,
+        Param::Token,
+        Param::Now,
+        Param::Now,
+        Param::Duration,
+    ],
+};
+
+/// The claim of a dead record [`LOOK`] locked (expired, or a lapse under `TakeOver`),
+/// in its transaction, fenced by the token it read ([`Param::Held`]). One row matched.
+pub const TAKE_OVER: Statement = Statement {
+    sql: "UPDATE idemcache_records
+          SET fingerprint = ?, state = 1, token = ?, body = NULL, started_at = ?,
+              settled_at = NULL, expires_at = ? + ?
+          WHERE `key` = ? AND token = ?",
+    params: &[
+        Param::Fingerprint,
+        Param::Token,
+        Param::Now,
+        Param::Now,
+        Param::Duration,
+        Param::Key,
+        Param::Held,
+    ],
+};
+
+/// `LapsePolicy::MarkUnknown`: the lapse [`LOOK`] locked turns UNKNOWN, marked at the
+/// lease's end and kept the unknown TTL from there, fenced by its token. (MySQL assigns
+/// left to right: `settled_at` takes `expires_at` before it moves.) One row matched;
+/// the claim answers from the row `LOOK` read
+/// ([`decode::turned_unknown`](super::decode::turned_unknown) with its fingerprint and
+/// `expires_at`).
+pub const TURN_UNKNOWN: Statement = Statement {
+    sql: "UPDATE idemcache_records
+          SET state = 3, settled_at = expires_at, expires_at = expires_at + ?
+          WHERE `key` = ? AND token = ? AND state = 1 AND expires_at <= ? AND expires_at + ? > ?",
+    params: &[Param::LapseTtl, Param::Key, Param::Held, Param::Now, Param::LapseTtl, Param::Now],
+};
+
+/// PROCESSING → COMPLETED under the caller's token while the lease is live, the body
+/// kept for the TTL ([`Param::Duration`]). One row matched: stored with `settled_at` =
+/// now, `expires_at` = now + TTL; none: the lease was lost.
+pub const COMPLETE: Statement = Statement {
+    sql: "UPDATE idemcache_records SET state = 2, body = ?, settled_at = ?, expires_at = ? + ?
+          WHERE `key` = ? AND token = ? AND state = 1 AND expires_at > ?",
+    params: &[
+        Param::Body,
+        Param::Now,
+        Param::Now,
+        Param::Duration,
+        Param::Key,
+        Param::Token,
+        Param::Now,
+    ],
+};
+
+/// The live lease under the caller's token renewed to end now + the lease. One row
+/// matched, or the lease was lost.
+pub const EXTEND: Statement = Statement {
+    sql: "UPDATE idemcache_records SET expires_at = ? + ?
+          WHERE `key` = ? AND token = ? AND state = 1 AND expires_at > ?",
+    params: &[Param::Now, Param::Duration, Param::Key, Param::Token, Param::Now],
+};
+
+/// PROCESSING → absent under the caller's token while the lease is live. One row, or
+/// the lease was lost.
+pub const RELEASE: Statement = Statement {
+    sql: "DELETE FROM idemcache_records
+          WHERE `key` = ? AND token = ? AND state = 1 AND expires_at > ?",
+    params: &[Param::Key, Param::Token, Param::Now],
+};
+
+/// PROCESSING → UNKNOWN under the caller's token while the lease is live, marked now
+/// and kept the TTL. One row, or the lease was lost.
+pub const MARK_UNKNOWN: Statement = Statement {
+    sql: "UPDATE idemcache_records SET state = 3, settled_at = ?, expires_at = ? + ?
+          WHERE `key` = ? AND token = ? AND state = 1 AND expires_at > ?",
+    params: &[Param::Now, Param::Now, Param::Duration, Param::Key, Param::Token, Param::Now],
+};
+
+/// UNKNOWN (or a lapse read so) → COMPLETED, of the listed execution only if
+/// [`Param::Held`] is given, the body kept the TTL. One row, or the key has no such
+/// UNKNOWN record.
+pub const RESOLVE: Statement = Statement {
+    sql: concat!(
+        "UPDATE idemcache_records SET state = 2, body = ?, settled_at = ?, expires_at = ? + ?
+         WHERE `key` = ? AND ",
+        unknown_or_lapsed!(),
+        " AND (? IS NULL OR token = ?)"
+    ),
+    params: &[
+        Param::Body,
+        Param::Now,
+        Param::Now,
+        Param::Duration,
+        Param::Key,
+        Param::Now,
+        Param::Now,
+        Param::LapseTtl,
+        Param::Now,
+        Param::Held,
+        Param::Held,
+    ],
+};
+
+/// UNKNOWN (or a lapse read so) → absent, of the listed execution only if
+/// [`Param::Held`] is given. One row, or the key has no such UNKNOWN record.
+pub const FORGET: Statement = Statement {
+    sql: concat!(
+        "DELETE FROM idemcache_records WHERE `key` = ? AND ",
+        unknown_or_lapsed!(),
+        " AND (? IS NULL OR token = ?)"
+    ),
+    params: &[
+        Param::Key,
+        Param::Now,
+        Param::Now,
+        Param::LapseTtl,
+        Param::Now,
+        Param::Held,
+        Param::Held,
+    ],
+};
+
+/// Up to [`Param::Limit`] live UNKNOWN records (a lapse read as the UNKNOWN it will
+/// be), oldest mark first: `key, fingerprint, marked_at, expires_at, token` (for
+/// [`decode::unknown_entry`](super::decode::unknown_entry)).
+pub const UNKNOWN: Statement = Statement {
+    sql: concat!(
+        "SELECT `key`, fingerprint,
+                CASE WHEN state = 1 THEN expires_at ELSE settled_at END AS marked_at,
+                CASE WHEN state = 1 THEN expires_at + ? ELSE expires_at END AS expires_at,
+                token
+         FROM idemcache_records WHERE ",
+        unknown_or_lapsed!(),
+        " ORDER BY marked_at, `key` LIMIT ?"
+    ),
+    params: &[Param::LapseTtl, Param::Now, Param::Now, Param::LapseTtl, Param::Now, Param::Limit],
+};
+
+/// One bounded batch of `purge_expired`: at most [`Param::Limit`] expired records, the
+/// oldest first through the expiry index, a lapse `MarkUnknown` reads as UNKNOWN kept.
+/// The affected-row count is the batch. (InnoDB's `DELETE` has no `SKIP LOCKED`: a
+/// purge waits for a row a claim holds locked, for that claim's short transaction.)
+pub const PURGE: Statement = Statement {
+    sql: "DELETE FROM idemcache_records
+          WHERE expires_at <= ? AND NOT (state = 1 AND expires_at <= ? AND expires_at + ? > ?)
+          ORDER BY expires_at LIMIT ?",
+    params: &[Param::Now, Param::Now, Param::LapseTtl, Param::Now, Param::Limit],
+};
+
+/// MySQL's error number for a duplicate key: a concurrent claim inserted the key first.
+pub const DUPLICATE_KEY: u16 = 1062;
+/// MySQL's error number for a deadlock: InnoDB rolled the transaction back.
+pub const DEADLOCK: u16 = 1213;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_binds_one_value_per_placeholder() {
+        let all = [
+            NOW,
+            MINT,
+            LOOK,
+            TAKE_NEW,
+            TAKE_OVER,
+            TURN_UNKNOWN,
+            COMPLETE,
+            EXTEND,
+            RELEASE,
+            MARK_UNKNOWN,
+            RESOLVE,
+            FORGET,
+            UNKNOWN,
+            PURGE,
+        ];
+        for statement in all {
+            let placeholders = statement.sql.matches('?').count();
+            assert_eq!(placeholders, statement.params.len(), "{}", statement.sql);
+        }
+        assert!(SCHEMA.iter().all(|ddl| !ddl.contains('?')));
+    }
+}

@@ -1,0 +1,510 @@
+//! [`MySqlStore`]: idemcache's records in MySQL or MariaDB over a sqlx `MySqlPool`,
+//! with `idemcache-sql`'s MySQL statements ([`idemcache_sql::records::mysql`], whose
+//! docs explain why the claim is atomic).
+//!
+//! Invariant: a claim is one transaction on one connection whose decision is made on
+//! the record's row locked by `SELECT ... FOR UPDATE` (or, for an absent key, by the
+//! primary key refusing a second insert), judged by the server's clock; its token is
+//! minted from the durable counter before it begins; every other write is one
+//! statement fenced by its token, with the server's now read just before and bound in,
+//! applied only if it matched the row.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use sqlx::mysql::{
+    MySqlArguments, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions,
+};
+use sqlx::{Connection, MySql, Transaction};
+
+use idemcache::store::encoding::{check_duration, check_url, from_micros, micros};
+use idemcache::store::{Lapse, OpenClaim, Store, StoreClaim, StoreError};
+use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
+use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
+use idemcache_sql::records::mysql::{self as sql, Param, Statement, Values};
+
+use super::{column, failed};
+
+/// Idempotency records in MySQL or MariaDB (InnoDB), over a sqlx [`MySqlPool`] (yours,
+/// or one [`connect`](MySqlStore::connect) builds). Cheap to clone (the pool is shared).
+#[derive(Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    /// The server, as errors name it (`MySQL at host:port/db`).
+    server: String,
+    /// What a lapsed lease becomes, for this handle's statements.
+    lapse: Lapse,
+}
+
+impl std::fmt::Debug for MySqlStore {
+    /// The server and the pool's size, never the password.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlStore")
+            .field("server", &self.server)
+            .field("size", &self.pool.size())
+            .field("lapse", &self.lapse)
+            .finish()
+    }
+}
+
+/// `statement` with `values` bound in its parameters' order.
+fn bind<'q>(
+    statement: &Statement,
+    values: &Values<'q>,
+) -> sqlx::query::Query<'q, MySql, MySqlArguments> {
+    let mut query = sqlx::query(statement.sql);
+    for param in statement.params {
+        query = match param {
+            Param::Key => query.bind(values.key),
+            Param::Fingerprint => query.bind(values.fingerprint),
+            Param::Token => query.bind(values.token),
+            Param::Held => query.bind(values.held),
+            Param::Now => query.bind(values.now),
+            Param::Duration => query.bind(values.duration),
+            Param::LapseTtl => query.bind(values.lapse_ttl),
+            Param::Body => query.bind(values.body),
+            Param::Limit => query.bind(values.limit),
+        };
+    }
+    query
+}
+
+/// The server's now (µs), on `conn`.
+async fn now(conn: &mut MySqlConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(sql::NOW.sql).fetch_one(conn).await
+}
+
+/// Whether `e` means "a concurrent claim got between, claim again": a duplicate key or
+/// a deadlock InnoDB rolled back.
+fn raced(e: &sqlx::Error) -> bool {
+    let number = e
+        .as_database_error()
+        .and_then(|d| d.try_downcast_ref::<MySqlDatabaseError>())
+        .map(MySqlDatabaseError::number);
+    matches!(number, Some(sql::DUPLICATE_KEY | sql::DEADLOCK))
+}
+
+impl MySqlStore {
+    /// A store over your own pool: the records and your handlers' tables share its
+    /// connections, and a handler completes its claim in its own transaction
+    /// ([`complete_in`](MySqlStore::complete_in)). The schema is not created: call
+    /// [`ensure_schema`](Store::ensure_schema).
+    pub fn from_pool(pool: MySqlPool) -> MySqlStore {
+        let options = pool.connect_options();
+        let server = format!(
+            "MySQL at {}:{}/{}",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or("")
+        );
+        MySqlStore { pool, server, lapse: Lapse::TAKE_OVER }
+    }
+
+    /// A store over a new pool to `url` (`mysql://user@host:port/db`, MySQL or MariaDB)
+    /// that waits 5 s for a connection, then fails as [`StoreError::Backend`]. Connects
+    /// lazily: an unreachable server shows from the first operation. Needs a sqlx
+    /// runtime feature on your `sqlx` dependency (`runtime-tokio`, ...).
+    pub async fn connect(url: &str) -> Result<MySqlStore, StoreError> {
+        check_url(url)?;
+        let pool = MySqlPoolOptions::new()
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy(url)
+            .map_err(|e| StoreError::InvalidInput(format!("not a MySQL URL: {e}")))?;
+        Ok(MySqlStore::from_pool(pool))
+    }
+
+    /// The pool the store takes its connections from.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// What a lapsed lease becomes for this handle's claims, listings and purges: taken
+    /// over ([`LapsePolicy::TakeOver`], the default), or UNKNOWN from the lease's end for
+    /// `unknown_ttl` ([`LapsePolicy::MarkUnknown`]; see [`Lapse`], and why handles
+    /// sharing a database should agree). An `unknown_ttl` of zero or over
+    /// [`MAX_DURATION`](idemcache::MAX_DURATION) under `MarkUnknown` is
+    /// [`StoreError::InvalidInput`].
+    pub fn lapse_policy(
+        mut self,
+        policy: LapsePolicy,
+        unknown_ttl: Duration,
+    ) -> Result<MySqlStore, StoreError> {
+        self.lapse = Lapse::new(policy, unknown_ttl)?;
+        Ok(self)
+    }
+
+    /// This handle's lapse setting.
+    pub fn lapse(&self) -> Lapse {
+        self.lapse
+    }
+
+    /// Completes `claim` with `body` inside `tx`, a transaction on the database the
+    /// store keeps its records in, so that the record commits with your business writes
+    /// in `tx`, or neither does; the store's own completion, fenced by the claim's
+    /// token and judged by the server's clock when it runs. Returns the record as it
+    /// will be replayed once `tx` commits.
+    ///
+    /// Refused with [`StoreError::LeaseLost`] if the claim no longer owns its key: roll
+    /// `tx` back then. Hands the claim over first ([`OpenClaim::hand_over`]), so the HTTP
+    /// layer neither renews its lease nor completes it itself. The write locks the
+    /// record's row until `tx` ends (InnoDB's `UPDATE` reads the latest committed row
+    /// whatever the isolation), so a concurrent claim of the key waits for `tx`.
+    pub async fn complete_in(
+        tx: &mut Transaction<'_, MySql>,
+        claim: &OpenClaim,
+        body: Option<&[u8]>,
+    ) -> Result<Replay<SystemTime>, StoreError> {
+        let ttl = claim.result_ttl();
+        check_duration("result TTL", ttl)?;
+        claim.hand_over();
+        let key = claim.key();
+        let backend = |e: sqlx::Error| StoreError::Backend(Box::new(e));
+        let now = now(tx).await.map_err(backend)?;
+        let values = Values {
+            key: key.as_bytes(),
+            token: decode::token(claim.token()),
+            now,
+            duration: micros(ttl),
+            body,
+            ..Values::default()
+        };
+        let done = bind(&sql::COMPLETE, &values).execute(&mut **tx).await.map_err(backend)?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::LeaseLost(key.clone()));
+        }
+        Ok(decode::replay(
+            body.map(Bytes::copy_from_slice),
+            now,
+            now.saturating_add(values.duration),
+        ))
+    }
+
+    /// `e` as [`StoreError::Backend`], naming the server.
+    fn failed(&self, e: sqlx::Error) -> StoreError {
+        failed(&self.server, e)
+    }
+
+    /// A pooled connection.
+    async fn connection(&self) -> Result<sqlx::pool::PoolConnection<MySql>, StoreError> {
+        self.pool.acquire().await.map_err(|e| self.failed(e))
+    }
+
+    /// A fenced write on `key`: `statement` with `values` and the server's now read just
+    /// before; returns that now. No row matched is `missing` of `key`.
+    async fn settle(
+        &self,
+        key: &Key,
+        statement: &Statement,
+        values: Values<'_>,
+        missing: fn(Key) -> StoreError,
+    ) -> Result<i64, StoreError> {
+        let mut conn = self.connection().await?;
+        let now = now(&mut conn).await.map_err(|e| self.failed(e))?;
+        let values = Values { now, ..values };
+        let done =
+            bind(statement, &values).execute(&mut *conn).await.map_err(|e| self.failed(e))?;
+        if done.rows_affected() == 0 {
+            return Err(missing(key.clone()));
+        }
+        Ok(now)
+    }
+
+    /// A new token from the durable counter, committed on its own (autocommit).
+    async fn mint(&self, conn: &mut MySqlConnection) -> Result<i64, StoreError> {
+        let done = sqlx::query(sql::MINT.sql).execute(conn).await.map_err(|e| self.failed(e))?;
+        if done.rows_affected() != 1 {
+            return Err(StoreError::Backend(
+                "the token counter's row (idemcache_tokens, id 1) is missing: run ensure_schema"
+                    .into(),
+            ));
+        }
+        i64::try_from(done.last_insert_id())
+            .map_err(|_| StoreError::Backend("the token counter passed i64::MAX".into()))
+    }
+
+    /// One attempt of a claim, in a transaction on `conn`: the answer, or `None` when a
+    /// concurrent claim got between (claim again).
+    async fn claim_once(
+        &self,
+        conn: &mut MySqlConnection,
+        values: Values<'_>,
+        asked: Fingerprint,
+    ) -> Result<Option<StoreClaim>, StoreError> {
+        let fail = |e| self.failed(e);
+        let key = values.key;
+        sqlx::query(sql::READ_COMMITTED).execute(&mut *conn).await.map_err(fail)?;
+        let mut tx = conn.begin().await.map_err(fail)?;
+        let look = bind(&sql::LOOK, &values).fetch_one(&mut *tx).await.map_err(fail)?;
+        let values = Values { now: column(&look, 0, key)?, ..values };
+        let state: Option<i16> = column(&look, 1, key)?;
+        let write = match state {
+            None => bind(&sql::TAKE_NEW, &values),
+            Some(state) => {
+                let row = ClaimRow {
+                    state,
+                    token: column(&look, 2, key)?,
+                    fingerprint: column(&look, 3, key)?,
+                    body: column(&look, 4, key)?,
+                    settled_at: column(&look, 5, key)?,
+                    expires_at: column(&look, 6, key)?,
+                    live: column(&look, 7, key)?,
+                    lapsed: column(&look, 8, key)?,
+                };
+                let held = Values { held: Some(row.token), ..values };
+                match decode::claim(key, asked, &row)? {
+                    ClaimStep::Answer(answer) => {
+                        tx.rollback().await.map_err(fail)?;
+                        return Ok(Some(answer));
+                    }
+                    ClaimStep::TurnUnknown { .. } => {
+                        let done = bind(&sql::TURN_UNKNOWN, &held)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(fail)?;
+                        if done.rows_affected() == 0 {
+                            tx.rollback().await.map_err(fail)?;
+                            return Ok(None);
+                        }
+                        tx.commit().await.map_err(fail)?;
+                        let (fp, marked_at) = (row.fingerprint.as_deref(), Some(row.expires_at));
+                        return decode::turned_unknown(key, asked, fp, marked_at).map(Some);
+                    }
+                    // Dead (expired, or a lapse to take over): this claim's.
+                    ClaimStep::LookAgain => bind(&sql::TAKE_OVER, &held),
+                }
+            }
+        };
+        match write.execute(&mut *tx).await {
+            Ok(done) if done.rows_affected() == 1 => {}
+            Ok(_) => {
+                tx.rollback().await.map_err(fail)?;
+                return Ok(None);
+            }
+            Err(e) if raced(&e) => {
+                // InnoDB rolled a deadlock back already; a duplicate key leaves the
+                // transaction open. Either way, nothing of this attempt stays.
+                tx.rollback().await.map_err(fail)?;
+                return Ok(None);
+            }
+            Err(e) => return Err(fail(e)),
+        }
+        tx.commit().await.map_err(fail)?;
+        Ok(Some(StoreClaim::Acquired {
+            token: decode::fencing_token(values.token),
+            lease_ends_at: from_micros(values.now.saturating_add(values.duration)),
+        }))
+    }
+
+    /// UNKNOWN → COMPLETED of `key`, of the execution claimed under `listed` only if
+    /// given.
+    async fn resolve_where(
+        &self,
+        key: Key,
+        listed: Option<i64>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> Result<Replay<SystemTime>, StoreError> {
+        check_duration("result TTL", ttl)?;
+        let values = Values {
+            key: key.as_bytes(),
+            held: listed,
+            duration: micros(ttl),
+            lapse_ttl: self.lapse.unknown_ttl_micros(),
+            body: body.as_deref(),
+            ..Values::default()
+        };
+        let now = self.settle(&key, &sql::RESOLVE, values, StoreError::NotUnknown).await?;
+        let until = now.saturating_add(values.duration);
+        Ok(decode::replay(body, now, until))
+    }
+
+    /// UNKNOWN → absent of `key`, of the execution claimed under `listed` only if given.
+    async fn forget_where(&self, key: Key, listed: Option<i64>) -> Result<(), StoreError> {
+        let values = Values {
+            key: key.as_bytes(),
+            held: listed,
+            lapse_ttl: self.lapse.unknown_ttl_micros(),
+            ..Values::default()
+        };
+        self.settle(&key, &sql::FORGET, values, StoreError::NotUnknown).await.map(drop)
+    }
+}
+
+impl Store for MySqlStore {
+    /// Creates the token counter (and its row) and the records table of
+    /// [`idemcache_sql::records::mysql::SCHEMA`] if missing.
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
+        for ddl in sql::SCHEMA {
+            sqlx::raw_sql(*ddl).execute(&self.pool).await.map_err(|e| self.failed(e))?;
+        }
+        Ok(())
+    }
+
+    fn claim(
+        &self,
+        key: &Key,
+        fp: Fingerprint,
+        lease: Duration,
+    ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
+        let key = key.as_bytes().to_vec();
+        async move {
+            check_duration("lease", lease)?;
+            let fingerprint = fp.to_bytes();
+            let mut conn = self.connection().await?;
+            let values = Values {
+                key: &key,
+                fingerprint: &fingerprint,
+                token: self.mint(&mut conn).await?,
+                duration: micros(lease),
+                lapse_ttl: self.lapse.unknown_ttl_micros(),
+                ..Values::default()
+            };
+            for _ in 0..16 {
+                if let Some(answer) = self.claim_once(&mut conn, values, fp).await? {
+                    return Ok(answer);
+                }
+            }
+            Err(StoreError::Backend("the claim kept racing a concurrent writer".into()))
+        }
+    }
+
+    fn complete(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            check_duration("result TTL", ttl)?;
+            let values = Values {
+                key: key.as_bytes(),
+                token: decode::token(token),
+                duration: micros(ttl),
+                body: body.as_deref(),
+                ..Values::default()
+            };
+            let now = self.settle(&key, &sql::COMPLETE, values, StoreError::LeaseLost).await?;
+            let until = now.saturating_add(values.duration);
+            Ok(decode::replay(body, now, until))
+        }
+    }
+
+    fn extend_lease(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<SystemTime, StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            check_duration("lease", lease)?;
+            let values = Values {
+                key: key.as_bytes(),
+                token: decode::token(token),
+                duration: micros(lease),
+                ..Values::default()
+            };
+            let now = self.settle(&key, &sql::EXTEND, values, StoreError::LeaseLost).await?;
+            Ok(from_micros(now.saturating_add(values.duration)))
+        }
+    }
+
+    fn release(
+        &self,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            let values =
+                Values { key: key.as_bytes(), token: decode::token(token), ..Values::default() };
+            self.settle(&key, &sql::RELEASE, values, StoreError::LeaseLost).await.map(drop)
+        }
+    }
+
+    fn mark_unknown(
+        &self,
+        key: &Key,
+        token: FencingToken,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let key = key.clone();
+        async move {
+            check_duration("unknown TTL", ttl)?;
+            let values = Values {
+                key: key.as_bytes(),
+                token: decode::token(token),
+                duration: micros(ttl),
+                ..Values::default()
+            };
+            self.settle(&key, &sql::MARK_UNKNOWN, values, StoreError::LeaseLost).await.map(drop)
+        }
+    }
+
+    fn resolve(
+        &self,
+        key: &Key,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        self.resolve_where(key.clone(), None, body, ttl)
+    }
+
+    fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.forget_where(key.clone(), None)
+    }
+
+    fn resolve_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        self.resolve_where(listed.key.clone(), Some(decode::token(listed.token)), body, ttl)
+    }
+
+    fn forget_listed(
+        &self,
+        listed: &UnknownEntry<SystemTime>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.forget_where(listed.key.clone(), Some(decode::token(listed.token)))
+    }
+
+    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+        let mut conn = self.connection().await?;
+        let values = Values {
+            now: now(&mut conn).await.map_err(|e| self.failed(e))?,
+            lapse_ttl: self.lapse.unknown_ttl_micros(),
+            limit: decode::limit(limit),
+            ..Values::default()
+        };
+        let rows =
+            bind(&sql::UNKNOWN, &values).fetch_all(&mut *conn).await.map_err(|e| self.failed(e))?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let stored: Vec<u8> = column(row, 0, &[])?;
+            let fp: Vec<u8> = column(row, 1, &stored)?;
+            let marked_at = column(row, 2, &stored)?;
+            let expires_at = column(row, 3, &stored)?;
+            let token = column(row, 4, &stored)?;
+            out.push(decode::unknown_entry(&stored, &fp, token, marked_at, expires_at)?);
+        }
+        Ok(out)
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        let mut conn = self.connection().await?;
+        let values = Values {
+            now: now(&mut conn).await.map_err(|e| self.failed(e))?,
+            lapse_ttl: self.lapse.unknown_ttl_micros(),
+            limit: decode::limit(limit),
+            ..Values::default()
+        };
+        let done =
+            bind(&sql::PURGE, &values).execute(&mut *conn).await.map_err(|e| self.failed(e))?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+    }
+}

@@ -1,0 +1,226 @@
+//! `MySqlStore` against a real MySQL or MariaDB (`IDEMCACHE_MYSQL_URL`; skipped with a
+//! printed reason when unset): the conformance suite, the `MarkUnknown` sub-suite,
+//! concurrent claims of one key race to exactly one Acquired, tokens keep increasing
+//! for a new pool (a restart), rows the store cannot read are `Corrupt` naming their key
+//! (never a panic), a missing token counter is a typed error, a completion in the
+//! caller's transaction commits or rolls back with it and is fenced by its token.
+//!
+//! Every test works in a database of its own (pid and counter in the name) and drops
+//! it: no other suite on the same server meets its records.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use idemcache::store::conformance::{self, acquire, fp, key, service_url, LEASE, TTL};
+use idemcache::store::{OpenClaim, Store, StoreClaim, StoreError};
+use idemcache::LapsePolicy;
+use idemcache_sqlx::MySqlStore;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, MySqlPool};
+
+const EXAMPLE: &str = "mysql://root@127.0.0.1:3306/test";
+
+/// A database of this test's own, and a store whose pool works in it (schema ensured).
+struct Db {
+    admin: MySqlPool,
+    name: String,
+    options: MySqlConnectOptions,
+    store: MySqlStore,
+}
+
+impl Db {
+    async fn new(test: &str) -> Option<Db> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let url = service_url("IDEMCACHE_MYSQL_URL", EXAMPLE)?;
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let name = format!("idemcache_sqlx_{test}_{}_{n}", std::process::id());
+        let admin = MySqlPoolOptions::new().max_connections(1).connect(&url).await.unwrap();
+        let create = format!("DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}");
+        sqlx::raw_sql(AssertSqlSafe(create)).execute(&admin).await.unwrap();
+        let options: MySqlConnectOptions = url.parse().unwrap();
+        let options = options.database(&name);
+        let store = Db::store(&options);
+        store.ensure_schema().await.unwrap();
+        Some(Db { admin, name, options, store })
+    }
+
+    /// A store over a new pool on this database (another process's, or a restart's).
+    fn store(options: &MySqlConnectOptions) -> MySqlStore {
+        MySqlStore::from_pool(
+            MySqlPoolOptions::new().max_connections(8).connect_lazy_with(options.clone()),
+        )
+    }
+
+    async fn execute(&self, sql: String) {
+        sqlx::raw_sql(AssertSqlSafe(sql)).execute(&self.admin).await.unwrap();
+    }
+
+    async fn drop(self) {
+        self.execute(format!("DROP DATABASE {}", self.name)).await;
+    }
+}
+
+#[tokio::test]
+async fn mysql_conforms() {
+    let Some(db) = Db::new("conforms").await else { return };
+    conformance::run(&db.store).await;
+    conformance::run(&db.store).await;
+    // The schema again, on a database that has it: nothing changes.
+    db.store.ensure_schema().await.unwrap();
+    let said = format!("{:?}", db.store);
+    assert!(said.starts_with("MySqlStore { server: \"MySQL at "), "{said}");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn mysql_under_mark_unknown_never_re_runs_a_lapsed_lease() {
+    let Some(db) = Db::new("lapse").await else { return };
+    let ttl = Duration::from_secs(3600);
+    let store = db.store.clone().lapse_policy(LapsePolicy::MarkUnknown, ttl).unwrap();
+    assert_eq!(store.lapse().policy(), LapsePolicy::MarkUnknown);
+    conformance::run_mark_unknown(&store, ttl, true).await;
+    conformance::reconcile_as_checked(&store).await;
+    let refused = db.store.clone().lapse_policy(LapsePolicy::MarkUnknown, Duration::ZERO);
+    assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tiered_instances_execute_each_key_exactly_once() {
+    let Some(db) = Db::new("tiered").await else { return };
+    let (second, restarted) = (Db::store(&db.options), Db::store(&db.options));
+    conformance::tiered_exactly_once(db.store.clone(), second, restarted, "sqlx-my").await;
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_of_one_key_race_to_exactly_one_acquired() {
+    let Some(db) = Db::new("race").await else { return };
+    for round in 0..4 {
+        let k = key(&format!("race-{round}"));
+        let claims: Vec<_> = (0..16)
+            .map(|i| {
+                // Two pools: two processes' worth of connections.
+                let store = if i % 2 == 0 { db.store.clone() } else { Db::store(&db.options) };
+                let k = k.clone();
+                tokio::spawn(async move { store.claim(&k, fp("r"), LEASE).await.unwrap() })
+            })
+            .collect();
+        let mut acquired = 0;
+        for claim in claims {
+            match claim.await.unwrap() {
+                StoreClaim::Acquired { .. } => acquired += 1,
+                StoreClaim::InProgress { .. } => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(acquired, 1, "round {round}: exactly one claim acquired");
+    }
+    db.drop().await;
+}
+
+/// The counter is a row in the database: a new pool (a restarted process) is handed
+/// larger tokens; with the row gone, a claim is a typed error naming it.
+#[tokio::test]
+async fn tokens_increase_across_pools_and_a_missing_counter_is_named() {
+    let Some(db) = Db::new("tokens").await else { return };
+    let first = acquire(&db.store, &key("tokens-1")).await;
+    let restarted = Db::store(&db.options);
+    let second = acquire(&restarted, &key("tokens-2")).await;
+    assert!(second > first, "{second} after {first}");
+    db.execute(format!("DELETE FROM {}.idemcache_tokens", db.name)).await;
+    match restarted.claim(&key("tokens-3"), fp("r"), LEASE).await {
+        Err(StoreError::Backend(why)) => assert!(why.to_string().contains("idemcache_tokens")),
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+    db.drop().await;
+}
+
+/// Rows the schema allows but the store cannot read (an UNKNOWN without its mark time,
+/// a fingerprint of the wrong length, a column of another type) are `Corrupt` naming
+/// their key; named, the record can be forgotten.
+#[tokio::test]
+async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
+    let Some(db) = Db::new("corrupt").await else { return };
+    let store = &db.store;
+    let k = key("sqlx-no-mark");
+    let token = acquire(store, &k).await;
+    store.mark_unknown(&k, token, TTL).await.unwrap();
+    let table = format!("{}.idemcache_records", db.name);
+    db.execute(format!("UPDATE {table} SET settled_at = NULL")).await;
+    match store.unknown(10).await {
+        Err(StoreError::Corrupt(why)) => assert!(why.contains("sqlx-no-mark"), "{why}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    db.execute(format!("UPDATE {table} SET fingerprint = x'010203'")).await;
+    match store.claim(&k, fp("r"), LEASE).await {
+        Err(StoreError::Corrupt(why)) => {
+            assert!(why.contains("sqlx-no-mark") && why.contains("16 bytes"), "{why}")
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    store.forget(&k).await.unwrap();
+    assert!(store.unknown(10).await.unwrap().is_empty());
+
+    let k = key("sqlx-odd-type");
+    let token = acquire(store, &k).await;
+    store.complete(&k, token, None, TTL).await.unwrap();
+    db.execute(format!("ALTER TABLE {table} MODIFY token VARCHAR(20) NOT NULL")).await;
+    // A new pool: the old one's prepared statements know the old column types.
+    let store = Db::store(&db.options);
+    match store.claim(&k, fp("r"), LEASE).await {
+        Err(StoreError::Corrupt(why)) => {
+            assert!(why.contains("sqlx-odd-type") && why.contains("column token"), "{why}")
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    db.drop().await;
+}
+
+/// `complete_in`: rolled back, the record stays PROCESSING; committed, it replays; a
+/// stale token is refused and its transaction can roll back.
+#[tokio::test]
+async fn a_completion_in_the_callers_transaction_commits_with_it() {
+    let Some(db) = Db::new("in_tx").await else { return };
+    let store = &db.store;
+    let k = key("sqlx-in-tx");
+    let token = acquire(store, &k).await;
+    let claim = OpenClaim::new(k.clone(), token, TTL);
+
+    let mut tx = store.pool().begin().await.unwrap();
+    MySqlStore::complete_in(&mut tx, &claim, Some(b"paid")).await.unwrap();
+    assert!(claim.handed_over());
+    tx.rollback().await.unwrap();
+    assert!(matches!(
+        store.claim(&k, fp("r"), LEASE).await.unwrap(),
+        StoreClaim::InProgress { .. }
+    ));
+
+    let mut tx = store.pool().begin().await.unwrap();
+    let record = MySqlStore::complete_in(&mut tx, &claim, Some(b"paid")).await.unwrap();
+    tx.commit().await.unwrap();
+    match store.claim(&k, fp("r"), LEASE).await.unwrap() {
+        StoreClaim::Completed(replay) => assert_eq!(replay, record),
+        other => panic!("{other:?}"),
+    }
+
+    let stale = OpenClaim::new(k.clone(), token, TTL);
+    let mut tx = store.pool().begin().await.unwrap();
+    let refused = MySqlStore::complete_in(&mut tx, &stale, Some(b"again")).await;
+    assert!(matches!(refused, Err(StoreError::LeaseLost(_))), "{refused:?}");
+    tx.rollback().await.unwrap();
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_typed_error_naming_it() {
+    let store = MySqlStore::connect("mysql://root@127.0.0.1:1/test").await.unwrap();
+    match store.claim(&key("down"), fp("r"), LEASE).await {
+        Err(e @ StoreError::Backend(_)) => {
+            assert!(e.to_string().contains("MySQL at 127.0.0.1:1/test"), "{e}")
+        }
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+    let refused = MySqlStore::connect("mysql://app:p@ss/word@db/x").await;
+    assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
+}
