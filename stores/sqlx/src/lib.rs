@@ -1,17 +1,60 @@
-//! idemcache for sqlx: durable stores over your own pool ([`PgStore`], feature
-//! `postgres`), the unique-violation classifier (is this database error "that
-//! row already exists"? for your own business tables, whose `UNIQUE` constraint is the
-//! backstop behind the cache: see [`idemcache::store::unique`]), and on your own sqlx
-//! transaction the consumer [`inbox`] and conditional status `transition`s.
+//! idemcache for sqlx: durable stores over your own pool (`PgStore`, feature
+//! `postgres`; `MySqlStore`, feature `mysql`, for MySQL and MariaDB), the
+//! unique-violation classifier (is this database error "that row already exists"? for
+//! your own business tables, whose `UNIQUE` constraint is the backstop behind the
+//! cache: see [`idemcache::store::unique`]), and on your own sqlx transaction the
+//! consumer [`inbox`] and conditional status `transition`s.
 //!
 //! This crate tracks sqlx's current release and re-exports it ([`sqlx`]) with no
-//! default features: it needs only sqlx's error types. Enable the databases and runtime
-//! you use on your own `sqlx` dependency (one version, so they unify). The features
-//! `postgres` and `mysql` add the inbox and the transitions for those databases (they
-//! enable sqlx's drivers of those names).
+//! default features. Enable the databases and runtime you use on your own `sqlx`
+//! dependency (one version, so they unify). The features `postgres` and `mysql` add
+//! the stores, the inbox and the transitions for those databases (they enable sqlx's
+//! drivers of those names).
 //!
-//! Invariant: only a violation of a uniqueness constraint (or primary key) answers
-//! `true`; `NOT NULL`, `CHECK` and foreign-key failures are real errors.
+//! # The stores
+//!
+//! `PgStore` and `MySqlStore` keep idemcache's records (the durable half of
+//! [`Tiered`](idemcache::store::Tiered), or a [`Store`](idemcache::store::Store) on its
+//! own) in the database your pool connects to: `from_pool(pool)` takes yours, so your
+//! handlers and the records share its connections, and `complete_in(&mut tx, claim,
+//! body)` completes a claim in your transaction, committing with your business writes
+//! or not at all. `connect(url)` builds a pool for you. Their statements and the
+//! decoding of their rows are `idemcache-sql`'s ([`idemcache_sql::records`]), which
+//! `idemcache-postgres` (tokio-postgres) runs too: a records table either crate wrote
+//! behaves the same under the other. Call `ensure_schema` once at startup; the
+//! `lapse_policy(policy, unknown_ttl)` setting is the other stores'.
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # mod example {
+//! use idemcache::store::{OpenClaim, Store, Tiered};
+//! use idemcache::Cache;
+//! use idemcache_sqlx::PgStore;
+//!
+//! type Error = Box<dyn std::error::Error + Send + Sync>;
+//!
+//! async fn start(pool: sqlx::PgPool) -> Result<Tiered<PgStore>, Error> {
+//!     let store = PgStore::from_pool(pool); // your pool, shared with your handlers
+//!     store.ensure_schema().await?;
+//!     Ok(Tiered::new(Cache::builder().build()?, store))
+//! }
+//!
+//! /// In a handler that holds `claim`: the order and its record commit together.
+//! async fn place(pool: &sqlx::PgPool, claim: &OpenClaim, record: &[u8]) -> Result<(), Error> {
+//!     let mut tx = pool.begin().await?;
+//!     sqlx::query("INSERT INTO orders (item) VALUES ($1)").bind("book").execute(&mut *tx).await?;
+//!     PgStore::complete_in(&mut tx, claim, Some(record)).await?;
+//!     tx.commit().await?;
+//!     Ok(())
+//! }
+//! # }
+//! ```
+//!
+//! Invariant: the stores decide nothing `idemcache-sql`'s statements and decoding do
+//! not (every time is the server's; a row they cannot read is
+//! [`StoreError::Corrupt`](idemcache::store::StoreError::Corrupt)); and only a violation
+//! of a uniqueness constraint (or primary key) is [`is_unique_violation`]: `NOT NULL`,
+//! `CHECK` and foreign-key failures are real errors.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -2,7 +2,8 @@
 //! reason when unset): the conformance suite, the `MarkUnknown` sub-suite, concurrent
 //! claims of one key race to exactly one Acquired, rows the store cannot read are
 //! `Corrupt` naming their key (never a panic), a completion in the caller's transaction
-//! commits or rolls back with it and is fenced by its token.
+//! commits or rolls back with it and is fenced by its token, and one table written by
+//! this store and by `idemcache-postgres`'s (tokio-postgres) behaves as one store.
 //!
 //! Every test works in a schema of its own (pid and counter in the name), selected by
 //! its pool's `search_path`, and drops it: no other suite on the same database (the
@@ -14,6 +15,7 @@ use std::time::Duration;
 use idemcache::store::conformance::{self, acquire, fp, key, service_url, LEASE, TTL};
 use idemcache::store::{OpenClaim, Store, StoreClaim, StoreError};
 use idemcache::LapsePolicy;
+use idemcache_postgres::PostgresStore;
 use idemcache_sqlx::PgStore;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
@@ -23,6 +25,7 @@ const EXAMPLE: &str = "postgres://postgres@127.0.0.1:5432/test";
 /// A schema of this test's own, and a store whose pool works in it (schema ensured).
 struct Db {
     admin: PgPool,
+    url: String,
     schema: String,
     store: PgStore,
 }
@@ -37,11 +40,12 @@ impl Db {
         let create = format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}");
         sqlx::raw_sql(AssertSqlSafe(create)).execute(&admin).await.unwrap();
         let options: PgConnectOptions = url.parse().unwrap();
+        let url = url.clone();
         let options = options.options([("search_path", schema.as_str())]);
         let pool = PgPoolOptions::new().max_connections(8).connect_with(options).await.unwrap();
         let store = PgStore::from_pool(pool);
         store.ensure_schema().await.unwrap();
-        Some(Db { admin, schema, store })
+        Some(Db { admin, url, schema, store })
     }
 
     async fn execute(&self, sql: String) {
@@ -210,4 +214,46 @@ async fn an_unreachable_server_is_a_typed_error_naming_it() {
     }
     let refused = PgStore::connect("postgres://app:p@ss/word@db/x").await;
     assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
+}
+
+/// One schema, two drivers: what one store wrote, the other reads and settles alike
+/// (the claim, the fencing, the UNKNOWN listing and its settling, the token order).
+#[tokio::test]
+async fn the_tokio_postgres_store_and_this_one_share_a_table() {
+    let Some(db) = Db::new("shared").await else { return };
+    let sep = if db.url.contains('?') { '&' } else { '?' };
+    let scoped = format!("{}{sep}options=-c%20search_path%3D{}", db.url, db.schema);
+    let theirs = PostgresStore::connect(&scoped, 2).await.unwrap();
+    theirs.ensure_schema().await.unwrap();
+    let ours = &db.store;
+
+    let k = key("shared-complete");
+    let token = acquire(&theirs, &k).await;
+    assert!(matches!(ours.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::InProgress { .. }));
+    assert_eq!(ours.claim(&k, fp("other"), LEASE).await.unwrap(), StoreClaim::Mismatch);
+    let stale = idemcache::FencingToken::new(token.get() + 1);
+    let refused = ours.complete(&k, stale, None, TTL).await;
+    assert!(matches!(refused, Err(StoreError::LeaseLost(_))), "{refused:?}");
+    let record = ours.complete(&k, token, Some("done".into()), TTL).await.unwrap();
+    match theirs.claim(&k, fp("r"), LEASE).await.unwrap() {
+        StoreClaim::Completed(replay) => assert_eq!(replay, record),
+        other => panic!("{other:?}"),
+    }
+
+    let k = key("shared-unknown");
+    let token = acquire(ours, &k).await;
+    theirs.mark_unknown(&k, token, TTL).await.unwrap();
+    let listed = ours.unknown(usize::MAX).await.unwrap();
+    let entry = listed.iter().find(|u| u.key == k).expect("listed by the other driver");
+    assert_eq!((entry.token, entry.fingerprint), (token, fp("r")));
+    theirs.resolve_listed(entry, Some("checked".into()), TTL).await.unwrap();
+    match ours.claim(&k, fp("r"), LEASE).await.unwrap() {
+        StoreClaim::Completed(replay) => assert_eq!(replay.body.unwrap(), "checked"),
+        other => panic!("{other:?}"),
+    }
+    // One sequence: each driver's next token is above the other's last.
+    let mine = acquire(ours, &key("shared-order-1")).await;
+    let next = acquire(&theirs, &key("shared-order-2")).await;
+    assert!(next > mine && mine > token, "{token} < {mine} < {next}");
+    db.drop().await;
 }
