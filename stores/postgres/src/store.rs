@@ -90,7 +90,8 @@ impl Store for PostgresStore {
                 let Some(row) = rows.first() else { continue };
                 match decode::claim(&key, fp, &claim_row(row, &key)?)? {
                     ClaimStep::Answer(answer) => return Ok(answer),
-                    ClaimStep::LookAgain => continue,
+                    // Dead, yet not taken: a concurrent writer got between.
+                    ClaimStep::Dead => continue,
                     ClaimStep::TurnUnknown { token } => {
                         let turned =
                             self.rows(sql::TURN_UNKNOWN, &[&key, &token, &lapse_ttl]).await?;

@@ -29,7 +29,7 @@
 //!     match decode::claim(key.as_bytes(), fp, &row)? {
 //!         ClaimStep::Answer(answer) => Ok(answer),
 //!         // Run `postgres::TURN_UNKNOWN` (a lapse under `MarkUnknown`), or look again.
-//!         ClaimStep::TurnUnknown { .. } | ClaimStep::LookAgain => unimplemented!(),
+//!         ClaimStep::TurnUnknown { .. } | ClaimStep::Dead => unimplemented!(),
 //!     }
 //! }
 //! ```

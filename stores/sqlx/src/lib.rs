@@ -67,6 +67,7 @@ pub use store::MySqlStore;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use store::PgStore;
 
+mod in_transaction;
 pub mod inbox;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod store;

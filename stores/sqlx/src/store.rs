@@ -10,9 +10,9 @@
 //! key, never a panic.
 
 #[cfg(feature = "mysql")]
-mod mysql;
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
-mod postgres;
+pub(crate) mod postgres;
 
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlStore;

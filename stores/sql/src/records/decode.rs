@@ -63,9 +63,12 @@ pub enum ClaimStep {
         /// The lapsed record's token, which the turning statement is fenced by.
         token: i64,
     },
-    /// The record is dead (expired, or a lapse to take over) but was not taken: a
-    /// concurrent writer got between. Run the claim again.
-    LookAgain,
+    /// The record is dead (expired, or a lapsed lease under `TakeOver`): it is the
+    /// claim's to take. PostgreSQL's claim statement takes a dead record itself, so
+    /// there this row means a concurrent writer got between: run the claim again.
+    /// MySQL's look holds the record's row locked: take it over
+    /// ([`mysql::TAKE_OVER`](super::mysql::TAKE_OVER)).
+    Dead,
 }
 
 /// The answer row of a claim of `stored_key` for the request `asked`.
@@ -84,7 +87,7 @@ pub fn claim(
         return Ok(ClaimStep::TurnUnknown { token: row.token });
     }
     if !row.live {
-        return Ok(ClaimStep::LookAgain);
+        return Ok(ClaimStep::Dead);
     }
     if !same_request(stored_key, asked, row.fingerprint.as_deref())? {
         return Ok(ClaimStep::Answer(StoreClaim::Mismatch));
@@ -229,7 +232,7 @@ mod tests {
         );
         let other = claim(key, Fingerprint::of(b"other"), &row(COMPLETED)).unwrap();
         assert_eq!(other, ClaimStep::Answer(StoreClaim::Mismatch));
-        assert_eq!(answer(&ClaimRow { live: false, ..row(COMPLETED) }), ClaimStep::LookAgain);
+        assert_eq!(answer(&ClaimRow { live: false, ..row(COMPLETED) }), ClaimStep::Dead);
         let lapsed = ClaimRow { live: false, lapsed: true, ..row(PROCESSING) };
         assert_eq!(answer(&lapsed), ClaimStep::TurnUnknown { token: 7 });
         assert_eq!(

@@ -16,10 +16,10 @@ use bytes::Bytes;
 use sqlx::mysql::{
     MySqlArguments, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions,
 };
-use sqlx::{Connection, MySql, Transaction};
+use sqlx::{Connection, MySql};
 
 use idemcache::store::encoding::{check_duration, check_url, from_micros, micros};
-use idemcache::store::{Lapse, OpenClaim, Store, StoreClaim, StoreError};
+use idemcache::store::{Lapse, Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
 use idemcache_sql::records::mysql::{self as sql, Param, Statement, Values};
@@ -49,7 +49,7 @@ impl std::fmt::Debug for MySqlStore {
 }
 
 /// `statement` with `values` bound in its parameters' order.
-fn bind<'q>(
+pub(crate) fn bind<'q>(
     statement: &Statement,
     values: &Values<'q>,
 ) -> sqlx::query::Query<'q, MySql, MySqlArguments> {
@@ -71,7 +71,7 @@ fn bind<'q>(
 }
 
 /// The server's now (µs), on `conn`.
-async fn now(conn: &mut MySqlConnection) -> Result<i64, sqlx::Error> {
+pub(crate) async fn now(conn: &mut MySqlConnection) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(sql::NOW.sql).fetch_one(conn).await
 }
 
@@ -137,47 +137,6 @@ impl MySqlStore {
     /// This handle's lapse setting.
     pub fn lapse(&self) -> Lapse {
         self.lapse
-    }
-
-    /// Completes `claim` with `body` inside `tx`, a transaction on the database the
-    /// store keeps its records in, so that the record commits with your business writes
-    /// in `tx`, or neither does; the store's own completion, fenced by the claim's
-    /// token and judged by the server's clock when it runs. Returns the record as it
-    /// will be replayed once `tx` commits.
-    ///
-    /// Refused with [`StoreError::LeaseLost`] if the claim no longer owns its key: roll
-    /// `tx` back then. Hands the claim over first ([`OpenClaim::hand_over`]), so the HTTP
-    /// layer neither renews its lease nor completes it itself. The write locks the
-    /// record's row until `tx` ends (InnoDB's `UPDATE` reads the latest committed row
-    /// whatever the isolation), so a concurrent claim of the key waits for `tx`.
-    pub async fn complete_in(
-        tx: &mut Transaction<'_, MySql>,
-        claim: &OpenClaim,
-        body: Option<&[u8]>,
-    ) -> Result<Replay<SystemTime>, StoreError> {
-        let ttl = claim.result_ttl();
-        check_duration("result TTL", ttl)?;
-        claim.hand_over();
-        let key = claim.key();
-        let backend = |e: sqlx::Error| StoreError::Backend(Box::new(e));
-        let now = now(tx).await.map_err(backend)?;
-        let values = Values {
-            key: key.as_bytes(),
-            token: decode::token(claim.token()),
-            now,
-            duration: micros(ttl),
-            body,
-            ..Values::default()
-        };
-        let done = bind(&sql::COMPLETE, &values).execute(&mut **tx).await.map_err(backend)?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::LeaseLost(key.clone()));
-        }
-        Ok(decode::replay(
-            body.map(Bytes::copy_from_slice),
-            now,
-            now.saturating_add(values.duration),
-        ))
     }
 
     /// `e` as [`StoreError::Backend`], naming the server.
@@ -271,7 +230,7 @@ impl MySqlStore {
                         return decode::turned_unknown(key, asked, fp, marked_at).map(Some);
                     }
                     // Dead (expired, or a lapse to take over): this claim's.
-                    ClaimStep::LookAgain => bind(&sql::TAKE_OVER, &held),
+                    ClaimStep::Dead => bind(&sql::TAKE_OVER, &held),
                 }
             }
         };

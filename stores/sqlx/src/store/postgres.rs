@@ -11,10 +11,10 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Postgres, Transaction};
+use sqlx::{AssertSqlSafe, Postgres};
 
 use idemcache::store::encoding::{check_duration, check_url, from_micros, micros};
-use idemcache::store::{Lapse, OpenClaim, Store, StoreClaim, StoreError};
+use idemcache::store::{Lapse, Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
 use idemcache_sql::records::postgres as sql;
@@ -97,39 +97,6 @@ impl PgStore {
         self.lapse
     }
 
-    /// Completes `claim` with `body` inside `tx`, a transaction on the database the
-    /// store keeps its records in, so that the record commits with your business writes
-    /// in `tx`, or neither does; the store's own completion statement, judged by the
-    /// server's clock at the moment it runs. Returns the record as it will be replayed
-    /// once `tx` commits.
-    ///
-    /// Refused with [`StoreError::LeaseLost`] if the claim no longer owns its key: roll
-    /// `tx` back then. Hands the claim over first ([`OpenClaim::hand_over`]), so the HTTP
-    /// layer neither renews its lease nor completes it itself. Under READ COMMITTED a
-    /// concurrent takeover and this write serialize on the record's row: whichever
-    /// commits first wins.
-    pub async fn complete_in(
-        tx: &mut Transaction<'_, Postgres>,
-        claim: &OpenClaim,
-        body: Option<&[u8]>,
-    ) -> Result<Replay<SystemTime>, StoreError> {
-        let ttl = claim.result_ttl();
-        check_duration("result TTL", ttl)?;
-        claim.hand_over();
-        let key = claim.key();
-        let row = sqlx::query(sql::COMPLETE)
-            .bind(key.as_bytes())
-            .bind(decode::token(claim.token()))
-            .bind(body)
-            .bind(micros(ttl))
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(|e| StoreError::Backend(Box::new(e)))?;
-        let row = row.ok_or_else(|| StoreError::LeaseLost(key.clone()))?;
-        let (at, until) = settled(&row, key)?;
-        Ok(decode::replay(body.map(Bytes::copy_from_slice), at, until))
-    }
-
     /// Runs `query` on the pool and returns its rows.
     async fn rows(
         &self,
@@ -182,7 +149,7 @@ impl PgStore {
 }
 
 /// The two time columns a settling statement returns.
-fn settled(row: &PgRow, key: &Key) -> Result<(i64, i64), StoreError> {
+pub(crate) fn settled(row: &PgRow, key: &Key) -> Result<(i64, i64), StoreError> {
     Ok((column(row, 0, key.as_bytes())?, column(row, 1, key.as_bytes())?))
 }
 
@@ -233,7 +200,8 @@ impl Store for PgStore {
                 let Some(row) = rows.first() else { continue };
                 match decode::claim(&key, fp, &claim_row(row, &key)?)? {
                     ClaimStep::Answer(answer) => return Ok(answer),
-                    ClaimStep::LookAgain => continue,
+                    // Dead, yet not taken: a concurrent writer got between.
+                    ClaimStep::Dead => continue,
                     ClaimStep::TurnUnknown { token } => {
                         let query = sqlx::query(sql::TURN_UNKNOWN)
                             .bind(&key[..])
