@@ -32,10 +32,14 @@
 //!   the winner's row. A deadlock (1213, which InnoDB resolves by rolling one transaction
 //!   back) is run again the same way. So the claim is one atomic step: a read-then-write
 //!   only under the row's lock, or an insert only the key's uniqueness lets through.
+//!   (A server logging its binary log by statement, `binlog_format = STATEMENT`,
+//!   refuses InnoDB writes at READ COMMITTED, error 1665: use `ROW` or `MIXED`, the
+//!   defaults of MySQL and MariaDB.)
 //! - **Every other write** is one statement naming the claim's token in its `WHERE`
 //!   (and the record's state and expiry, against the bound now), and tells by its
-//!   affected-row count whether it applied: sqlx and the C client connect with
-//!   `CLIENT_FOUND_ROWS`, so the count is of rows matched.
+//!   affected-row count whether it applied. The count must be of rows matched, not
+//!   changed: connect with `CLIENT_FOUND_ROWS`, as sqlx always does (a renewal to the
+//!   very microsecond the lease already ends at changes nothing, yet applied).
 //!
 //! Invariant: the one of [`records`](super) in every dialect: a claim is one atomic step
 //! judged by the server's clock, tokens increase across processes and restarts, every
