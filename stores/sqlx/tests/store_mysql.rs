@@ -1,9 +1,10 @@
 //! `MySqlStore` against a real MySQL or MariaDB (`IDEMCACHE_MYSQL_URL`; skipped with a
 //! printed reason when unset): the conformance suite, the `MarkUnknown` sub-suite,
 //! concurrent claims of one key race to exactly one Acquired, tokens keep increasing
-//! for a new pool (a restart), rows the store cannot read are `Corrupt` naming their key
-//! (never a panic), a missing token counter is a typed error, a completion in the
-//! caller's transaction commits or rolls back with it and is fenced by its token.
+//! for a new pool (a restart), a session's time zone does not move the store's clock,
+//! rows the store cannot read are `Corrupt` naming their key (never a panic), a missing
+//! token counter is a typed error, a completion in the caller's transaction commits or
+//! rolls back with it and is fenced by its token.
 //!
 //! Every test works in a database of its own (pid and counter in the name) and drops
 //! it: no other suite on the same server meets its records.
@@ -223,4 +224,33 @@ async fn an_unreachable_server_is_a_typed_error_naming_it() {
     }
     let refused = MySqlStore::connect("mysql://app:p@ss/word@db/x").await;
     assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
+}
+
+/// Times are the server's UTC microseconds whatever a session's time zone: a handle
+/// whose sessions run at +05:00 reads the lease a UTC handle's claim set, to the
+/// microsecond, and its own claims' leases end when the UTC handle's do (within the
+/// moment between them), not five hours apart.
+#[tokio::test]
+async fn a_sessions_time_zone_does_not_move_the_stores_clock() {
+    let Some(db) = Db::new("zone").await else { return };
+    let zoned = Db::store(&db.options.clone().timezone(Some("+05:00".to_owned())));
+    let k = key("zone-held");
+    let StoreClaim::Acquired { lease_ends_at, .. } =
+        db.store.claim(&k, fp("r"), LEASE).await.unwrap()
+    else {
+        panic!("expected Acquired")
+    };
+    match zoned.claim(&k, fp("r"), LEASE).await.unwrap() {
+        StoreClaim::InProgress { lease_ends_at: seen } => assert_eq!(seen, lease_ends_at),
+        other => panic!("{other:?}"),
+    }
+    let StoreClaim::Acquired { lease_ends_at: zoned_end, .. } =
+        zoned.claim(&key("zone-other"), fp("r"), LEASE).await.unwrap()
+    else {
+        panic!("expected Acquired")
+    };
+    let apart = zoned_end.duration_since(lease_ends_at).unwrap_or_default();
+    assert!(apart < Duration::from_secs(60), "the zoned lease ends {apart:?} later");
+    assert!(zoned_end >= lease_ends_at, "claimed after, so it ends after");
+    db.drop().await;
 }
