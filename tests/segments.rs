@@ -151,8 +151,11 @@ fn a_snapshot_of_a_shard_in_several_segments_round_trips() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("s.snap");
     let clock = ManualClock::new();
-    let cache =
-        roomy_builder(&clock).shards(1).lapse_policy(LapsePolicy::MarkUnknown).build().unwrap();
+    let cache = roomy_builder(&clock)
+        .shards(1)
+        .lapse_policy(LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL })
+        .build()
+        .unwrap();
     const N: usize = 3 * SEG + 100;
     let mut running = Vec::new();
     let mut lapsing = Vec::new();

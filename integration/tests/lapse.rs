@@ -21,7 +21,7 @@ async fn sqlite_marking() -> SqliteStore {
     let store = SqliteStore::connect("sqlite::memory:")
         .await
         .unwrap()
-        .lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL)
+        .with_lapse_policy(LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL })
         .unwrap();
     store.ensure_schema().await.unwrap();
     store
@@ -30,7 +30,7 @@ async fn sqlite_marking() -> SqliteStore {
 #[tokio::test]
 async fn sqlite_under_mark_unknown_never_re_runs_a_lapsed_lease() {
     let store = sqlite_marking().await;
-    assert_eq!(store.lapse().policy(), LapsePolicy::MarkUnknown);
+    assert_eq!(store.lapse_policy(), LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL });
     conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
     conformance::reconcile_as_checked(&store).await;
 }
@@ -38,8 +38,8 @@ async fn sqlite_under_mark_unknown_never_re_runs_a_lapsed_lease() {
 /// A store chosen at run time takes the setting too (`idemcache_any::open_with`).
 #[tokio::test]
 async fn a_store_opened_from_a_url_marks_lapses_unknown_when_asked() {
-    let lapse = idemcache::store::Lapse::new(LapsePolicy::MarkUnknown, UNKNOWN_TTL).unwrap();
-    let store = idemcache_any::open_with("sqlite::memory:", lapse).await.unwrap();
+    let marking = LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL };
+    let store = idemcache_any::open_with("sqlite::memory:", marking).await.unwrap();
     store.ensure_schema().await.unwrap();
     conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
     let taking = idemcache_any::open("sqlite::memory:").await.unwrap();
@@ -50,11 +50,11 @@ async fn a_store_opened_from_a_url_marks_lapses_unknown_when_asked() {
 #[tokio::test]
 async fn a_lapse_setting_is_checked_and_take_over_stays_the_default() {
     let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
-    assert_eq!(store.lapse().policy(), LapsePolicy::TakeOver);
-    let refused = store.clone().lapse_policy(LapsePolicy::MarkUnknown, Duration::ZERO);
+    assert_eq!(store.lapse_policy(), LapsePolicy::TakeOver);
+    let refused = store.clone().with_lapse_policy(LapsePolicy::MarkUnknown { ttl: Duration::ZERO });
     assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
     // TakeOver ignores the TTL.
-    store.lapse_policy(LapsePolicy::TakeOver, Duration::ZERO).unwrap();
+    store.with_lapse_policy(LapsePolicy::TakeOver).unwrap();
 }
 
 /// Two handles on one file, one under each policy (as two processes configured apart):
@@ -73,7 +73,7 @@ async fn a_lapse_turned_unknown_is_unknown_to_a_take_over_handle_too() {
     let marking = SqliteStore::connect(&url)
         .await
         .unwrap()
-        .lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL)
+        .with_lapse_policy(LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL })
         .unwrap();
     let k = key("mixed");
     let idemcache::store::StoreClaim::Acquired { lease_ends_at, .. } =
@@ -105,10 +105,14 @@ async fn a_lapse_turned_unknown_is_unknown_to_a_take_over_handle_too() {
 /// (no UNKNOWN left behind in memory).
 #[tokio::test]
 async fn tiered_never_re_runs_a_lapse_the_store_holds_unknown() {
-    for cache_policy in [LapsePolicy::TakeOver, LapsePolicy::MarkUnknown] {
+    let cache_policies = [
+        ("take-over", LapsePolicy::TakeOver),
+        ("mark", LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL }),
+    ];
+    for (name, cache_policy) in cache_policies {
         let cache = Cache::builder().lapse_policy(cache_policy).build().unwrap();
-        let tiered = Tiered::new(cache, sqlite_marking().await).lease(SHORT_LEASE);
-        let k = key(&format!("tiered-{cache_policy:?}"));
+        let tiered = Tiered::new(cache, sqlite_marking().await).with_lease(SHORT_LEASE);
+        let k = key(&format!("tiered-{name}"));
         let TieredClaim::Acquired(hung) = tiered.claim(&k, fp("r")).await.unwrap() else {
             panic!("expected Acquired");
         };
@@ -175,10 +179,10 @@ mod postgres {
             .unwrap();
         let separator = if url.contains('?') { '&' } else { '?' };
         let own = format!("{url}{separator}options=-c%20search_path%3D{schema}");
-        let store = PostgresStore::connect(&own, 4)
+        let store = PostgresStore::connect(&own)
             .await
             .unwrap()
-            .lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL)
+            .with_lapse_policy(LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL })
             .unwrap();
         store.ensure_schema().await.unwrap();
         Some((admin, store, schema))
@@ -234,7 +238,7 @@ mod redis_store {
         let url =
             conformance::service_url("IDEMCACHE_REDIS_STORE_URL", "redis://127.0.0.1:6379/14")?;
         let store = RedisStore::connect(&url).await.unwrap();
-        Some(store.lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL).unwrap())
+        Some(store.with_lapse_policy(LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL }).unwrap())
     }
 
     #[tokio::test]
@@ -272,7 +276,7 @@ mod redis_store {
                 }
             }
         }
-        let listed = store.unknown(usize::MAX).await.unwrap();
+        let listed = store.list_unknown(usize::MAX).await.unwrap();
         assert_eq!(listed.iter().filter(|u| u.key == k).count(), 1, "listed once");
         store.forget(&k).await.unwrap();
     }
@@ -358,13 +362,13 @@ impl Store for ForgetFails {
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(Err(StoreError::Backend("the server went away".into())))
     }
-    fn unknown(
+    fn list_unknown(
         &self,
         limit: usize,
     ) -> impl std::future::Future<
         Output = Result<Vec<idemcache::UnknownEntry<std::time::SystemTime>>, StoreError>,
     > + Send {
-        self.0.unknown(limit)
+        self.0.list_unknown(limit)
     }
     fn purge_expired(
         &self,

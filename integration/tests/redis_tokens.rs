@@ -50,7 +50,7 @@ async fn members_with_garbled_tokens_are_trimmed_and_only_the_records_token_sett
             .await
             .unwrap();
     }
-    let listed = store.unknown(100_000).await.unwrap();
+    let listed = store.list_unknown(100_000).await.unwrap();
     let ours: Vec<_> = listed.iter().filter(|u| u.key == k).collect();
     assert_eq!(ours.len(), 1, "{ours:?}");
     assert_eq!(ours[0].token, token);

@@ -188,7 +188,7 @@ mod postgres {
 
     async fn store() -> Option<PostgresStore> {
         let url = postgres_url()?;
-        let store = PostgresStore::connect(&url, 8).await.unwrap();
+        let store = PostgresStore::connect(&url).await.unwrap();
         store.ensure_schema().await.unwrap();
         Some(store)
     }
@@ -239,7 +239,7 @@ mod postgres {
             .unwrap();
         let separator = if url.contains('?') { '&' } else { '?' };
         let own = format!("{url}{separator}options=-c%20search_path%3D{schema}");
-        Some((admin, PostgresStore::connect(&own, 2).await.unwrap(), schema))
+        Some((admin, PostgresStore::connect(&own).await.unwrap(), schema))
     }
 
     /// Rows the schema allows but the store cannot read (an UNKNOWN without its mark
@@ -257,7 +257,7 @@ mod postgres {
         let table = format!("{schema}.idemcache_records");
         let update = |set: &str| format!("UPDATE {table} SET {set}");
         admin.execute(&update("settled_at = NULL"), &[]).await.unwrap();
-        match store.unknown(10).await {
+        match store.list_unknown(10).await {
             Err(StoreError::Corrupt(why)) => assert!(why.contains("no-mark"), "{why}"),
             other => panic!("expected Corrupt, got {other:?}"),
         }
@@ -269,7 +269,7 @@ mod postgres {
             other => panic!("expected Corrupt, got {other:?}"),
         }
         store.forget(&k).await.unwrap();
-        assert!(store.unknown(10).await.unwrap().is_empty());
+        assert!(store.list_unknown(10).await.unwrap().is_empty());
         admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
     }
 
@@ -288,16 +288,15 @@ mod postgres {
     async fn two_tiered_instances_execute_each_key_exactly_once() {
         let Some(first) = store().await else { return };
         let url = std::env::var("IDEMCACHE_POSTGRES_URL").unwrap();
-        let second = PostgresStore::connect(&url, 8).await.unwrap();
-        let restarted = PostgresStore::connect(&url, 2).await.unwrap();
+        let second = PostgresStore::connect(&url).await.unwrap();
+        let restarted = PostgresStore::connect(&url).await.unwrap();
         conformance::tiered_exactly_once(first, second, restarted, "pg-hammer").await;
     }
 
     #[tokio::test]
     async fn an_unreachable_postgres_is_a_typed_error_and_nothing_executes() {
         // A port nobody listens on.
-        let store =
-            PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 2).await.unwrap();
+        let store = PostgresStore::connect("postgres://postgres@127.0.0.1:1/test").await.unwrap();
         let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
         match tiered.claim(&key("down"), fp("r")).await {
             Err(idemcache::store::TieredError::Store(e @ StoreError::Backend(_))) => {
@@ -328,7 +327,7 @@ mod postgres {
         let user = url.get_user().unwrap_or("postgres");
         let db = url.get_dbname().unwrap_or("test");
         let through = format!("postgres://{user}@{}/{db}", relay.addr);
-        let store = PostgresStore::connect(&through, 2).await.unwrap();
+        let store = PostgresStore::connect(&through).await.unwrap();
         killed_mid_request(store, &relay, "pg").await;
     }
 
@@ -407,11 +406,11 @@ mod redis_store {
         store.mark_unknown(&k, second, TTL).await.unwrap();
         for _ in 0..2 {
             store.purge_expired(1000).await.unwrap();
-            let listed = store.unknown(1000).await.unwrap();
+            let listed = store.list_unknown(1000).await.unwrap();
             assert_eq!(listed.iter().filter(|u| u.key == k).count(), 1, "{listed:?}");
         }
         store.forget(&k).await.unwrap();
-        assert!(!store.unknown(1000).await.unwrap().iter().any(|u| u.key == k));
+        assert!(!store.list_unknown(1000).await.unwrap().iter().any(|u| u.key == k));
     }
 
     /// The database apart, held by one test at a time.
@@ -493,13 +492,13 @@ mod redis_store {
             .query_async(&mut admin)
             .await
             .unwrap();
-        match store.unknown(10).await {
+        match store.list_unknown(10).await {
             Err(StoreError::Corrupt(why)) => assert!(why.contains("\"bad\""), "{why}"),
             other => panic!("expected Corrupt, got {other:?}"),
         }
         assert_eq!(store.purge_expired(100).await.unwrap(), 0, "both records are live");
         store.forget(&bad).await.unwrap();
-        let listed = store.unknown(10).await.unwrap();
+        let listed = store.list_unknown(10).await.unwrap();
         assert_eq!(listed.iter().map(|u| &u.key).collect::<Vec<_>>(), [&good]);
 
         let wrong = key("a-string");
@@ -611,7 +610,7 @@ mod redis_store {
         hset(&mut admin, &bad, "expires", "soon").await;
         corrupt_naming(store.resolve(&bad, None, TTL).await, "unknown-garbled");
         corrupt_naming(store.forget(&bad).await, "unknown-garbled");
-        match store.unknown(10).await {
+        match store.list_unknown(10).await {
             Err(StoreError::Corrupt(why)) => {
                 assert!(why.contains("unknown-garbled") && why.contains("delete the Redis key"))
             }
@@ -640,7 +639,7 @@ mod redis_store {
         for k in [&bad, &listy] {
             let _: () = redis::cmd("DEL").arg(record_key(k)).query_async(&mut admin).await.unwrap();
         }
-        let listed = store.unknown(10).await.unwrap();
+        let listed = store.list_unknown(10).await.unwrap();
         assert_eq!(listed.iter().map(|u| &u.key).collect::<Vec<_>>(), [&good]);
     }
 
@@ -653,7 +652,7 @@ mod redis_store {
         let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
         let _: () =
             redis::cmd("SET").arg(bucket(0)).arg("x").query_async(&mut admin).await.unwrap();
-        assert!(matches!(store.unknown(10).await, Err(StoreError::Corrupt(_))));
+        assert!(matches!(store.list_unknown(10).await, Err(StoreError::Corrupt(_))));
         assert!(matches!(store.purge_expired(10).await, Err(StoreError::Corrupt(_))));
     }
 
@@ -668,8 +667,8 @@ mod redis_store {
             let token = acquire(&store, &k).await;
             store.mark_unknown(&k, token, TTL).await.unwrap();
         }
-        assert_eq!(store.unknown(5000).await.unwrap().len(), 1200);
-        assert_eq!(store.unknown(1100).await.unwrap().len(), 1100);
+        assert_eq!(store.list_unknown(5000).await.unwrap().len(), 1200);
+        assert_eq!(store.list_unknown(1100).await.unwrap().len(), 1100);
     }
 
     /// Two stores purging one index at once count what each removed: 200 stale members
@@ -717,7 +716,7 @@ mod redis_store {
             calls += 1;
             assert!(calls <= 11, "never reached the stale member");
         }
-        assert_eq!(store.unknown(100).await.unwrap().len(), 40);
+        assert_eq!(store.list_unknown(100).await.unwrap().len(), 40);
     }
 
     /// `purge_expired` trims the UNKNOWN index: a limit of 0 trims nothing; stale
@@ -768,7 +767,7 @@ mod redis_store {
         }
         assert_eq!(trimmed, 50);
         assert_eq!(index_size(&mut admin).await, 3);
-        assert_eq!(store.unknown(10).await.unwrap().len(), 3);
+        assert_eq!(store.list_unknown(10).await.unwrap().len(), 3);
     }
 
     /// `wait_for_replicas` on a server with no replica: `WAIT` counts none, so an
@@ -901,7 +900,7 @@ mod redis_store {
 #[tokio::test]
 async fn a_tiered_guard_moves_into_a_task_renews_its_lease_and_drops_cleanly() {
     let cache = Cache::builder().drop_policy(idemcache::DropPolicy::MarkUnknown).build().unwrap();
-    let tiered = Tiered::new(cache, sqlite_memory().await).lease(Duration::from_secs(5));
+    let tiered = Tiered::new(cache, sqlite_memory().await).with_lease(Duration::from_secs(5));
     let k = key("spawned");
     let TieredClaim::Acquired(mut guard) = tiered.claim(&k, fp("r")).await.unwrap() else {
         panic!("expected Acquired");
@@ -1145,7 +1144,7 @@ mod redis_cluster {
                 .map(|u| u.key.clone())
                 .collect::<Vec<_>>()
         };
-        let listed = store.unknown(usize::MAX).await.unwrap();
+        let listed = store.list_unknown(usize::MAX).await.unwrap();
         assert_eq!(ours(&listed).len(), 200);
         assert!(listed.windows(2).all(|w| w[0].marked_at <= w[1].marked_at), "in mark order");
         for k in keys.iter().step_by(2) {
@@ -1175,7 +1174,7 @@ mod redis_cluster {
             let found = members.iter().filter(|m| m.starts_with(&format!("{hex}:"))).count();
             assert_eq!(found, i % 2, "{k:?}: forgotten ones trimmed, the others kept");
         }
-        let left = ours(&store.unknown(usize::MAX).await.unwrap());
+        let left = ours(&store.list_unknown(usize::MAX).await.unwrap());
         assert_eq!(left, keys.iter().skip(1).step_by(2).cloned().collect::<Vec<_>>());
         for k in keys.iter().skip(1).step_by(2) {
             store.forget(k).await.unwrap();
@@ -1199,7 +1198,7 @@ mod redis_cluster {
             let token = acquire(&store, &key(&format!("flushed-mark-{i}"))).await;
             store.mark_unknown(&key(&format!("flushed-mark-{i}")), token, TTL).await.unwrap();
         }
-        let listed = store.unknown(usize::MAX).await.unwrap();
+        let listed = store.list_unknown(usize::MAX).await.unwrap();
         assert_eq!(
             listed.iter().filter(|u| u.key.client_key().starts_with("flushed-mark-")).count(),
             12

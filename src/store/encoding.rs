@@ -11,6 +11,7 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
+pub use super::lapse::{check_lapse_policy, lapse_ttl_micros};
 use super::StoreError;
 use crate::{Fingerprint, Key};
 

@@ -19,7 +19,7 @@
 //! unknown TTL ago; it returns it, flagged, and a second statement fenced by its token
 //! turns it UNKNOWN (`settled_at` = the lease's end, `expires_at` = that plus the TTL),
 //! so the lapse path is two round trips and every other claim one. Until a claim turns
-//! it, the other statements read such a record as UNKNOWN too (`unknown` lists it,
+//! it, the other statements read such a record as UNKNOWN too (`list_unknown` lists it,
 //! `resolve` and `forget` settle it, `purge_expired` keeps it).
 //!
 //! # One pool for the store and your handlers
@@ -36,7 +36,7 @@
 //! use idemcache_postgres::{deadpool_postgres, PostgresStore};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = PostgresStore::connect("postgres://app@db.internal/shop", 32).await?;
+//! let store = PostgresStore::connect("postgres://app@db.internal/shop").await?;
 //! store.ensure_schema().await?;
 //! let pool: deadpool_postgres::Pool = store.pool().clone(); // the same pool, shared
 //!
@@ -123,7 +123,8 @@ use tokio_postgres::NoTls;
 use idemcache::store::encoding::{
     at_server, check_duration, check_url, corrupt, fingerprint, from_micros, key, micros,
 };
-use idemcache::store::{Lapse, Store, StoreClaim, StoreError};
+use idemcache::store::encoding::{check_lapse_policy, lapse_ttl_micros};
+use idemcache::store::{Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 
 pub use {deadpool_postgres, tokio_postgres};
@@ -220,7 +221,7 @@ pub struct PostgresStore {
     /// the pool from a URL.
     server: Option<String>,
     /// What a lapsed lease becomes, for this handle's statements.
-    lapse: Lapse,
+    lapse: LapsePolicy,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -275,12 +276,18 @@ fn sql_limit(n: usize) -> i64 {
 }
 
 impl PostgresStore {
-    /// A store over a pool of up to `max_connections` connections to `url`
-    /// (`postgres://user@host:port/db`, no TLS; with TLS, build the pool yourself and
-    /// [`from_pool`](Self::from_pool) it). Connects lazily: an unreachable server shows as
-    /// [`StoreError::Backend`], naming its host and port, from the first operation. The
-    /// schema is not created: call [`ensure_schema`](Store::ensure_schema).
-    pub async fn connect(url: &str, max_connections: usize) -> Result<PostgresStore, StoreError> {
+    /// The pool size [`connect`](Self::connect) builds: a store's operations are one short
+    /// statement each, so a few connections serve many requests.
+    pub const MAX_CONNECTIONS: usize = 16;
+
+    /// A store over a pool of up to [`MAX_CONNECTIONS`](Self::MAX_CONNECTIONS) connections
+    /// to `url` (`postgres://user@host:port/db`, no TLS). Connects lazily: an unreachable
+    /// server shows as [`StoreError::Backend`], naming its host and port, from the first
+    /// operation. The schema is not created: call [`ensure_schema`](Store::ensure_schema).
+    ///
+    /// Another size: `store.pool().resize(n)`. TLS, hooks or timeouts of your own: build
+    /// the pool yourself and [`from_pool`](Self::from_pool) it.
+    pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
         check_url(url)?;
         let config: tokio_postgres::Config = url.parse().map_err(|e| {
             StoreError::InvalidInput(format!("not a PostgreSQL connection string: {e}"))
@@ -292,20 +299,20 @@ impl PostgresStore {
             ManagerConfig { recycling_method: RecyclingMethod::Fast },
         );
         let pool = Pool::builder(manager)
-            .max_size(max_connections.max(1))
+            .max_size(Self::MAX_CONNECTIONS)
             .runtime(Runtime::Tokio1)
             .create_timeout(Some(Duration::from_secs(5)))
             .wait_timeout(Some(Duration::from_secs(5)))
             .build()
             .map_err(backend)?;
-        Ok(PostgresStore { pool, server: Some(server), lapse: Lapse::TAKE_OVER })
+        Ok(PostgresStore { pool, server: Some(server), lapse: LapsePolicy::TakeOver })
     }
 
     /// A store over your own pool (with the TLS and sizes you chose). The store cannot
     /// read where the pool connects, so its errors are the driver's own, not named by the
     /// server as [`connect`](Self::connect)'s are.
     pub fn from_pool(pool: Pool) -> PostgresStore {
-        PostgresStore { pool, server: None, lapse: Lapse::TAKE_OVER }
+        PostgresStore { pool, server: None, lapse: LapsePolicy::TakeOver }
     }
 
     /// The pool the store takes its connections from: clone it (a cheap handle on the
@@ -318,22 +325,18 @@ impl PostgresStore {
 
     /// What a lapsed lease becomes for this handle's claims, listings and purges:
     /// taken over ([`LapsePolicy::TakeOver`], the default), or UNKNOWN from the lease's
-    /// end for `unknown_ttl` ([`LapsePolicy::MarkUnknown`]; see the crate docs and
-    /// [`Lapse`] for what every store does, and why handles sharing a database should
-    /// agree). Clones made after share the setting; the records do not keep it. An
-    /// `unknown_ttl` of zero or over [`MAX_DURATION`](idemcache::MAX_DURATION) under
+    /// end for the policy's `ttl` ([`LapsePolicy::MarkUnknown`]; see the crate docs and
+    /// [`LapsePolicy`] for what every store does, and why handles sharing a database should
+    /// agree). Clones made after share the setting; the records do not keep it. A
+    /// `ttl` of zero or over [`MAX_DURATION`](idemcache::MAX_DURATION) under
     /// `MarkUnknown` is [`StoreError::InvalidInput`].
-    pub fn lapse_policy(
-        mut self,
-        policy: LapsePolicy,
-        unknown_ttl: Duration,
-    ) -> Result<PostgresStore, StoreError> {
-        self.lapse = Lapse::new(policy, unknown_ttl)?;
+    pub fn with_lapse_policy(mut self, policy: LapsePolicy) -> Result<PostgresStore, StoreError> {
+        self.lapse = check_lapse_policy(policy)?;
         Ok(self)
     }
 
-    /// This handle's lapse setting.
-    pub fn lapse(&self) -> Lapse {
+    /// This handle's lapse policy.
+    pub fn lapse_policy(&self) -> LapsePolicy {
         self.lapse
     }
 
@@ -498,7 +501,7 @@ impl PostgresStore {
             " RETURNING r.settled_at, r.expires_at"
         );
         let stored = body.as_deref();
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
         let token = listed.map(|l| l.token);
         let params: [&(dyn ToSql + Sync); 5] =
             [&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl, &token];
@@ -518,7 +521,7 @@ impl PostgresStore {
             listed!("$3"),
             " RETURNING r.started_at, r.expires_at"
         );
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
         let token = listed.map(|l| l.token);
         let params: [&(dyn ToSql + Sync); 3] = [&key.as_bytes(), &lapse_ttl, &token];
         self.settle(&key, sql, &params, StoreError::NotUnknown).await.map(drop)
@@ -544,7 +547,7 @@ impl Store for PostgresStore {
             check_duration("lease", lease)?;
             let fp = fp_in.to_bytes().to_vec();
             let sql = CLAIM;
-            let lapse_ttl = self.lapse.unknown_ttl_micros();
+            let lapse_ttl = lapse_ttl_micros(self.lapse);
             // A holder committed after this statement's snapshot was taken blocks the
             // insert but is not yet visible to the read: no row. Look again.
             for _ in 0..16 {
@@ -711,7 +714,10 @@ impl Store for PostgresStore {
         self.forget_where(listed.key.clone(), Some(Listed::of(listed)))
     }
 
-    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+    async fn list_unknown(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
         // A lapse not yet turned by a claim reads as the UNKNOWN it will be.
         let sql = concat!(
             "WITH ",
@@ -726,7 +732,7 @@ impl Store for PostgresStore {
             " ORDER BY marked, r.key LIMIT $1"
         );
         let mut out = Vec::new();
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
         for row in self.rows(sql, &[&sql_limit(limit), &lapse_ttl]).await? {
             let stored: Vec<u8> = column(&row, 0, &[])?;
             let marked_at: Option<i64> = column(&row, 2, &stored)?;
@@ -748,7 +754,7 @@ impl Store for PostgresStore {
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         // A lapse this handle reads as UNKNOWN is kept until that mark would expire.
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
         let rows = self.rows(PURGE, &[&sql_limit(limit), &lapse_ttl]).await?;
         let purged: i64 = match rows.first() {
             Some(row) => column(row, 0, &[])?,

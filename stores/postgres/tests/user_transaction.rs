@@ -39,7 +39,7 @@ impl Db {
         let url = service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")?;
         let n = N.fetch_add(1, Ordering::Relaxed);
         let schema = format!("idemcache_user_tx_{name}_{}_{n}", std::process::id());
-        let store = PostgresStore::connect(&url, 2).await.unwrap();
+        let store = PostgresStore::connect(&url).await.unwrap();
         store.ensure_schema().await.unwrap();
         let db = Db { url, schema, store };
         let client = db.client().await;

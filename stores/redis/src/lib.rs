@@ -60,7 +60,7 @@
 //! (first, as `mark_unknown` does) and runs the claim again allowed to turn T, which
 //! turns the record UNKNOWN (marked at the lease's end, expiring the TTL after it) in
 //! the script and answers Unknown: three round trips on that path, one on every other.
-//! `resolve` and `forget` read a lapsed record as UNKNOWN too. So that `unknown` lists
+//! `resolve` and `forget` read a lapsed record as UNKNOWN too. So that `list_unknown` lists
 //! a lapse nobody claims again, an acquiring claim under `MarkUnknown` puts its token's
 //! member in the index before it answers (one more round trip per acquired claim): the
 //! listing keeps the member of a live lease (not listed), lists a lapsed one as the
@@ -81,7 +81,8 @@ use redis::{AsyncCommands, RedisResult, Script};
 use idemcache::store::encoding::{
     at_server, check_duration, check_url, corrupt, fingerprint, from_micros, hex, micros,
 };
-use idemcache::store::{Lapse, Store, StoreClaim, StoreError};
+use idemcache::store::encoding::{check_lapse_policy, lapse_ttl_micros};
+use idemcache::store::{Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 
 pub use redis;
@@ -271,7 +272,7 @@ return false
 /// `mark_unknown` adds one member (the key in hex and the token, under 2.2 KiB) that
 /// stays after its record is resolved, forgotten or expired, until
 /// [`purge_expired`](Store::purge_expired) trims it (listing with
-/// [`unknown`](Store::unknown) trims the stale members it reads too). Run
+/// [`list_unknown`](Store::list_unknown) trims the stale members it reads too). Run
 /// `purge_expired` periodically, as for every store: every minute, say, calling it
 /// again while it returns its limit. Each call checks at most four times `limit` (at
 /// most 4,000) members of the index and each bucket at most once, from where the last
@@ -289,7 +290,7 @@ pub struct RedisStore {
     /// the store connected.
     server: Option<std::sync::Arc<str>>,
     /// What a lapsed lease becomes, for this handle's scripts.
-    lapse: Lapse,
+    lapse: LapsePolicy,
     /// `WAIT` after each acquiring claim and each completion: how many replicas must
     /// acknowledge the write, and for how long to wait ([`RedisStore::wait_for_replicas`]).
     wait: Option<(u32, Duration)>,
@@ -601,7 +602,7 @@ impl RedisStore {
             scripts: std::sync::Arc::new(scripts),
             purge_from: std::sync::Arc::default(),
             server: None,
-            lapse: Lapse::TAKE_OVER,
+            lapse: LapsePolicy::TakeOver,
             wait: None,
         }
     }
@@ -625,23 +626,19 @@ impl RedisStore {
 
     /// What a lapsed lease becomes for this handle's claims, listings and purges:
     /// taken over ([`LapsePolicy::TakeOver`], the default), or UNKNOWN from the lease's
-    /// end for `unknown_ttl` ([`LapsePolicy::MarkUnknown`]; see the crate docs, for what
-    /// Redis lists, and [`Lapse`] for what every store does and why handles sharing a
+    /// end for the policy's `ttl` ([`LapsePolicy::MarkUnknown`]; see the crate docs, for what
+    /// Redis lists, and [`LapsePolicy`] for what every store does and why handles sharing a
     /// server should agree: a `TakeOver` handle's leases expire from Redis at their end,
     /// and it takes over a lapse not yet turned). Clones made after share the setting.
-    /// An `unknown_ttl` of zero or over [`MAX_DURATION`](idemcache::MAX_DURATION) under
+    /// A `ttl` of zero or over [`MAX_DURATION`](idemcache::MAX_DURATION) under
     /// `MarkUnknown` is [`StoreError::InvalidInput`].
-    pub fn lapse_policy(
-        mut self,
-        policy: LapsePolicy,
-        unknown_ttl: Duration,
-    ) -> Result<RedisStore, StoreError> {
-        self.lapse = Lapse::new(policy, unknown_ttl)?;
+    pub fn with_lapse_policy(mut self, policy: LapsePolicy) -> Result<RedisStore, StoreError> {
+        self.lapse = check_lapse_policy(policy)?;
         Ok(self)
     }
 
-    /// This handle's lapse setting.
-    pub fn lapse(&self) -> Lapse {
+    /// This handle's lapse policy.
+    pub fn lapse_policy(&self) -> LapsePolicy {
         self.lapse
     }
 
@@ -822,7 +819,7 @@ impl RedisStore {
         ttl: Duration,
     ) -> Result<Replay<SystemTime>, StoreError> {
         check_duration("result TTL", ttl)?;
-        let mut args = vec![number(micros(ttl)), number(self.lapse.unknown_ttl_micros())];
+        let mut args = vec![number(micros(ttl)), number(lapse_ttl_micros(self.lapse))];
         args.push(listed.unwrap_or_default());
         args.extend(body.as_deref().map(<[u8]>::to_vec));
         // The index's member for this mark is stale from now on (trimmed later).
@@ -834,7 +831,7 @@ impl RedisStore {
     /// UNKNOWN → absent of `key`, of the `listed` record only if given.
     async fn forget_where(&self, key: Key, listed: Option<Vec<u8>>) -> Result<(), StoreError> {
         // The index's member for this mark is stale from now on (trimmed later).
-        let args = vec![number(self.lapse.unknown_ttl_micros()), listed.unwrap_or_default()];
+        let args = vec![number(lapse_ttl_micros(self.lapse)), listed.unwrap_or_default()];
         self.settle(&self.scripts.forget, &key, args, StoreError::NotUnknown).await.map(drop)
     }
 }
@@ -851,7 +848,7 @@ impl Store for RedisStore {
         async move {
             check_duration("lease", lease)?;
             let mut connection = self.connection.clone();
-            let lapse = self.lapse.unknown_ttl_micros();
+            let lapse = lapse_ttl_micros(self.lapse);
             // The token whose lapse this claim may turn UNKNOWN, once its member is in.
             let mut turn = 0;
             let mut acknowledged;
@@ -953,7 +950,7 @@ impl Store for RedisStore {
         let key = key.clone();
         async move {
             check_duration("lease", lease)?;
-            let lapse = self.lapse.unknown_ttl_micros();
+            let lapse = lapse_ttl_micros(self.lapse);
             let args = vec![number(token.get()), number(micros(lease)), number(lapse)];
             let (_, until) =
                 self.settle(&self.scripts.extend_lease, &key, args, StoreError::LeaseLost).await?;
@@ -1050,7 +1047,10 @@ impl Store for RedisStore {
         self.forget_where(listed.key.clone(), Some(listed_arg(listed)))
     }
 
-    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+    async fn list_unknown(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
         let mut out = Vec::new();
         // `limit` members at a time (a listing may be long: its caller bounds it).
         let window = limit.max(16);
@@ -1204,7 +1204,7 @@ impl RedisStore {
         if members.is_empty() {
             return Ok(empty);
         }
-        let lapse = number(self.lapse.unknown_ttl_micros());
+        let lapse = number(lapse_ttl_micros(self.lapse));
         let checks = members.iter().map(|member| {
             let lapse = lapse.clone();
             async move {

@@ -35,7 +35,7 @@ use crate::{backend, COMPLETE};
 /// use std::time::Duration;
 ///
 /// let path = std::env::temp_dir().join(format!("complete-in-doc-{}.db", std::process::id()));
-/// let store = block_on(SqliteStore::open(&path))?;
+/// let store = block_on(SqliteStore::open_path(&path))?;
 /// block_on(store.ensure_schema())?;
 /// let key = Key::new("POST /orders", "user:1", "k1")?;
 /// let StoreClaim::Acquired { token, .. } =

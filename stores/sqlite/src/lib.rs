@@ -16,7 +16,7 @@
 //! finds a PROCESSING record whose lease lapsed less than the unknown TTL ago turns it
 //! UNKNOWN in its transaction (`settled_at` = the lease's end, `expires_at` = that plus
 //! the TTL); until a claim does, the other statements read such a record as UNKNOWN too
-//! (`unknown` lists it, `resolve` and `forget` settle it, `purge_expired` keeps it).
+//! (`list_unknown` lists it, `resolve` and `forget` settle it, `purge_expired` keeps it).
 //!
 //! The worker thread keeps blocking SQLite calls off async runtimes' threads; the
 //! futures it answers need no runtime, so synchronous code runs them with
@@ -36,8 +36,9 @@ use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use idemcache::store::encoding::{check_duration, corrupt, fingerprint, from_micros, key, micros};
+use idemcache::store::encoding::{check_lapse_policy, lapse_ttl_micros};
 use idemcache::store::unique::is_unique_sqlite_code;
-use idemcache::store::{Lapse, Store, StoreClaim, StoreError};
+use idemcache::store::{Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 
 pub use rusqlite;
@@ -157,7 +158,7 @@ pub struct SqliteStore {
     /// application's own.
     database: Arc<str>,
     /// What a lapsed lease becomes, for this handle's statements.
-    lapse: Lapse,
+    lapse: LapsePolicy,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -200,7 +201,7 @@ pub fn is_unique_violation(error: &rusqlite::Error) -> bool {
 impl SqliteStore {
     /// Opens (creating if needed) the database `url` names: `sqlite:PATH` (also
     /// `sqlite://PATH`, the scheme in any case, or a bare path; no `?` parameters), as
-    /// [`open`](Self::open) does; or
+    /// [`open_path`](Self::open_path) does; or
     /// `sqlite::memory:`, a private in-memory database gone when the store is dropped
     /// (for tests and CLIs). The schema is not created: call
     /// [`ensure_schema`](Store::ensure_schema).
@@ -215,7 +216,7 @@ impl SqliteStore {
             // sqlx's `?mode=rwc` and the like would become part of the file's name.
             return Err(StoreError::InvalidInput(format!(
                 "{url:?}: SQLite URLs take no parameters (for a file whose name holds '?', \
-                 use SqliteStore::open)"
+                 use SqliteStore::open_path)"
             )));
         }
         match path {
@@ -224,7 +225,7 @@ impl SqliteStore {
                 let open = || Connection::open_in_memory().map_err(|e| opening(":memory:", e));
                 Self::opened(":memory:", open).await
             }
-            path => Self::open(path).await,
+            path => Self::open_path(path).await,
         }
     }
 
@@ -232,7 +233,7 @@ impl SqliteStore {
     /// busy timeout, so several processes can share it. The file is opened on the
     /// store's worker thread, never the caller's; the future needs no runtime. The
     /// schema is not created: call [`ensure_schema`](Store::ensure_schema).
-    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
+    pub async fn open_path(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
         let path = path.as_ref().to_owned();
         let database = path.display().to_string();
         Self::opened(&database.clone(), move || {
@@ -297,16 +298,16 @@ impl SqliteStore {
                     job(&mut db);
                 }
             });
-        let store = SqliteStore { jobs, database: database.into(), lapse: Lapse::TAKE_OVER };
+        let store = SqliteStore { jobs, database: database.into(), lapse: LapsePolicy::TakeOver };
         (store, Opener { open, spawned: spawned.err().map(|e| e.to_string()) })
     }
 
     /// What a lapsed lease becomes for this handle's claims, listings and purges:
     /// taken over ([`LapsePolicy::TakeOver`], the default), or UNKNOWN from the lease's
-    /// end for `unknown_ttl` ([`LapsePolicy::MarkUnknown`]; see the crate docs and
-    /// [`Lapse`] for what every store does, and why handles sharing a database should
+    /// end for the policy's `ttl` ([`LapsePolicy::MarkUnknown`]; see the crate docs and
+    /// [`LapsePolicy`] for what every store does, and why handles sharing a database should
     /// agree). Clones made after share the setting; the database's records do not keep
-    /// it. An `unknown_ttl` of zero or over
+    /// it. A `ttl` of zero or over
     /// [`MAX_DURATION`](idemcache::MAX_DURATION) under `MarkUnknown` is
     /// [`StoreError::InvalidInput`].
     ///
@@ -317,20 +318,16 @@ impl SqliteStore {
     /// use std::time::Duration;
     ///
     /// let store = block_on(SqliteStore::connect("sqlite::memory:"))?
-    ///     .lapse_policy(LapsePolicy::MarkUnknown, Duration::from_secs(24 * 3600))?;
+    ///     .with_lapse_policy(LapsePolicy::MarkUnknown { ttl: Duration::from_secs(24 * 3600) })?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn lapse_policy(
-        mut self,
-        policy: LapsePolicy,
-        unknown_ttl: Duration,
-    ) -> Result<SqliteStore, StoreError> {
-        self.lapse = Lapse::new(policy, unknown_ttl)?;
+    pub fn with_lapse_policy(mut self, policy: LapsePolicy) -> Result<SqliteStore, StoreError> {
+        self.lapse = check_lapse_policy(policy)?;
         Ok(self)
     }
 
-    /// This handle's lapse setting.
-    pub fn lapse(&self) -> Lapse {
+    /// This handle's lapse policy.
+    pub fn lapse_policy(&self) -> LapsePolicy {
         self.lapse
     }
 
@@ -617,7 +614,7 @@ impl SqliteStore {
         ttl: Duration,
     ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
         let checked = check_duration("result TTL", ttl);
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
         self.run(move |db| {
             checked?;
             let sql = concat!(
@@ -651,7 +648,7 @@ impl SqliteStore {
         key: Key,
         listed: Option<Listed>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
         self.run(move |db| {
             let sql = concat!(
                 "DELETE FROM idemcache_records WHERE key = ?1 AND ",
@@ -682,7 +679,7 @@ impl Store for SqliteStore {
     ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
         let key = key.as_bytes().to_vec();
         let checked = check_duration("lease", lease);
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
         self.run(move |db| {
             checked?;
             claim(db, key, fingerprint, micros(lease), lapse_ttl)
@@ -818,11 +815,11 @@ impl Store for SqliteStore {
         self.forget_where(listed.key.clone(), Some(Listed::of(listed)))
     }
 
-    fn unknown(
+    fn list_unknown(
         &self,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<UnknownEntry<SystemTime>>, StoreError>> + Send {
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
         self.run(move |db| {
             // A lapse not yet turned by a claim reads as the UNKNOWN it will be.
             let sql = concat!(
@@ -870,7 +867,7 @@ impl Store for SqliteStore {
         &self,
         limit: usize,
     ) -> impl Future<Output = Result<usize, StoreError>> + Send {
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
         self.run(move |db| {
             // A lapse this handle reads as UNKNOWN is kept until that mark would expire.
             let sql = concat!(
