@@ -214,10 +214,22 @@ impl Cache {
         self.inner.config.max_result_size
     }
 
-    /// How long a completed result is replayed (`completed_ttl`): how long the inbox's
-    /// pre-filter remembers a committed message.
-    pub(crate) fn completed_ttl(&self) -> Duration {
+    /// How long a completed result is replayed
+    /// ([`completed_ttl`](crate::CacheBuilder::completed_ttl)): e.g. how long the
+    /// consumer inbox's pre-filter remembers a committed message.
+    pub fn completed_ttl(&self) -> Duration {
         self.inner.config.completed_ttl
+    }
+
+    /// The lease a claim takes ([`lease`](crate::CacheBuilder::lease)).
+    pub fn lease(&self) -> Duration {
+        self.inner.config.lease
+    }
+
+    /// How long an UNKNOWN a guard marked blocks its key
+    /// ([`unknown_ttl`](crate::CacheBuilder::unknown_ttl)).
+    pub fn unknown_ttl(&self) -> Duration {
+        self.inner.config.unknown_ttl
     }
 
     /// What a [`ClaimGuard`] dropped without an outcome does ([`DropPolicy`](crate::DropPolicy)): for layers

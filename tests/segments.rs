@@ -179,7 +179,7 @@ fn a_snapshot_of_a_shard_in_several_segments_round_trips() {
             cache.remove(&k(i)).unwrap();
         }
     }
-    let removed = |i: usize| i >= 5 && (i - 5) % 997 == 0 && i % 1000 > 2;
+    let removed = |i: usize| i >= 5 && (i - 5).is_multiple_of(997) && i % 1000 > 2;
     let extra = 50;
     for i in N..N + extra {
         acquire(&cache, &k(i), fp("r")).complete(body(i)).unwrap();

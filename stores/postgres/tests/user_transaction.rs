@@ -13,13 +13,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idemcache::store::conformance::service_url;
 use idemcache::store::{OpenClaim, Store, StoreClaim};
-use idemcache::transition::{StatusColumn, Transition};
 use idemcache::{Fingerprint, Key};
 use idemcache_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use idemcache_postgres::inbox::{self, Receipt};
 use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
 use idemcache_postgres::transition::transition;
 use idemcache_postgres::{complete_in, PostgresStore};
+use idemcache_sql::transition::{StatusColumn, Transition};
 
 /// The consumer these tests receive as: advisory locks are per database, so a name of
 /// its own keeps other suites from holding these messages' locks.

@@ -502,7 +502,8 @@ fn record_key(key: &Key) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    (s.len() % 2 == 0)
+    s.len()
+        .is_multiple_of(2)
         .then(|| {
             (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
         })
