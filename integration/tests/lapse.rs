@@ -4,8 +4,8 @@
 //! purging keeps it, resolving replays it) and `conformance::reconcile_as_checked`;
 //! `Tiered` over such a store never answers Acquired for a key the store holds UNKNOWN,
 //! whatever its cache's own policy. SQLite always; PostgreSQL (on a schema of its own, so
-//! no other test's purge, under another policy, meets its records) and Redis when their
-//! URLs are in the environment.
+//! no other test's purge, under another policy, meets its records) when its URL is in
+//! the environment. Redis's run is in stores/redis/tests/conformance.rs.
 
 use std::time::Duration;
 
@@ -221,60 +221,6 @@ mod postgres {
             }
         }
         admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
-    }
-}
-
-/// Redis, when `IDEMCACHE_REDIS_STORE_URL` names a server (a database of its own: the
-/// suite's records are keyed apart, and nothing here flushes it).
-mod redis_store {
-    use super::*;
-    use idemcache_redis::RedisStore;
-
-    async fn marking_store() -> Option<RedisStore> {
-        let url =
-            conformance::service_url("IDEMCACHE_REDIS_STORE_URL", "redis://127.0.0.1:6379/14")?;
-        let store = RedisStore::connect(&url).await.unwrap();
-        Some(store.lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL).unwrap())
-    }
-
-    #[tokio::test]
-    async fn redis_under_mark_unknown_never_re_runs_a_lapsed_lease() {
-        let Some(store) = marking_store().await else { return };
-        conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
-        conformance::reconcile_as_checked(&store).await;
-    }
-
-    /// Many claims of one key racing its lapse: none acquires, and the lapse is listed
-    /// once (one index member, however many claims put it in).
-    #[tokio::test]
-    async fn concurrent_claims_of_a_lapse_all_answer_unknown_and_list_it_once() {
-        let Some(store) = marking_store().await else { return };
-        let k = key("raced-lapse");
-        let idemcache::store::StoreClaim::Acquired { lease_ends_at, .. } =
-            store.claim(&k, fp("r"), SHORT_LEASE).await.unwrap()
-        else {
-            panic!("expected Acquired");
-        };
-        let mut unknown = 0;
-        while unknown == 0 {
-            let claims = (0..8).map(|_| {
-                let (store, k) = (store.clone(), k.clone());
-                tokio::spawn(async move { store.claim(&k, fp("r"), SHORT_LEASE).await.unwrap() })
-            });
-            for claim in claims {
-                match claim.await.unwrap() {
-                    idemcache::store::StoreClaim::InProgress { .. } => {}
-                    idemcache::store::StoreClaim::Unknown { marked_at } => {
-                        assert_eq!(marked_at, lease_ends_at);
-                        unknown += 1;
-                    }
-                    other => panic!("a lapse was answered {other:?}"),
-                }
-            }
-        }
-        let listed = store.unknown(usize::MAX).await.unwrap();
-        assert_eq!(listed.iter().filter(|u| u.key == k).count(), 1, "listed once");
-        store.forget(&k).await.unwrap();
     }
 }
 
