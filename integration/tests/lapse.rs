@@ -1,11 +1,12 @@
-//! Lapses under `LapsePolicy::MarkUnknown` on every store, and reconciling: each store
+//! Lapses under `LapsePolicy::MarkUnknown` across crates, and reconciling: each store
 //! built with that policy passes `conformance::run_mark_unknown` (a lapsed lease is never
 //! re-run: the claim after it answers Unknown, it is listed, its token is fenced,
 //! purging keeps it, resolving replays it) and `conformance::reconcile_as_checked`;
 //! `Tiered` over such a store never answers Acquired for a key the store holds UNKNOWN,
-//! whatever its cache's own policy. SQLite always; PostgreSQL (on a schema of its own, so
-//! no other test's purge, under another policy, meets its records) when its URL is in
-//! the environment. Redis's run is in stores/redis/tests/conformance.rs.
+//! whatever its cache's own policy. SQLite (a store opened from a URL, and under
+//! `Tiered`) always; PostgreSQL (on a schema of its own, so no other test's purge,
+//! under another policy, meets its records) when its URL is in the environment.
+//! SQLite's and Redis's own runs are in their crates' tests/conformance.rs.
 
 use std::time::Duration;
 
@@ -27,14 +28,6 @@ async fn sqlite_marking() -> SqliteStore {
     store
 }
 
-#[tokio::test]
-async fn sqlite_under_mark_unknown_never_re_runs_a_lapsed_lease() {
-    let store = sqlite_marking().await;
-    assert_eq!(store.lapse().policy(), LapsePolicy::MarkUnknown);
-    conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
-    conformance::reconcile_as_checked(&store).await;
-}
-
 /// A store chosen at run time takes the setting too (`idemcache_any::open_with`).
 #[tokio::test]
 async fn a_store_opened_from_a_url_marks_lapses_unknown_when_asked() {
@@ -45,57 +38,6 @@ async fn a_store_opened_from_a_url_marks_lapses_unknown_when_asked() {
     let taking = idemcache_any::open("sqlite::memory:").await.unwrap();
     taking.ensure_schema().await.unwrap();
     conformance::run(&taking).await;
-}
-
-#[tokio::test]
-async fn a_lapse_setting_is_checked_and_take_over_stays_the_default() {
-    let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
-    assert_eq!(store.lapse().policy(), LapsePolicy::TakeOver);
-    let refused = store.clone().lapse_policy(LapsePolicy::MarkUnknown, Duration::ZERO);
-    assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
-    // TakeOver ignores the TTL.
-    store.lapse_policy(LapsePolicy::TakeOver, Duration::ZERO).unwrap();
-}
-
-/// Two handles on one file, one under each policy (as two processes configured apart):
-/// a lapse the `MarkUnknown` handle turned UNKNOWN is UNKNOWN to the `TakeOver` handle
-/// too, and its purge keeps it. (A lapse nobody turned yet is the `TakeOver` handle's to
-/// take over: the documented reason to configure every handle alike.)
-#[tokio::test]
-async fn a_lapse_turned_unknown_is_unknown_to_a_take_over_handle_too() {
-    let dir = std::env::temp_dir().join(format!("idemcache-lapse-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("records.db");
-    let _ = std::fs::remove_file(&path);
-    let url = format!("sqlite:{}", path.display());
-    let taking = SqliteStore::connect(&url).await.unwrap();
-    taking.ensure_schema().await.unwrap();
-    let marking = SqliteStore::connect(&url)
-        .await
-        .unwrap()
-        .lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL)
-        .unwrap();
-    let k = key("mixed");
-    let idemcache::store::StoreClaim::Acquired { lease_ends_at, .. } =
-        marking.claim(&k, fp("r"), SHORT_LEASE).await.unwrap()
-    else {
-        panic!("expected Acquired");
-    };
-    let turned = loop {
-        match marking.claim(&k, fp("r"), SHORT_LEASE).await.unwrap() {
-            idemcache::store::StoreClaim::InProgress { .. } => {
-                conformance::pause(Duration::from_millis(5)).await
-            }
-            other => break other,
-        }
-    };
-    assert_eq!(turned, idemcache::store::StoreClaim::Unknown { marked_at: lease_ends_at });
-    while taking.purge_expired(100).await.unwrap() == 100 {}
-    assert_eq!(
-        taking.claim(&k, fp("r"), SHORT_LEASE).await.unwrap(),
-        idemcache::store::StoreClaim::Unknown { marked_at: lease_ends_at }
-    );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `Tiered` over a store under `MarkUnknown`: an execution that ran past its lease (its

@@ -1,14 +1,15 @@
-//! The stores: each passes the conformance suite (`idemcache::store::conformance`), and
-//! `Tiered` over it; then what is particular to each (a shared file, unreadable rows, a
-//! server killed mid-request). SQLite always (in memory and on a file shared by two
-//! stores, as two processes would); PostgreSQL and Redis when their URL is in the
-//! environment (CI sets both).
+//! The stores under `Tiered` (over SQLite: repeats answered from memory, instances
+//! sharing a file, a store it cannot reach, a guard moved into a task; over a server
+//! killed mid-request), and PostgreSQL's suite. SQLite always; PostgreSQL and Redis
+//! when their URL is in the environment (CI sets both). SQLite's and Redis's own
+//! suites (the conformance suite, what is particular to each) are in their crates'
+//! tests/.
 
 use std::time::Duration;
 
 use idemcache::store::conformance::{self, acquire, fp, key, LEASE, TTL};
 use idemcache::store::{Store, StoreClaim, StoreError, Tiered, TieredClaim};
-use idemcache::{Bytes, Cache};
+use idemcache::Cache;
 use idemcache_postgres::tokio_postgres;
 use idemcache_redis::redis;
 use idemcache_sqlite::SqliteStore;
@@ -33,64 +34,6 @@ async fn sqlite_memory() -> SqliteStore {
     store.ensure_schema().await.unwrap();
     store.ensure_schema().await.unwrap(); // idempotent
     store
-}
-
-#[tokio::test]
-async fn sqlite_in_memory_conforms() {
-    conformance::run(&sqlite_memory().await).await;
-}
-
-#[tokio::test]
-async fn two_sqlite_stores_on_one_file_share_records_and_tokens() {
-    let dir = std::env::temp_dir().join(format!("idemcache-store-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("records.db");
-    let _ = std::fs::remove_file(&path);
-    let url = format!("sqlite:{}", path.display());
-    let (a, b) = (open(&url).await, open(&url).await);
-    a.ensure_schema().await.unwrap();
-    b.ensure_schema().await.unwrap();
-    conformance::run(&a).await;
-    let k = key("shared");
-    let token = acquire(&a, &k).await;
-    assert!(matches!(b.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::InProgress { .. }));
-    a.complete(&k, token, Some(Bytes::from_static(b"once")), TTL).await.unwrap();
-    match b.claim(&k, fp("r"), LEASE).await.unwrap() {
-        StoreClaim::Completed(replay) => assert_eq!(replay.body.unwrap(), "once"),
-        other => panic!("{other:?}"),
-    }
-    // A restarted store (a new connection) replays and issues larger tokens.
-    drop((a, b));
-    let restarted = open(&url).await;
-    assert!(matches!(restarted.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Completed(_)));
-    assert!(acquire(&restarted, &key("after-restart")).await > token);
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// A query string (sqlx's `?mode=rwc`) is refused, not made part of the file's name;
-/// the scheme is read in any case.
-#[tokio::test]
-async fn a_sqlite_url_takes_no_parameters_and_any_case_of_scheme() {
-    let dir = std::env::temp_dir().join(format!("idemcache-sqlite-url-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("sqlite://{}/records.db?mode=rwc", dir.display());
-    let refused = SqliteStore::connect(&url).await;
-    assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "no file was made");
-    let store = SqliteStore::connect(&format!("SQLite:{}/records.db", dir.display())).await;
-    store.unwrap().ensure_schema().await.unwrap();
-    assert!(dir.join("records.db").exists());
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-#[test]
-fn sync_code_runs_a_sqlite_store_with_block_on() {
-    use idemcache::store::block_on;
-    let store = block_on(SqliteStore::connect("sqlite::memory:")).unwrap();
-    block_on(store.ensure_schema()).unwrap();
-    let k = key("sync");
-    let token = block_on(acquire(&store, &k));
-    block_on(store.complete(&k, token, Some(Bytes::from_static(b"done")), TTL)).unwrap();
 }
 
 #[tokio::test]

@@ -1,0 +1,70 @@
+//! The lapse setting of a SQLite store (`SqliteStore::lapse_policy`): `TakeOver` by
+//! default, a `MarkUnknown` TTL checked; and two handles on one file under each policy
+//! (as two processes configured apart), where a lapse the `MarkUnknown` handle turned
+//! UNKNOWN stays UNKNOWN to the other. Runs without an async runtime.
+
+use std::time::Duration;
+
+use idemcache::store::block_on;
+use idemcache::store::conformance::{self, fp, key, SHORT_LEASE};
+use idemcache::store::{Store, StoreError};
+use idemcache::LapsePolicy;
+use idemcache_sqlite::SqliteStore;
+
+/// How long the `MarkUnknown` handle keeps a lapsed lease UNKNOWN.
+const UNKNOWN_TTL: Duration = Duration::from_secs(3600);
+
+#[test]
+fn a_lapse_setting_is_checked_and_take_over_stays_the_default() {
+    block_on(async {
+        let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
+        assert_eq!(store.lapse().policy(), LapsePolicy::TakeOver);
+        let refused = store.clone().lapse_policy(LapsePolicy::MarkUnknown, Duration::ZERO);
+        assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
+        // TakeOver ignores the TTL.
+        store.lapse_policy(LapsePolicy::TakeOver, Duration::ZERO).unwrap();
+    });
+}
+
+/// Two handles on one file, one under each policy (as two processes configured apart):
+/// a lapse the `MarkUnknown` handle turned UNKNOWN is UNKNOWN to the `TakeOver` handle
+/// too, and its purge keeps it. (A lapse nobody turned yet is the `TakeOver` handle's to
+/// take over: the documented reason to configure every handle alike.)
+#[test]
+fn a_lapse_turned_unknown_is_unknown_to_a_take_over_handle_too() {
+    block_on(async {
+        let dir = std::env::temp_dir().join(format!("idemcache-lapse-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("records.db");
+        let _ = std::fs::remove_file(&path);
+        let url = format!("sqlite:{}", path.display());
+        let taking = SqliteStore::connect(&url).await.unwrap();
+        taking.ensure_schema().await.unwrap();
+        let marking = SqliteStore::connect(&url)
+            .await
+            .unwrap()
+            .lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL)
+            .unwrap();
+        let k = key("mixed");
+        let idemcache::store::StoreClaim::Acquired { lease_ends_at, .. } =
+            marking.claim(&k, fp("r"), SHORT_LEASE).await.unwrap()
+        else {
+            panic!("expected Acquired");
+        };
+        let turned = loop {
+            match marking.claim(&k, fp("r"), SHORT_LEASE).await.unwrap() {
+                idemcache::store::StoreClaim::InProgress { .. } => {
+                    conformance::pause(Duration::from_millis(5)).await
+                }
+                other => break other,
+            }
+        };
+        assert_eq!(turned, idemcache::store::StoreClaim::Unknown { marked_at: lease_ends_at });
+        while taking.purge_expired(100).await.unwrap() == 100 {}
+        assert_eq!(
+            taking.claim(&k, fp("r"), SHORT_LEASE).await.unwrap(),
+            idemcache::store::StoreClaim::Unknown { marked_at: lease_ends_at }
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
