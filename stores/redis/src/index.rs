@@ -80,7 +80,7 @@ pub(crate) struct Kept {
     pub(crate) pending: bool,
 }
 
-/// What [`CHECK_MEMBER`] answered for a member to keep.
+/// What [`CHECK_MEMBER`](crate::scripts::CHECK_MEMBER) answered for a member to keep.
 struct Checked(Option<Vec<u8>>, Option<i64>, Option<String>, Option<i64>, Option<i64>);
 
 impl redis::FromRedisValue for Checked {
