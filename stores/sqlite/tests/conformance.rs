@@ -12,6 +12,9 @@ use idemcache::store::{Store, StoreClaim};
 use idemcache::{Bytes, LapsePolicy};
 use idemcache_sqlite::SqliteStore;
 
+mod common;
+use common::TempDb;
+
 /// How long the `MarkUnknown` store keeps a lapsed lease UNKNOWN.
 const UNKNOWN_TTL: Duration = Duration::from_secs(3600);
 
@@ -48,11 +51,8 @@ fn sqlite_under_mark_unknown_never_re_runs_a_lapsed_lease() {
 #[test]
 fn two_sqlite_stores_on_one_file_share_records_and_tokens() {
     block_on(async {
-        let dir = std::env::temp_dir().join(format!("idemcache-store-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("records.db");
-        let _ = std::fs::remove_file(&path);
-        let url = format!("sqlite:{}", path.display());
+        let file = TempDb::new("conformance", "shared");
+        let url = file.url();
         let (a, b) = (open(&url).await, open(&url).await);
         a.ensure_schema().await.unwrap();
         b.ensure_schema().await.unwrap();
@@ -76,6 +76,5 @@ fn two_sqlite_stores_on_one_file_share_records_and_tokens() {
             StoreClaim::Completed(_)
         ));
         assert!(acquire(&restarted, &key("after-restart")).await > token);
-        std::fs::remove_dir_all(&dir).unwrap();
     });
 }

@@ -11,6 +11,9 @@ use idemcache::store::{Store, StoreError};
 use idemcache::LapsePolicy;
 use idemcache_sqlite::SqliteStore;
 
+mod common;
+use common::TempDb;
+
 /// How long the `MarkUnknown` handle keeps a lapsed lease UNKNOWN.
 const UNKNOWN_TTL: Duration = Duration::from_secs(3600);
 
@@ -33,11 +36,8 @@ fn a_lapse_setting_is_checked_and_take_over_stays_the_default() {
 #[test]
 fn a_lapse_turned_unknown_is_unknown_to_a_take_over_handle_too() {
     block_on(async {
-        let dir = std::env::temp_dir().join(format!("idemcache-lapse-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("records.db");
-        let _ = std::fs::remove_file(&path);
-        let url = format!("sqlite:{}", path.display());
+        let file = TempDb::new("lapse", "mixed");
+        let url = file.url();
         let taking = SqliteStore::connect(&url).await.unwrap();
         taking.ensure_schema().await.unwrap();
         let marking = SqliteStore::connect(&url)
@@ -65,6 +65,5 @@ fn a_lapse_turned_unknown_is_unknown_to_a_take_over_handle_too() {
             taking.claim(&k, fp("r"), SHORT_LEASE).await.unwrap(),
             idemcache::store::StoreClaim::Unknown { marked_at: lease_ends_at }
         );
-        let _ = std::fs::remove_dir_all(&dir);
     });
 }
