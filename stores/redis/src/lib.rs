@@ -108,9 +108,9 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// `mark_unknown` adds one member (the key in hex and the token, under 2.2 KiB) that
 /// stays after its record is resolved, forgotten or expired, until
 /// [`purge_expired`](idemcache::store::Store::purge_expired) trims it (listing with
-/// [`unknown`](idemcache::store::Store::unknown) trims the stale members it reads too). Run
-/// `purge_expired` periodically, as for every store: every minute, say, calling it
-/// again while it returns its limit. Each call checks at most four times `limit` (at
+/// [`unknown`](idemcache::store::Store::unknown) trims the stale members it reads
+/// too). Run `purge_expired` periodically, as for every store: every minute, say,
+/// calling it again while it returns its limit. Each call checks at most four times `limit` (at
 /// most 4,000) members of the index and each bucket at most once, from where the last
 /// call of this store stopped, wrapping at the last bucket, so its work is bounded
 /// whatever the index holds; a call that trims less than `limit` may leave stale
