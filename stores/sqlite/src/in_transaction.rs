@@ -13,7 +13,8 @@ use idemcache::store::encoding::{check_duration, from_micros, micros};
 use idemcache::store::{OpenClaim, StoreError};
 use idemcache::{Bytes, Replay};
 
-use crate::{backend, COMPLETE};
+use crate::errors::backend;
+use crate::statements::COMPLETE;
 
 /// Completes `claim` with `body` inside `tx`, a transaction on a connection to the
 /// database the [`SqliteStore`](crate::SqliteStore) keeps its records in, so that the

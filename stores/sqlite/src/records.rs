@@ -19,7 +19,9 @@ use idemcache::store::encoding::{corrupt, fingerprint, from_micros, key, lapse_t
 use idemcache::store::StoreError;
 use idemcache::{FencingToken, Fingerprint, Key};
 
-use crate::{backend, read_error, SqliteStore, COMPLETED, PROCESSING, UNKNOWN};
+use crate::errors::{backend, read_error};
+use crate::schema::{COMPLETED, PROCESSING, UNKNOWN};
+use crate::SqliteStore;
 
 /// A record's state, as a claim would find it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
