@@ -263,7 +263,9 @@ struct Ctx {
 
 impl Ctx {
     async fn store(&self, connections: usize) -> Result<PostgresStore> {
-        Ok(PostgresStore::connect(&self.url, connections).await?)
+        let store = PostgresStore::connect(&self.url).await?;
+        store.pool().resize(connections);
+        Ok(store)
     }
 
     async fn scalar_i64(&self, sql: &str) -> Result<i64> {
@@ -365,7 +367,8 @@ async fn claims(ctx: &Ctx, base: &str) -> Result<()> {
     }
     let mut stores = Vec::new();
     for name in &names {
-        let store = PostgresStore::connect(&scoped_url(base, name), workers).await?;
+        let store = PostgresStore::connect(&scoped_url(base, name)).await?;
+        store.pool().resize(workers);
         let _ =
             claim_load(&store, rate, workers, Duration::from_secs(2), Duration::from_secs(3600))
                 .await;

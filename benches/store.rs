@@ -89,7 +89,7 @@ fn stores(c: &mut Criterion) {
     });
 
     let path = std::env::temp_dir().join(format!("idemcache-bench-{}.db", std::process::id()));
-    let sqlite = rt.block_on(SqliteStore::open(&path)).unwrap();
+    let sqlite = rt.block_on(SqliteStore::open_path(&path)).unwrap();
     rt.block_on(sqlite.ensure_schema()).unwrap();
     bench_store(c, &rt, "sqlite", sqlite.clone());
     // The same store chosen at run time: what `DynStore`'s boxed futures cost.
@@ -98,7 +98,8 @@ fn stores(c: &mut Criterion) {
 
     match std::env::var("IDEMCACHE_POSTGRES_URL") {
         Ok(url) => {
-            let store = rt.block_on(PostgresStore::connect(&url, 4)).unwrap();
+            let store = rt.block_on(PostgresStore::connect(&url)).unwrap();
+            store.pool().resize(4);
             rt.block_on(store.ensure_schema()).unwrap();
             round_trips_postgres(&rt, &url, &store);
             bench_store(c, &rt, "postgres", store);

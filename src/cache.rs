@@ -144,10 +144,7 @@ impl Cache {
                         token_base,
                         limits,
                         config.listener.is_some(),
-                        match config.lapse_policy {
-                            crate::LapsePolicy::MarkUnknown => Some(config.unknown_ttl),
-                            _ => None,
-                        },
+                        config.lapse_policy.unknown_ttl(),
                     )),
                     sleep: Mutex::new(()),
                     changed: Condvar::new(),
@@ -217,10 +214,22 @@ impl Cache {
         self.inner.config.max_result_size
     }
 
-    /// How long a completed result is replayed (`completed_ttl`): how long the inbox's
-    /// pre-filter remembers a committed message.
-    pub(crate) fn completed_ttl(&self) -> Duration {
+    /// How long a completed result is replayed
+    /// ([`completed_ttl`](crate::CacheBuilder::completed_ttl)): e.g. how long the
+    /// consumer inbox's pre-filter remembers a committed message.
+    pub fn completed_ttl(&self) -> Duration {
         self.inner.config.completed_ttl
+    }
+
+    /// The lease a claim takes ([`lease`](crate::CacheBuilder::lease)).
+    pub fn lease(&self) -> Duration {
+        self.inner.config.lease
+    }
+
+    /// How long an UNKNOWN a guard marked blocks its key
+    /// ([`unknown_ttl`](crate::CacheBuilder::unknown_ttl)).
+    pub fn unknown_ttl(&self) -> Duration {
+        self.inner.config.unknown_ttl
     }
 
     /// What a [`ClaimGuard`] dropped without an outcome does ([`DropPolicy`](crate::DropPolicy)): for layers
@@ -556,17 +565,18 @@ impl Cache {
     /// leases that lapsed too: each shard is first swept as
     /// [`run_pending`](Cache::run_pending) sweeps it (write-locked, in bounded steps),
     /// which turns them UNKNOWN and reclaims what is dead; its cost is what is due.
-    pub fn unknown(&self, limit: usize) -> Vec<UnknownEntry> {
+    pub fn list_unknown(&self, limit: usize) -> Vec<UnknownEntry> {
         let mut all = Vec::new();
-        let lapses = self.inner.config.lapse_policy == crate::LapsePolicy::MarkUnknown;
+        let lapses =
+            matches!(self.inner.config.lapse_policy, crate::LapsePolicy::MarkUnknown { .. });
         for (i, cell) in self.inner.shards.iter().enumerate() {
             if lapses {
                 // Listed under the lock that finished the sweep: nothing lapsed between.
-                all.extend(self.swept(i, |s, now| s.unknown(limit, now)).1);
+                all.extend(self.swept(i, |s, now| s.list_unknown(limit, now)).1);
                 continue;
             }
             let shard = cell.shard.read();
-            all.extend(shard.unknown(limit, self.now()));
+            all.extend(shard.list_unknown(limit, self.now()));
         }
         all.sort_by_key(|e| e.marked_at);
         all.truncate(limit);

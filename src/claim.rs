@@ -202,8 +202,8 @@ pub enum Known {
 }
 
 /// An UNKNOWN entry, as listed for a reconciler by
-/// [`Cache::unknown`](crate::Cache::unknown), and (`UnknownEntry<SystemTime>`, on the
-/// store's clock) by a durable store's `unknown`.
+/// [`Cache::list_unknown`](crate::Cache::list_unknown), and (`UnknownEntry<SystemTime>`, on the
+/// store's clock) by a durable store's `list_unknown`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UnknownEntry<At = Timestamp> {

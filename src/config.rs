@@ -192,7 +192,10 @@ impl CacheBuilder {
         self
     }
 
-    /// How long an UNKNOWN outcome blocks its key before the key becomes claimable again.
+    /// How long an UNKNOWN outcome a guard marked ([`ClaimGuard::mark_unknown`](crate::ClaimGuard::mark_unknown),
+    /// or a drop under [`DropPolicy::MarkUnknown`]) blocks its key before the key becomes
+    /// claimable again. A lapsed lease's UNKNOWN is kept for its
+    /// [`LapsePolicy::MarkUnknown`]'s `ttl` instead.
     pub fn unknown_ttl(mut self, ttl: Duration) -> Self {
         self.unknown_ttl = ttl;
         self
@@ -206,9 +209,9 @@ impl CacheBuilder {
 
     /// What a PROCESSING entry whose lease lapsed becomes: taken over by the next claim
     /// ([`LapsePolicy::TakeOver`], the default) or UNKNOWN from the lease's end
-    /// ([`LapsePolicy::MarkUnknown`]: marked at the lease's end and kept
-    /// [`unknown_ttl`](CacheBuilder::unknown_ttl) from then; a claim answers
-    /// [`Claim::Unknown`](crate::Claim::Unknown), [`Cache::unknown`] lists it, it is
+    /// ([`LapsePolicy::MarkUnknown`]: marked at the lease's end and kept the policy's
+    /// `ttl` from then, which `build` checks as it checks the other TTLs; a claim answers
+    /// [`Claim::Unknown`](crate::Claim::Unknown), [`Cache::list_unknown`] lists it, it is
     /// never evicted). The lapsed guard gets [`LeaseLost`](crate::LeaseLost) either way.
     pub fn lapse_policy(mut self, policy: LapsePolicy) -> Self {
         self.lapse_policy = policy;
@@ -306,7 +309,10 @@ impl CacheBuilder {
             ("completed_ttl", self.completed_ttl),
             ("lease", self.lease),
             ("unknown_ttl", self.unknown_ttl),
-        ] {
+        ]
+        .into_iter()
+        .chain(self.lapse_policy.unknown_ttl().map(|ttl| ("lapse_policy", ttl)))
+        {
             check_duration(value).map_err(|value| BuildError::Duration { setting, value })?;
         }
         let config = Config {

@@ -115,7 +115,8 @@ pub enum BuildError {
     Shards(usize),
     /// A TTL or lease is zero or longer than [`MAX_DURATION`](crate::MAX_DURATION).
     Duration {
-        /// Which setting: `"completed_ttl"`, `"lease"` or `"unknown_ttl"`.
+        /// Which setting: `"completed_ttl"`, `"lease"`, `"unknown_ttl"` or `"lapse_policy"`
+        /// (the `ttl` of [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown)).
         setting: &'static str,
         /// The refused value.
         value: Duration,

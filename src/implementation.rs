@@ -116,7 +116,7 @@
 //! end, reset on the wheel at that plus `unknown_ttl`, linked into the unknown list)
 //! before anything could reclaim it; only an entry still dead after that is reclaimed.
 //! No answer can tell a lapse turned now from one turned at its end, so no timer is
-//! needed; [`Cache::unknown`](crate::Cache::unknown) sweeps each shard first (what is due,
+//! needed; [`Cache::list_unknown`](crate::Cache::list_unknown) sweeps each shard first (what is due,
 //! in bounded steps) so that lapses nobody touched are listed. Loom models 10 and 11
 //! race it against claims, stale completions, sweeps and listings.
 //!
@@ -172,7 +172,7 @@
 //! original times into an absent (or dead) key under the shard lock, so it is atomic
 //! against claims (loom model 8): a live entry of any state refuses it. UNKNOWN entries
 //! are kept in a second list threaded through the same link fields as the age list (an
-//! entry is never both), so [`Cache::unknown`](crate::Cache::unknown)
+//! entry is never both), so [`Cache::list_unknown`](crate::Cache::list_unknown)
 //! walks only them, at most `limit` per shard.
 //!
 //! A completion never fails for lack of room (the work happened): its body is dropped

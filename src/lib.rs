@@ -62,7 +62,7 @@
 //! - Time: [`SystemClock`] reads the coarse monotonic clock (a few milliseconds of
 //!   resolution); TTLs and leases are between 1 ns and [`MAX_DURATION`].
 //! - One process. A cache is the hot tier in front of a durable store whose `UNIQUE`
-//!   constraint stays the backstop; it does not survive a restart.
+//!   constraint stays the backstop; it survives a restart only as a [`snapshot`].
 //! - Memory per entry is charged as `key bytes + result bytes +` [`ENTRY_OVERHEAD`] in
 //!   [`Stats::bytes`] (an upper bound: keys of up to 69 bytes are stored inline and so
 //!   counted twice); the process also pays the map's spare capacity (hashbrown keeps its
@@ -74,12 +74,10 @@
 //!
 //! See [`implementation`] for the design notes: how shards, slots and fencing tokens fit
 //! together, and where each transition lives. Async code waits with
-//! [`Cache::claim_wait_async`]. For the database's own half of idempotency,
-//! [`transition`] moves a row's status only from allowed sources (a callback's duplicate
-//! is told apart from its first delivery), [`inbox`] is a message consumer's record in
-//! the transaction that applies the message, and [`snapshot`] carries a cache's facts
-//! across a restart; the drivers' halves live in the store crates. [`purge`] keeps a
-//! store's and an inbox's tables trimmed: one future to spawn each.
+//! [`Cache::claim_wait_async`]; [`snapshot`] carries a cache's facts across a restart;
+//! [`purge`] keeps a store's table trimmed, one future to spawn. The database's own half
+//! of idempotency (the consumer inbox, conditional status transitions, the stores'
+//! statements) is driver-free SQL in `idemcache-sql`, run by the driver crates.
 //! Built on the public API, behind features, and in crates of their own:
 //!
 //! | feature / crate | what it adds | dependencies |
@@ -92,6 +90,7 @@
 //! | `idemcache-sqlite` | `SqliteStore` (rusqlite, bundled), rusqlite's classifier, `complete_in`, the inbox and transitions on your own connection | rusqlite |
 //! | `idemcache-postgres` | `PostgresStore` (tokio-postgres, deadpool), its classifier, `complete_in`, the inbox and transitions on your own transaction | tokio-postgres, deadpool-postgres |
 //! | `idemcache-redis` | `RedisStore` (Lua scripts, Cluster-ready keys) | redis |
+//! | `idemcache-sql` | the inbox, conditional transitions and the records table in SQL, driver-free: statements per dialect and the decoding of their rows | none |
 //! | `idemcache-sqlx`, `idemcache-mysql-async` | those drivers' unique-violation classifiers; sqlx's inbox and transitions | sqlx, mysql_async |
 //! | `idemcache-any` | `open(url)`: any of the stores from `sqlite:`, `postgres://` or `redis://` | the three store crates |
 //!
@@ -135,7 +134,6 @@ mod error;
 mod fingerprint;
 mod guard;
 pub mod implementation;
-pub mod inbox;
 mod into_bytes;
 mod key;
 mod lapse;
@@ -151,7 +149,6 @@ mod stats;
 #[cfg_attr(docsrs, doc(cfg(feature = "store")))]
 pub mod store;
 mod sync;
-pub mod transition;
 mod wait;
 
 /// The byte buffer results are stored and replayed as, re-exported so that naming it

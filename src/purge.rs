@@ -1,6 +1,7 @@
-//! Maintenance loops: a store's expired records (`records_loop`, feature `store`) and a
-//! consumer inbox's old records ([`inbox_loop`]) purged for as long as the program runs, in
-//! paced batches, each as one future to spawn.
+//! Maintenance loops: a store's expired records (`records_loop`, feature `store`) purged
+//! for as long as the program runs, in paced batches, as one future to spawn; and the
+//! [`round`] every such loop is made of, for a loop of another table (the consumer
+//! inbox's is `idemcache_sql::inbox::purge_loop`).
 //!
 //! ```ignore
 //! use idemcache::purge::{self, Round, Schedule};
@@ -18,9 +19,7 @@
 //! loop tries again one interval later. A round deletes in batches of at most the
 //! schedule's `batch`, the next one after the schedule's `pause` (with no pause, after
 //! a yield to the executor: never two batches in one poll), until a batch comes back
-//! short; the next round starts one interval after a round ends. The inbox loop
-//! deletes nothing while its [`Purger`] gives no cutoff (the dedup window and the
-//! startup wait are the purger's: see its docs).
+//! short; the next round starts one interval after a round ends.
 //!
 //! # Why the timer is a parameter
 //!
@@ -51,13 +50,13 @@
 //! the runtime shut down. A batch is one statement (or script), so a loop dropped in the
 //! middle of one leaves that batch done or not done, never half done.
 
+#[cfg(feature = "store")]
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::task::Poll;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use crate::inbox::{InboxError, Purger};
 #[cfg(feature = "store")]
 use crate::store::{Store, StoreError};
 
@@ -164,8 +163,9 @@ impl std::error::Error for ScheduleError {}
 pub enum Round<E> {
     /// The round deleted this many records, batch after batch, until one came back short.
     Purged(usize),
-    /// The inbox's [`Purger`] gave no cutoff (it has not run for its redelivery horizon
-    /// since it started): nothing was deleted. Never from `records_loop`.
+    /// The loop did not know yet what it may delete, so it deleted nothing: the consumer
+    /// inbox's `Purger` gave no cutoff (it has not run for its redelivery horizon since
+    /// it started). Never from `records_loop`.
     Waiting,
     /// A batch failed with `error` after the round's earlier batches deleted `deleted`
     /// records. The loop goes on: the next round comes one interval later.
@@ -208,43 +208,13 @@ where
     }
 }
 
-/// Purges a consumer inbox forever: each round asks `purger` for the cutoff at
-/// `SystemTime::now()`, and, when there is one, calls `purge(cutoff, limit)` (the
-/// driver's `inbox::purge`) in paced batches until one comes back short; while there is
-/// none, the round is [`Round::Waiting`]. Otherwise as `records_loop`: a round at once,
-/// then one every interval, each handed to `report`, failures included, for ever.
-///
-/// `purge` is the driver's call on a connection the closure owns: over SQLite,
-/// `move |cutoff, limit| std::future::ready(idemcache_sqlite::inbox::purge(&conn, cutoff,
-/// limit))` (the driver's inbox docs show it whole); over a PostgreSQL pool, a future
-/// that takes a client from the pool and calls `idemcache_postgres::inbox::purge`.
-pub async fn inbox_loop<P, PF, Z, ZF, R>(
-    purger: Purger,
-    mut purge: P,
-    schedule: Schedule,
-    mut sleep: Z,
-    mut report: R,
-) -> Infallible
-where
-    P: FnMut(SystemTime, usize) -> PF,
-    PF: Future<Output = Result<usize, InboxError>>,
-    Z: FnMut(Duration) -> ZF,
-    ZF: Future<Output = ()>,
-    R: FnMut(Round<InboxError>),
-{
-    loop {
-        let done = match purger.cutoff(SystemTime::now()) {
-            None => Round::Waiting,
-            Some(cutoff) => round(&schedule, &mut sleep, |limit| purge(cutoff, limit)).await,
-        };
-        report(done);
-        sleep(schedule.every).await;
-    }
-}
-
-/// One round: batches of `schedule.batch`, `schedule.pause` apart, until one comes back
-/// short or fails.
-async fn round<E, B, BF, Z, ZF>(schedule: &Schedule, sleep: &mut Z, mut batch: B) -> Round<E>
+/// One round of a loop: `batch(limit)` called with the schedule's batch size, the
+/// schedule's pause apart (`sleep(pause)`; with no pause, after a yield to the executor,
+/// so never two batches in one poll), until a batch deletes fewer than asked
+/// ([`Round::Purged`], the total) or fails ([`Round::Failed`], with what the round
+/// deleted before). The building block of `records_loop`, public for a loop over
+/// another table (the consumer inbox's is `idemcache_sql::inbox::purge_loop`).
+pub async fn round<E, B, BF, Z, ZF>(schedule: &Schedule, sleep: &mut Z, mut batch: B) -> Round<E>
 where
     B: FnMut(usize) -> BF,
     BF: Future<Output = Result<usize, E>>,
@@ -381,23 +351,20 @@ mod tests {
         use std::cell::Cell;
         use std::task::{Context, Poll, Waker};
 
-        use crate::inbox::{Purger, Retention};
-
         struct Nobody;
         impl Wake for Nobody {
             fn wake(self: Arc<Self>) {}
         }
-        let hour = Duration::from_secs(3600);
-        let purger = Purger::new(Retention::new(hour, hour).unwrap(), SystemTime::UNIX_EPOCH);
         let schedule =
             Schedule::every(MINUTE).unwrap().with_batch(10).unwrap().with_pause(Duration::ZERO);
         // Full batches for a thousand, then a short one: a backlog of 10,000 records.
         let batches = Cell::new(0usize);
-        let purge = |_, limit: usize| {
+        let purge = |limit: usize| {
             batches.set(batches.get() + 1);
-            std::future::ready(Ok(if batches.get() <= 1000 { limit } else { 0 }))
+            std::future::ready(Ok::<_, ()>(if batches.get() <= 1000 { limit } else { 0 }))
         };
-        let purging = inbox_loop(purger, purge, schedule, |_| std::future::pending(), |_| {});
+        let mut sleep = |_| std::future::pending();
+        let purging = round(&schedule, &mut sleep, purge);
         let waker = Waker::from(Arc::new(Nobody));
         let polled = std::pin::pin!(purging).poll(&mut Context::from_waker(&waker));
         assert!(matches!(polled, Poll::Pending));

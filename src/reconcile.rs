@@ -45,7 +45,7 @@ impl Reconciled {
 
 impl Cache {
     /// Checks up to `limit` UNKNOWN entries, oldest mark first (as
-    /// [`Cache::unknown`] lists them), with `check`, and settles each as it says:
+    /// [`Cache::list_unknown`] lists them), with `check`, and settles each as it says:
     /// [`resolve`](Cache::resolve) on [`Verdict::Happened`], [`forget`](Cache::forget)
     /// on [`Verdict::DidNotHappen`], nothing on [`Verdict::Undecided`].
     ///
@@ -76,7 +76,7 @@ impl Cache {
         mut check: impl FnMut(&UnknownEntry) -> Verdict,
     ) -> Reconciled {
         let mut done = Reconciled::default();
-        for entry in self.unknown(limit) {
+        for entry in self.list_unknown(limit) {
             let settled = match check(&entry) {
                 Verdict::Happened(body) => {
                     self.resolve_listed(&entry, body).map(|()| &mut done.resolved)

@@ -194,12 +194,12 @@ fn a_cache_reports_the_settings_it_was_built_with() {
     let cache = builder(&clock)
         .max_result_size(12_345)
         .drop_policy(DropPolicy::MarkUnknown)
-        .lapse_policy(idemcache::LapsePolicy::MarkUnknown)
+        .lapse_policy(idemcache::LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL })
         .build()
         .unwrap();
     assert_eq!(cache.max_result_size(), 12_345);
     assert_eq!(cache.drop_policy(), DropPolicy::MarkUnknown);
-    assert_eq!(cache.lapse_policy(), idemcache::LapsePolicy::MarkUnknown);
+    assert_eq!(cache.lapse_policy(), idemcache::LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL });
     let defaults = builder(&clock).build().unwrap();
     assert_eq!(defaults.drop_policy(), DropPolicy::Release);
     assert_eq!(defaults.lapse_policy(), idemcache::LapsePolicy::TakeOver);

@@ -512,7 +512,7 @@ fn slots_freed_across_segments_are_reused_and_every_key_keeps_its_own_result() {
     // Full: the next claim evicts the oldest tenth (k0..k3999, first-segment slots).
     (FULL..FULL + 500).for_each(claim_complete);
     // Removals in the second and third segments, then keys to reuse their slots.
-    let removed = |i: usize| (17_000..39_000).contains(&i) && (i - 17_000) % 7 == 0;
+    let removed = |i: usize| (17_000..39_000).contains(&i) && (i - 17_000).is_multiple_of(7);
     for i in (17_000..39_000).filter(|&i| removed(i)) {
         assert!(cache.remove(&key(&format!("k{i}"))).is_some(), "k{i} was there");
     }

@@ -46,11 +46,11 @@ fn an_inserted_unknown_blocks_claims_until_resolved_and_is_listed() {
         cache.claim(&key("u"), fp("r")),
         Ok(Claim::Unknown { marked_at, expires_at }) if marked_at == at(5) && expires_at == at(40)
     ));
-    let listed = cache.unknown(10);
+    let listed = cache.list_unknown(10);
     assert_eq!(listed.len(), 1);
     assert_eq!((&listed[0].key, listed[0].fingerprint), (&key("u"), fp("r")));
     cache.resolve(&key("u"), &b"checked"[..]).unwrap();
-    assert!(cache.unknown(10).is_empty());
+    assert!(cache.list_unknown(10).is_empty());
     assert_eq!(replay(&cache, &key("u"), fp("r")).body.unwrap(), "checked");
     cache.debug_validate();
 }
@@ -169,7 +169,7 @@ fn unknown_lists_the_oldest_marks_first_across_shards_and_skips_the_dead() {
         clock.advance(secs(1));
         acquire(&cache, &key(&format!("u{i}")), fp("r")).mark_unknown().unwrap();
     }
-    let first = cache.unknown(5);
+    let first = cache.list_unknown(5);
     let names: Vec<_> = first.iter().map(|e| e.key.client_key().to_owned()).collect();
     assert_eq!(names, ["u0", "u1", "u2", "u3", "u4"]);
     assert!(first.windows(2).all(|w| w[0].marked_at < w[1].marked_at));
@@ -179,10 +179,10 @@ fn unknown_lists_the_oldest_marks_first_across_shards_and_skips_the_dead() {
     cache.resolve(&key("u1"), &b"r"[..]).unwrap();
     clock.advance(UNKNOWN_TTL - secs(17)); // u0..u2 marked at 1..3 s: u2's mark ended at 53 s
     let next: Vec<_> =
-        cache.unknown(3).into_iter().map(|e| e.key.client_key().to_owned()).collect();
+        cache.list_unknown(3).into_iter().map(|e| e.key.client_key().to_owned()).collect();
     assert_eq!(next, ["u3", "u4", "u5"]);
-    assert_eq!(cache.unknown(100).len(), 17);
-    assert!(cache.unknown(0).is_empty());
+    assert_eq!(cache.list_unknown(100).len(), 17);
+    assert!(cache.list_unknown(0).is_empty());
 }
 
 #[test]

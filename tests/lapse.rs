@@ -14,7 +14,7 @@ use idemcache::{
 };
 
 fn marking(clock: &ManualClock) -> Cache {
-    builder(clock).lapse_policy(LapsePolicy::MarkUnknown).build().unwrap()
+    builder(clock).lapse_policy(LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL }).build().unwrap()
 }
 
 #[test]
@@ -80,10 +80,10 @@ fn a_lapse_nobody_claimed_is_listed_and_survives_the_wheel() {
     assert_eq!(cache.run_pending(), 0);
     assert_eq!(cache.stats().entries, 2);
     let listed: Vec<(Key, Timestamp)> =
-        cache.unknown(10).into_iter().map(|e| (e.key, e.marked_at)).collect();
+        cache.list_unknown(10).into_iter().map(|e| (e.key, e.marked_at)).collect();
     let at = |s| Timestamp::from_nanos(0).saturating_add(secs(s));
     assert_eq!(listed, vec![(a.clone(), at(10)), (b.clone(), at(12))]);
-    assert_eq!(cache.unknown(1).len(), 1, "bounded");
+    assert_eq!(cache.list_unknown(1).len(), 1, "bounded");
     // Forgotten, a retry runs again.
     cache.forget(&a).unwrap();
     assert!(cache.claim(&a, fp("r")).unwrap().is_acquired());
@@ -97,12 +97,15 @@ fn a_lapse_nobody_claimed_is_listed_and_survives_the_wheel() {
 fn a_listing_turns_a_lapse_within_the_current_wheel_tick() {
     let clock = ManualClock::new();
     // A tick far longer than the lease: the wheel has not reached the lapse yet.
-    let cache =
-        builder(&clock).tick(secs(3600)).lapse_policy(LapsePolicy::MarkUnknown).build().unwrap();
+    let cache = builder(&clock)
+        .tick(secs(3600))
+        .lapse_policy(LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL })
+        .build()
+        .unwrap();
     let k = key("a");
     let _stale = acquire(&cache, &k, fp("r"));
     clock.advance(LEASE);
-    let listed = cache.unknown(10);
+    let listed = cache.list_unknown(10);
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].key, k);
 }
@@ -113,7 +116,7 @@ fn a_full_shard_of_lapsed_leases_refuses_and_evicts_none() {
     let cache = builder(&clock)
         .shards(1)
         .max_entries(512)
-        .lapse_policy(LapsePolicy::MarkUnknown)
+        .lapse_policy(LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL })
         .build()
         .unwrap();
     let guards: Vec<_> =
@@ -122,7 +125,7 @@ fn a_full_shard_of_lapsed_leases_refuses_and_evicts_none() {
     // Every entry is a lapsed lease: UNKNOWN, never evicted, never reclaimed.
     assert!(matches!(cache.claim(&key("new"), fp("r")), Err(ClaimError::CapacityExhausted)));
     assert_eq!(cache.stats().evictions, 0);
-    assert_eq!(cache.unknown(1000).len(), 512);
+    assert_eq!(cache.list_unknown(1000).len(), 512);
     drop(guards);
     assert!(matches!(cache.claim(&key("k7"), fp("r")).unwrap(), Claim::Unknown { .. }));
     cache.debug_validate();

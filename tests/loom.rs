@@ -51,8 +51,7 @@ fn marking_cache() -> (Cache, ManualClock) {
     let cache = Cache::builder()
         .shards(1)
         .lease(LEASE)
-        .unknown_ttl(UNKNOWN_TTL)
-        .lapse_policy(LapsePolicy::MarkUnknown)
+        .lapse_policy(LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL })
         .clock(clock.clone())
         .build()
         .unwrap();
@@ -419,7 +418,7 @@ fn lapse_under_mark_unknown_is_never_acquired() {
             EntryState::Unknown { marked_at, .. } => {
                 assert_eq!(stale_result, Err(LeaseLost), "the stale owner must be fenced");
                 assert_eq!(marked_at, lease_end, "marked at the lease's end");
-                let listed = cache.unknown(10);
+                let listed = cache.list_unknown(10);
                 assert_eq!(listed.len(), 1);
                 assert_eq!((&listed[0].key, listed[0].marked_at), (&k, lease_end));
                 if let Claim::Unknown { marked_at, .. } = seen {
@@ -453,7 +452,7 @@ fn sweep_racing_claim_turns_a_lapse_unknown() {
             let (cache, k) = (cache.clone(), k.clone());
             thread::spawn(move || cache.claim(&k, fp()).unwrap())
         };
-        let listed = cache.unknown(10);
+        let listed = cache.list_unknown(10);
         assert_eq!(sweeper.join().unwrap(), 0, "nothing is reclaimed");
         assert!(matches!(claimer.join().unwrap(), Claim::Unknown { .. }), "never acquired");
         assert_eq!(listed.len(), 1, "listed, whoever turned it");

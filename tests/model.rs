@@ -6,7 +6,7 @@
 mod common;
 
 use common::model::{Harness, Op, KEYS};
-use idemcache::{DropPolicy, LapsePolicy};
+use idemcache::DropPolicy;
 use proptest::prelude::*;
 
 fn op() -> impl Strategy<Value = Op> {
@@ -53,8 +53,7 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..100),
     ) {
         let policy = if mark_unknown_on_drop { DropPolicy::MarkUnknown } else { DropPolicy::Release };
-        let lapse = if mark_unknown_on_lapse { LapsePolicy::MarkUnknown } else { LapsePolicy::TakeOver };
-        let mut harness = Harness::with_lapse(policy, lapse, max_entries);
+        let mut harness = Harness::with_lapse(policy, mark_unknown_on_lapse, max_entries);
         for op in &ops {
             harness.apply(op);
         }

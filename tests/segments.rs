@@ -151,8 +151,11 @@ fn a_snapshot_of_a_shard_in_several_segments_round_trips() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("s.snap");
     let clock = ManualClock::new();
-    let cache =
-        roomy_builder(&clock).shards(1).lapse_policy(LapsePolicy::MarkUnknown).build().unwrap();
+    let cache = roomy_builder(&clock)
+        .shards(1)
+        .lapse_policy(LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL })
+        .build()
+        .unwrap();
     const N: usize = 3 * SEG + 100;
     let mut running = Vec::new();
     let mut lapsing = Vec::new();
@@ -176,7 +179,7 @@ fn a_snapshot_of_a_shard_in_several_segments_round_trips() {
             cache.remove(&k(i)).unwrap();
         }
     }
-    let removed = |i: usize| i >= 5 && (i - 5) % 997 == 0 && i % 1000 > 2;
+    let removed = |i: usize| i >= 5 && (i - 5).is_multiple_of(997) && i % 1000 > 2;
     let extra = 50;
     for i in N..N + extra {
         acquire(&cache, &k(i), fp("r")).complete(body(i)).unwrap();

@@ -189,7 +189,10 @@ fn a_lapse_is_noticed_through_the_callers_sleep_and_taken_over() {
 #[test]
 fn under_mark_unknown_a_lapse_noticed_by_a_waiter_is_unknown_not_taken_over() {
     let clock = ManualClock::new();
-    let cache = builder(&clock).lapse_policy(idemcache::LapsePolicy::MarkUnknown).build().unwrap();
+    let cache = builder(&clock)
+        .lapse_policy(idemcache::LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL })
+        .build()
+        .unwrap();
     let k = key("k");
     let stale = acquire(&cache, &k, fp("a"));
     let sleep = HandSleep::default();

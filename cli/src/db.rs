@@ -102,7 +102,7 @@ pub fn open(path: PathBuf, unknown_ttl: Duration, busy_timeout: Duration) -> Res
     }
     let db = connect(&path, busy_timeout).map_err(|e| unusable(explain(&e, busy_timeout)))?;
     let store = SqliteStore::from_connection(db)
-        .lapse_policy(LapsePolicy::MarkUnknown, unknown_ttl)
+        .with_lapse_policy(LapsePolicy::MarkUnknown { ttl: unknown_ttl })
         .map_err(|e| Failure::new(crate::exit::USAGE, e.to_string()))?;
     Ok(Db { store, path, busy_timeout })
 }

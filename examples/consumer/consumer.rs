@@ -81,9 +81,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use idemcache::inbox::{InboxError, Receipt};
 use idemcache::Fingerprint;
 use idemcache_postgres::tokio_postgres::{self, error::SqlState, NoTls};
+use idemcache_sql::inbox::{InboxError, Receipt};
 use idemcache_sqlite::rusqlite::{self, TransactionBehavior};
 use lapin::message::Delivery;
 use lapin::options::{
@@ -134,7 +134,7 @@ impl Config {
             }
         };
         let consumer = text("CONSUMER", "ledger")?;
-        idemcache::inbox::check(&consumer, "a message id")
+        idemcache_sql::inbox::check(&consumer, "a message id")
             .map_err(|e| format!("CONSUMER {consumer:?} is refused: {e}"))?;
         let database_url = text("DATABASE_URL", "")?;
         if database_url.is_empty() {

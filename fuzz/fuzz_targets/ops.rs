@@ -4,7 +4,7 @@
 #![no_main]
 
 use arbitrary::{Result, Unstructured};
-use idemcache::{DropPolicy, LapsePolicy};
+use idemcache::DropPolicy;
 use libfuzzer_sys::fuzz_target;
 
 #[path = "../../tests/common/model.rs"]
@@ -49,12 +49,8 @@ fuzz_target!(|data: &[u8]| {
     let policy =
         if u.arbitrary().unwrap_or(false) { DropPolicy::MarkUnknown } else { DropPolicy::Release };
     let max_entries = if u.arbitrary().unwrap_or(false) { 4 } else { 1000 };
-    let lapse = if u.arbitrary().unwrap_or(false) {
-        LapsePolicy::MarkUnknown
-    } else {
-        LapsePolicy::TakeOver
-    };
-    let mut harness = Harness::with_lapse(policy, lapse, max_entries);
+    let mark_lapses = u.arbitrary().unwrap_or(false);
+    let mut harness = Harness::with_lapse(policy, mark_lapses, max_entries);
     // `Unstructured` keeps answering with defaults once the data runs out: stop then.
     while !u.is_empty() {
         let Ok(op) = op(&mut u) else { break };

@@ -392,7 +392,7 @@ async fn idempotency_layer(
     let opening = || format!("could not open the idempotency store {}", redacted(&url));
     let store = doing(idemcache_any::open(&url).await, opening)?;
     doing(store.ensure_schema().await, opening)?;
-    Ok(IdempotencyLayer::tiered(Tiered::new(cache, store).lease(lease)))
+    Ok(IdempotencyLayer::tiered(Tiered::new(cache, store).with_lease(lease)))
 }
 
 /// A failure at startup: what was being done (and where), and why.

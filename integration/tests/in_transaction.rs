@@ -53,9 +53,9 @@ fn shop_db(path: &std::path::Path) -> Connection {
 }
 
 async fn store(path: &std::path::Path, lease: Duration) -> Tiered<SqliteStore> {
-    let store = SqliteStore::open(path).await.unwrap();
+    let store = SqliteStore::open_path(path).await.unwrap();
     store.ensure_schema().await.unwrap();
-    Tiered::new(Cache::builder().build().unwrap(), store).lease(lease)
+    Tiered::new(Cache::builder().build().unwrap(), store).with_lease(lease)
 }
 
 #[derive(Clone)]
@@ -283,10 +283,10 @@ async fn postgres_a_transaction_held_past_lease_beats_after_recording_is_not_sta
     ) else {
         return;
     };
-    let store = idemcache_postgres::PostgresStore::connect(&url, 4).await.unwrap();
+    let store = idemcache_postgres::PostgresStore::connect(&url).await.unwrap();
     store.ensure_schema().await.unwrap();
-    let tiered =
-        Tiered::new(Cache::builder().build().unwrap(), store).lease(Duration::from_millis(300));
+    let tiered = Tiered::new(Cache::builder().build().unwrap(), store)
+        .with_lease(Duration::from_millis(300));
     let (client, connection) = idemcache_postgres::tokio_postgres::connect(
         &url,
         idemcache_postgres::tokio_postgres::NoTls,
@@ -341,7 +341,7 @@ async fn postgres_a_json_response_is_recorded_as_returned_and_replayed_byte_for_
     ) else {
         return;
     };
-    let store = idemcache_postgres::PostgresStore::connect(&url, 4).await.unwrap();
+    let store = idemcache_postgres::PostgresStore::connect(&url).await.unwrap();
     store.ensure_schema().await.unwrap();
     let (client, connection) = idemcache_postgres::tokio_postgres::connect(
         &url,
@@ -434,7 +434,7 @@ async fn postgres_ensure_schema_beside_an_open_completion_does_not_wait() {
     ) else {
         return;
     };
-    let store = idemcache_postgres::PostgresStore::connect(&url, 2).await.unwrap();
+    let store = idemcache_postgres::PostgresStore::connect(&url).await.unwrap();
     store.ensure_schema().await.unwrap();
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
     let key = Key::new("POST /orders", "schema", format!("k-{}", nanos.as_nanos())).unwrap();
@@ -453,7 +453,7 @@ async fn postgres_ensure_schema_beside_an_open_completion_does_not_wait() {
     let tx = client.transaction().await.unwrap();
     let claim = OpenClaim::new(key, token, Duration::from_secs(60));
     idemcache_postgres::complete_in(&tx, &claim, Some(b"open")).await.unwrap();
-    let starting = idemcache_postgres::PostgresStore::connect(&url, 1).await.unwrap();
+    let starting = idemcache_postgres::PostgresStore::connect(&url).await.unwrap();
     let started = tokio::time::timeout(Duration::from_secs(5), starting.ensure_schema()).await;
     assert!(matches!(started, Ok(Ok(()))), "ensure_schema waited for an open transaction");
     tx.commit().await.unwrap();

@@ -1,11 +1,12 @@
-//! Lapses under `LapsePolicy::MarkUnknown` on every store, and reconciling: each store
+//! Lapses under `LapsePolicy::MarkUnknown` across crates, and reconciling: each store
 //! built with that policy passes `conformance::run_mark_unknown` (a lapsed lease is never
 //! re-run: the claim after it answers Unknown, it is listed, its token is fenced,
 //! purging keeps it, resolving replays it) and `conformance::reconcile_as_checked`;
 //! `Tiered` over such a store never answers Acquired for a key the store holds UNKNOWN,
-//! whatever its cache's own policy. SQLite always; PostgreSQL (on a schema of its own, so
-//! no other test's purge, under another policy, meets its records) and Redis when their
-//! URLs are in the environment.
+//! whatever its cache's own policy. SQLite (a store opened from a URL, and under
+//! `Tiered`) always; PostgreSQL (on a schema of its own, so no other test's purge,
+//! under another policy, meets its records) when its URL is in the environment.
+//! SQLite's and Redis's own runs are in their crates' tests/conformance.rs.
 
 use std::time::Duration;
 
@@ -21,81 +22,22 @@ async fn sqlite_marking() -> SqliteStore {
     let store = SqliteStore::connect("sqlite::memory:")
         .await
         .unwrap()
-        .lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL)
+        .with_lapse_policy(LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL })
         .unwrap();
     store.ensure_schema().await.unwrap();
     store
 }
 
-#[tokio::test]
-async fn sqlite_under_mark_unknown_never_re_runs_a_lapsed_lease() {
-    let store = sqlite_marking().await;
-    assert_eq!(store.lapse().policy(), LapsePolicy::MarkUnknown);
-    conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
-    conformance::reconcile_as_checked(&store).await;
-}
-
 /// A store chosen at run time takes the setting too (`idemcache_any::open_with`).
 #[tokio::test]
 async fn a_store_opened_from_a_url_marks_lapses_unknown_when_asked() {
-    let lapse = idemcache::store::Lapse::new(LapsePolicy::MarkUnknown, UNKNOWN_TTL).unwrap();
-    let store = idemcache_any::open_with("sqlite::memory:", lapse).await.unwrap();
+    let marking = LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL };
+    let store = idemcache_any::open_with("sqlite::memory:", marking).await.unwrap();
     store.ensure_schema().await.unwrap();
     conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
     let taking = idemcache_any::open("sqlite::memory:").await.unwrap();
     taking.ensure_schema().await.unwrap();
     conformance::run(&taking).await;
-}
-
-#[tokio::test]
-async fn a_lapse_setting_is_checked_and_take_over_stays_the_default() {
-    let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
-    assert_eq!(store.lapse().policy(), LapsePolicy::TakeOver);
-    let refused = store.clone().lapse_policy(LapsePolicy::MarkUnknown, Duration::ZERO);
-    assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
-    // TakeOver ignores the TTL.
-    store.lapse_policy(LapsePolicy::TakeOver, Duration::ZERO).unwrap();
-}
-
-/// Two handles on one file, one under each policy (as two processes configured apart):
-/// a lapse the `MarkUnknown` handle turned UNKNOWN is UNKNOWN to the `TakeOver` handle
-/// too, and its purge keeps it. (A lapse nobody turned yet is the `TakeOver` handle's to
-/// take over: the documented reason to configure every handle alike.)
-#[tokio::test]
-async fn a_lapse_turned_unknown_is_unknown_to_a_take_over_handle_too() {
-    let dir = std::env::temp_dir().join(format!("idemcache-lapse-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("records.db");
-    let _ = std::fs::remove_file(&path);
-    let url = format!("sqlite:{}", path.display());
-    let taking = SqliteStore::connect(&url).await.unwrap();
-    taking.ensure_schema().await.unwrap();
-    let marking = SqliteStore::connect(&url)
-        .await
-        .unwrap()
-        .lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL)
-        .unwrap();
-    let k = key("mixed");
-    let idemcache::store::StoreClaim::Acquired { lease_ends_at, .. } =
-        marking.claim(&k, fp("r"), SHORT_LEASE).await.unwrap()
-    else {
-        panic!("expected Acquired");
-    };
-    let turned = loop {
-        match marking.claim(&k, fp("r"), SHORT_LEASE).await.unwrap() {
-            idemcache::store::StoreClaim::InProgress { .. } => {
-                conformance::pause(Duration::from_millis(5)).await
-            }
-            other => break other,
-        }
-    };
-    assert_eq!(turned, idemcache::store::StoreClaim::Unknown { marked_at: lease_ends_at });
-    while taking.purge_expired(100).await.unwrap() == 100 {}
-    assert_eq!(
-        taking.claim(&k, fp("r"), SHORT_LEASE).await.unwrap(),
-        idemcache::store::StoreClaim::Unknown { marked_at: lease_ends_at }
-    );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `Tiered` over a store under `MarkUnknown`: an execution that ran past its lease (its
@@ -105,10 +47,11 @@ async fn a_lapse_turned_unknown_is_unknown_to_a_take_over_handle_too() {
 /// (no UNKNOWN left behind in memory).
 #[tokio::test]
 async fn tiered_never_re_runs_a_lapse_the_store_holds_unknown() {
-    for cache_policy in [LapsePolicy::TakeOver, LapsePolicy::MarkUnknown] {
+    let marking = LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL };
+    for (name, cache_policy) in [("take-over", LapsePolicy::TakeOver), ("mark", marking)] {
         let cache = Cache::builder().lapse_policy(cache_policy).build().unwrap();
-        let tiered = Tiered::new(cache, sqlite_marking().await).lease(SHORT_LEASE);
-        let k = key(&format!("tiered-{cache_policy:?}"));
+        let tiered = Tiered::new(cache, sqlite_marking().await).with_lease(SHORT_LEASE);
+        let k = key(&format!("tiered-{name}"));
         let TieredClaim::Acquired(hung) = tiered.claim(&k, fp("r")).await.unwrap() else {
             panic!("expected Acquired");
         };
@@ -175,10 +118,10 @@ mod postgres {
             .unwrap();
         let separator = if url.contains('?') { '&' } else { '?' };
         let own = format!("{url}{separator}options=-c%20search_path%3D{schema}");
-        let store = PostgresStore::connect(&own, 4)
+        let store = PostgresStore::connect(&own)
             .await
             .unwrap()
-            .lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL)
+            .with_lapse_policy(LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL })
             .unwrap();
         store.ensure_schema().await.unwrap();
         Some((admin, store, schema))
@@ -221,60 +164,6 @@ mod postgres {
             }
         }
         admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
-    }
-}
-
-/// Redis, when `IDEMCACHE_REDIS_STORE_URL` names a server (a database of its own: the
-/// suite's records are keyed apart, and nothing here flushes it).
-mod redis_store {
-    use super::*;
-    use idemcache_redis::RedisStore;
-
-    async fn marking_store() -> Option<RedisStore> {
-        let url =
-            conformance::service_url("IDEMCACHE_REDIS_STORE_URL", "redis://127.0.0.1:6379/14")?;
-        let store = RedisStore::connect(&url).await.unwrap();
-        Some(store.lapse_policy(LapsePolicy::MarkUnknown, UNKNOWN_TTL).unwrap())
-    }
-
-    #[tokio::test]
-    async fn redis_under_mark_unknown_never_re_runs_a_lapsed_lease() {
-        let Some(store) = marking_store().await else { return };
-        conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
-        conformance::reconcile_as_checked(&store).await;
-    }
-
-    /// Many claims of one key racing its lapse: none acquires, and the lapse is listed
-    /// once (one index member, however many claims put it in).
-    #[tokio::test]
-    async fn concurrent_claims_of_a_lapse_all_answer_unknown_and_list_it_once() {
-        let Some(store) = marking_store().await else { return };
-        let k = key("raced-lapse");
-        let idemcache::store::StoreClaim::Acquired { lease_ends_at, .. } =
-            store.claim(&k, fp("r"), SHORT_LEASE).await.unwrap()
-        else {
-            panic!("expected Acquired");
-        };
-        let mut unknown = 0;
-        while unknown == 0 {
-            let claims = (0..8).map(|_| {
-                let (store, k) = (store.clone(), k.clone());
-                tokio::spawn(async move { store.claim(&k, fp("r"), SHORT_LEASE).await.unwrap() })
-            });
-            for claim in claims {
-                match claim.await.unwrap() {
-                    idemcache::store::StoreClaim::InProgress { .. } => {}
-                    idemcache::store::StoreClaim::Unknown { marked_at } => {
-                        assert_eq!(marked_at, lease_ends_at);
-                        unknown += 1;
-                    }
-                    other => panic!("a lapse was answered {other:?}"),
-                }
-            }
-        }
-        let listed = store.unknown(usize::MAX).await.unwrap();
-        assert_eq!(listed.iter().filter(|u| u.key == k).count(), 1, "listed once");
-        store.forget(&k).await.unwrap();
     }
 }
 
@@ -358,13 +247,13 @@ impl Store for ForgetFails {
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(Err(StoreError::Backend("the server went away".into())))
     }
-    fn unknown(
+    fn list_unknown(
         &self,
         limit: usize,
     ) -> impl std::future::Future<
         Output = Result<Vec<idemcache::UnknownEntry<std::time::SystemTime>>, StoreError>,
     > + Send {
-        self.0.unknown(limit)
+        self.0.list_unknown(limit)
     }
     fn purge_expired(
         &self,

@@ -730,7 +730,7 @@ mod over_a_store {
     use idemcache_sqlite::SqliteStore;
 
     async fn tiered(path: &std::path::Path) -> Tiered<SqliteStore> {
-        Tiered::new(Cache::builder().build().unwrap(), SqliteStore::open(path).await.unwrap())
+        Tiered::new(Cache::builder().build().unwrap(), SqliteStore::open_path(path).await.unwrap())
     }
 
     fn scratch(name: &str) -> std::path::PathBuf {

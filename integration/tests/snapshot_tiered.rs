@@ -14,7 +14,7 @@ async fn a_stale_unknown_in_a_loaded_snapshot_never_hides_the_stores_completion(
     let dir = std::env::temp_dir().join(format!("idemcache-snap-tiered-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let store = SqliteStore::open(dir.join("records.db")).await.unwrap();
+    let store = SqliteStore::open_path(dir.join("records.db")).await.unwrap();
     store.ensure_schema().await.unwrap();
     let tiered = Tiered::new(Cache::builder().build().unwrap(), store.clone());
     let (done, running) =
@@ -32,7 +32,7 @@ async fn a_stale_unknown_in_a_loaded_snapshot_never_hides_the_stores_completion(
     let restarted = Cache::builder().build().unwrap();
     let loaded = SnapshotFile::new(dir.join("cache.snap")).load(&restarted, Load::Strict).unwrap();
     assert_eq!(loaded.inserted, 2);
-    let tiered = Tiered::new(restarted, store).lease(Duration::from_secs(30));
+    let tiered = Tiered::new(restarted, store).with_lease(Duration::from_secs(30));
     for (key, body) in [(&done, &b"kept"[..]), (&running, &b"finished after the snapshot"[..])] {
         match tiered.claim(key, fp).await.unwrap() {
             TieredClaim::Completed(replay) => assert_eq!(replay.body.as_deref(), Some(body)),

@@ -18,9 +18,9 @@ async fn two_on_a_file(name: &str, lapse: LapsePolicy) -> (SqliteStore, SqliteSt
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("records.db");
-    let a = SqliteStore::open(&path).await.unwrap();
+    let a = SqliteStore::open_path(&path).await.unwrap();
     a.ensure_schema().await.unwrap();
-    let b = SqliteStore::open(&path).await.unwrap().lapse_policy(lapse, TTL).unwrap();
+    let b = SqliteStore::open_path(&path).await.unwrap().with_lapse_policy(lapse).unwrap();
     (a, b)
 }
 
@@ -72,7 +72,7 @@ async fn a_waiter_acquires_a_released_key_and_gives_up_in_progress_when_its_wait
 
 #[tokio::test]
 async fn under_mark_unknown_a_waiter_answers_unknown_when_the_holder_lapses() {
-    let (holder, waiter) = two_on_a_file("lapse", LapsePolicy::MarkUnknown).await;
+    let (holder, waiter) = two_on_a_file("lapse", LapsePolicy::MarkUnknown { ttl: TTL }).await;
     let k = key("wait-lapse");
     // The holder claims with a short lease and never renews it (a process killed).
     match holder.claim(&k, fp("r"), Duration::from_millis(200)).await.unwrap() {
@@ -130,7 +130,8 @@ async fn tiered_claim_wait_replays_a_duplicate_running_in_another_process() {
 
 #[tokio::test]
 async fn sqlite_records_read_as_a_claim_would_and_removal_acts_on_the_named_states() {
-    let (take_over, marking) = two_on_a_file("records", LapsePolicy::MarkUnknown).await;
+    let (take_over, marking) =
+        two_on_a_file("records", LapsePolicy::MarkUnknown { ttl: TTL }).await;
     let (done, running, lapsed, marked) =
         (key("rec-done"), key("rec-running"), key("rec-lapsed"), key("rec-marked"));
     let t = acquire(&marking, &done).await;

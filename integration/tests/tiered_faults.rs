@@ -156,8 +156,11 @@ impl<S: Store> Store for Faulty<S> {
     async fn forget_listed(&self, listed: &UnknownEntry<SystemTime>) -> Result<(), StoreError> {
         self.inner.forget_listed(listed).await
     }
-    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
-        self.inner.unknown(limit).await
+    async fn list_unknown(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+        self.inner.list_unknown(limit).await
     }
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         self.inner.purge_expired(limit).await
@@ -177,7 +180,7 @@ fn scratch(name: &str) -> std::path::PathBuf {
 }
 
 async fn faulty(path: &std::path::Path) -> (Faulty<SqliteStore>, Arc<Faults>) {
-    let inner = SqliteStore::open(path).await.unwrap();
+    let inner = SqliteStore::open_path(path).await.unwrap();
     inner.ensure_schema().await.unwrap();
     let f = Arc::new(Faults::default());
     (Faulty { inner, f: f.clone() }, f)
@@ -294,8 +297,10 @@ async fn a_cancelled_claim_leaves_nothing_in_the_hot_tier() {
     }
     f.hang_before_claim.store(false, Ordering::SeqCst);
     // The store never saw the key: a fresh Tiered over it acquires.
-    let other =
-        Tiered::new(Cache::builder().build().unwrap(), SqliteStore::open(&path).await.unwrap());
+    let other = Tiered::new(
+        Cache::builder().build().unwrap(),
+        SqliteStore::open_path(&path).await.unwrap(),
+    );
     let fresh = other.claim(&key("f1-other"), fp("r")).await.unwrap();
     assert!(matches!(fresh, TieredClaim::Acquired(_)));
     let again = tiered.claim(&k, fp("r")).await.unwrap();
@@ -319,10 +324,10 @@ async fn does_another_instance_run_it_while_a_renews(
     fault(&fa);
     let (store_b, _) = faulty(&path).await;
     let a = IdempotencyLayer::tiered(
-        Tiered::new(Cache::builder().build().unwrap(), store_a).lease(lease),
+        Tiered::new(Cache::builder().build().unwrap(), store_a).with_lease(lease),
     );
     let b = IdempotencyLayer::tiered(
-        Tiered::new(Cache::builder().build().unwrap(), store_b).lease(lease),
+        Tiered::new(Cache::builder().build().unwrap(), store_b).with_lease(lease),
     );
     let h = H::new(0);
     let (sa, sb) = (h.service(&a), h.service(&b));
@@ -381,7 +386,7 @@ async fn a_ttl_the_store_refuses_is_refused_before_executing() {
     let path = scratch("f5");
     for ttl in [Duration::ZERO, idemcache::MAX_DURATION + Duration::from_secs(1)] {
         let (store, _) = faulty(&path).await;
-        let tiered = Tiered::new(Cache::builder().build().unwrap(), store).completed_ttl(ttl);
+        let tiered = Tiered::new(Cache::builder().build().unwrap(), store).with_completed_ttl(ttl);
         let claimed = tiered.claim(&key("f5"), fp("r")).await;
         assert!(
             matches!(claimed, Err(TieredError::Store(StoreError::InvalidInput(_)))),
@@ -408,7 +413,7 @@ async fn a_completion_the_store_refuses_is_marked_unknown() {
     assert!(matches!(done, Err(TieredError::Store(StoreError::InvalidInput(_)))), "{done:?}");
     let answer = tiered.claim(&k, fp("r")).await.unwrap();
     assert!(matches!(answer, TieredClaim::Unknown { .. }), "{answer:?}");
-    assert!(tiered.store().unknown(10).await.unwrap().iter().any(|u| u.key == k));
+    assert!(tiered.store().list_unknown(10).await.unwrap().iter().any(|u| u.key == k));
 }
 
 /// A handler that panics over a store: the panic is caught and the key settled as the
@@ -437,10 +442,10 @@ async fn retry_after_is_never_past_the_stores_lease_in_any_instance() {
     let (store_b, _) = faulty(&path).await;
     let lease = Duration::from_secs(3);
     let a = IdempotencyLayer::tiered(
-        Tiered::new(Cache::builder().build().unwrap(), store_a).lease(lease),
+        Tiered::new(Cache::builder().build().unwrap(), store_a).with_lease(lease),
     );
     let b = IdempotencyLayer::tiered(
-        Tiered::new(Cache::builder().build().unwrap(), store_b).lease(lease),
+        Tiered::new(Cache::builder().build().unwrap(), store_b).with_lease(lease),
     );
     let h = H::new(0);
     let (sa, sb) = (h.service(&a), h.service(&b));
@@ -487,7 +492,7 @@ async fn results_at_the_hot_tiers_size_boundaries_replay_exactly() {
         // A fresh instance reads the same from the store.
         let other = Tiered::new(
             Cache::builder().max_result_size(max).build().unwrap(),
-            SqliteStore::open(&path).await.unwrap(),
+            SqliteStore::open_path(&path).await.unwrap(),
         );
         match other.claim(&k, fp("r")).await.unwrap() {
             TieredClaim::Completed(r) => {
@@ -501,7 +506,7 @@ async fn results_at_the_hot_tiers_size_boundaries_replay_exactly() {
     // A tiny cache result size (< 16) never caches but still answers.
     let tiny = Tiered::new(
         Cache::builder().max_result_size(1).build().unwrap(),
-        SqliteStore::open(&path).await.unwrap(),
+        SqliteStore::open_path(&path).await.unwrap(),
     );
     let k = key("tiny");
     let TieredClaim::Acquired(g) = tiny.claim(&k, fp("r")).await.unwrap() else { panic!() };
@@ -514,8 +519,9 @@ async fn a_stale_owner_is_fenced_across_instances() {
     let path = scratch("h2");
     let (sa, _) = faulty(&path).await;
     let (sb, _) = faulty(&path).await;
-    let a = Tiered::new(Cache::builder().build().unwrap(), sa).lease(Duration::from_millis(100));
-    let b = Tiered::new(Cache::builder().build().unwrap(), sb).lease(Duration::from_secs(30));
+    let a =
+        Tiered::new(Cache::builder().build().unwrap(), sa).with_lease(Duration::from_millis(100));
+    let b = Tiered::new(Cache::builder().build().unwrap(), sb).with_lease(Duration::from_secs(30));
     let k = key("fence");
     let TieredClaim::Acquired(mut ga) = a.claim(&k, fp("r")).await.unwrap() else { panic!() };
     let gb = loop {
@@ -548,7 +554,7 @@ async fn bad_durations_are_typed_errors_and_nothing_runs() {
     for lease in [Duration::ZERO, Duration::MAX, idemcache::MAX_DURATION + Duration::from_nanos(1)]
     {
         let (store, _) = faulty(&path).await;
-        let t = Tiered::new(Cache::builder().build().unwrap(), store).lease(lease);
+        let t = Tiered::new(Cache::builder().build().unwrap(), store).with_lease(lease);
         let r = t.claim(&key("bad"), fp("r")).await;
         assert!(matches!(r, Err(TieredError::Store(StoreError::InvalidInput(_)))), "{r:?}");
         let h = H::new(Semaphore::MAX_PERMITS);
@@ -573,10 +579,9 @@ async fn bad_durations_are_typed_errors_and_nothing_runs() {
 
 #[tokio::test]
 async fn an_unreachable_postgres_is_503_and_nothing_runs() {
-    let store =
-        idemcache_postgres::PostgresStore::connect("postgres://postgres@127.0.0.1:1/test", 2)
-            .await
-            .unwrap();
+    let store = idemcache_postgres::PostgresStore::connect("postgres://postgres@127.0.0.1:1/test")
+        .await
+        .unwrap();
     let h = H::new(Semaphore::MAX_PERMITS);
     let svc =
         h.service(&IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), store)));
@@ -623,7 +628,7 @@ async fn waiting_duplicates_across_instances_replay() {
 #[tokio::test]
 async fn a_client_gone_during_the_store_claim_neither_wedges_nor_reruns() {
     let path = scratch("f2b");
-    let store = SqliteStore::open(&path).await.unwrap();
+    let store = SqliteStore::open_path(&path).await.unwrap();
     store.ensure_schema().await.unwrap();
     let layer = IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), store));
     let h = H::new(Semaphore::MAX_PERMITS);
@@ -644,7 +649,7 @@ async fn a_client_gone_during_the_store_claim_neither_wedges_nor_reruns() {
 #[tokio::test]
 async fn a_client_gone_during_the_claim_with_mark_unknown_leaves_no_unknown() {
     let path = scratch("f1b");
-    let store = SqliteStore::open(&path).await.unwrap();
+    let store = SqliteStore::open_path(&path).await.unwrap();
     store.ensure_schema().await.unwrap();
     let cache = Cache::builder().drop_policy(DropPolicy::MarkUnknown).build().unwrap();
     let layer = IdempotencyLayer::tiered(Tiered::new(cache, store));
@@ -676,12 +681,12 @@ async fn the_hot_tier_never_outlives_the_store_when_its_clock_is_ahead() {
     let (store, f) = faulty(&path).await;
     f.skew_secs.store(3600, Ordering::SeqCst);
     let tiered = Tiered::new(Cache::builder().build().unwrap(), store)
-        .completed_ttl(Duration::from_millis(200));
+        .with_completed_ttl(Duration::from_millis(200));
     let k = key("f8");
     let TieredClaim::Acquired(g) = tiered.claim(&k, fp("r")).await.unwrap() else { panic!() };
     g.complete(&b"x"[..]).await.unwrap();
     // Wait until the store itself has dropped the record (its clock).
-    let plain = SqliteStore::open(&path).await.unwrap();
+    let plain = SqliteStore::open_path(&path).await.unwrap();
     let mut gone = false;
     for _ in 0..500 {
         if let StoreClaim::Acquired { token, .. } =
@@ -749,7 +754,7 @@ mod remote {
         let pg = service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test");
         let redis = service_url("IDEMCACHE_REDIS_STORE_URL", "redis://127.0.0.1:6379/14");
         let (Some(pg), Some(redis)) = (pg, redis) else { return };
-        let pg = idemcache_postgres::PostgresStore::connect(&pg, 4).await.unwrap();
+        let pg = idemcache_postgres::PostgresStore::connect(&pg).await.unwrap();
         pg.ensure_schema().await.unwrap();
         prefix_over(|| pg.clone(), "pg").await;
         let rd = idemcache_redis::RedisStore::connect(&redis).await.unwrap();
@@ -780,7 +785,7 @@ async fn a_body_failing_midway_marks_unknown_in_the_store() {
     assert!(matches!(seen, TieredClaim::Unknown { .. }), "{seen:?}");
     let again = svc.clone().oneshot(request("mid")).await.unwrap();
     assert_eq!(again.status(), 409);
-    assert_eq!(tb.store().unknown(10).await.unwrap().len(), 1);
+    assert_eq!(tb.store().list_unknown(10).await.unwrap().len(), 1);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -861,8 +866,8 @@ async fn a_panicking_handler_under_mark_unknown_marks_the_store_record_unknown()
     assert_eq!(svc.clone().oneshot(panicking).await.unwrap().status(), 500);
     let retry = svc.clone().oneshot(request("pu")).await.unwrap();
     assert_eq!(retry.status(), 409);
-    let reader = SqliteStore::open(&path).await.unwrap();
-    assert_eq!(reader.unknown(10).await.unwrap().len(), 1);
+    let reader = SqliteStore::open_path(&path).await.unwrap();
+    assert_eq!(reader.list_unknown(10).await.unwrap().len(), 1);
     assert_eq!(h.runs(), 1);
 }
 
@@ -894,13 +899,15 @@ async fn a_body_streaming_past_its_lease_is_not_run_again_by_another_instance() 
     let runs = Arc::new(AtomicUsize::new(0));
     let instance = |store| {
         let counted = runs.clone();
-        IdempotencyLayer::tiered(Tiered::new(Cache::builder().build().unwrap(), store).lease(lease))
-            .wait(Duration::from_secs(10))
-            .layer(tower::service_fn(move |_: Request<LayerBody<Body>>| {
-                counted.fetch_add(1, Ordering::SeqCst);
-                let body = bodies::late(lease * 4, "made");
-                async move { Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap()) }
-            }))
+        IdempotencyLayer::tiered(
+            Tiered::new(Cache::builder().build().unwrap(), store).with_lease(lease),
+        )
+        .wait(Duration::from_secs(10))
+        .layer(tower::service_fn(move |_: Request<LayerBody<Body>>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let body = bodies::late(lease * 4, "made");
+            async move { Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap()) }
+        }))
     };
     let (a, b) = (instance(faulty(&path).await.0), instance(faulty(&path).await.0));
     let first = tokio::spawn(a.clone().oneshot(request("late")));
@@ -1016,12 +1023,12 @@ async fn an_unreadable_record_is_corrupt_not_unavailable_and_nothing_runs() {
 
     // NULL where an UNKNOWN record's mark time belongs: the listing names the key.
     sqlite_exec(&path, "UPDATE idemcache_records SET settled_at = NULL");
-    let reader = SqliteStore::open(&path).await.unwrap();
-    match reader.unknown(10).await {
+    let reader = SqliteStore::open_path(&path).await.unwrap();
+    match reader.list_unknown(10).await {
         Err(StoreError::Corrupt(why)) => assert!(why.contains("garbled"), "{why}"),
         other => panic!("expected Corrupt, got {other:?}"),
     }
     // Named, it can be forgotten, and the listing works again.
     reader.forget(&k).await.unwrap();
-    assert!(reader.unknown(10).await.unwrap().is_empty());
+    assert!(reader.list_unknown(10).await.unwrap().is_empty());
 }

@@ -239,7 +239,7 @@ pub(crate) mod durable {
                     Ok(TieredClaim::Acquired(guard)) => {
                         Found::Acquired(Held::Durable(Box::new(Guard {
                             guard,
-                            lease: self.lease_length(),
+                            lease: Tiered::lease(self),
                             drop_policy: self.cache().drop_policy(),
                         })))
                     }

@@ -714,7 +714,7 @@ impl Shard {
     /// became UNKNOWN here); dead ones not yet reclaimed are passed over. Walks every
     /// UNKNOWN entry of the shard (never the map). Under `MarkUnknown` the caller first
     /// sweeps, so lapsed leases are turned.
-    pub(crate) fn unknown(&self, limit: usize, now: Timestamp) -> Vec<UnknownEntry> {
+    pub(crate) fn list_unknown(&self, limit: usize, now: Timestamp) -> Vec<UnknownEntry> {
         // The list is in arrival order, which is not mark order (an inserted fact, a
         // lapse turned late, keep older marks): pick the oldest marks of all of them.
         let mut live: Vec<&Entry> = self

@@ -150,7 +150,7 @@ async fn state_table<S: Store>(store: &S, run: &Run) {
     store.mark_unknown(&k, token, TTL).await.unwrap();
     assert!(matches!(store.claim(&k, fp("r"), LEASE).await.unwrap(), StoreClaim::Unknown { .. }));
     // Every live UNKNOWN record: a shared database may hold older ones, listed first.
-    let listed = store.unknown(usize::MAX).await.unwrap();
+    let listed = store.list_unknown(usize::MAX).await.unwrap();
     let entry = listed.iter().find(|u| u.key == k).expect("the UNKNOWN record is listed");
     assert_eq!(entry.fingerprint, fp("r"));
     // The mark expires its TTL after it was made, on the store's clock.

@@ -71,7 +71,7 @@ pub trait DynStore: Send + Sync + std::fmt::Debug + 'static {
         &'a self,
         listed: &'a UnknownEntry<SystemTime>,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
-    fn unknown(
+    fn list_unknown(
         &self,
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<UnknownEntry<SystemTime>>, StoreError>>;
@@ -145,11 +145,11 @@ impl<S: Store> DynStore for S {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(Store::forget_listed(self, listed))
     }
-    fn unknown(
+    fn list_unknown(
         &self,
         limit: usize,
     ) -> BoxFuture<'_, Result<Vec<UnknownEntry<SystemTime>>, StoreError>> {
-        Box::pin(Store::unknown(self, limit))
+        Box::pin(Store::list_unknown(self, limit))
     }
     fn purge_expired(&self, limit: usize) -> BoxFuture<'_, Result<usize, StoreError>> {
         Box::pin(Store::purge_expired(self, limit))
@@ -243,8 +243,11 @@ impl Store for AnyStore {
     async fn forget_listed(&self, listed: &UnknownEntry<SystemTime>) -> Result<(), StoreError> {
         self.0.forget_listed(listed).await
     }
-    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
-        self.0.unknown(limit).await
+    async fn list_unknown(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+        self.0.list_unknown(limit).await
     }
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         self.0.purge_expired(limit).await

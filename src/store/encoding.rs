@@ -1,9 +1,10 @@
-//! How a store writes a record's fields and reads them back, shared by every store so
-//! that they agree: times in microseconds since the Unix epoch on the store's clock,
-//! durations in whole microseconds rounded up (a lease never shrinks to zero), keys as
-//! [`Key::as_bytes`], fingerprints as their 16 bytes; and the error for a record that
-//! does not read back, naming its key; and [`check_url`], the check every store makes of
-//! a connection URL before its driver reads it.
+//! For store authors (a user of a store never needs it): how a store writes a record's
+//! fields and reads them back, shared by every store so that they agree: times in
+//! microseconds since the Unix epoch on the store's clock, durations in whole
+//! microseconds rounded up (a lease never shrinks to zero), keys as [`Key::as_bytes`],
+//! fingerprints as their 16 bytes; the error for a record that does not read back,
+//! naming its key; [`check_url`], the check every store makes of a connection URL before
+//! its driver reads it; and [`check_lapse_policy`] for a store's lapse setting.
 //!
 //! Invariant: every function here is total. Out-of-range times saturate, and bytes that
 //! are not a key or a fingerprint are a [`StoreError::Corrupt`], never a panic.
@@ -11,6 +12,7 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
+pub use super::lapse::{check_lapse_policy, lapse_ttl_micros};
 use super::StoreError;
 use crate::{Fingerprint, Key};
 

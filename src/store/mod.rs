@@ -10,7 +10,7 @@
 //!
 //! The contract is the cache's (absent → PROCESSING → COMPLETED or UNKNOWN, a lapsed
 //! lease taken over under a new fencing token, or turned UNKNOWN under a store's
-//! [`Lapse`] setting of [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown),
+//! lapse setting of [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown),
 //! a different fingerprint a mismatch), kept by the store across processes and restarts;
 //! [`reconcile`] settles UNKNOWN records as a check of the authority says:
 //!
@@ -44,7 +44,6 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 pub use dynamic::{AnyStore, BoxFuture, DynStore};
-pub use lapse::Lapse;
 pub use open_claim::OpenClaim;
 pub use reconcile::{reconcile, ReconcileError};
 pub use tiered::{Tiered, TieredClaim, TieredError, TieredGuard};
@@ -103,7 +102,7 @@ pub enum StoreError {
     /// [`Backend`](StoreError::Backend), and retrying will not help: fix the record, or
     /// [`forget`](Store::forget) (an UNKNOWN one) or delete it. A record whose key bytes
     /// are not an idemcache key (another program's row) is named by those bytes, in hex.
-    /// [`Store::unknown`] fails with it while the record is among those it lists (it
+    /// [`Store::list_unknown`] fails with it while the record is among those it lists (it
     /// never skips one silently); purging goes on past it.
     Corrupt(String),
 }
@@ -195,7 +194,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// [`resolve`](Store::resolve), only if the key's UNKNOWN record is still the one
-    /// `listed` ([`unknown`](Store::unknown)'s) names: the execution claimed under
+    /// `listed` ([`list_unknown`](Store::list_unknown)'s) names: the execution claimed under
     /// `listed.token`. What a reconciler writes its verdict with, so that a verdict about
     /// one execution never settles another (the key forgotten, claimed again and marked
     /// again while the authority was being asked, perhaps by the same request within the
@@ -220,15 +219,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Up to `limit` live UNKNOWN records, oldest mark first (as
-    /// [`Cache::unknown`](crate::Cache::unknown) lists the cache's).
-    fn unknown(
+    /// [`Cache::list_unknown`](crate::Cache::list_unknown) lists the cache's).
+    fn list_unknown(
         &self,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<UnknownEntry<SystemTime>>, StoreError>> + Send;
 
     /// Deletes up to `limit` expired records (lease lapsed, TTL passed); returns how many.
     /// Call it in a loop until it returns less than `limit`, to purge in bounded batches.
-    /// A purge obeys its handle's [`Lapse`] setting: under `MarkUnknown` a lapsed lease is
+    /// A purge obeys its handle's [`LapsePolicy`](crate::LapsePolicy): under `MarkUnknown` a lapsed lease is
     /// UNKNOWN, and deleted only once that mark's TTL passed too.
     fn purge_expired(&self, limit: usize)
         -> impl Future<Output = Result<usize, StoreError>> + Send;

@@ -44,7 +44,7 @@ impl std::error::Error for ReconcileError {
 }
 
 /// Checks up to `limit` UNKNOWN records of `store`, oldest mark first (as
-/// [`Store::unknown`] lists them), with `check`, and settles each as it says:
+/// [`Store::list_unknown`] lists them), with `check`, and settles each as it says:
 /// [`Store::resolve`] (kept `result_ttl`) on [`Verdict::Happened`], [`Store::forget`] on
 /// [`Verdict::DidNotHappen`], nothing on [`Verdict::Undecided`].
 ///
@@ -83,7 +83,7 @@ where
     let mut done = Reconciled::default();
     let stop = |done: Reconciled, error: StoreError| ReconcileError { done, error };
     check_duration("result TTL", result_ttl).map_err(|e| stop(done, e))?;
-    let listed = store.unknown(limit).await.map_err(|e| stop(done, e))?;
+    let listed = store.list_unknown(limit).await.map_err(|e| stop(done, e))?;
     for entry in &listed {
         let settled = match check(entry).await {
             Verdict::Happened(body) => {

@@ -126,8 +126,8 @@ impl<S: Store> Tiered<S> {
         }
     }
 
-    /// The lease a claim takes in the store.
-    pub fn lease(mut self, lease: Duration) -> Self {
+    /// The lease a claim takes in the store ([`lease`](Tiered::lease) reads it).
+    pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
@@ -136,13 +136,15 @@ impl<S: Store> Tiered<S> {
     /// for the store's TTL less the time the store took to answer and less 10 ms (two
     /// ticks of the coarse clock), so that it never replays what the store has dropped: a
     /// TTL of 10 ms or less is never kept in memory (every repeat asks the store).
-    pub fn completed_ttl(mut self, ttl: Duration) -> Self {
+    pub fn with_completed_ttl(mut self, ttl: Duration) -> Self {
         self.completed_ttl = ttl;
         self
     }
 
-    /// How long the store keeps an UNKNOWN outcome.
-    pub fn unknown_ttl(mut self, ttl: Duration) -> Self {
+    /// How long the store keeps an UNKNOWN outcome a guard marked
+    /// ([`TieredGuard::mark_unknown`]). A lapsed lease's is the store's
+    /// [`LapsePolicy`](crate::LapsePolicy)'s.
+    pub fn with_unknown_ttl(mut self, ttl: Duration) -> Self {
         self.unknown_ttl = ttl;
         self
     }
@@ -158,8 +160,18 @@ impl<S: Store> Tiered<S> {
     }
 
     /// The lease each claim takes in the store.
-    pub fn lease_length(&self) -> Duration {
+    pub fn lease(&self) -> Duration {
         self.lease
+    }
+
+    /// How long the store keeps a completed result.
+    pub fn completed_ttl(&self) -> Duration {
+        self.completed_ttl
+    }
+
+    /// How long the store keeps an UNKNOWN outcome a guard marked.
+    pub fn unknown_ttl(&self) -> Duration {
+        self.unknown_ttl
     }
 
     /// [`store::reconcile`](super::reconcile) of the store's UNKNOWN records, resolving

@@ -91,7 +91,7 @@ pub enum Op {
     },
     /// Sweep every expired entry; then all counters must agree.
     RunPending,
-    /// `Cache::unknown` of at most `limit` entries.
+    /// `Cache::list_unknown` of at most `limit` entries.
     ListUnknown {
         limit: u8,
     },
@@ -155,7 +155,7 @@ impl Model {
     }
 
     /// The live UNKNOWN entries, oldest mark first (ties by key).
-    fn unknown(&self) -> Vec<(u8, u64, u64)> {
+    fn list_unknown(&self) -> Vec<(u8, u64, u64)> {
         let now = self.now;
         let mut all: Vec<(u8, u64, u64)> = self
             .entries
@@ -394,11 +394,16 @@ impl Harness {
     /// A harness over a one-shard cache (so its bound is exact) holding at most
     /// `max_entries`.
     pub fn new(policy: DropPolicy, max_entries: usize) -> Harness {
-        Harness::with_lapse(policy, LapsePolicy::TakeOver, max_entries)
+        Harness::with_lapse(policy, false, max_entries)
     }
 
-    /// [`Harness::new`] with a lapse policy.
-    pub fn with_lapse(policy: DropPolicy, lapse: LapsePolicy, max_entries: usize) -> Harness {
+    /// [`Harness::new`], with lapsed leases turned UNKNOWN (for the model's `UNKNOWN_S`)
+    /// when `mark_lapses`, taken over otherwise.
+    pub fn with_lapse(policy: DropPolicy, mark_lapses: bool, max_entries: usize) -> Harness {
+        let lapse = match mark_lapses {
+            true => LapsePolicy::MarkUnknown { ttl: Duration::from_secs(UNKNOWN_S) },
+            false => LapsePolicy::TakeOver,
+        };
         let clock = ManualClock::new();
         let cache = Cache::builder()
             .clock(clock.clone())
@@ -421,7 +426,7 @@ impl Harness {
             entries: BTreeMap::new(),
             next_owner: 0,
             stats: Stats::default(),
-            lapse_to_unknown: lapse == LapsePolicy::MarkUnknown,
+            lapse_to_unknown: mark_lapses,
         };
         Harness { cache, clock, model, keys, guards: Vec::new(), policy, handed_out: Vec::new() }
     }
@@ -586,9 +591,9 @@ impl Harness {
                 self.model.lapse();
             }
             Op::ListUnknown { limit } => {
-                let actual = self.cache.unknown(limit.into());
+                let actual = self.cache.list_unknown(limit.into());
                 let actual = self.listed(&actual);
-                assert_listing(&actual, &self.model.unknown(), limit.into(), op);
+                assert_listing(&actual, &self.model.list_unknown(), limit.into(), op);
             }
             Op::Reconcile { limit, undecided } => {
                 let verdict = |key: u8| match key % 3 {
@@ -604,7 +609,7 @@ impl Harness {
                     listed.push((key, entry.marked_at.as_nanos(), entry.expires_at.as_nanos()));
                     verdict(key)
                 });
-                assert_listing(&listed, &self.model.unknown(), limit.into(), op);
+                assert_listing(&listed, &self.model.list_unknown(), limit.into(), op);
                 let (mut resolved, mut forgotten, mut left) = (0, 0, 0);
                 for (key, _, _) in listed {
                     match verdict(key) {

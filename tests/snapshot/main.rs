@@ -322,7 +322,7 @@ fn a_lease_that_lapsed_under_mark_unknown_is_unknown_after_a_restart() {
     let clock = ManualClock::new();
     let cache = Cache::builder()
         .clock(clock.clone())
-        .lapse_policy(idemcache::LapsePolicy::MarkUnknown)
+        .lapse_policy(idemcache::LapsePolicy::MarkUnknown { ttl: Duration::from_secs(24 * 3600) })
         .build()
         .unwrap();
     match cache.claim(&key("charge"), fp("charge")).unwrap() {

@@ -48,8 +48,8 @@ async fn purge_all<S: Store>(store: &S) {
     while store.purge_expired(100).await.unwrap() == 100 {}
 }
 
-/// The sub-suite for a store built with `LapsePolicy::MarkUnknown` and `unknown_ttl`
-/// (e.g. `SqliteStore::lapse_policy(LapsePolicy::MarkUnknown, unknown_ttl)`): a claim
+/// The sub-suite for a store built with `LapsePolicy::MarkUnknown { ttl: unknown_ttl }`
+/// (e.g. `store.with_lapse_policy(LapsePolicy::MarkUnknown { ttl: unknown_ttl })`): a claim
 /// after the lapse answers Unknown, marked at the lease's end (never Acquired), and so
 /// does every claim after it; the record is listed with the TTL counted from the lease's
 /// end; the lapsed token's every write is `LeaseLost`; purging does not make it
@@ -69,7 +69,7 @@ pub async fn run_mark_unknown<S: Store>(store: &S, unknown_ttl: Duration, lists_
     unknown(until_lapsed(store, &k, "r").await);
     unknown(store.claim(&k, fp("r"), LEASE).await.unwrap());
     assert_eq!(store.claim(&k, fp("other"), LEASE).await.unwrap(), StoreClaim::Mismatch);
-    let listed = store.unknown(usize::MAX).await.unwrap();
+    let listed = store.list_unknown(usize::MAX).await.unwrap();
     let entry = listed.iter().find(|u| u.key == k).expect("the lapsed lease is listed");
     assert_eq!((entry.fingerprint, entry.marked_at), (fp("r"), lease_end));
     assert_eq!(entry.expires_at, lease_end + unknown_ttl, "kept unknown_ttl from the lease's end");
@@ -101,7 +101,7 @@ pub async fn run_mark_unknown<S: Store>(store: &S, unknown_ttl: Duration, lists_
     until_lapsed(store, &watch, "r").await;
     purge_all(store).await;
     if lists_unclaimed {
-        let listed = store.unknown(usize::MAX).await.unwrap();
+        let listed = store.list_unknown(usize::MAX).await.unwrap();
         let entry =
             listed.iter().find(|u| u.key == unclaimed).expect("an unclaimed lapse is listed");
         assert_eq!(
@@ -194,7 +194,7 @@ pub async fn reconcile_as_checked<S: Store>(store: &S) {
 /// refused too.
 async fn verdicts_settle_only_the_listed_record<S: Store>(store: &S, run: &Run) {
     async fn listed<S: Store>(store: &S, k: &Key) -> crate::UnknownEntry<SystemTime> {
-        let listed = store.unknown(usize::MAX).await.unwrap();
+        let listed = store.list_unknown(usize::MAX).await.unwrap();
         listed.into_iter().find(|e| e.key == *k).expect("the record is listed")
     }
     let k = run.key("reconcile-aba");

@@ -26,10 +26,7 @@ use std::fmt;
 
 pub use idemcache::store::AnyStore;
 use idemcache::store::StoreError;
-
-/// The PostgreSQL pool size `open` uses (a store's operations are one short statement
-/// each). For another, build the pool yourself and `PostgresStore::from_pool` it.
-pub const POSTGRES_CONNECTIONS: usize = 16;
+use idemcache::LapsePolicy;
 
 /// Why [`open`] returned no store.
 #[derive(Debug)]
@@ -138,20 +135,19 @@ fn hide_parameters(text: &str) -> String {
 }
 
 /// Opens the store `url` names (see the crate docs for the schemes). Connects, or for
-/// PostgreSQL builds a pool of [`POSTGRES_CONNECTIONS`] that connects on first use;
+/// PostgreSQL builds a pool (`PostgresStore::connect`'s) that connects on first use;
 /// creates no schema. Lapsed leases are taken over; [`open_with`] chooses.
 pub async fn open(url: &str) -> Result<AnyStore, OpenError> {
-    open_with(url, idemcache::store::Lapse::TAKE_OVER).await
+    open_with(url, LapsePolicy::TakeOver).await
 }
 
-/// [`open`], the store built with `lapse` as its lapse setting (each store's
-/// `lapse_policy`): e.g. `Lapse::new(LapsePolicy::MarkUnknown, unknown_ttl)?` for
-/// executions with external effects, whose lapsed leases must never be re-run.
-pub async fn open_with(url: &str, lapse: idemcache::store::Lapse) -> Result<AnyStore, OpenError> {
+/// [`open`], the store built with `lapse_policy` (each store's `with_lapse_policy`):
+/// e.g. `LapsePolicy::MarkUnknown { ttl }` for executions with external effects, whose
+/// lapsed leases must never be re-run. A `ttl` of zero or over
+/// [`MAX_DURATION`](idemcache::MAX_DURATION) is an [`OpenError::Store`] naming it.
+pub async fn open_with(url: &str, lapse_policy: LapsePolicy) -> Result<AnyStore, OpenError> {
     let failed = |error| OpenError::Store { url: redacted(url), error };
-    // `TakeOver` ignores the TTL; a `Lapse` that exists holds a valid one otherwise.
-    let (policy, ttl) = (lapse.policy(), lapse.unknown_ttl().unwrap_or_default());
-    let _ = (policy, ttl);
+    let _ = lapse_policy; // unused when no store is built in
     let scheme =
         url.split_once(':').map_or(String::new(), |(scheme, _)| scheme.to_ascii_lowercase());
     match scheme.as_str() {
@@ -159,7 +155,7 @@ pub async fn open_with(url: &str, lapse: idemcache::store::Lapse) -> Result<AnyS
             #[cfg(feature = "sqlite")]
             return idemcache_sqlite::SqliteStore::connect(url)
                 .await
-                .and_then(|store| store.lapse_policy(policy, ttl))
+                .and_then(|store| store.with_lapse_policy(lapse_policy))
                 .map(AnyStore::new)
                 .map_err(failed);
             #[cfg(not(feature = "sqlite"))]
@@ -167,9 +163,9 @@ pub async fn open_with(url: &str, lapse: idemcache::store::Lapse) -> Result<AnyS
         }
         "postgres" | "postgresql" => {
             #[cfg(feature = "postgres")]
-            return idemcache_postgres::PostgresStore::connect(url, POSTGRES_CONNECTIONS)
+            return idemcache_postgres::PostgresStore::connect(url)
                 .await
-                .and_then(|store| store.lapse_policy(policy, ttl))
+                .and_then(|store| store.with_lapse_policy(lapse_policy))
                 .map(AnyStore::new)
                 .map_err(failed);
             #[cfg(not(feature = "postgres"))]
@@ -180,7 +176,7 @@ pub async fn open_with(url: &str, lapse: idemcache::store::Lapse) -> Result<AnyS
             return match cluster_nodes(url) {
                 Ok(nodes) => idemcache_redis::RedisStore::connect_cluster(&nodes)
                     .await
-                    .and_then(|store| store.lapse_policy(policy, ttl))
+                    .and_then(|store| store.with_lapse_policy(lapse_policy))
                     .map(AnyStore::new)
                     .map_err(failed),
                 Err(e) => Err(failed(e)),
@@ -192,7 +188,7 @@ pub async fn open_with(url: &str, lapse: idemcache::store::Lapse) -> Result<AnyS
             #[cfg(feature = "redis")]
             return idemcache_redis::RedisStore::connect(url)
                 .await
-                .and_then(|store| store.lapse_policy(policy, ttl))
+                .and_then(|store| store.with_lapse_policy(lapse_policy))
                 .map(AnyStore::new)
                 .map_err(failed);
             #[cfg(not(feature = "redis"))]

@@ -2,10 +2,10 @@
 //! [`receive`] claims a (consumer, message id) with one
 //! `INSERT ... ON CONFLICT DO NOTHING` in the transaction that applies the message, so
 //! the record and the business change commit together and a rollback leaves neither.
-//! See [`idemcache::inbox`] for the flow (apply on [`Receipt::New`], commit, then
+//! See [`idemcache_sql::inbox`] for the flow (apply on [`Receipt::New`], commit, then
 //! acknowledge).
 //!
-//! Invariant: the one of [`idemcache::inbox::postgres`], whose statements this module
+//! Invariant: the one of [`idemcache_sql::inbox::postgres`], whose statements this module
 //! runs (the sqlx driver runs the same ones, so both may share one table):
 //! [`Receipt::New`] only when this transaction's `INSERT` wrote the row, and no
 //! `receive` waits on another `receive`'s uncommitted record (an advisory try-lock in
@@ -15,7 +15,7 @@
 //!
 //! # Purging
 //!
-//! [`purge`] deletes a batch of records older than a cutoff; [`idemcache::purge::inbox_loop`]
+//! [`purge`] deletes a batch of records older than a cutoff; [`idemcache_sql::inbox::purge_loop`]
 //! runs it for as long as the program runs, asking a [`Purger`] for the cutoff each
 //! round (so it keeps the dedup window, and purges nothing in the first redelivery
 //! horizon after a start). Over a deadpool pool, each batch takes a connection:
@@ -38,7 +38,7 @@
 //!     }
 //! };
 //! let every_minute = Schedule::every(Duration::from_secs(60))?;
-//! tokio::spawn(purge::inbox_loop(purger, batch, every_minute, tokio::time::sleep, |round| {
+//! tokio::spawn(idemcache_sql::inbox::purge_loop(purger, batch, every_minute, tokio::time::sleep, |round| {
 //!     if let Round::Failed { error, .. } = round {
 //!         eprintln!("purging the inbox failed: {error}"); // the loop goes on
 //!     }
@@ -52,15 +52,17 @@ use std::time::SystemTime;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{GenericClient, Transaction};
 
-use idemcache::inbox::check;
 use idemcache::store::encoding::to_micros;
 use idemcache::Fingerprint;
+use idemcache_sql::inbox::check;
 
 /// The inbox's vocabulary from the core, re-exported for one-path imports.
-pub use idemcache::inbox::{InboxError, KnownMessages, Purger, Receipt, Retention, RetentionError};
+pub use idemcache_sql::inbox::{
+    InboxError, KnownMessages, Purger, Receipt, Retention, RetentionError,
+};
 
-pub use idemcache::inbox::postgres::{lock_key, ADVISORY_LOCK_CLASS, SCHEMA};
-use idemcache::inbox::postgres::{CLAIM, ENSURE_SCHEMA, PURGE, READ};
+pub use idemcache_sql::inbox::postgres::{lock_key, ADVISORY_LOCK_CLASS, SCHEMA};
+use idemcache_sql::inbox::postgres::{CLAIM, ENSURE_SCHEMA, PURGE, READ};
 
 /// Creates the inbox's table and index if they do not exist, holding an advisory lock
 /// so that several processes may run it at once; when they exist it takes no lock at all
@@ -78,7 +80,7 @@ pub async fn ensure_schema<C: GenericClient + Sync>(client: &C) -> Result<(), In
 /// [`Receipt::InFlight`] if another transaction holds the message (see the module docs:
 /// at once, with `tx` still usable) or, under snapshot isolation, committed it after
 /// `tx`'s snapshot (`tx` is then aborted). Consumer and id are checked by
-/// [`idemcache::inbox::check`]. One round trip, two on a conflict.
+/// [`idemcache_sql::inbox::check`]. One round trip, two on a conflict.
 pub async fn receive(
     tx: &Transaction<'_>,
     consumer: &str,

@@ -25,7 +25,7 @@
 //! unknown TTL ago; it returns it, flagged, and a second statement fenced by its token
 //! turns it UNKNOWN (`settled_at` = the lease's end, `expires_at` = that plus the TTL),
 //! so the lapse path is two round trips and every other claim one. Until a claim turns
-//! it, the other statements read such a record as UNKNOWN too (`unknown` lists it,
+//! it, the other statements read such a record as UNKNOWN too (`list_unknown` lists it,
 //! `resolve` and `forget` settle it, `purge_expired` keeps it).
 //!
 //! # One pool for the store and your handlers
@@ -42,7 +42,7 @@
 //! use idemcache_postgres::{deadpool_postgres, PostgresStore};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = PostgresStore::connect("postgres://app@db.internal/shop", 32).await?;
+//! let store = PostgresStore::connect("postgres://app@db.internal/shop").await?;
 //! store.ensure_schema().await?;
 //! let pool: deadpool_postgres::Pool = store.pool().clone(); // the same pool, shared
 //!
@@ -124,8 +124,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::NoTls;
 
-use idemcache::store::encoding::{at_server, check_url};
-use idemcache::store::{Lapse, StoreError};
+use idemcache::store::encoding::{at_server, check_lapse_policy, check_url};
+use idemcache::store::StoreError;
 use idemcache::{Key, LapsePolicy};
 use idemcache_sql::records::decode;
 
@@ -157,7 +157,7 @@ pub struct PostgresStore {
     /// the pool from a URL.
     server: Option<String>,
     /// What a lapsed lease becomes, for this handle's statements.
-    lapse: Lapse,
+    lapse: LapsePolicy,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -207,12 +207,18 @@ fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
 }
 
 impl PostgresStore {
-    /// A store over a pool of up to `max_connections` connections to `url`
-    /// (`postgres://user@host:port/db`, no TLS; with TLS, build the pool yourself and
-    /// [`from_pool`](Self::from_pool) it). Connects lazily: an unreachable server shows as
-    /// [`StoreError::Backend`], naming its host and port, from the first operation. The
-    /// schema is not created: call [`ensure_schema`](Store::ensure_schema).
-    pub async fn connect(url: &str, max_connections: usize) -> Result<PostgresStore, StoreError> {
+    /// The pool size [`connect`](Self::connect) builds: a store's operations are one short
+    /// statement each, so a few connections serve many requests.
+    pub const MAX_CONNECTIONS: usize = 16;
+
+    /// A store over a pool of up to [`MAX_CONNECTIONS`](Self::MAX_CONNECTIONS) connections
+    /// to `url` (`postgres://user@host:port/db`, no TLS). Connects lazily: an unreachable
+    /// server shows as [`StoreError::Backend`], naming its host and port, from the first
+    /// operation. The schema is not created: call [`ensure_schema`](Store::ensure_schema).
+    ///
+    /// Another size: `store.pool().resize(n)`. TLS, hooks or timeouts of your own: build
+    /// the pool yourself and [`from_pool`](Self::from_pool) it.
+    pub async fn connect(url: &str) -> Result<PostgresStore, StoreError> {
         check_url(url)?;
         let config: tokio_postgres::Config = url.parse().map_err(|e| {
             StoreError::InvalidInput(format!("not a PostgreSQL connection string: {e}"))
@@ -224,20 +230,20 @@ impl PostgresStore {
             ManagerConfig { recycling_method: RecyclingMethod::Fast },
         );
         let pool = Pool::builder(manager)
-            .max_size(max_connections.max(1))
+            .max_size(Self::MAX_CONNECTIONS)
             .runtime(Runtime::Tokio1)
             .create_timeout(Some(Duration::from_secs(5)))
             .wait_timeout(Some(Duration::from_secs(5)))
             .build()
             .map_err(backend)?;
-        Ok(PostgresStore { pool, server: Some(server), lapse: Lapse::TAKE_OVER })
+        Ok(PostgresStore { pool, server: Some(server), lapse: LapsePolicy::TakeOver })
     }
 
     /// A store over your own pool (with the TLS and sizes you chose). The store cannot
     /// read where the pool connects, so its errors are the driver's own, not named by the
     /// server as [`connect`](Self::connect)'s are.
     pub fn from_pool(pool: Pool) -> PostgresStore {
-        PostgresStore { pool, server: None, lapse: Lapse::TAKE_OVER }
+        PostgresStore { pool, server: None, lapse: LapsePolicy::TakeOver }
     }
 
     /// The pool the store takes its connections from: clone it (a cheap handle on the
@@ -250,22 +256,18 @@ impl PostgresStore {
 
     /// What a lapsed lease becomes for this handle's claims, listings and purges:
     /// taken over ([`LapsePolicy::TakeOver`], the default), or UNKNOWN from the lease's
-    /// end for `unknown_ttl` ([`LapsePolicy::MarkUnknown`]; see the crate docs and
-    /// [`Lapse`] for what every store does, and why handles sharing a database should
-    /// agree). Clones made after share the setting; the records do not keep it. An
-    /// `unknown_ttl` of zero or over [`MAX_DURATION`](idemcache::MAX_DURATION) under
+    /// end for the policy's `ttl` ([`LapsePolicy::MarkUnknown`]; see the crate docs and
+    /// [`LapsePolicy`] for what every store does, and why handles sharing a database should
+    /// agree). Clones made after share the setting; the records do not keep it. A
+    /// `ttl` of zero or over [`MAX_DURATION`](idemcache::MAX_DURATION) under
     /// `MarkUnknown` is [`StoreError::InvalidInput`].
-    pub fn lapse_policy(
-        mut self,
-        policy: LapsePolicy,
-        unknown_ttl: Duration,
-    ) -> Result<PostgresStore, StoreError> {
-        self.lapse = Lapse::new(policy, unknown_ttl)?;
+    pub fn with_lapse_policy(mut self, policy: LapsePolicy) -> Result<PostgresStore, StoreError> {
+        self.lapse = check_lapse_policy(policy)?;
         Ok(self)
     }
 
-    /// This handle's lapse setting.
-    pub fn lapse(&self) -> Lapse {
+    /// This handle's lapse policy.
+    pub fn lapse_policy(&self) -> LapsePolicy {
         self.lapse
     }
 

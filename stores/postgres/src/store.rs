@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use tokio_postgres::types::ToSql;
 
-use idemcache::store::encoding::{check_duration, micros};
+use idemcache::store::encoding::{check_duration, lapse_ttl_micros, micros};
 use idemcache::store::{Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
@@ -33,7 +33,7 @@ impl PostgresStore {
     ) -> Result<Replay<SystemTime>, StoreError> {
         check_duration("result TTL", ttl)?;
         let stored = body.as_deref();
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
         let params: [&(dyn ToSql + Sync); 5] =
             [&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl, &listed];
         let (at, until) = self.settle(&key, sql::RESOLVE, &params, StoreError::NotUnknown).await?;
@@ -42,7 +42,7 @@ impl PostgresStore {
 
     /// UNKNOWN → absent of `key`, of the execution claimed under `listed` only if given.
     async fn forget_where(&self, key: Key, listed: Option<i64>) -> Result<(), StoreError> {
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
         let params: [&(dyn ToSql + Sync); 3] = [&key.as_bytes(), &lapse_ttl, &listed];
         self.settle(&key, sql::FORGET, &params, StoreError::NotUnknown).await.map(drop)
     }
@@ -80,7 +80,7 @@ impl Store for PostgresStore {
         async move {
             check_duration("lease", lease)?;
             let fp_bytes = fp.to_bytes().to_vec();
-            let lapse_ttl = self.lapse.unknown_ttl_micros();
+            let lapse_ttl = lapse_ttl_micros(self.lapse);
             // No row, or a dead record not taken: a concurrent writer got between. Look
             // again.
             for _ in 0..16 {
@@ -199,8 +199,11 @@ impl Store for PostgresStore {
         self.forget_where(listed.key.clone(), Some(decode::token(listed.token)))
     }
 
-    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
+    async fn list_unknown(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
         let rows = self.rows(sql::UNKNOWN, &[&decode::limit(limit), &lapse_ttl]).await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
@@ -216,7 +219,7 @@ impl Store for PostgresStore {
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         // A lapse this handle reads as UNKNOWN is kept until that mark would expire.
-        let lapse_ttl = self.lapse.unknown_ttl_micros();
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
         let rows = self.rows(sql::PURGE, &[&decode::limit(limit), &lapse_ttl]).await?;
         let purged: i64 = match rows.first() {
             Some(row) => column(row, 0, &[])?,

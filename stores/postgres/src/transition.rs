@@ -1,8 +1,8 @@
 //! Conditional transitions of a status column in your own tokio-postgres transaction
-//! (see [`idemcache::transition`] for the contract).
+//! (see [`idemcache_sql::transition`] for the contract).
 //!
 //! ```no_run
-//! use idemcache::transition::{StatusColumn, Transition};
+//! use idemcache_sql::transition::{StatusColumn, Transition};
 //! use idemcache_postgres::tokio_postgres::Client;
 //! use idemcache_postgres::transition::transition;
 //!
@@ -53,7 +53,7 @@ use bytes::BytesMut;
 use tokio_postgres::types::{to_sql_checked, IsNull, Kind, ToSql, Type};
 use tokio_postgres::{Row, Transaction};
 
-use idemcache::transition::{
+use idemcache_sql::transition::{
     is_conflict_sqlstate, Dialect, Plan, ReadRow, StatusColumn, StoredStatus, Transition,
     TransitionError,
 };

@@ -70,7 +70,7 @@ impl Schema {
         }
         let sep = if url.contains('?') { '&' } else { '?' };
         let scoped = format!("{url}{sep}options=-c%20search_path%3D{name}");
-        let store = PostgresStore::connect(&scoped, 2).await.unwrap();
+        let store = PostgresStore::connect(&scoped).await.unwrap();
         store.ensure_schema().await.unwrap();
         admin
             .execute(

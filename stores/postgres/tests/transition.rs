@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use idemcache::store::conformance::service_url;
-use idemcache::transition::{StatusColumn, Transition, TransitionError};
 use idemcache_postgres::tokio_postgres::{self, Client, IsolationLevel, NoTls, Transaction};
 use idemcache_postgres::transition::transition;
+use idemcache_sql::transition::{StatusColumn, Transition, TransitionError};
 
 const EXAMPLE: &str = "postgres://postgres@127.0.0.1:5432/test";
 

@@ -13,13 +13,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idemcache::store::conformance::service_url;
 use idemcache::store::{OpenClaim, Store, StoreClaim};
-use idemcache::transition::{StatusColumn, Transition};
 use idemcache::{Fingerprint, Key};
 use idemcache_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use idemcache_postgres::inbox::{self, Receipt};
 use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
 use idemcache_postgres::transition::transition;
 use idemcache_postgres::{complete_in, PostgresStore};
+use idemcache_sql::transition::{StatusColumn, Transition};
 
 /// The consumer these tests receive as: advisory locks are per database, so a name of
 /// its own keeps other suites from holding these messages' locks.
@@ -39,7 +39,7 @@ impl Db {
         let url = service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")?;
         let n = N.fetch_add(1, Ordering::Relaxed);
         let schema = format!("idemcache_user_tx_{name}_{}_{n}", std::process::id());
-        let store = PostgresStore::connect(&url, 2).await.unwrap();
+        let store = PostgresStore::connect(&url).await.unwrap();
         store.ensure_schema().await.unwrap();
         let db = Db { url, schema, store };
         let client = db.client().await;

@@ -1,17 +1,32 @@
-//! idemcache's records table in SQL, without a driver: the statements of each dialect
-//! ([`records::postgres`], [`records::mysql`]) and the decoding of the columns they
-//! return ([`records::decode`]) into the [`Store`](idemcache::store::Store) contract's
-//! answers. A driver crate binds the parameters each statement documents, runs it,
-//! reads the columns as plain values (`i16`, `i64`, `bool`, `Option<Vec<u8>>`) and hands
-//! them to `decode`; so `idemcache-postgres` (tokio-postgres) and `idemcache-sqlx`
-//! (sqlx) keep one table that behaves the same whichever of them wrote it, and a driver
-//! of your own can too.
+//! idemcache's SQL half, without a driver: what the database does for idempotency, as
+//! statement text per dialect and the decision taken from what the database answered.
 //!
-//! Invariant: nothing here touches a database or the caller's clock. Every time is the
-//! server's (read by the statements themselves, in microseconds since the Unix epoch),
-//! and every row, whatever it holds, decodes to an answer or to
+//! - [`inbox`]: a message consumer's record, received in the transaction that applies
+//!   the message (its vocabulary, retention and purge loop, and the cache in front).
+//! - [`transition`]: a row's status moved only from allowed sources, so that a
+//!   callback's duplicate is told apart from its first delivery.
+//! - [`records`]: the durable store's records table, its statements per dialect
+//!   ([`records::postgres`], [`records::mysql`]) and the decoding of the columns they
+//!   return ([`records::decode`]) into the [`Store`](idemcache::store::Store) contract's
+//!   answers. A driver binds the parameters each statement documents, runs it, reads the
+//!   columns as plain values (`i16`, `i64`, `bool`, `Option<Vec<u8>>`) and hands them to
+//!   `decode`.
+//!
+//! The driver crates run them on your own transaction: `idemcache-sqlite` (rusqlite),
+//! `idemcache-postgres` (tokio-postgres) and `idemcache-sqlx` (sqlx, PostgreSQL and
+//! MySQL/MariaDB). A table behaves the same whichever of them wrote it, because the
+//! statements and the reading of their answers are these, once.
+//!
+//! Invariant: nothing here touches a database or the caller's clock, and no SQL is built
+//! from input: names are validated and quoted, values are bound parameters. Every time a
+//! record holds is the server's (read by the statements themselves, in microseconds
+//! since the Unix epoch), and every row, whatever it holds, decodes to an answer or to
 //! [`StoreError::Corrupt`](idemcache::store::StoreError::Corrupt) naming its key, never
 //! a panic.
+//!
+//! Why a crate of its own: the core (`idemcache`) is the in-process cache, the HTTP layer
+//! and the store trait; a program that never writes SQL never compiles this, and a
+//! driver crate of your own builds on it as the bundled ones do:
 //!
 //! ```no_run
 //! use idemcache::store::{StoreClaim, StoreError};
@@ -36,4 +51,6 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod inbox;
 pub mod records;
+pub mod transition;

@@ -13,7 +13,8 @@ use idemcache::store::encoding::{check_duration, from_micros, micros};
 use idemcache::store::{OpenClaim, StoreError};
 use idemcache::{Bytes, Replay};
 
-use crate::{backend, COMPLETE};
+use crate::errors::backend;
+use crate::statements::COMPLETE;
 
 /// Completes `claim` with `body` inside `tx`, a transaction on a connection to the
 /// database the [`SqliteStore`](crate::SqliteStore) keeps its records in, so that the
@@ -35,7 +36,7 @@ use crate::{backend, COMPLETE};
 /// use std::time::Duration;
 ///
 /// let path = std::env::temp_dir().join(format!("complete-in-doc-{}.db", std::process::id()));
-/// let store = block_on(SqliteStore::open(&path))?;
+/// let store = block_on(SqliteStore::open_path(&path))?;
 /// block_on(store.ensure_schema())?;
 /// let key = Key::new("POST /orders", "user:1", "k1")?;
 /// let StoreClaim::Acquired { token, .. } =

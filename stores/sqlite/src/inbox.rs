@@ -1,7 +1,7 @@
 //! The consumer inbox in SQLite, on your own `rusqlite` transaction: [`receive`] claims
 //! a (consumer, message id) with one `INSERT ... ON CONFLICT DO NOTHING` in the
 //! transaction that applies the message, so the record and the business change commit
-//! together, and a rollback leaves neither. See [`idemcache::inbox`] for the flow
+//! together, and a rollback leaves neither. See [`idemcache_sql::inbox`] for the flow
 //! (apply on [`Receipt::New`], commit, then acknowledge).
 //!
 //! Invariant: a record exists only if the transaction that inserted it committed, and
@@ -33,9 +33,9 @@
 //!
 //! `received_at` is microseconds since the Unix epoch on SQLite's clock (the process's
 //! own). [`purge`] deletes records received before a cutoff, in bounded batches; take
-//! the cutoff from an [`idemcache::inbox::Purger`], which keeps the dedup window and
+//! the cutoff from an [`idemcache_sql::inbox::Purger`], which keeps the dedup window and
 //! purges nothing in the first redelivery horizon after a start.
-//! [`idemcache::purge::inbox_loop`] does both for as long as the program runs, on a
+//! [`idemcache_sql::inbox::purge_loop`] does both for as long as the program runs, on a
 //! connection of its own (here on a thread, as a program without an async runtime
 //! would; under tokio, `tokio::spawn` it with `tokio::time::sleep`):
 //!
@@ -50,7 +50,7 @@
 //! let conn = Connection::open("ledger.db")?;
 //! let hour = Duration::from_secs(3600);
 //! let purger = Purger::new(Retention::new(24 * hour, hour)?, SystemTime::now());
-//! let purging = purge::inbox_loop(
+//! let purging = idemcache_sql::inbox::purge_loop(
 //!     purger,
 //!     move |cutoff, limit| std::future::ready(inbox::purge(&conn, cutoff, limit)),
 //!     Schedule::every(Duration::from_secs(60))?,
@@ -74,12 +74,14 @@ use std::time::SystemTime;
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction};
 
-use idemcache::inbox::check;
 use idemcache::store::encoding::to_micros;
 use idemcache::Fingerprint;
+use idemcache_sql::inbox::check;
 
 /// The inbox's vocabulary from the core, re-exported for one-path imports.
-pub use idemcache::inbox::{InboxError, KnownMessages, Purger, Receipt, Retention, RetentionError};
+pub use idemcache_sql::inbox::{
+    InboxError, KnownMessages, Purger, Receipt, Retention, RetentionError,
+};
 
 /// The inbox's table, created by [`ensure_schema`] (idempotent). Keyed by consumer and
 /// message id, so several consumers of one message each record it; text compares byte
@@ -121,10 +123,10 @@ pub fn ensure_schema(conn: &Connection) -> Result<(), InboxError> {
 /// acknowledge), [`Receipt::Duplicate`] or [`Receipt::Mismatch`] if a record is there
 /// with this or another fingerprint, [`Receipt::InFlight`] if another connection holds
 /// the write lock (see the module docs). Consumer and id are checked by
-/// [`idemcache::inbox::check`].
+/// [`idemcache_sql::inbox::check`].
 ///
 /// ```
-/// use idemcache::inbox::Receipt;
+/// use idemcache_sql::inbox::Receipt;
 /// use idemcache::Fingerprint;
 /// use idemcache_sqlite::inbox;
 /// use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};

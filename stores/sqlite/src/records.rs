@@ -6,7 +6,7 @@
 //! Invariant: a record is read as this handle's claims would read it, by SQLite's clock
 //! and the handle's lapse setting: an expired record, or a lapsed lease a claim would
 //! take over, is absent; under `LapsePolicy::MarkUnknown` a lapsed lease within the
-//! unknown TTL is UNKNOWN, marked at the lease's end (as `Store::unknown` lists it). A
+//! unknown TTL is UNKNOWN, marked at the lease's end (as `Store::list_unknown` lists it). A
 //! removal looks and deletes in one `BEGIN IMMEDIATE` transaction, so it deletes only
 //! the record it judged.
 
@@ -15,11 +15,13 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use idemcache::store::encoding::{corrupt, fingerprint, from_micros, key};
+use idemcache::store::encoding::{corrupt, fingerprint, from_micros, key, lapse_ttl_micros};
 use idemcache::store::StoreError;
 use idemcache::{FencingToken, Fingerprint, Key};
 
-use crate::{backend, read_error, SqliteStore, COMPLETED, PROCESSING, UNKNOWN};
+use crate::errors::{backend, read_error};
+use crate::schema::{COMPLETED, PROCESSING, UNKNOWN};
+use crate::SqliteStore;
 
 /// A record's state, as a claim would find it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -225,6 +227,6 @@ impl SqliteStore {
 impl SqliteStore {
     /// The lapse TTL this handle reads lapsed leases with, in µs (0: taken over).
     fn lapse_ttl_micros(&self) -> i64 {
-        self.lapse().unknown_ttl_micros()
+        lapse_ttl_micros(self.lapse)
     }
 }

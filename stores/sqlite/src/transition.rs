@@ -1,8 +1,8 @@
 //! Conditional transitions of a status column in your own rusqlite transaction (see
-//! [`idemcache::transition`] for the contract).
+//! [`idemcache_sql::transition`] for the contract).
 //!
 //! ```
-//! use idemcache::transition::{StatusColumn, Transition};
+//! use idemcache_sql::transition::{StatusColumn, Transition};
 //! use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
 //! use idemcache_sqlite::transition::transition;
 //!
@@ -51,7 +51,7 @@ use std::fmt;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ToSql, Transaction};
 
-use idemcache::transition::{
+use idemcache_sql::transition::{
     is_conflict_sqlite_code, Dialect, Plan, ReadRow, StatusColumn, StoredStatus, Transition,
     TransitionError,
 };

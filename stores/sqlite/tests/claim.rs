@@ -115,7 +115,8 @@ fn a_result_expiring_exactly_now_is_not_replayed() {
 fn under_mark_unknown_a_lease_ending_exactly_now_is_unknown() {
     let file = TempDb::new("claim", "mark-now");
     let (store, clock, other) = pinned_store(&file, Duration::from_millis(200));
-    let store = store.lapse_policy(LapsePolicy::MarkUnknown, Duration::from_secs(60)).unwrap();
+    let store =
+        store.with_lapse_policy(LapsePolicy::MarkUnknown { ttl: Duration::from_secs(60) }).unwrap();
     let fp = Fingerprint::of(b"r");
     acquired(block_on(store.claim(&key("k"), fp, Duration::from_secs(10))));
     clock.store(T0 + 10 * SEC - 1, Ordering::SeqCst);

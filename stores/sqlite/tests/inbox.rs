@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use idemcache::inbox::{InboxError, KnownMessages, Purger, Receipt, Retention};
 use idemcache::{Cache, Fingerprint};
+use idemcache_sql::inbox::{InboxError, KnownMessages, Purger, Receipt, Retention};
 use idemcache_sqlite::inbox::{self, ensure_schema, purge, receive};
 use idemcache_sqlite::rusqlite::{params, Connection, TransactionBehavior};
 

@@ -18,10 +18,10 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use idemcache::inbox::{InboxError, Purger, Retention};
 use idemcache::purge::{self, Round, Schedule, DEFAULT_PAUSE};
 use idemcache::store::{block_on, Store, StoreClaim, StoreError};
 use idemcache::{Fingerprint, Key};
+use idemcache_sql::inbox::{InboxError, Purger, Retention};
 use idemcache_sqlite::inbox;
 use idemcache_sqlite::rusqlite::functions::FunctionFlags;
 use idemcache_sqlite::rusqlite::{self, params, Connection};
@@ -218,8 +218,13 @@ fn the_inbox_loop_waits_for_its_purger_then_purges_past_the_window_and_survives_
     let (timer, rounds) = (Rc::new(Timer::default()), Rounds::default());
     let starting = Purger::new(retention, SystemTime::now());
     let sleep = timer.sleep();
-    let waiting =
-        pin!(purge::inbox_loop(starting, batches(&conn), schedule, sleep, reporter(&rounds)));
+    let waiting = pin!(idemcache_sql::inbox::purge_loop(
+        starting,
+        batches(&conn),
+        schedule,
+        sleep,
+        reporter(&rounds)
+    ));
     assert_eq!(timer.run_until_asleep(waiting), MINUTE);
     assert!(matches!(rounds.borrow()[..], [Round::Waiting]), "{rounds:?}");
     assert_eq!(count(&other, "idemcache_inbox"), 4);
@@ -229,8 +234,13 @@ fn the_inbox_loop_waits_for_its_purger_then_purges_past_the_window_and_survives_
     let (timer, rounds) = (Rc::new(Timer::default()), Rounds::<InboxError>::default());
     let running = Purger::new(retention, SystemTime::now() - 24 * hour);
     let sleep = timer.sleep();
-    let mut purging =
-        pin!(purge::inbox_loop(running, batches(&conn), schedule, sleep, reporter(&rounds)));
+    let mut purging = pin!(idemcache_sql::inbox::purge_loop(
+        running,
+        batches(&conn),
+        schedule,
+        sleep,
+        reporter(&rounds)
+    ));
     assert_eq!(timer.run_until_asleep(purging.as_mut()), MINUTE);
     assert!(matches!(rounds.borrow()[..], [Round::Purged(3)]), "{rounds:?}");
     assert_eq!(timer.asked.borrow().len(), 1, "no pause between batches");

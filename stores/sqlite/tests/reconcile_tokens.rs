@@ -45,7 +45,7 @@ fn a_listed_lapse_taken_over_is_never_settled_by_its_verdict() {
         conn
     };
     let marking = SqliteStore::from_connection(open())
-        .lapse_policy(LapsePolicy::MarkUnknown, Duration::from_secs(3600))
+        .with_lapse_policy(LapsePolicy::MarkUnknown { ttl: Duration::from_secs(3600) })
         .unwrap();
     block_on(marking.ensure_schema()).unwrap();
     let taking = SqliteStore::from_connection(open());
@@ -56,7 +56,7 @@ fn a_listed_lapse_taken_over_is_never_settled_by_its_verdict() {
         other => panic!("{other:?}"),
     };
     clock.fetch_add(2 * SEC, Ordering::SeqCst);
-    let listed = block_on(marking.unknown(10)).unwrap();
+    let listed = block_on(marking.list_unknown(10)).unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].token, lapsed);
     let token = match block_on(taking.claim(&k, fp, Duration::from_secs(1))).unwrap() {
@@ -68,7 +68,7 @@ fn a_listed_lapse_taken_over_is_never_settled_by_its_verdict() {
     assert!(matches!(refused, Err(StoreError::NotUnknown(_))), "{refused:?}");
     let refused = block_on(marking.forget_listed(&listed[0]));
     assert!(matches!(refused, Err(StoreError::NotUnknown(_))), "{refused:?}");
-    let now = block_on(marking.unknown(10)).unwrap();
+    let now = block_on(marking.list_unknown(10)).unwrap();
     assert_eq!(now.len(), 1);
     assert_eq!(now[0].token, token);
 }
@@ -108,11 +108,11 @@ fn tokens_out_of_range_or_not_integers_are_corrupt_or_exact() {
                 params![key(name).as_bytes(), fp, token, T0 - SEC, T0 + 100 * SEC],
             )
             .unwrap();
-        match block_on(store.unknown(10)) {
+        match block_on(store.list_unknown(10)) {
             Ok(listed) if readable => {
                 assert_eq!(listed.len(), 1, "{name}");
                 block_on(store.forget_listed(&listed[0])).unwrap();
-                assert!(block_on(store.unknown(10)).unwrap().is_empty(), "{name}");
+                assert!(block_on(store.list_unknown(10)).unwrap().is_empty(), "{name}");
             }
             Err(StoreError::Corrupt(why)) if !readable => {
                 assert!(why.contains(name), "{name}: {why}")

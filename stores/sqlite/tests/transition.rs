@@ -6,7 +6,7 @@
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use idemcache::transition::{StatusColumn, Transition, TransitionError};
+use idemcache_sql::transition::{StatusColumn, Transition, TransitionError};
 use idemcache_sqlite::rusqlite::{Connection, ToSql, TransactionBehavior};
 use idemcache_sqlite::transition::transition;
 

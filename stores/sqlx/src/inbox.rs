@@ -2,7 +2,7 @@
 //! and [`mysql`] (feature `mysql`, MySQL and MariaDB). Each `receive(&mut tx, consumer,
 //! message_id, fingerprint)` claims a (consumer, message id) with one claiming `INSERT`
 //! in the transaction that applies the message, so the record and the business change
-//! commit together and a rollback leaves neither. See [`idemcache::inbox`] for the flow
+//! commit together and a rollback leaves neither. See [`idemcache_sql::inbox`] for the flow
 //! (apply on [`Receipt::New`], commit, then acknowledge) and the vocabulary, re-exported
 //! here.
 //!
@@ -13,7 +13,9 @@
 //! run.
 
 /// The inbox's vocabulary from the core, re-exported for one-path imports.
-pub use idemcache::inbox::{InboxError, KnownMessages, Purger, Receipt, Retention, RetentionError};
+pub use idemcache_sql::inbox::{
+    InboxError, KnownMessages, Purger, Receipt, Retention, RetentionError,
+};
 
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]

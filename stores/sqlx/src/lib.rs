@@ -22,7 +22,7 @@
 //! decoding of their rows are `idemcache-sql`'s ([`idemcache_sql::records`]), which
 //! `idemcache-postgres` (tokio-postgres) runs too: a records table either crate wrote
 //! behaves the same under the other. Call `ensure_schema` once at startup; the
-//! `lapse_policy(policy, unknown_ttl)` setting is the other stores'.
+//! `with_lapse_policy(policy)` setting is the other stores'.
 //!
 //! ```no_run
 //! # #[cfg(feature = "postgres")]

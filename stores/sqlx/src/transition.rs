@@ -1,11 +1,11 @@
 //! Conditional transitions of a status column in your own sqlx transaction (see
-//! [`idemcache::transition`] for the contract): [`postgres::transition`] (feature
+//! [`idemcache_sql::transition`] for the contract): [`postgres::transition`] (feature
 //! `postgres`) and [`mysql::transition`] (feature `mysql`, for MySQL and MariaDB).
 //!
 //! ```no_run
 //! # #[cfg(feature = "mysql")]
 //! # mod example {
-//! use idemcache::transition::{StatusColumn, Transition};
+//! use idemcache_sql::transition::{StatusColumn, Transition};
 //! use idemcache_sqlx::transition::mysql::transition;
 //!
 //! type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -34,7 +34,7 @@
 //!
 //! Invariant: the transition is an `UPDATE` and, only if it matched no row, one
 //! `SELECT ... FOR UPDATE` in the same transaction; both statements are the core's
-//! [`Plan`](idemcache::transition::Plan), with every value bound. The read returns the
+//! [`Plan`](idemcache_sql::transition::Plan), with every value bound. The read returns the
 //! engine's own `status = to` and `status IN (from, ...)`, compared by the column's type
 //! and collation as the `UPDATE`'s condition was, and the answer is taken from those,
 //! not from the value read back. The read locks: under
@@ -45,7 +45,7 @@
 //! Affected rows: sqlx connects to MySQL with `CLIENT_FOUND_ROWS`, so an `UPDATE`
 //! counts the rows it matched, not only those it changed; and since `to` is never among
 //! `from`, a matched row is always changed. Either way one row is
-//! [`Transition::Applied`](idemcache::transition::Transition::Applied) only if this call
+//! [`Transition::Applied`](idemcache_sql::transition::Transition::Applied) only if this call
 //! moved it.
 //!
 //! The transaction is taken as the inbox's `receive` takes it: `&mut tx`, a
@@ -61,7 +61,7 @@ macro_rules! transition_fn {
 
         use sqlx::{AssertSqlSafe, Column, Row, TypeInfo};
 
-        use idemcache::transition::{
+        use idemcache_sql::transition::{
             Plan, ReadRow, StatusColumn, StoredStatus, Transition, TransitionError,
         };
 
@@ -150,21 +150,26 @@ macro_rules! transition_fn {
 /// column, as it does for tokio-postgres, and compares as the column does: `TEXT`,
 /// `VARCHAR`, `CHAR(n)` (ignoring its padding, and reported without it) or an enum type
 /// (`CREATE TYPE ... AS ENUM`; a status that is none of its labels is the server's
-/// refusal, [`TransitionError::Database`](idemcache::transition::TransitionError::Database),
+/// refusal, [`TransitionError::Database`](idemcache_sql::transition::TransitionError::Database),
 /// before anything changed); `current` is the status as `text`. The id's Rust type
 /// must be one sqlx encodes for the id column (`i64` for `BIGINT`, ...); a mismatch is
-/// [`TransitionError::Database`](idemcache::transition::TransitionError::Database).
+/// [`TransitionError::Database`](idemcache_sql::transition::TransitionError::Database).
 ///
 /// Isolation: under `READ COMMITTED` (the default) a concurrent transition of the same
 /// row makes the `UPDATE` wait for it and re-check the row: the loser gets
 /// `AlreadyInTarget`. Under `REPEATABLE READ` or `SERIALIZABLE`, a row changed since
 /// the snapshot is a serialization failure (SQLSTATE 40001):
-/// [`TransitionError::Conflict`](idemcache::transition::TransitionError::Conflict), roll
+/// [`TransitionError::Conflict`](idemcache_sql::transition::TransitionError::Conflict), roll
 /// back and run the transaction again.
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres {
-    transition_fn!(sqlx::Postgres, idemcache::transition::Dialect::Postgres, Status, is_conflict);
+    transition_fn!(
+        sqlx::Postgres,
+        idemcache_sql::transition::Dialect::Postgres,
+        Status,
+        is_conflict
+    );
 
     /// A status, bound with no declared type (OID 0): the server types it from the
     /// status column it meets, as `TEXT`, `VARCHAR`, `CHAR(n)` or an enum type, whose
@@ -189,7 +194,7 @@ pub mod postgres {
 
     /// A serialization failure or a deadlock (by SQLSTATE).
     fn is_conflict(error: &dyn sqlx::error::DatabaseError) -> bool {
-        error.code().is_some_and(|code| idemcache::transition::is_conflict_sqlstate(&code))
+        error.code().is_some_and(|code| idemcache_sql::transition::is_conflict_sqlstate(&code))
     }
 }
 
@@ -210,12 +215,12 @@ pub mod postgres {
 /// also when its transaction read the row before the winner committed. A deadlock
 /// (1213), a lock wait timeout (1205), and MariaDB's `innodb_snapshot_isolation`
 /// refusal (1020) are
-/// [`TransitionError::Conflict`](idemcache::transition::TransitionError::Conflict): roll
+/// [`TransitionError::Conflict`](idemcache_sql::transition::TransitionError::Conflict): roll
 /// back and run the transaction again.
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql {
-    transition_fn!(sqlx::MySql, idemcache::transition::Dialect::MySql, status, is_conflict);
+    transition_fn!(sqlx::MySql, idemcache_sql::transition::Dialect::MySql, status, is_conflict);
 
     /// A status, bound as a string: MySQL converts it to the column's type (`ENUM`
     /// included) and compares by the column's collation.
@@ -228,6 +233,6 @@ pub mod mysql {
     fn is_conflict(error: &dyn sqlx::error::DatabaseError) -> bool {
         error
             .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-            .is_some_and(|e| idemcache::transition::is_conflict_mysql_code(e.number()))
+            .is_some_and(|e| idemcache_sql::transition::is_conflict_mysql_code(e.number()))
     }
 }

@@ -77,11 +77,12 @@ async fn mysql_conforms() {
 async fn mysql_under_mark_unknown_never_re_runs_a_lapsed_lease() {
     let Some(db) = Db::new("lapse").await else { return };
     let ttl = Duration::from_secs(3600);
-    let store = db.store.clone().lapse_policy(LapsePolicy::MarkUnknown, ttl).unwrap();
-    assert_eq!(store.lapse().policy(), LapsePolicy::MarkUnknown);
+    let store = db.store.clone().with_lapse_policy(LapsePolicy::MarkUnknown { ttl }).unwrap();
+    assert_eq!(store.lapse_policy(), LapsePolicy::MarkUnknown { ttl });
     conformance::run_mark_unknown(&store, ttl, true).await;
     conformance::reconcile_as_checked(&store).await;
-    let refused = db.store.clone().lapse_policy(LapsePolicy::MarkUnknown, Duration::ZERO);
+    let refused =
+        db.store.clone().with_lapse_policy(LapsePolicy::MarkUnknown { ttl: Duration::ZERO });
     assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
     db.drop().await;
 }
@@ -149,7 +150,7 @@ async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
     store.mark_unknown(&k, token, TTL).await.unwrap();
     let table = format!("{}.idemcache_records", db.name);
     db.execute(format!("UPDATE {table} SET settled_at = NULL")).await;
-    match store.unknown(10).await {
+    match store.list_unknown(10).await {
         Err(StoreError::Corrupt(why)) => assert!(why.contains("sqlx-no-mark"), "{why}"),
         other => panic!("expected Corrupt, got {other:?}"),
     }
@@ -161,7 +162,7 @@ async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
         other => panic!("expected Corrupt, got {other:?}"),
     }
     store.forget(&k).await.unwrap();
-    assert!(store.unknown(10).await.unwrap().is_empty());
+    assert!(store.list_unknown(10).await.unwrap().is_empty());
 
     let k = key("sqlx-odd-type");
     let token = acquire(store, &k).await;

@@ -72,11 +72,12 @@ async fn postgres_conforms() {
 async fn postgres_under_mark_unknown_never_re_runs_a_lapsed_lease() {
     let Some(db) = Db::new("lapse").await else { return };
     let ttl = Duration::from_secs(3600);
-    let store = db.store.clone().lapse_policy(LapsePolicy::MarkUnknown, ttl).unwrap();
-    assert_eq!(store.lapse().policy(), LapsePolicy::MarkUnknown);
+    let store = db.store.clone().with_lapse_policy(LapsePolicy::MarkUnknown { ttl }).unwrap();
+    assert_eq!(store.lapse_policy(), LapsePolicy::MarkUnknown { ttl });
     conformance::run_mark_unknown(&store, ttl, true).await;
     conformance::reconcile_as_checked(&store).await;
-    let refused = db.store.clone().lapse_policy(LapsePolicy::MarkUnknown, Duration::ZERO);
+    let refused =
+        db.store.clone().with_lapse_policy(LapsePolicy::MarkUnknown { ttl: Duration::ZERO });
     assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
     db.drop().await;
 }
@@ -128,7 +129,7 @@ async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
     store.mark_unknown(&k, token, TTL).await.unwrap();
     let table = format!("{}.idemcache_records", db.schema);
     db.execute(format!("UPDATE {table} SET settled_at = NULL")).await;
-    match store.unknown(10).await {
+    match store.list_unknown(10).await {
         Err(StoreError::Corrupt(why)) => assert!(why.contains("sqlx-no-mark"), "{why}"),
         other => panic!("expected Corrupt, got {other:?}"),
     }
@@ -140,7 +141,7 @@ async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
         other => panic!("expected Corrupt, got {other:?}"),
     }
     store.forget(&k).await.unwrap();
-    assert!(store.unknown(10).await.unwrap().is_empty());
+    assert!(store.list_unknown(10).await.unwrap().is_empty());
 
     // A state the contract does not know (the schema's CHECK dropped, as a hand-made
     // table might lack it), and a state column of another type.
@@ -223,7 +224,7 @@ async fn the_tokio_postgres_store_and_this_one_share_a_table() {
     let Some(db) = Db::new("shared").await else { return };
     let sep = if db.url.contains('?') { '&' } else { '?' };
     let scoped = format!("{}{sep}options=-c%20search_path%3D{}", db.url, db.schema);
-    let theirs = PostgresStore::connect(&scoped, 2).await.unwrap();
+    let theirs = PostgresStore::connect(&scoped).await.unwrap();
     theirs.ensure_schema().await.unwrap();
     let ours = &db.store;
 
@@ -243,7 +244,7 @@ async fn the_tokio_postgres_store_and_this_one_share_a_table() {
     let k = key("shared-unknown");
     let token = acquire(ours, &k).await;
     theirs.mark_unknown(&k, token, TTL).await.unwrap();
-    let listed = ours.unknown(usize::MAX).await.unwrap();
+    let listed = ours.list_unknown(usize::MAX).await.unwrap();
     let entry = listed.iter().find(|u| u.key == k).expect("listed by the other driver");
     assert_eq!((entry.token, entry.fingerprint), (token, fp("r")));
     theirs.resolve_listed(entry, Some("checked".into()), TTL).await.unwrap();

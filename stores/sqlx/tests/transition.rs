@@ -27,7 +27,7 @@ macro_rules! suite {
         use std::sync::Arc;
 
         use idemcache::store::conformance::service_url;
-        use idemcache::transition::{StatusColumn, Transition, TransitionError};
+        use idemcache_sql::transition::{StatusColumn, Transition, TransitionError};
         use sqlx::{AssertSqlSafe, Connection};
 
         use $transition as transition;

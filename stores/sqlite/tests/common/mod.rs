@@ -2,6 +2,9 @@
 //! the test and this process, with its WAL, shared-memory and journal files removed
 //! before it is used and when it is dropped.
 
+// Each suite is a binary of its own and uses part of this.
+#![allow(dead_code)]
+
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -20,6 +23,12 @@ impl TempDb {
         let db = TempDb(std::env::temp_dir().join(file));
         db.remove();
         db
+    }
+
+    /// The file's URL, for `SqliteStore::connect` (which opens it in WAL mode with a
+    /// busy timeout, as processes sharing it do).
+    pub fn url(&self) -> String {
+        format!("sqlite:{}", self.0.display())
     }
 
     /// A connection in `journal` mode (checked) whose statements wait `busy` for

@@ -50,10 +50,10 @@ use std::time::SystemTime;
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{Executor, MySql, Transaction};
 
-use idemcache::inbox::check;
 use idemcache::store::encoding::to_micros;
 use idemcache::store::unique::MYSQL_DUP_ENTRY;
 use idemcache::Fingerprint;
+use idemcache_sql::inbox::check;
 
 use super::{database, InboxError, Receipt};
 

@@ -1,7 +1,7 @@
 //! The consumer inbox on a sqlx PostgreSQL transaction: the same table and the same two
 //! statements as `idemcache_postgres::inbox`, so both crates may share one table.
 //!
-//! Invariant: the one of [`idemcache::inbox::postgres`], whose statements this module
+//! Invariant: the one of [`idemcache_sql::inbox::postgres`], whose statements this module
 //! runs: [`Receipt::New`] only when this transaction's `INSERT` wrote the row, and no
 //! `receive` waits on another `receive`'s uncommitted record (an advisory try-lock in
 //! the claiming statement answers [`Receipt::InFlight`] at once). Its docs explain the
@@ -12,14 +12,14 @@ use std::time::SystemTime;
 
 use sqlx::{Executor, Postgres, Transaction};
 
-use idemcache::inbox::check;
 use idemcache::store::encoding::to_micros;
 use idemcache::Fingerprint;
+use idemcache_sql::inbox::check;
 
 use super::{database, InboxError, Receipt};
 
-pub use idemcache::inbox::postgres::{lock_key, ADVISORY_LOCK_CLASS, SCHEMA};
-use idemcache::inbox::postgres::{CLAIM, ENSURE_SCHEMA, PURGE, READ};
+pub use idemcache_sql::inbox::postgres::{lock_key, ADVISORY_LOCK_CLASS, SCHEMA};
+use idemcache_sql::inbox::postgres::{CLAIM, ENSURE_SCHEMA, PURGE, READ};
 
 /// SQLSTATE of a serialization failure.
 const SERIALIZATION_FAILURE: &str = "40001";

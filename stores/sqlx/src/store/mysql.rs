@@ -19,7 +19,8 @@ use sqlx::mysql::{
 use sqlx::{Connection, MySql};
 
 use idemcache::store::encoding::{check_duration, check_url, from_micros, micros};
-use idemcache::store::{Lapse, Store, StoreClaim, StoreError};
+use idemcache::store::encoding::{check_lapse_policy, lapse_ttl_micros};
+use idemcache::store::{Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
 use idemcache_sql::records::mysql::{self as sql, Param, Statement, Values};
@@ -34,7 +35,7 @@ pub struct MySqlStore {
     /// The server, as errors name it (`MySQL at host:port/db`).
     server: String,
     /// What a lapsed lease becomes, for this handle's statements.
-    lapse: Lapse,
+    lapse: LapsePolicy,
 }
 
 impl std::fmt::Debug for MySqlStore {
@@ -98,7 +99,7 @@ impl MySqlStore {
             options.get_port(),
             options.get_database().unwrap_or("")
         );
-        MySqlStore { pool, server, lapse: Lapse::TAKE_OVER }
+        MySqlStore { pool, server, lapse: LapsePolicy::TakeOver }
     }
 
     /// A store over a new pool to `url` (`mysql://user@host:port/db`, MySQL or MariaDB)
@@ -121,21 +122,17 @@ impl MySqlStore {
 
     /// What a lapsed lease becomes for this handle's claims, listings and purges: taken
     /// over ([`LapsePolicy::TakeOver`], the default), or UNKNOWN from the lease's end for
-    /// `unknown_ttl` ([`LapsePolicy::MarkUnknown`]; see [`Lapse`], and why handles
-    /// sharing a database should agree). An `unknown_ttl` of zero or over
-    /// [`MAX_DURATION`](idemcache::MAX_DURATION) under `MarkUnknown` is
+    /// the policy's `ttl` ([`LapsePolicy::MarkUnknown`]; see [`LapsePolicy`] for what every
+    /// store does, and why handles sharing a database should agree). A `ttl` of zero or
+    /// over [`MAX_DURATION`](idemcache::MAX_DURATION) under `MarkUnknown` is
     /// [`StoreError::InvalidInput`].
-    pub fn lapse_policy(
-        mut self,
-        policy: LapsePolicy,
-        unknown_ttl: Duration,
-    ) -> Result<MySqlStore, StoreError> {
-        self.lapse = Lapse::new(policy, unknown_ttl)?;
+    pub fn with_lapse_policy(mut self, policy: LapsePolicy) -> Result<MySqlStore, StoreError> {
+        self.lapse = check_lapse_policy(policy)?;
         Ok(self)
     }
 
-    /// This handle's lapse setting.
-    pub fn lapse(&self) -> Lapse {
+    /// This handle's lapse policy.
+    pub fn lapse_policy(&self) -> LapsePolicy {
         self.lapse
     }
 
@@ -269,7 +266,7 @@ impl MySqlStore {
             key: key.as_bytes(),
             held: listed,
             duration: micros(ttl),
-            lapse_ttl: self.lapse.unknown_ttl_micros(),
+            lapse_ttl: lapse_ttl_micros(self.lapse),
             body: body.as_deref(),
             ..Values::default()
         };
@@ -283,7 +280,7 @@ impl MySqlStore {
         let values = Values {
             key: key.as_bytes(),
             held: listed,
-            lapse_ttl: self.lapse.unknown_ttl_micros(),
+            lapse_ttl: lapse_ttl_micros(self.lapse),
             ..Values::default()
         };
         self.settle(&key, &sql::FORGET, values, StoreError::NotUnknown).await.map(drop)
@@ -316,7 +313,7 @@ impl Store for MySqlStore {
                 fingerprint: &fingerprint,
                 token: self.mint(&mut conn).await?,
                 duration: micros(lease),
-                lapse_ttl: self.lapse.unknown_ttl_micros(),
+                lapse_ttl: lapse_ttl_micros(self.lapse),
                 ..Values::default()
             };
             for _ in 0..16 {
@@ -432,11 +429,14 @@ impl Store for MySqlStore {
         self.forget_where(listed.key.clone(), Some(decode::token(listed.token)))
     }
 
-    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+    async fn list_unknown(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
         let mut conn = self.connection().await?;
         let values = Values {
             now: now(&mut conn).await.map_err(|e| self.failed(e))?,
-            lapse_ttl: self.lapse.unknown_ttl_micros(),
+            lapse_ttl: lapse_ttl_micros(self.lapse),
             limit: decode::limit(limit),
             ..Values::default()
         };
@@ -458,7 +458,7 @@ impl Store for MySqlStore {
         let mut conn = self.connection().await?;
         let values = Values {
             now: now(&mut conn).await.map_err(|e| self.failed(e))?,
-            lapse_ttl: self.lapse.unknown_ttl_micros(),
+            lapse_ttl: lapse_ttl_micros(self.lapse),
             limit: decode::limit(limit),
             ..Values::default()
         };

@@ -14,7 +14,8 @@ use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Postgres};
 
 use idemcache::store::encoding::{check_duration, check_url, from_micros, micros};
-use idemcache::store::{Lapse, Store, StoreClaim, StoreError};
+use idemcache::store::encoding::{check_lapse_policy, lapse_ttl_micros};
+use idemcache::store::{Store, StoreClaim, StoreError};
 use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
 use idemcache_sql::records::postgres as sql;
@@ -29,7 +30,7 @@ pub struct PgStore {
     /// The server, as errors name it (`PostgreSQL at host:port/db`).
     server: String,
     /// What a lapsed lease becomes, for this handle's statements.
-    lapse: Lapse,
+    lapse: LapsePolicy,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -56,7 +57,7 @@ impl PgStore {
             options.get_port(),
             options.get_database().unwrap_or("")
         );
-        PgStore { pool, server, lapse: Lapse::TAKE_OVER }
+        PgStore { pool, server, lapse: LapsePolicy::TakeOver }
     }
 
     /// A store over a new pool to `url` (`postgres://user@host:port/db`) that waits 5 s
@@ -79,21 +80,17 @@ impl PgStore {
 
     /// What a lapsed lease becomes for this handle's claims, listings and purges: taken
     /// over ([`LapsePolicy::TakeOver`], the default), or UNKNOWN from the lease's end for
-    /// `unknown_ttl` ([`LapsePolicy::MarkUnknown`]; see [`Lapse`], and why handles
-    /// sharing a database should agree). An `unknown_ttl` of zero or over
-    /// [`MAX_DURATION`](idemcache::MAX_DURATION) under `MarkUnknown` is
+    /// the policy's `ttl` ([`LapsePolicy::MarkUnknown`]; see [`LapsePolicy`] for what every
+    /// store does, and why handles sharing a database should agree). A `ttl` of zero or
+    /// over [`MAX_DURATION`](idemcache::MAX_DURATION) under `MarkUnknown` is
     /// [`StoreError::InvalidInput`].
-    pub fn lapse_policy(
-        mut self,
-        policy: LapsePolicy,
-        unknown_ttl: Duration,
-    ) -> Result<PgStore, StoreError> {
-        self.lapse = Lapse::new(policy, unknown_ttl)?;
+    pub fn with_lapse_policy(mut self, policy: LapsePolicy) -> Result<PgStore, StoreError> {
+        self.lapse = check_lapse_policy(policy)?;
         Ok(self)
     }
 
-    /// This handle's lapse setting.
-    pub fn lapse(&self) -> Lapse {
+    /// This handle's lapse policy.
+    pub fn lapse_policy(&self) -> LapsePolicy {
         self.lapse
     }
 
@@ -132,7 +129,7 @@ impl PgStore {
             .bind(key.as_bytes())
             .bind(body.as_deref())
             .bind(micros(ttl))
-            .bind(self.lapse.unknown_ttl_micros())
+            .bind(lapse_ttl_micros(self.lapse))
             .bind(listed);
         let (at, until) = self.settle(&key, query, StoreError::NotUnknown).await?;
         Ok(decode::replay(body, at, until))
@@ -142,7 +139,7 @@ impl PgStore {
     async fn forget_where(&self, key: Key, listed: Option<i64>) -> Result<(), StoreError> {
         let query = sqlx::query(sql::FORGET)
             .bind(key.as_bytes())
-            .bind(self.lapse.unknown_ttl_micros())
+            .bind(lapse_ttl_micros(self.lapse))
             .bind(listed);
         self.settle(&key, query, StoreError::NotUnknown).await.map(drop)
     }
@@ -187,7 +184,7 @@ impl Store for PgStore {
         let key = key.as_bytes().to_vec();
         async move {
             check_duration("lease", lease)?;
-            let lapse_ttl = self.lapse.unknown_ttl_micros();
+            let lapse_ttl = lapse_ttl_micros(self.lapse);
             // No row, or a dead record not taken: a concurrent writer got between. Look
             // again.
             for _ in 0..16 {
@@ -316,10 +313,12 @@ impl Store for PgStore {
         self.forget_where(listed.key.clone(), Some(decode::token(listed.token)))
     }
 
-    async fn unknown(&self, limit: usize) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
-        let query = sqlx::query(sql::UNKNOWN)
-            .bind(decode::limit(limit))
-            .bind(self.lapse.unknown_ttl_micros());
+    async fn list_unknown(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+        let query =
+            sqlx::query(sql::UNKNOWN).bind(decode::limit(limit)).bind(lapse_ttl_micros(self.lapse));
         let rows = self.rows(query).await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -334,9 +333,8 @@ impl Store for PgStore {
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
-        let query = sqlx::query(sql::PURGE)
-            .bind(decode::limit(limit))
-            .bind(self.lapse.unknown_ttl_micros());
+        let query =
+            sqlx::query(sql::PURGE).bind(decode::limit(limit)).bind(lapse_ttl_micros(self.lapse));
         let rows = self.rows(query).await?;
         let purged: i64 = match rows.first() {
             Some(row) => column(row, 0, &[])?,

@@ -81,7 +81,7 @@ impl Dialect {
 /// validated once (see [`new`](Self::new)).
 ///
 /// ```
-/// use idemcache::transition::{StatusColumn, TransitionError};
+/// use idemcache_sql::transition::{StatusColumn, TransitionError};
 ///
 /// let payments = StatusColumn::new("payments", "id", "status")?;
 /// assert!(StatusColumn::new("payments; DROP TABLE x", "id", "status").is_err());

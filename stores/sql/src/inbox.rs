@@ -30,12 +30,12 @@
 //! from the parsed message, not from the body as it arrived: a producer that serializes
 //! a retry afresh (another key order, other whitespace, a field it adds on retries such
 //! as a send time) sends other bytes for the same message, and a fingerprint of the
-//! bytes ([`Fingerprint::of`](crate::Fingerprint::of)`(&body)`) makes that retry a
+//! bytes ([`Fingerprint::of`](idemcache::Fingerprint::of)`(&body)`) makes that retry a
 //! `Mismatch`: acknowledged and not applied, which is right for a copy of a message
 //! already applied, but reported as an id reused for another message, so every such
 //! retry sets off the alarm meant for a producer's bug. Feed each field
-//! that changes the effect to [`Fingerprint::builder`](crate::Fingerprint::builder) as
-//! one [`bytes`](crate::FingerprintBuilder::bytes) part (each part is framed by its
+//! that changes the effect to [`Fingerprint::builder`](idemcache::Fingerprint::builder) as
+//! one [`bytes`](idemcache::FingerprintBuilder::bytes) part (each part is framed by its
 //! length, so `("ab", "c")` and `("a", "bc")` differ), numbers in a fixed form, and
 //! leave out what a retry may change (times, trace ids):
 //!
@@ -84,9 +84,11 @@ use std::fmt;
 
 mod filter;
 pub mod postgres;
+mod purge_loop;
 mod retention;
 
 pub use filter::KnownMessages;
+pub use purge_loop::purge_loop;
 pub use retention::{Purger, Retention, RetentionError};
 
 /// Most bytes in a consumer name: the name of the handler that applies messages (e.g.

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 /// redelivery horizon.
 ///
 /// ```
-/// use idemcache::inbox::Retention;
+/// use idemcache_sql::inbox::Retention;
 /// use std::time::Duration;
 ///
 /// // JetStream: max_deliver 5 × ack_wait 30 s = 150 s; keep a day.
@@ -26,7 +26,7 @@ use std::time::{Duration, SystemTime};
 /// let retention = Retention::new(Duration::from_secs(24 * 3600), horizon)?;
 /// assert_eq!(retention.window(), Duration::from_secs(86_400));
 /// assert!(Retention::new(Duration::from_secs(60), horizon).is_err());
-/// # Ok::<(), idemcache::inbox::RetentionError>(())
+/// # Ok::<(), idemcache_sql::inbox::RetentionError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
@@ -105,7 +105,7 @@ impl Retention {
 
 /// When a purge may run and what it may delete: [`cutoff`](Purger::cutoff) gives the
 /// time before which records may go, for the driver's `purge(conn, cutoff, limit)`.
-/// [`purge::inbox_loop`](crate::purge::inbox_loop) asks it every round, for as long as the
+/// [`purge_loop`](crate::inbox::purge_loop) asks it every round, for as long as the
 /// program runs.
 ///
 /// Why it waits after a start: messages committed but not acknowledged before a crash
@@ -126,7 +126,7 @@ impl Retention {
 /// longer stated horizon.
 ///
 /// ```
-/// use idemcache::inbox::{Purger, Retention};
+/// use idemcache_sql::inbox::{Purger, Retention};
 /// use std::time::{Duration, SystemTime};
 ///
 /// let hour = Duration::from_secs(3600);
@@ -135,7 +135,7 @@ impl Retention {
 /// let purger = Purger::new(retention, started);
 /// assert_eq!(purger.cutoff(started), None); // just started: purge nothing
 /// assert_eq!(purger.cutoff(started + hour), Some(started + hour - 24 * hour));
-/// # Ok::<(), idemcache::inbox::RetentionError>(())
+/// # Ok::<(), idemcache_sql::inbox::RetentionError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Purger {

@@ -13,7 +13,7 @@
 //! are evicted, and a forgotten fact only sends its message to the database again.
 
 use crate::inbox::{check, Receipt};
-use crate::{Cache, EntryState, Fingerprint, InsertError, Key, Known};
+use idemcache::{Cache, EntryState, Fingerprint, InsertError, Key, Known};
 
 /// The scope prefix of the pre-filter's keys: the consumer follows it. Key parts are
 /// length-prefixed, so no consumer name can make two (consumer, id) pairs share a key.
@@ -26,11 +26,11 @@ const CLIENT_KEY: &str = "message";
 /// transaction. Cheap to clone (clones share the cache).
 ///
 /// Give it a cache of its own (its keys are scoped, but its entries share the cache's
-/// capacity and TTL): [`CacheBuilder::completed_ttl`](crate::CacheBuilder::completed_ttl)
+/// capacity and TTL): [`CacheBuilder::completed_ttl`](idemcache::CacheBuilder::completed_ttl)
 /// is how long a fact is remembered, `max_entries`/`max_bytes` how many.
 ///
 /// ```
-/// use idemcache::inbox::{KnownMessages, Receipt};
+/// use idemcache_sql::inbox::{KnownMessages, Receipt};
 /// use idemcache::{Cache, Fingerprint};
 ///
 /// let known = KnownMessages::new(Cache::builder().build()?);
@@ -131,7 +131,7 @@ fn key(consumer: &str, message_id: &str) -> Option<Key> {
 mod tests {
     use super::*;
     use crate::inbox::{MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
-    use crate::ManualClock;
+    use idemcache::ManualClock;
     use std::collections::HashMap;
     use std::time::Duration;
 

@@ -16,6 +16,9 @@ use idemcache::store::{Store, StoreClaim, StoreError};
 use idemcache::{Bytes, Key};
 use idemcache_redis::{redis, RedisStore};
 
+mod common;
+use common::record_key;
+
 /// A plain connection to one node.
 async fn node(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap()
@@ -46,12 +49,6 @@ async fn a_primary(url: &str) -> (String, Vec<(i64, i64)>, String) {
         return (address(primary), slots, address(replica));
     }
     panic!("no primary with a replica in {nodes}");
-}
-
-/// The Redis key of `k`'s record (the crate docs' layout).
-fn record_key(k: &Key) -> String {
-    let hex: String = k.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
-    format!("idemcache:{{{hex}}}")
 }
 
 /// `n` keys named `prefix-i` whose records live in `slots`.

@@ -50,7 +50,7 @@
 //! (`clock_timestamp()` at the `INSERT`), indexed; [`PURGE`] deletes records received
 //! before a cutoff (take it from a [`Purger`](super::Purger)) in bounded batches.
 
-use crate::Fingerprint;
+use idemcache::Fingerprint;
 
 macro_rules! schema {
     () => {
