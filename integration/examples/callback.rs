@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 use idemcache_sql::transition::{StatusColumn, Transition};
 use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
-use idemcache_sqlite::transition::transition;
+use idemcache_sqlite::transition;
 
 // ANCHOR: callback
 /// The provider's callback "payment `id` succeeded": the HTTP status to answer it.
