@@ -1,5 +1,5 @@
 //! Claims/s and replays/s of `RedisStore` on one Redis against a Redis Cluster, side by
-//! side in one run (interleaved rounds, medians), for SCALING.md's per-node figures.
+//! side in one run (interleaved rounds, medians), for docs/scaling.md's per-node figures.
 //!
 //! ```text
 //! IDEMCACHE_REDIS_URL=redis://127.0.0.1:6379/15 \

@@ -38,7 +38,7 @@ use idemcache::LapsePolicy;
 pub use rusqlite;
 
 pub mod inbox;
-pub mod transition;
+mod transition;
 
 mod errors;
 mod in_transaction;
@@ -51,6 +51,7 @@ mod worker;
 pub use in_transaction::complete_in;
 pub use records::{Record, RecordState};
 pub use schema::SQLITE_SCHEMA;
+pub use transition::transition;
 
 use errors::opening;
 use worker::Job;

@@ -1,50 +1,12 @@
 //! Conditional transitions of a status column in your own rusqlite transaction (see
 //! [`idemcache_sql::transition`] for the contract).
 //!
-//! ```
-//! use idemcache_sql::transition::{StatusColumn, Transition};
-//! use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
-//! use idemcache_sqlite::transition::transition;
-//!
-//! let mut db = Connection::open_in_memory()?;
-//! db.execute_batch(
-//!     "CREATE TABLE payments (id TEXT PRIMARY KEY, status TEXT NOT NULL);
-//!      CREATE TABLE ledger (payment TEXT NOT NULL);
-//!      INSERT INTO payments VALUES ('p1', 'PENDING');",
-//! )?;
-//! let payments = StatusColumn::new("payments", "id", "status")?;
-//!
-//! // The payment provider's SUCCESS callback, delivered twice.
-//! for _ in 0..2 {
-//!     let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
-//!     match transition(&tx, &payments, "p1", &["PENDING"], "PAID")? {
-//!         Transition::Applied => {
-//!             tx.execute("INSERT INTO ledger VALUES ('p1')", [])?;
-//!         }
-//!         Transition::AlreadyInTarget => {} // a duplicate: answer OK, do nothing
-//!         Transition::Illegal { current } => return Err(format!("409: payment is {current}").into()),
-//!         Transition::NotFound => return Err("404".into()),
-//!     }
-//!     tx.commit()?;
-//! }
-//! let entries: i64 = db.query_row("SELECT count(*) FROM ledger", [], |r| r.get(0))?;
-//! assert_eq!(entries, 1);
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
-//!
 //! Invariant: the transition is an `UPDATE` and, only if it matched no row, one read in
 //! the same transaction; both statements are the core's [`Plan`], with every value bound.
 //! The read returns SQLite's own `status = to` and `status IN (from, ...)`, compared by
 //! the column's collation as the `UPDATE`'s condition was (`NOCASE` ignores ASCII
 //! case, `RTRIM` trailing spaces), and the answer is taken from those, not from the
 //! bytes read back.
-//!
-//! Run it in a transaction begun `IMMEDIATE` (rusqlite's
-//! `transaction_with_behavior(TransactionBehavior::Immediate)`): the write lock is then
-//! held from the start, so the read sees what the `UPDATE` saw and the answer holds until
-//! you commit. In a `DEFERRED` transaction that read before, another connection's commit
-//! makes the `UPDATE` fail with `SQLITE_BUSY_SNAPSHOT`
-//! ([`TransitionError::Conflict`]: roll back and run it again).
 
 use std::fmt;
 
@@ -65,6 +27,44 @@ use idemcache_sql::transition::{
 /// `id` is any value rusqlite binds (an integer, a `&str`, ...); the status column holds
 /// text. A NULL or non-text status is [`TransitionError::Corrupt`]; invalid input
 /// ([`StatusColumn::plan`]) is refused before any SQL runs.
+///
+/// ```
+/// use idemcache_sql::transition::{StatusColumn, Transition};
+/// use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
+/// use idemcache_sqlite::transition;
+///
+/// let mut db = Connection::open_in_memory()?;
+/// db.execute_batch(
+///     "CREATE TABLE payments (id TEXT PRIMARY KEY, status TEXT NOT NULL);
+///      CREATE TABLE ledger (payment TEXT NOT NULL);
+///      INSERT INTO payments VALUES ('p1', 'PENDING');",
+/// )?;
+/// let payments = StatusColumn::new("payments", "id", "status")?;
+///
+/// // The payment provider's SUCCESS callback, delivered twice.
+/// for _ in 0..2 {
+///     let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+///     match transition(&tx, &payments, "p1", &["PENDING"], "PAID")? {
+///         Transition::Applied => {
+///             tx.execute("INSERT INTO ledger VALUES ('p1')", [])?;
+///         }
+///         Transition::AlreadyInTarget => {} // a duplicate: answer OK, do nothing
+///         Transition::Illegal { current } => return Err(format!("409: payment is {current}").into()),
+///         Transition::NotFound => return Err("404".into()),
+///     }
+///     tx.commit()?;
+/// }
+/// let entries: i64 = db.query_row("SELECT count(*) FROM ledger", [], |r| r.get(0))?;
+/// assert_eq!(entries, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Run it in a transaction begun `IMMEDIATE` (rusqlite's
+/// `transaction_with_behavior(TransactionBehavior::Immediate)`): the write lock is then
+/// held from the start, so the read sees what the `UPDATE` saw and the answer holds until
+/// you commit. In a `DEFERRED` transaction that read before, another connection's commit
+/// makes the `UPDATE` fail with `SQLITE_BUSY_SNAPSHOT`
+/// ([`TransitionError::Conflict`]: roll back and run it again).
 pub fn transition(
     tx: &Transaction<'_>,
     column: &StatusColumn,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idemcache_sql::transition::{StatusColumn, Transition, TransitionError};
 use idemcache_sqlite::rusqlite::{Connection, ToSql, TransactionBehavior};
-use idemcache_sqlite::transition::transition;
+use idemcache_sqlite::transition;
 
 mod common;
 
