@@ -189,7 +189,8 @@ impl MySqlStore {
     ) -> Result<Option<StoreClaim>, StoreError> {
         let fail = |e| self.failed(e);
         let key = values.key;
-        sqlx::query(sql::READ_COMMITTED).execute(&mut *conn).await.map_err(fail)?;
+        // As text, not prepared: no server has to support preparing SET TRANSACTION.
+        sqlx::raw_sql(sql::READ_COMMITTED).execute(&mut *conn).await.map_err(fail)?;
         let mut tx = conn.begin().await.map_err(fail)?;
         let look = bind(&sql::LOOK, &values).fetch_one(&mut *tx).await.map_err(fail)?;
         let values = Values { now: column(&look, 0, key)?, ..values };
