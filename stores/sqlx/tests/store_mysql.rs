@@ -1,10 +1,10 @@
 //! `MySqlStore` against a real MySQL or MariaDB (`IDEMCACHE_MYSQL_URL`; skipped with a
 //! printed reason when unset): the conformance suite, the `MarkUnknown` sub-suite,
-//! concurrent claims of one key race to exactly one Acquired, tokens keep increasing
-//! for a new pool (a restart), a session's time zone does not move the store's clock,
-//! rows the store cannot read are `Corrupt` naming their key (never a panic), a missing
-//! token counter is a typed error, a completion in the caller's transaction commits or
-//! rolls back with it and is fenced by its token.
+//! concurrent claims of one key (absent, or dead) race to exactly one Acquired, tokens
+//! keep increasing for a new pool (a restart), a session's time zone does not move the
+//! store's clock, rows the store cannot read are `Corrupt` naming their key (never a
+//! panic), a missing token counter is a typed error, a completion in the caller's
+//! transaction commits or rolls back with it and is fenced by its token.
 //!
 //! Every test works in a database of its own (pid and counter in the name) and drops
 //! it: no other suite on the same server meets its records.
@@ -118,6 +118,41 @@ async fn concurrent_claims_of_one_key_race_to_exactly_one_acquired() {
         }
         assert_eq!(acquired, 1, "round {round}: exactly one claim acquired");
     }
+    db.drop().await;
+}
+
+/// A dead record (its lease ended a minute ago, as the server's clock has it) claimed
+/// by 16 at once from two pools: one takes it over under a new token, the rest find it
+/// in progress, and the dead lease's token is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claims_of_a_dead_record_race_to_exactly_one_takeover() {
+    let Some(db) = Db::new("takeover").await else { return };
+    let k = key("takeover");
+    let stale = acquire(&db.store, &k).await;
+    let table = format!("{}.idemcache_records", db.name);
+    // The lease's end a minute in the past: the lease and a minute before the claim.
+    let back = 60_000_000 + LEASE.as_micros();
+    db.execute(format!("UPDATE {table} SET expires_at = expires_at - {back}")).await;
+    let claims: Vec<_> = (0..16)
+        .map(|i| {
+            let store = if i % 2 == 0 { db.store.clone() } else { Db::store(&db.options) };
+            let k = k.clone();
+            tokio::spawn(async move { store.claim(&k, fp("r"), LEASE).await.unwrap() })
+        })
+        .collect();
+    let mut fresh = Vec::new();
+    for claim in claims {
+        match claim.await.unwrap() {
+            StoreClaim::Acquired { token, .. } => fresh.push(token),
+            StoreClaim::InProgress { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(fresh.len(), 1, "exactly one claim took the dead record over: {fresh:?}");
+    assert!(fresh[0] > stale);
+    let late = db.store.complete(&k, stale, None, TTL).await;
+    assert!(matches!(late, Err(StoreError::LeaseLost(_))), "{late:?}");
+    db.store.complete(&k, fresh[0], None, TTL).await.unwrap();
     db.drop().await;
 }
 
