@@ -3,10 +3,8 @@
 //! re-run: the claim after it answers Unknown, it is listed, its token is fenced,
 //! purging keeps it, resolving replays it) and `conformance::reconcile_as_checked`;
 //! `Tiered` over such a store never answers Acquired for a key the store holds UNKNOWN,
-//! whatever its cache's own policy. SQLite (a store opened from a URL, and under
-//! `Tiered`) always; PostgreSQL (on a schema of its own, so no other test's purge,
-//! under another policy, meets its records) when its URL is in the environment.
-//! SQLite's and Redis's own runs are in their crates' tests/conformance.rs.
+//! whatever its cache's own policy: a store opened from a URL, and under `Tiered`, over
+//! SQLite. Each store's own runs of the sub-suite are in its crate's tests/.
 
 use std::time::Duration;
 
@@ -89,81 +87,6 @@ async fn tiered_never_re_runs_a_lapse_the_store_holds_unknown() {
             TieredClaim::Completed(replay) => assert_eq!(replay.body.unwrap(), "charged"),
             other => panic!("{other:?} ({cache_policy:?})"),
         }
-    }
-}
-
-/// PostgreSQL, when `IDEMCACHE_POSTGRES_URL` names a server, on a schema of its own: a
-/// `TakeOver` handle of another test (or another program) purging the shared table
-/// would delete a lapse this test has not claimed yet, as documented for mixed policies.
-mod postgres {
-    use super::*;
-    use idemcache_postgres::{tokio_postgres, PostgresStore};
-
-    /// A `MarkUnknown` store on a new schema, first on its search path; the admin client
-    /// and the schema's name, to drop it after.
-    async fn marking_store(name: &str) -> Option<(tokio_postgres::Client, PostgresStore, String)> {
-        let url = conformance::service_url(
-            "IDEMCACHE_POSTGRES_URL",
-            "postgres://postgres@127.0.0.1:5432/test",
-        )?;
-        let (admin, connection) =
-            tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
-        let schema = format!("idemcache_lapse_{name}_{}", std::process::id());
-        admin
-            .batch_execute(&format!(
-                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
-            ))
-            .await
-            .unwrap();
-        let separator = if url.contains('?') { '&' } else { '?' };
-        let own = format!("{url}{separator}options=-c%20search_path%3D{schema}");
-        let store = PostgresStore::connect(&own)
-            .await
-            .unwrap()
-            .with_lapse_policy(LapsePolicy::MarkUnknown { ttl: UNKNOWN_TTL })
-            .unwrap();
-        store.ensure_schema().await.unwrap();
-        Some((admin, store, schema))
-    }
-
-    #[tokio::test]
-    async fn postgres_under_mark_unknown_never_re_runs_a_lapsed_lease() {
-        let Some((admin, store, schema)) = marking_store("suite").await else { return };
-        conformance::run_mark_unknown(&store, UNKNOWN_TTL, true).await;
-        conformance::reconcile_as_checked(&store).await;
-        admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
-    }
-
-    /// Many claims of one key racing its lapse: none acquires, all that see it lapsed
-    /// see it UNKNOWN at the lease's end.
-    #[tokio::test]
-    async fn concurrent_claims_of_a_lapse_all_answer_unknown() {
-        let Some((admin, store, schema)) = marking_store("race").await else { return };
-        let k = key("raced-lapse");
-        let idemcache::store::StoreClaim::Acquired { lease_ends_at, .. } =
-            store.claim(&k, fp("r"), SHORT_LEASE).await.unwrap()
-        else {
-            panic!("expected Acquired");
-        };
-        let mut unknown = 0;
-        while unknown == 0 {
-            let claims = (0..8).map(|_| {
-                let (store, k) = (store.clone(), k.clone());
-                tokio::spawn(async move { store.claim(&k, fp("r"), SHORT_LEASE).await.unwrap() })
-            });
-            for claim in claims {
-                match claim.await.unwrap() {
-                    idemcache::store::StoreClaim::InProgress { .. } => {}
-                    idemcache::store::StoreClaim::Unknown { marked_at } => {
-                        assert_eq!(marked_at, lease_ends_at);
-                        unknown += 1;
-                    }
-                    other => panic!("a lapse was answered {other:?}"),
-                }
-            }
-        }
-        admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
     }
 }
 

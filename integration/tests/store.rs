@@ -1,13 +1,11 @@
 //! The stores under `Tiered` (over SQLite: repeats answered from memory, instances
 //! sharing a file, a store it cannot reach, a guard moved into a task; over a server
-//! killed mid-request), and PostgreSQL's suite. SQLite always; PostgreSQL and Redis
-//! when their URL is in the environment (CI sets both). SQLite's and Redis's own
-//! suites (the conformance suite, what is particular to each) are in their crates'
-//! tests/.
-
+//! killed mid-request, through a relay cut in the middle). SQLite always; PostgreSQL and
+//! Redis when their URL is in the environment (CI sets both). Each store's own suites
+//! (the conformance suite, what is particular to its engine) are in its crate's tests/.
 use std::time::Duration;
 
-use idemcache::store::conformance::{self, acquire, fp, key, LEASE, TTL};
+use idemcache::store::conformance::{self, fp, key, LEASE};
 use idemcache::store::{Store, StoreClaim, StoreError, Tiered, TieredClaim};
 use idemcache::Cache;
 use idemcache_postgres::tokio_postgres;
@@ -119,143 +117,10 @@ mod postgres {
     use super::*;
     use idemcache_postgres::PostgresStore;
 
-    /// A plain client of the server at `url`, for setting up and looking at what the
-    /// store did.
-    async fn client(url: &str) -> tokio_postgres::Client {
-        let (client, connection) =
-            tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
-        client
-    }
-
-    async fn store() -> Option<PostgresStore> {
-        let url = postgres_url()?;
-        let store = PostgresStore::connect(&url).await.unwrap();
-        store.ensure_schema().await.unwrap();
-        Some(store)
-    }
-
-    #[tokio::test]
-    async fn postgres_conforms() {
-        let Some(store) = store().await else { return };
-        conformance::run(&store).await;
-        assert!(format!("{store:?}").starts_with("PostgresStore { server: Some("), "{store:?}");
-    }
-
-    /// `ensure_schema` against a database that has none of it: every object the store
-    /// needs is created (the other tests run on a database that keeps its schema).
-    #[tokio::test]
-    async fn the_schema_is_created_in_an_empty_database() {
-        let Some((admin, store, schema)) = store_in_a_schema_of_its_own("fresh").await else {
-            return;
-        };
-        store.ensure_schema().await.unwrap();
-        let created = admin
-            .query_one(
-                "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                 WHERE n.nspname = $1 AND c.relname IN
-                   ('idemcache_records', 'idemcache_tokens', 'idemcache_records_expiry')",
-                &[&schema],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0);
-        assert_eq!(created, 3, "the table, the token sequence and the expiry index");
-        conformance::run(&store).await;
-        admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
-    }
-
-    /// A plain client, and a store on a schema of its own first on its search path,
-    /// empty as a new database is (and whatever a test writes there meets no other test).
-    async fn store_in_a_schema_of_its_own(
-        name: &str,
-    ) -> Option<(tokio_postgres::Client, PostgresStore, String)> {
-        let url = postgres_url()?;
-        let admin = client(&url).await;
-        let schema = format!("idemcache_{name}_{}", std::process::id());
-        admin
-            .batch_execute(&format!(
-                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
-            ))
-            .await
-            .unwrap();
-        let separator = if url.contains('?') { '&' } else { '?' };
-        let own = format!("{url}{separator}options=-c%20search_path%3D{schema}");
-        Some((admin, PostgresStore::connect(&own).await.unwrap(), schema))
-    }
-
-    /// Rows the schema allows but the store cannot read (an UNKNOWN without its mark
-    /// time, a fingerprint of the wrong length) are `Corrupt` naming their key, never a
-    /// panic; named, the record can be forgotten and the listing works again.
-    #[tokio::test]
-    async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
-        let Some((admin, store, schema)) = store_in_a_schema_of_its_own("corrupt").await else {
-            return;
-        };
-        store.ensure_schema().await.unwrap();
-        let k = key("no-mark");
-        let token = acquire(&store, &k).await;
-        store.mark_unknown(&k, token, TTL).await.unwrap();
-        let table = format!("{schema}.idemcache_records");
-        let update = |set: &str| format!("UPDATE {table} SET {set}");
-        admin.execute(&update("settled_at = NULL"), &[]).await.unwrap();
-        match store.list_unknown(10).await {
-            Err(StoreError::Corrupt(why)) => assert!(why.contains("no-mark"), "{why}"),
-            other => panic!("expected Corrupt, got {other:?}"),
-        }
-        admin.execute(&update("fingerprint = '\\x010203'::bytea"), &[]).await.unwrap();
-        match store.claim(&k, fp("r"), LEASE).await {
-            Err(StoreError::Corrupt(why)) => {
-                assert!(why.contains("no-mark") && why.contains("16 bytes"), "{why}")
-            }
-            other => panic!("expected Corrupt, got {other:?}"),
-        }
-        store.forget(&k).await.unwrap();
-        assert!(store.list_unknown(10).await.unwrap().is_empty());
-        admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn concurrent_schema_creation_from_several_processes_is_safe() {
-        let Some(store) = store().await else { return };
-        let runs: Vec<_> = (0..4).map(|_| store.ensure_schema()).collect();
-        for run in runs {
-            run.await.unwrap();
-        }
-    }
-
-    /// Two `Tiered` instances (separate caches, separate pools: two processes' worth)
-    /// over one PostgreSQL, hammered with concurrent duplicates: each key runs once.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn two_tiered_instances_execute_each_key_exactly_once() {
-        let Some(first) = store().await else { return };
-        let url = std::env::var("IDEMCACHE_POSTGRES_URL").unwrap();
-        let second = PostgresStore::connect(&url).await.unwrap();
-        let restarted = PostgresStore::connect(&url).await.unwrap();
-        conformance::tiered_exactly_once(first, second, restarted, "pg-hammer").await;
-    }
-
-    #[tokio::test]
-    async fn an_unreachable_postgres_is_a_typed_error_and_nothing_executes() {
-        // A port nobody listens on.
-        let store = PostgresStore::connect("postgres://postgres@127.0.0.1:1/test").await.unwrap();
-        let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
-        match tiered.claim(&key("down"), fp("r")).await {
-            Err(idemcache::store::TieredError::Store(e @ StoreError::Backend(_))) => {
-                let said = e.to_string();
-                assert!(
-                    said.contains("PostgreSQL at 127.0.0.1:1/test"),
-                    "names the server: {said}"
-                );
-            }
-            other => panic!("expected a backend error, got {other:?}"),
-        }
-        assert_eq!(tiered.cache().stats().entries, 0);
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_postgres_killed_mid_request_is_a_typed_error_and_nothing_runs_twice() {
-        let Some(_schema) = store().await else { return };
+        let Some(direct) = postgres_url() else { return };
+        PostgresStore::connect(&direct).await.unwrap().ensure_schema().await.unwrap();
         let url: tokio_postgres::Config =
             std::env::var("IDEMCACHE_POSTGRES_URL").unwrap().parse().unwrap();
         let host = match &url.get_hosts()[0] {
@@ -271,36 +136,6 @@ mod postgres {
         let through = format!("postgres://{user}@{}/{db}", relay.addr);
         let store = PostgresStore::connect(&through).await.unwrap();
         killed_mid_request(store, &relay, "pg").await;
-    }
-
-    #[tokio::test]
-    async fn unique_violations_are_classified_against_the_real_engine() {
-        use idemcache_postgres::is_unique_violation;
-        let Some(url) = postgres_url() else { return };
-        let client = client(&url).await;
-        let table = format!("idemcache_unique_{}", std::process::id());
-        client
-            .batch_execute(&format!(
-                "DROP TABLE IF EXISTS {table};
-                 CREATE TABLE {table} (id INT PRIMARY KEY, u TEXT UNIQUE, n TEXT NOT NULL);
-                 INSERT INTO {table} VALUES (1, 'a', 'x');"
-            ))
-            .await
-            .unwrap();
-        let fails = |sql: String| {
-            let client = &client;
-            async move { client.execute(&sql, &[]).await.unwrap_err() }
-        };
-        assert!(is_unique_violation(
-            &fails(format!("INSERT INTO {table} VALUES (2, 'a', 'x')")).await
-        ));
-        assert!(is_unique_violation(
-            &fails(format!("INSERT INTO {table} VALUES (1, 'b', 'x')")).await
-        ));
-        assert!(!is_unique_violation(
-            &fails(format!("INSERT INTO {table} VALUES (3, 'c', NULL)")).await
-        ));
-        client.batch_execute(&format!("DROP TABLE {table}")).await.unwrap();
     }
 }
 

@@ -137,9 +137,10 @@ pub use {deadpool_postgres, tokio_postgres};
 mod in_transaction;
 pub mod inbox;
 mod store;
-pub mod transition;
+mod transition;
 
 pub use in_transaction::complete_in;
+pub use transition::transition;
 
 /// The schema [`ensure_schema`](Store::ensure_schema) creates (idempotent, and safe to
 /// run from several processes at once: it holds an advisory lock), as

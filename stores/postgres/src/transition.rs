@@ -1,51 +1,11 @@
 //! Conditional transitions of a status column in your own tokio-postgres transaction
 //! (see [`idemcache_sql::transition`] for the contract).
 //!
-//! ```no_run
-//! use idemcache_sql::transition::{StatusColumn, Transition};
-//! use idemcache_postgres::tokio_postgres::Client;
-//! use idemcache_postgres::transition::transition;
-//!
-//! type Error = Box<dyn std::error::Error + Send + Sync>;
-//!
-//! /// The payment provider's SUCCESS callback: answer OK to every duplicate, book once.
-//! async fn on_success(db: &mut Client, payment: i64) -> Result<u16, Error> {
-//!     let payments = StatusColumn::new("payments", "id", "status")?;
-//!     let tx = db.transaction().await?;
-//!     let answer = match transition(&tx, &payments, &payment, &["PENDING"], "PAID").await? {
-//!         Transition::Applied => {
-//!             tx.execute("INSERT INTO ledger (payment) VALUES ($1)", &[&payment]).await?;
-//!             200
-//!         }
-//!         Transition::AlreadyInTarget => 200, // a duplicate: no second effect
-//!         Transition::Illegal { .. } => 409,
-//!         Transition::NotFound => 404,
-//!     };
-//!     tx.commit().await?;
-//!     Ok(answer)
-//! }
-//! ```
-//!
 //! Invariant: the transition is an `UPDATE` and, only if it matched no row, one
 //! `SELECT ... FOR UPDATE` in the same transaction; both statements are the core's
 //! [`Plan`], with every value bound. The read returns PostgreSQL's own `status = to`
 //! and `status IN (from, ...)`, compared by the column's type as the `UPDATE`'s
 //! condition was, and the answer is taken from those, not from the value read back.
-//!
-//! Types: the server types each parameter from the column it meets, and tokio-postgres
-//! checks the Rust value against that type. The status column may be `TEXT`,
-//! `VARCHAR`, `CHAR(n)` (compared ignoring its padding, and reported without it) or an
-//! enum type (`CREATE TYPE ... AS ENUM`; a status that is none of its labels is the
-//! server's refusal, [`TransitionError::Database`], before anything changed); statuses
-//! are strings either way, and `current` is the status as `text`. The id is any value
-//! whose type matches its column: `i64` for `BIGINT`, `i32` for `INTEGER`, `&str` for
-//! `TEXT`, ...; a mismatch is [`TransitionError::Database`] before anything ran.
-//!
-//! Isolation: under `READ COMMITTED` (PostgreSQL's default) a concurrent transition of
-//! the same row makes the `UPDATE` wait for it, then re-check the row: the loser sees
-//! the winner's status ([`Transition::AlreadyInTarget`]). Under `REPEATABLE READ` or
-//! `SERIALIZABLE`, a row changed since the transaction's snapshot is a serialization
-//! failure, [`TransitionError::Conflict`]: roll back and run the transaction again.
 
 use std::error::Error;
 
@@ -67,6 +27,46 @@ use idemcache_sql::transition::{
 ///
 /// A NULL status is [`TransitionError::Corrupt`]; invalid input
 /// ([`StatusColumn::plan`]) is refused before any SQL runs.
+///
+/// ```no_run
+/// use idemcache_sql::transition::{StatusColumn, Transition};
+/// use idemcache_postgres::tokio_postgres::Client;
+/// use idemcache_postgres::transition;
+///
+/// type Error = Box<dyn std::error::Error + Send + Sync>;
+///
+/// /// The payment provider's SUCCESS callback: answer OK to every duplicate, book once.
+/// async fn on_success(db: &mut Client, payment: i64) -> Result<u16, Error> {
+///     let payments = StatusColumn::new("payments", "id", "status")?;
+///     let tx = db.transaction().await?;
+///     let answer = match transition(&tx, &payments, &payment, &["PENDING"], "PAID").await? {
+///         Transition::Applied => {
+///             tx.execute("INSERT INTO ledger (payment) VALUES ($1)", &[&payment]).await?;
+///             200
+///         }
+///         Transition::AlreadyInTarget => 200, // a duplicate: no second effect
+///         Transition::Illegal { .. } => 409,
+///         Transition::NotFound => 404,
+///     };
+///     tx.commit().await?;
+///     Ok(answer)
+/// }
+/// ```
+///
+/// Types: the server types each parameter from the column it meets, and tokio-postgres
+/// checks the Rust value against that type. The status column may be `TEXT`,
+/// `VARCHAR`, `CHAR(n)` (compared ignoring its padding, and reported without it) or an
+/// enum type (`CREATE TYPE ... AS ENUM`; a status that is none of its labels is the
+/// server's refusal, [`TransitionError::Database`], before anything changed); statuses
+/// are strings either way, and `current` is the status as `text`. The id is any value
+/// whose type matches its column: `i64` for `BIGINT`, `i32` for `INTEGER`, `&str` for
+/// `TEXT`, ...; a mismatch is [`TransitionError::Database`] before anything ran.
+///
+/// Isolation: under `READ COMMITTED` (PostgreSQL's default) a concurrent transition of
+/// the same row makes the `UPDATE` wait for it, then re-check the row: the loser sees
+/// the winner's status ([`Transition::AlreadyInTarget`]). Under `REPEATABLE READ` or
+/// `SERIALIZABLE`, a row changed since the transaction's snapshot is a serialization
+/// failure, [`TransitionError::Conflict`]: roll back and run the transaction again.
 pub async fn transition(
     tx: &Transaction<'_>,
     column: &StatusColumn,

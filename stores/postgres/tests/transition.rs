@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use idemcache::store::conformance::service_url;
 use idemcache_postgres::tokio_postgres::{self, Client, IsolationLevel, NoTls, Transaction};
-use idemcache_postgres::transition::transition;
+use idemcache_postgres::transition;
 use idemcache_sql::transition::{StatusColumn, Transition, TransitionError};
 
 const EXAMPLE: &str = "postgres://postgres@127.0.0.1:5432/test";

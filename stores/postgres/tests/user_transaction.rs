@@ -17,7 +17,7 @@ use idemcache::{Fingerprint, Key};
 use idemcache_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use idemcache_postgres::inbox::{self, Receipt};
 use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
-use idemcache_postgres::transition::transition;
+use idemcache_postgres::transition;
 use idemcache_postgres::{complete_in, PostgresStore};
 use idemcache_sql::transition::{StatusColumn, Transition};
 
