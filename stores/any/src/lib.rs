@@ -2,7 +2,8 @@
 //! code has one path: `sqlite:PATH` (or `sqlite::memory:`), `postgres://...` (or
 //! `postgresql://`), `redis://...` (or `rediss://`, `redis+unix://`, `unix://`), and
 //! `redis-cluster://host:port,host:port,...` (a Redis Cluster: any of its nodes; the
-//! client learns the rest). Schemes are read whatever their case.
+//! client learns the rest), and `mysql://...` (or `mariadb://`: MySQL or MariaDB,
+//! through sqlx). Schemes are read whatever their case.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -14,8 +15,9 @@
 //! # drop(tiered); Ok(()) }
 //! ```
 //!
-//! Each scheme is a feature (`sqlite`, `postgres`, `redis`, all on by default); a URL
-//! of a scheme left out is [`OpenError::NotBuilt`], naming the feature.
+//! Each scheme is a feature (`sqlite`, `postgres`, `redis`, on by default; `mysql`,
+//! which brings sqlx); a URL of a scheme left out is [`OpenError::NotBuilt`], naming the
+//! feature.
 //!
 //! Invariant: `open` only connects. It creates no schema (call
 //! [`ensure_schema`](idemcache::store::Store::ensure_schema)) and never executes anything.
@@ -58,8 +60,8 @@ impl fmt::Display for OpenError {
         match self {
             OpenError::UnknownScheme { url } => write!(
                 f,
-                "{url:?} is not a store URL: use sqlite:PATH, postgres://..., redis://... or \
-                 redis-cluster://..."
+                "{url:?} is not a store URL: use sqlite:PATH, postgres://..., redis://..., \
+                 redis-cluster://... or mysql://..."
             ),
             OpenError::NotBuilt { scheme, feature } => write!(
                 f,
@@ -194,6 +196,16 @@ pub async fn open_with(url: &str, lapse_policy: LapsePolicy) -> Result<AnyStore,
             #[cfg(not(feature = "redis"))]
             return Err(OpenError::NotBuilt { scheme: "redis", feature: "redis" });
         }
+        "mysql" | "mariadb" => {
+            #[cfg(feature = "mysql")]
+            return idemcache_sqlx::MySqlStore::connect(url)
+                .await
+                .and_then(|store| store.with_lapse_policy(lapse_policy))
+                .map(AnyStore::new)
+                .map_err(failed);
+            #[cfg(not(feature = "mysql"))]
+            return Err(OpenError::NotBuilt { scheme: "mysql", feature: "mysql" });
+        }
         _ => {
             let _ = failed;
             Err(OpenError::UnknownScheme { url: redacted(url) })
@@ -289,13 +301,43 @@ mod tests {
 
     #[tokio::test]
     async fn a_url_of_no_store_is_a_typed_error_naming_it() {
-        for url in ["mysql://root:pw@db/x", "records.db", "", "host=db password=pw user=u"] {
+        for url in ["mongodb://root:pw@db/x", "records.db", "", "host=db password=pw user=u"] {
             match open(url).await {
                 Err(e @ OpenError::UnknownScheme { .. }) => {
                     assert!(!format!("{e} {e:?}").contains("pw"), "{e:?}");
                 }
                 other => panic!("{url}: {other:?}"),
             }
+        }
+    }
+
+    /// `mysql://` (and `mariadb://`) open `idemcache-sqlx`'s `MySqlStore` when the
+    /// `mysql` feature is built in, with the lapse policy asked for; without it, the
+    /// error names the feature.
+    #[tokio::test]
+    async fn a_mysql_url_opens_the_sqlx_store_or_names_its_feature() {
+        #[cfg(not(feature = "mysql"))]
+        for url in ["mysql://root@127.0.0.1/test", "MariaDB://root:pw@db/x"] {
+            let e = open(url).await.unwrap_err();
+            assert!(matches!(e, OpenError::NotBuilt { feature: "mysql", .. }), "{url}: {e:?}");
+            assert!(!format!("{e} {e:?}").contains("pw"), "{e:?}");
+        }
+        #[cfg(feature = "mysql")]
+        {
+            use idemcache::store::{conformance, Store};
+            let Some(url) =
+                conformance::service_url("IDEMCACHE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+            else {
+                return;
+            };
+            let ttl = std::time::Duration::from_secs(3600);
+            let store = open_with(&url, LapsePolicy::MarkUnknown { ttl }).await.unwrap();
+            assert!(format!("{store:?}").contains("MySqlStore"), "{store:?}");
+            store.ensure_schema().await.unwrap();
+            conformance::run_mark_unknown(&store, ttl, true).await;
+            let zero = LapsePolicy::MarkUnknown { ttl: std::time::Duration::ZERO };
+            let refused = open_with(&url, zero).await.unwrap_err();
+            assert!(matches!(refused, OpenError::Store { error: StoreError::InvalidInput(_), .. }));
         }
     }
 
