@@ -20,7 +20,7 @@
 //!     // never answer an empty success.
 //!     Claim::Completed(replay) => match replay.body {
 //!         Some(body) => body.to_vec(),
-//!         None => return Err("200: done before, response not kept".into()),
+//!         None => return Err("409: done before, response not kept".into()),
 //!     },
 //!     Claim::InProgress { .. } => return Err("409: a duplicate is executing".into()),
 //!     Claim::Unknown { .. } => return Err("409: outcome unknown, being checked".into()),
@@ -35,7 +35,7 @@
 //! | state | reached by | a claim with the same fingerprint gets | leaves by |
 //! |---|---|---|---|
 //! | absent | start, release, forget, expiry | [`Claim::Acquired`] | claim |
-//! | PROCESSING | claim | [`Claim::InProgress`] | complete, release, mark_unknown, guard drop, lease lapse (absent, or UNKNOWN under [`LapsePolicy::MarkUnknown`]) |
+//! | PROCESSING | claim | [`Claim::InProgress`] | complete, release, mark_unknown, guard drop, lease lapse (taken over, or UNKNOWN under [`LapsePolicy::MarkUnknown`]) |
 //! | COMPLETED | complete, resolve | [`Claim::Completed`] with the stored bytes | TTL (default 24 h), eviction when full, remove |
 //! | UNKNOWN | mark_unknown, guard drop under [`DropPolicy::MarkUnknown`], lease lapse under [`LapsePolicy::MarkUnknown`] | [`Claim::Unknown`] | resolve, forget ([`Cache::reconcile`]), TTL, remove |
 //!

@@ -71,8 +71,8 @@ pub const DEFAULT_BATCH: usize = 1000;
 /// between; see [`DEFAULT_BATCH`] for what it was measured at.
 pub const DEFAULT_PAUSE: Duration = Duration::from_millis(50);
 
-/// How often a loop purges and how: a round every `every`, in batches of `batch`
-/// records, `pause` apart.
+/// How often a loop purges and how: a round every [`interval`](Schedule::interval), in
+/// batches of [`batch`](Schedule::batch) records, [`pause`](Schedule::pause) apart.
 ///
 /// ```
 /// use idemcache::purge::{Schedule, DEFAULT_BATCH};

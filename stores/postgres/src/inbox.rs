@@ -15,7 +15,7 @@
 //!
 //! # Purging
 //!
-//! [`purge`] deletes a batch of records older than a cutoff; [`idemcache_sql::inbox::purge_loop`]
+//! [`purge`] deletes a batch of records older than a cutoff; [`purge_loop`]
 //! runs it for as long as the program runs, asking a [`Purger`] for the cutoff each
 //! round (so it keeps the dedup window, and purges nothing in the first redelivery
 //! horizon after a start). Over a deadpool pool, each batch takes a connection:
@@ -38,7 +38,7 @@
 //!     }
 //! };
 //! let every_minute = Schedule::every(Duration::from_secs(60))?;
-//! tokio::spawn(idemcache_sql::inbox::purge_loop(purger, batch, every_minute, tokio::time::sleep, |round| {
+//! tokio::spawn(idemcache_postgres::inbox::purge_loop(purger, batch, every_minute, tokio::time::sleep, |round| {
 //!     if let Round::Failed { error, .. } = round {
 //!         eprintln!("purging the inbox failed: {error}"); // the loop goes on
 //!     }
@@ -56,9 +56,10 @@ use idemcache::store::encoding::to_micros;
 use idemcache::Fingerprint;
 use idemcache_sql::inbox::check;
 
-/// The inbox's vocabulary from the core, re-exported for one-path imports.
+// The inbox's vocabulary and its purge loop (`idemcache-sql`'s), re-exported so that one
+// path imports the whole inbox of this driver.
 pub use idemcache_sql::inbox::{
-    InboxError, KnownMessages, Purger, Receipt, Retention, RetentionError,
+    purge_loop, InboxError, KnownMessages, Purger, Receipt, Retention, RetentionError,
 };
 
 pub use idemcache_sql::inbox::postgres::{lock_key, ADVISORY_LOCK_CLASS, SCHEMA};

@@ -33,9 +33,9 @@
 //!
 //! `received_at` is microseconds since the Unix epoch on SQLite's clock (the process's
 //! own). [`purge`] deletes records received before a cutoff, in bounded batches; take
-//! the cutoff from an [`idemcache_sql::inbox::Purger`], which keeps the dedup window and
+//! the cutoff from an [`Purger`], which keeps the dedup window and
 //! purges nothing in the first redelivery horizon after a start.
-//! [`idemcache_sql::inbox::purge_loop`] does both for as long as the program runs, on a
+//! [`purge_loop`] does both for as long as the program runs, on a
 //! connection of its own (here on a thread, as a program without an async runtime
 //! would; under tokio, `tokio::spawn` it with `tokio::time::sleep`):
 //!
@@ -50,7 +50,7 @@
 //! let conn = Connection::open("ledger.db")?;
 //! let hour = Duration::from_secs(3600);
 //! let purger = Purger::new(Retention::new(24 * hour, hour)?, SystemTime::now());
-//! let purging = idemcache_sql::inbox::purge_loop(
+//! let purging = idemcache_sqlite::inbox::purge_loop(
 //!     purger,
 //!     move |cutoff, limit| std::future::ready(inbox::purge(&conn, cutoff, limit)),
 //!     Schedule::every(Duration::from_secs(60))?,
@@ -78,9 +78,10 @@ use idemcache::store::encoding::to_micros;
 use idemcache::Fingerprint;
 use idemcache_sql::inbox::check;
 
-/// The inbox's vocabulary from the core, re-exported for one-path imports.
+// The inbox's vocabulary and its purge loop (`idemcache-sql`'s), re-exported so that one
+// path imports the whole inbox of this driver.
 pub use idemcache_sql::inbox::{
-    InboxError, KnownMessages, Purger, Receipt, Retention, RetentionError,
+    purge_loop, InboxError, KnownMessages, Purger, Receipt, Retention, RetentionError,
 };
 
 /// The inbox's table, created by [`ensure_schema`] (idempotent). Keyed by consumer and
@@ -126,7 +127,7 @@ pub fn ensure_schema(conn: &Connection) -> Result<(), InboxError> {
 /// [`idemcache_sql::inbox::check`].
 ///
 /// ```
-/// use idemcache_sql::inbox::Receipt;
+/// use idemcache_sqlite::inbox::Receipt;
 /// use idemcache::Fingerprint;
 /// use idemcache_sqlite::inbox;
 /// use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};

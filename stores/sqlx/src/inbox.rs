@@ -12,9 +12,10 @@
 //! answered [`Receipt::InFlight`] within a bound, never after that transaction's whole
 //! run.
 
-/// The inbox's vocabulary from the core, re-exported for one-path imports.
+// The inbox's vocabulary and its purge loop (`idemcache-sql`'s), re-exported so that one
+// path imports the whole inbox of this driver.
 pub use idemcache_sql::inbox::{
-    InboxError, KnownMessages, Purger, Receipt, Retention, RetentionError,
+    purge_loop, InboxError, KnownMessages, Purger, Receipt, Retention, RetentionError,
 };
 
 #[cfg(feature = "mysql")]
