@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use idemcache::store::conformance::{acquire, fp, key, service_url, LEASE, TTL};
 use idemcache::store::{Store, StoreClaim, StoreError};
+use idemcache_postgres::PostgresStore;
 use idemcache_sqlx::PgStore;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, PgPool};
@@ -19,6 +20,7 @@ const EXAMPLE: &str = "postgres://postgres@127.0.0.1:5432/test";
 /// A schema of this test's own; stores over pools whose sessions work in it.
 struct Db {
     admin: PgPool,
+    url: String,
     schema: String,
     options: PgConnectOptions,
 }
@@ -33,7 +35,7 @@ impl Db {
         let create = format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}");
         sqlx::raw_sql(AssertSqlSafe(create)).execute(&admin).await.unwrap();
         let options: PgConnectOptions = url.parse().unwrap();
-        Some(Db { admin, schema, options })
+        Some(Db { admin, url, schema, options })
     }
 
     /// A store whose sessions run with `default_transaction_isolation = isolation`.
@@ -142,6 +144,41 @@ async fn a_completion_racing_claims_over_a_repeatable_read_pool() {
             let claim = claim.await.unwrap();
             assert!(claim.is_ok(), "round {round}: {claim:?}");
         }
+    }
+    db.drop().await;
+}
+
+/// The tokio-postgres store (`idemcache-postgres`) runs the same statements: over a URL
+/// whose sessions default to REPEATABLE READ, claims racing on one key fail the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tokio_postgres_store_over_a_repeatable_read_url() {
+    let Some(db) = Db::new("tp_rr").await else { return };
+    let sep = if db.url.contains('?') { '&' } else { '?' };
+    let url = format!(
+        "{}{sep}options=-c%20search_path%3D{}%20-c%20default_transaction_isolation%3Drepeatable%5C%20read",
+        db.url, db.schema
+    );
+    let store = PostgresStore::connect(&url).await.unwrap();
+    store.ensure_schema().await.unwrap();
+    for round in 0..4 {
+        let k = key(&format!("tp-rr-{round}"));
+        let claims: Vec<_> = (0..16)
+            .map(|_| {
+                let (store, k) = (store.clone(), k.clone());
+                tokio::spawn(async move { store.claim(&k, fp("r"), LEASE).await })
+            })
+            .collect();
+        let (mut acquired, mut failed) = (0, Vec::new());
+        for claim in claims {
+            match claim.await.unwrap() {
+                Ok(StoreClaim::Acquired { .. }) => acquired += 1,
+                Ok(StoreClaim::InProgress { .. }) => {}
+                Ok(other) => panic!("{other:?}"),
+                Err(e) => failed.push(e.to_string()),
+            }
+        }
+        assert!(failed.is_empty(), "round {round}: claims failed: {failed:#?}");
+        assert_eq!(acquired, 1, "round {round}: exactly one claim acquired");
     }
     db.drop().await;
 }
