@@ -425,3 +425,40 @@ fn results_that_find_no_room_are_counted_as_such() {
     let loaded = SnapshotFile::new(&path).load(&full, Load::Strict).unwrap();
     assert_eq!((loaded.inserted, loaded.occupied, loaded.no_room, loaded.expired), (0, 4, 1, 0));
 }
+
+/// A claim still executing when the snapshot is taken, under `LapsePolicy::MarkUnknown`
+/// with a day's `ttl` and a guard's `unknown_ttl` of one second: its holder is gone after
+/// the restart, so its lease lapses there, and a lapse's UNKNOWN is kept the policy's
+/// `ttl` (CHANGELOG: the cache's `unknown_ttl` keeps only what a guard marks). Two
+/// seconds after the restart the key must not be claimable (it would run again).
+#[test]
+fn a_claim_executing_at_a_save_under_mark_unknown_is_kept_the_lapse_ttl() {
+    let path = scratch("executing-marking");
+    let day = Duration::from_secs(24 * 3600);
+    let marking = |clock: &ManualClock| {
+        Cache::builder()
+            .clock(clock.clone())
+            .unknown_ttl(Duration::from_secs(1))
+            .lapse_policy(idemcache::LapsePolicy::MarkUnknown { ttl: day })
+            .build()
+            .unwrap()
+    };
+    let clock = ManualClock::new();
+    let cache = marking(&clock);
+    match cache.claim(&key("charge"), fp("charge")).unwrap() {
+        Claim::Acquired(guard) => std::mem::forget(guard), // executing at the save
+        other => panic!("{other:?}"),
+    }
+    // Without a restart: in progress, then UNKNOWN from the lease's end for a day.
+    clock.advance(Duration::from_secs(2));
+    assert!(matches!(cache.claim(&key("charge"), fp("charge")).unwrap(), Claim::InProgress { .. }));
+    SnapshotFile::new(&path).save(&cache).unwrap();
+    let restarted_clock = ManualClock::new();
+    let restarted = marking(&restarted_clock);
+    SnapshotFile::new(&path).load(&restarted, Load::Strict).unwrap();
+    restarted_clock.advance(Duration::from_secs(2));
+    match restarted.claim(&key("charge"), fp("charge")).unwrap() {
+        Claim::Unknown { .. } => {}
+        other => panic!("the execution in flight at the save must not run again: {other:?}"),
+    }
+}
