@@ -358,3 +358,43 @@ async fn claims_and_completions_racing_over_a_serializable_pool() {
     }
     db.drop().await;
 }
+
+/// An application whose sessions run with `autocommit = 0` (an `init_command` some
+/// shops set) hands its pool to the store: a completion the store answered Ok must be
+/// durable, seen by another process's store, not left open on a pooled connection.
+#[tokio::test]
+async fn a_completion_over_an_autocommit_off_pool_is_durable() {
+    let Some(db) = Db::new("autocommit").await else { return };
+    let pool = MySqlPoolOptions::new()
+        .max_connections(1)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql("SET SESSION autocommit = 0").execute(&mut *conn).await?;
+                Ok(())
+            })
+        })
+        .connect_lazy_with(db.options.clone());
+    let theirs = MySqlStore::from_pool(pool);
+    // Ours waits 2 s for a row lock (not InnoDB's 50 s default) before it says so.
+    let impatient = MySqlPoolOptions::new()
+        .max_connections(2)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 2")
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(())
+            })
+        })
+        .connect_lazy_with(db.options.clone());
+    let ours = MySqlStore::from_pool(impatient);
+    ours.ensure_schema().await.unwrap();
+    let k = key("autocommit");
+    let token = acquired(ours.claim(&k, fp("r"), LEASE).await.unwrap());
+    theirs.complete(&k, token, Some(Bytes::from_static(b"paid")), TTL).await.unwrap();
+    match ours.claim(&k, fp("r"), LEASE).await {
+        Ok(StoreClaim::Completed(replay)) => assert_eq!(replay.body.unwrap(), "paid"),
+        other => panic!("the completion answered Ok is not committed: {other:?}"),
+    }
+    db.drop().await;
+}
