@@ -375,8 +375,44 @@ async fn a_completion_over_an_autocommit_off_pool_is_durable() {
         })
         .connect_lazy_with(db.options.clone());
     let theirs = MySqlStore::from_pool(pool);
-    // Ours waits 2 s for a row lock (not InnoDB's 50 s default) before it says so.
-    let impatient = MySqlPoolOptions::new()
+    let ours = impatient(&db).await;
+    let k = key("autocommit");
+    let token = acquired(ours.claim(&k, fp("r"), LEASE).await.unwrap());
+    theirs.complete(&k, token, Some(Bytes::from_static(b"paid")), TTL).await.unwrap();
+    match ours.claim(&k, fp("r"), LEASE).await {
+        Ok(StoreClaim::Completed(replay)) => assert_eq!(replay.body.unwrap(), "paid"),
+        other => panic!("the completion answered Ok is not committed: {other:?}"),
+    }
+    db.drop().await;
+}
+
+/// The same pool claiming: its claim must be answered, and must not leave the token
+/// counter's row locked for every other store's claim.
+#[tokio::test]
+async fn a_claim_over_an_autocommit_off_pool_answers_and_blocks_no_one() {
+    let Some(db) = Db::new("autocommit_claim").await else { return };
+    let pool = MySqlPoolOptions::new()
+        .max_connections(1)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql("SET SESSION autocommit = 0").execute(&mut *conn).await?;
+                Ok(())
+            })
+        })
+        .connect_lazy_with(db.options.clone());
+    let theirs = MySqlStore::from_pool(pool);
+    let ours = impatient(&db).await;
+    let claimed = theirs.claim(&key("autocommit-theirs"), fp("r"), LEASE).await;
+    let other = ours.claim(&key("autocommit-ours"), fp("r"), LEASE).await;
+    assert!(matches!(claimed, Ok(StoreClaim::Acquired { .. })), "{claimed:?}");
+    assert!(matches!(other, Ok(StoreClaim::Acquired { .. })), "{other:?}");
+    db.drop().await;
+}
+
+/// A store on the server's clock that waits 2 s for a row lock (not InnoDB's 50 s
+/// default) before it says so.
+async fn impatient(db: &Db) -> MySqlStore {
+    let pool = MySqlPoolOptions::new()
         .max_connections(2)
         .after_connect(|conn, _| {
             Box::pin(async move {
@@ -387,14 +423,7 @@ async fn a_completion_over_an_autocommit_off_pool_is_durable() {
             })
         })
         .connect_lazy_with(db.options.clone());
-    let ours = MySqlStore::from_pool(impatient);
-    ours.ensure_schema().await.unwrap();
-    let k = key("autocommit");
-    let token = acquired(ours.claim(&k, fp("r"), LEASE).await.unwrap());
-    theirs.complete(&k, token, Some(Bytes::from_static(b"paid")), TTL).await.unwrap();
-    match ours.claim(&k, fp("r"), LEASE).await {
-        Ok(StoreClaim::Completed(replay)) => assert_eq!(replay.body.unwrap(), "paid"),
-        other => panic!("the completion answered Ok is not committed: {other:?}"),
-    }
-    db.drop().await;
+    let store = MySqlStore::from_pool(pool);
+    store.ensure_schema().await.unwrap();
+    store
 }
