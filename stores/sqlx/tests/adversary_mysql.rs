@@ -427,3 +427,62 @@ async fn impatient(db: &Db) -> MySqlStore {
     store.ensure_schema().await.unwrap();
     store
 }
+
+/// A lapse under MarkUnknown met at once by 16 claims from two pools and 4 purges: no
+/// claim acquires it (every one answers Unknown), the purges keep it, and the listing
+/// shows it once, under its holder's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapse_met_by_racing_claims_and_purges_is_never_re_run() {
+    lapse_race("lapse_race", 8).await;
+}
+
+/// The same without the purges: the claims alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapse_met_by_racing_claims_is_never_re_run() {
+    lapse_race("lapse_race_alone", 0).await;
+}
+
+async fn lapse_race(name: &str, purgers: usize) {
+    let Some(db) = Db::new(name).await else { return };
+    let clock = Clock(Arc::new(AtomicI64::new(T0)));
+    let policy = LapsePolicy::MarkUnknown { ttl: Duration::from_secs(600) };
+    let one = db.clocked(&clock).await.with_lapse_policy(policy).unwrap();
+    let two = db.clocked(&clock).await.with_lapse_policy(policy).unwrap();
+    for round in 0..100 {
+        clock.set(T0);
+        let k = key(&format!("lapse-race-{round}"));
+        let token = acquired(one.claim(&k, fp("r"), LEASE).await.unwrap());
+        clock.set(T0 + LEASE.as_micros() as i64 + round);
+        let claims: Vec<_> = (0..16)
+            .map(|i| {
+                let store = if i % 2 == 0 { one.clone() } else { two.clone() };
+                let k = k.clone();
+                tokio::spawn(async move { store.claim(&k, fp("r"), LEASE).await })
+            })
+            .collect();
+        let purges: Vec<_> = (0..purgers)
+            .map(|i| {
+                let store = if i % 2 == 0 { one.clone() } else { two.clone() };
+                tokio::spawn(async move { store.purge_expired(usize::MAX).await })
+            })
+            .collect();
+        for claim in claims {
+            let claim = claim.await.unwrap();
+            assert!(matches!(claim, Ok(StoreClaim::Unknown { .. })), "round {round}: {claim:?}");
+        }
+        for purge in purges {
+            // A purge may lose a deadlock to a claim: its loop retries next round.
+            let _ = purge.await.unwrap();
+        }
+        let listed: Vec<_> = one
+            .list_unknown(usize::MAX)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|u| u.key == k)
+            .collect();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].token, token);
+    }
+    db.drop().await;
+}
