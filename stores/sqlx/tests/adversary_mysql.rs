@@ -486,3 +486,34 @@ async fn lapse_race(name: &str, purgers: usize) {
     }
     db.drop().await;
 }
+
+/// An operator resolving a listed lapse while purges run: the resolve applies (or, had
+/// someone else settled it, is NotUnknown), never a deadlock surfaced as Backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolving_a_listed_lapse_while_purges_run() {
+    let Some(db) = Db::new("resolve_race").await else { return };
+    let clock = Clock(Arc::new(AtomicI64::new(T0)));
+    let policy = LapsePolicy::MarkUnknown { ttl: Duration::from_secs(600) };
+    let one = db.clocked(&clock).await.with_lapse_policy(policy).unwrap();
+    let two = db.clocked(&clock).await.with_lapse_policy(policy).unwrap();
+    for round in 0..100 {
+        clock.set(T0);
+        let k = key(&format!("resolve-race-{round}"));
+        acquired(one.claim(&k, fp("r"), LEASE).await.unwrap());
+        clock.set(T0 + LEASE.as_micros() as i64 + round);
+        let listed = one.list_unknown(usize::MAX).await.unwrap();
+        let entry = listed.into_iter().find(|u| u.key == k).unwrap();
+        let purges: Vec<_> = (0..8)
+            .map(|_| {
+                let store = two.clone();
+                tokio::spawn(async move { store.purge_expired(usize::MAX).await })
+            })
+            .collect();
+        let resolved = one.resolve_listed(&entry, Some(Bytes::from_static(b"done")), TTL).await;
+        assert!(resolved.is_ok(), "round {round}: {resolved:?}");
+        for purge in purges {
+            let _ = purge.await.unwrap();
+        }
+    }
+    db.drop().await;
+}
