@@ -12,8 +12,8 @@
 //!   [`NOW`] and binds it ([`Param::Now`]), so the write is judged by the server's clock
 //!   read a moment before, and returns what it stored without a second read.
 //! - **Tokens** come from [`MINT`]: `UPDATE idemcache_tokens SET next =
-//!   LAST_INSERT_ID(next + 1)`, one committed row (autocommit, before the claim's
-//!   transaction, so the counter's lock is held for that statement only). The token is
+//!   LAST_INSERT_ID(next + 1)`, one row committed in a transaction of its own, before
+//!   the claim's (so the counter's lock is held for that statement only). The token is
 //!   the statement's last-insert id (the OK packet's; `SELECT LAST_INSERT_ID()` on the
 //!   same connection says the same). It increases across processes and restarts because
 //!   the counter is a durable row; a token minted for a claim that took nothing is
@@ -35,7 +35,9 @@
 //!   (A server logging its binary log by statement, `binlog_format = STATEMENT`,
 //!   refuses InnoDB writes at READ COMMITTED, error 1665: use `ROW` or `MIXED`, the
 //!   defaults of MySQL and MariaDB.)
-//! - **Every other write** is one statement naming the claim's token in its `WHERE`
+//! - **Every other write** is one statement (in a READ COMMITTED transaction of its own,
+//!   with the read of [`NOW`] before it; a deadlock rolls both back and they run again)
+//!   naming the claim's token in its `WHERE`
 //!   (and the record's state and expiry, against the bound now), and tells by its
 //!   affected-row count whether it applied. The count must be of rows matched, not
 //!   changed: connect with `CLIENT_FOUND_ROWS`, as sqlx always does (a renewal to the
@@ -150,8 +152,8 @@ macro_rules! unknown_or_lapsed {
 /// The server's now (one `BIGINT` column, µs).
 pub const NOW: Statement = Statement { sql: concat!("SELECT ", now!()), params: &[] };
 
-/// A new token: the statement's last-insert id. Run it outside a transaction
-/// (autocommit), so the counter's row is locked for this statement only. One row
+/// A new token: the statement's last-insert id. Run it in a transaction of its own,
+/// committed at once, so the counter's row is locked for this statement only. One row
 /// matched, or the counter's row is missing (run the schema again).
 pub const MINT: Statement = Statement {
     sql: "UPDATE idemcache_tokens SET next = LAST_INSERT_ID(next + 1) WHERE id = 1",

@@ -8,6 +8,12 @@
 //! minted from the durable counter before it begins; every other write is one
 //! statement fenced by its token, with the server's now read just before and bound in,
 //! applied only if it matched the row.
+//!
+//! Every operation runs in a transaction of its own, begun and committed explicitly, so
+//! that it commits whatever the pool's sessions say of `autocommit` (a session at
+//! `autocommit = 0` left a completion uncommitted, holding its row lock, and refused
+//! the next claim's `SET TRANSACTION`). A claim that loses a deadlock or a duplicate-key
+//! race at any of its statements claims again.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};
@@ -146,8 +152,21 @@ impl MySqlStore {
         self.pool.acquire().await.map_err(|e| self.failed(e))
     }
 
+    /// A READ COMMITTED transaction on `conn` (the claim's and every write's: a row lock
+    /// on what the statement matched, no gap locks to deadlock a purge on).
+    async fn begin<'c>(
+        &self,
+        conn: &'c mut MySqlConnection,
+    ) -> Result<sqlx::Transaction<'c, MySql>, StoreError> {
+        let fail = |e| self.failed(e);
+        // As text, not prepared: no server has to support preparing SET TRANSACTION.
+        sqlx::raw_sql(sql::READ_COMMITTED).execute(&mut *conn).await.map_err(fail)?;
+        conn.begin().await.map_err(fail)
+    }
+
     /// A fenced write on `key`: `statement` with `values` and the server's now read just
-    /// before; returns that now. No row matched is `missing` of `key`.
+    /// before, in a transaction of its own; returns that now. No row matched is `missing`
+    /// of `key`. A deadlock rolled it back whole, so it runs again.
     async fn settle(
         &self,
         key: &Key,
@@ -155,20 +174,36 @@ impl MySqlStore {
         values: Values<'_>,
         missing: fn(Key) -> StoreError,
     ) -> Result<i64, StoreError> {
+        let fail = |e| self.failed(e);
         let mut conn = self.connection().await?;
-        let now = now(&mut conn).await.map_err(|e| self.failed(e))?;
-        let values = Values { now, ..values };
-        let done =
-            bind(statement, &values).execute(&mut *conn).await.map_err(|e| self.failed(e))?;
-        if done.rows_affected() == 0 {
-            return Err(missing(key.clone()));
+        let mut lost = 0;
+        loop {
+            let mut tx = self.begin(&mut conn).await?;
+            let now = now(&mut tx).await.map_err(fail)?;
+            let values = Values { now, ..values };
+            match bind(statement, &values).execute(&mut *tx).await {
+                Ok(done) => {
+                    tx.commit().await.map_err(fail)?;
+                    if done.rows_affected() == 0 {
+                        return Err(missing(key.clone()));
+                    }
+                    return Ok(now);
+                }
+                Err(e) if raced(&e) && lost < 16 => {
+                    tx.rollback().await.map_err(fail)?;
+                    lost += 1;
+                }
+                Err(e) => return Err(fail(e)),
+            }
         }
-        Ok(now)
     }
 
-    /// A new token from the durable counter, committed on its own (autocommit).
+    /// A new token from the durable counter, committed on its own.
     async fn mint(&self, conn: &mut MySqlConnection) -> Result<i64, StoreError> {
-        let done = sqlx::query(sql::MINT.sql).execute(conn).await.map_err(|e| self.failed(e))?;
+        let fail = |e| self.failed(e);
+        let mut tx = self.begin(conn).await?;
+        let done = sqlx::query(sql::MINT.sql).execute(&mut *tx).await.map_err(fail)?;
+        tx.commit().await.map_err(fail)?;
         if done.rows_affected() != 1 {
             return Err(StoreError::Backend(
                 "the token counter's row (idemcache_tokens, id 1) is missing: run ensure_schema"
@@ -189,10 +224,15 @@ impl MySqlStore {
     ) -> Result<Option<StoreClaim>, StoreError> {
         let fail = |e| self.failed(e);
         let key = values.key;
-        // As text, not prepared: no server has to support preparing SET TRANSACTION.
-        sqlx::raw_sql(sql::READ_COMMITTED).execute(&mut *conn).await.map_err(fail)?;
-        let mut tx = conn.begin().await.map_err(fail)?;
-        let look = bind(&sql::LOOK, &values).fetch_one(&mut *tx).await.map_err(fail)?;
+        let mut tx = self.begin(conn).await?;
+        let look = match bind(&sql::LOOK, &values).fetch_one(&mut *tx).await {
+            Ok(look) => look,
+            Err(e) if raced(&e) => {
+                tx.rollback().await.map_err(fail)?;
+                return Ok(None);
+            }
+            Err(e) => return Err(fail(e)),
+        };
         let values = Values { now: column(&look, 0, key)?, ..values };
         let state: Option<i16> = column(&look, 1, key)?;
         let write = match state {
@@ -215,10 +255,18 @@ impl MySqlStore {
                         return Ok(Some(answer));
                     }
                     ClaimStep::TurnUnknown { .. } => {
-                        let done = bind(&sql::TURN_UNKNOWN, &held)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(fail)?;
+                        // A purge scanning the expiry index can hold the lapse's entry
+                        // while it waits for this row: InnoDB picks this claim as the
+                        // deadlock's victim. The turn is then undone; look again.
+                        let turned = bind(&sql::TURN_UNKNOWN, &held).execute(&mut *tx).await;
+                        let done = match turned {
+                            Ok(done) => done,
+                            Err(e) if raced(&e) => {
+                                tx.rollback().await.map_err(fail)?;
+                                return Ok(None);
+                            }
+                            Err(e) => return Err(fail(e)),
+                        };
                         if done.rows_affected() == 0 {
                             tx.rollback().await.map_err(fail)?;
                             return Ok(None);
@@ -292,10 +340,13 @@ impl Store for MySqlStore {
     /// Creates the token counter (and its row) and the records table of
     /// [`idemcache_sql::records::mysql::SCHEMA`] if missing.
     async fn ensure_schema(&self) -> Result<(), StoreError> {
+        let fail = |e| self.failed(e);
+        let mut conn = self.connection().await?;
+        let mut tx = conn.begin().await.map_err(fail)?;
         for ddl in sql::SCHEMA {
-            sqlx::raw_sql(*ddl).execute(&self.pool).await.map_err(|e| self.failed(e))?;
+            sqlx::raw_sql(*ddl).execute(&mut *tx).await.map_err(fail)?;
         }
-        Ok(())
+        tx.commit().await.map_err(fail)
     }
 
     fn claim(
@@ -434,15 +485,17 @@ impl Store for MySqlStore {
         &self,
         limit: usize,
     ) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
+        let fail = |e| self.failed(e);
         let mut conn = self.connection().await?;
+        let mut tx = self.begin(&mut conn).await?;
         let values = Values {
-            now: now(&mut conn).await.map_err(|e| self.failed(e))?,
+            now: now(&mut tx).await.map_err(fail)?,
             lapse_ttl: lapse_ttl_micros(self.lapse),
             limit: decode::limit(limit),
             ..Values::default()
         };
-        let rows =
-            bind(&sql::UNKNOWN, &values).fetch_all(&mut *conn).await.map_err(|e| self.failed(e))?;
+        let rows = bind(&sql::UNKNOWN, &values).fetch_all(&mut *tx).await.map_err(fail)?;
+        tx.commit().await.map_err(fail)?;
         let mut out = Vec::with_capacity(rows.len());
         for row in &rows {
             let stored: Vec<u8> = column(row, 0, &[])?;
@@ -456,15 +509,17 @@ impl Store for MySqlStore {
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        let fail = |e| self.failed(e);
         let mut conn = self.connection().await?;
+        let mut tx = self.begin(&mut conn).await?;
         let values = Values {
-            now: now(&mut conn).await.map_err(|e| self.failed(e))?,
+            now: now(&mut tx).await.map_err(fail)?,
             lapse_ttl: lapse_ttl_micros(self.lapse),
             limit: decode::limit(limit),
             ..Values::default()
         };
-        let done =
-            bind(&sql::PURGE, &values).execute(&mut *conn).await.map_err(|e| self.failed(e))?;
+        let done = bind(&sql::PURGE, &values).execute(&mut *tx).await.map_err(fail)?;
+        tx.commit().await.map_err(fail)?;
         Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
     }
 }
