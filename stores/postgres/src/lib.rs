@@ -190,6 +190,14 @@ fn server_of(config: &tokio_postgres::Config) -> String {
     format!("{host}:{port}/{}", config.get_dbname().unwrap_or(""))
 }
 
+/// How many times a statement runs again after a serialization failure or a deadlock.
+const MAX_CONFLICTS: usize = 16;
+
+/// Whether `e` is a serialization failure or a deadlock (SQLSTATE 40001, 40P01).
+fn conflict(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|code| idemcache_sql::transition::is_conflict_sqlstate(code.code()))
+}
+
 fn backend(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
     StoreError::Backend(Box::new(e))
 }
@@ -293,7 +301,17 @@ impl PostgresStore {
     ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql).await.map_err(|e| self.failed(e))?;
-        client.query(&statement, params).await.map_err(|e| self.failed(e))
+        // Each statement is a transaction of its own, so one a serialization failure or a
+        // deadlock rolled back applied nothing: it runs again (a database or role whose
+        // default isolation is REPEATABLE READ or SERIALIZABLE meets them where READ
+        // COMMITTED waits).
+        let mut conflicts = 0;
+        loop {
+            match client.query(&statement, params).await {
+                Err(e) if conflict(&e) && conflicts < MAX_CONFLICTS => conflicts += 1,
+                done => return done.map_err(|e| self.failed(e)),
+            }
+        }
     }
 
     /// A settling write on `key` (the statement's `$1`) returning `settled_at,

@@ -94,20 +94,29 @@ impl PgStore {
         self.lapse
     }
 
-    /// Runs `query` on the pool and returns its rows.
-    async fn rows(
+    /// Runs the query `build` makes on the pool and returns its rows. Each statement is
+    /// a transaction of its own, so one a serialization failure or a deadlock rolled back
+    /// applied nothing: it runs again (a pool whose sessions default to REPEATABLE READ
+    /// or SERIALIZABLE meets them where READ COMMITTED waits).
+    async fn rows<'q>(
         &self,
-        query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+        build: impl Fn() -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
     ) -> Result<Vec<PgRow>, StoreError> {
-        query.fetch_all(&self.pool).await.map_err(|e| failed(&self.server, e))
+        let mut conflicts = 0;
+        loop {
+            match build().fetch_all(&self.pool).await {
+                Err(e) if conflict(&e) && conflicts < MAX_CONFLICTS => conflicts += 1,
+                done => return done.map_err(|e| failed(&self.server, e)),
+            }
+        }
     }
 
     /// A settling write on `key` returning `(settled_at | started_at, expires_at)` of the
     /// one row it changed; no row is `missing` of `key`.
-    async fn settle(
+    async fn settle<'q>(
         &self,
         key: &Key,
-        query: sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments>,
+        query: impl Fn() -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
         missing: fn(Key) -> StoreError,
     ) -> Result<(i64, i64), StoreError> {
         let rows = self.rows(query).await?;
@@ -125,24 +134,38 @@ impl PgStore {
         ttl: Duration,
     ) -> Result<Replay<SystemTime>, StoreError> {
         check_duration("result TTL", ttl)?;
-        let query = sqlx::query(sql::RESOLVE)
-            .bind(key.as_bytes())
-            .bind(body.as_deref())
-            .bind(micros(ttl))
-            .bind(lapse_ttl_micros(self.lapse))
-            .bind(listed);
+        let query = || {
+            sqlx::query(sql::RESOLVE)
+                .bind(key.as_bytes())
+                .bind(body.as_deref())
+                .bind(micros(ttl))
+                .bind(lapse_ttl_micros(self.lapse))
+                .bind(listed)
+        };
         let (at, until) = self.settle(&key, query, StoreError::NotUnknown).await?;
         Ok(decode::replay(body, at, until))
     }
 
     /// UNKNOWN → absent of `key`, of the execution claimed under `listed` only if given.
     async fn forget_where(&self, key: Key, listed: Option<i64>) -> Result<(), StoreError> {
-        let query = sqlx::query(sql::FORGET)
-            .bind(key.as_bytes())
-            .bind(lapse_ttl_micros(self.lapse))
-            .bind(listed);
+        let query = || {
+            sqlx::query(sql::FORGET)
+                .bind(key.as_bytes())
+                .bind(lapse_ttl_micros(self.lapse))
+                .bind(listed)
+        };
         self.settle(&key, query, StoreError::NotUnknown).await.map(drop)
     }
+}
+
+/// How many times a statement runs again after a serialization failure or a deadlock.
+const MAX_CONFLICTS: usize = 16;
+
+/// Whether `e` is a serialization failure or a deadlock (SQLSTATE 40001, 40P01).
+fn conflict(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|code| idemcache_sql::transition::is_conflict_sqlstate(&code))
 }
 
 /// The two time columns a settling statement returns.
@@ -188,11 +211,13 @@ impl Store for PgStore {
             // No row, or a dead record not taken: a concurrent writer got between. Look
             // again.
             for _ in 0..16 {
-                let query = sqlx::query(sql::CLAIM)
-                    .bind(&key[..])
-                    .bind(&fp.to_bytes()[..])
-                    .bind(micros(lease))
-                    .bind(lapse_ttl);
+                let query = || {
+                    sqlx::query(sql::CLAIM)
+                        .bind(&key[..])
+                        .bind(&fp.to_bytes()[..])
+                        .bind(micros(lease))
+                        .bind(lapse_ttl)
+                };
                 let rows = self.rows(query).await?;
                 let Some(row) = rows.first() else { continue };
                 match decode::claim(&key, fp, &claim_row(row, &key)?)? {
@@ -200,10 +225,12 @@ impl Store for PgStore {
                     // Dead, yet not taken: a concurrent writer got between.
                     ClaimStep::Dead => continue,
                     ClaimStep::TurnUnknown { token } => {
-                        let query = sqlx::query(sql::TURN_UNKNOWN)
-                            .bind(&key[..])
-                            .bind(token)
-                            .bind(lapse_ttl);
+                        let query = || {
+                            sqlx::query(sql::TURN_UNKNOWN)
+                                .bind(&key[..])
+                                .bind(token)
+                                .bind(lapse_ttl)
+                        };
                         let turned = self.rows(query).await?;
                         // None: the record moved on since: look again.
                         let Some(turned) = turned.first() else { continue };
@@ -227,11 +254,13 @@ impl Store for PgStore {
         let key = key.clone();
         async move {
             check_duration("result TTL", ttl)?;
-            let query = sqlx::query(sql::COMPLETE)
-                .bind(key.as_bytes())
-                .bind(decode::token(token))
-                .bind(body.as_deref())
-                .bind(micros(ttl));
+            let query = || {
+                sqlx::query(sql::COMPLETE)
+                    .bind(key.as_bytes())
+                    .bind(decode::token(token))
+                    .bind(body.as_deref())
+                    .bind(micros(ttl))
+            };
             let (at, until) = self.settle(&key, query, StoreError::LeaseLost).await?;
             Ok(decode::replay(body, at, until))
         }
@@ -246,10 +275,12 @@ impl Store for PgStore {
         let key = key.clone();
         async move {
             check_duration("lease", lease)?;
-            let query = sqlx::query(sql::EXTEND)
-                .bind(key.as_bytes())
-                .bind(decode::token(token))
-                .bind(micros(lease));
+            let query = || {
+                sqlx::query(sql::EXTEND)
+                    .bind(key.as_bytes())
+                    .bind(decode::token(token))
+                    .bind(micros(lease))
+            };
             let (_, until) = self.settle(&key, query, StoreError::LeaseLost).await?;
             Ok(from_micros(until))
         }
@@ -262,7 +293,8 @@ impl Store for PgStore {
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let key = key.clone();
         async move {
-            let query = sqlx::query(sql::RELEASE).bind(key.as_bytes()).bind(decode::token(token));
+            let query =
+                || sqlx::query(sql::RELEASE).bind(key.as_bytes()).bind(decode::token(token));
             self.settle(&key, query, StoreError::LeaseLost).await.map(drop)
         }
     }
@@ -276,10 +308,12 @@ impl Store for PgStore {
         let key = key.clone();
         async move {
             check_duration("unknown TTL", ttl)?;
-            let query = sqlx::query(sql::MARK_UNKNOWN)
-                .bind(key.as_bytes())
-                .bind(decode::token(token))
-                .bind(micros(ttl));
+            let query = || {
+                sqlx::query(sql::MARK_UNKNOWN)
+                    .bind(key.as_bytes())
+                    .bind(decode::token(token))
+                    .bind(micros(ttl))
+            };
             self.settle(&key, query, StoreError::LeaseLost).await.map(drop)
         }
     }
@@ -317,8 +351,9 @@ impl Store for PgStore {
         &self,
         limit: usize,
     ) -> Result<Vec<UnknownEntry<SystemTime>>, StoreError> {
-        let query =
-            sqlx::query(sql::UNKNOWN).bind(decode::limit(limit)).bind(lapse_ttl_micros(self.lapse));
+        let query = || {
+            sqlx::query(sql::UNKNOWN).bind(decode::limit(limit)).bind(lapse_ttl_micros(self.lapse))
+        };
         let rows = self.rows(query).await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in &rows {
@@ -333,8 +368,9 @@ impl Store for PgStore {
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
-        let query =
-            sqlx::query(sql::PURGE).bind(decode::limit(limit)).bind(lapse_ttl_micros(self.lapse));
+        let query = || {
+            sqlx::query(sql::PURGE).bind(decode::limit(limit)).bind(lapse_ttl_micros(self.lapse))
+        };
         let rows = self.rows(query).await?;
         let purged: i64 = match rows.first() {
             Some(row) => column(row, 0, &[])?,
