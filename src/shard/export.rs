@@ -4,8 +4,10 @@
 //! caller holds the shard's lock for the whole copy), each as a fact a later
 //! [`Cache::insert`](crate::Cache::insert) can restore: COMPLETED with its result (a
 //! `Bytes` sharing the shard's buffer, so the copy allocates no result bytes), UNKNOWN as
-//! it is, and PROCESSING as UNKNOWN marked now: whoever holds it will not settle it in
-//! the process that loads the snapshot, and nobody knows whether its effect happened. A
+//! it is, and PROCESSING as UNKNOWN marked now (kept the cache's `unknown_ttl`, and under
+//! `LapsePolicy::MarkUnknown` at least until its lapse would have expired): whoever
+//! holds it will not settle it in the process that loads the snapshot, and nobody knows
+//! whether its effect happened. A
 //! lease that lapsed under `LapsePolicy::MarkUnknown` is turned UNKNOWN first, as every
 //! path that reaches it does.
 
@@ -41,10 +43,19 @@ impl Shard {
                     expires_at: deadline,
                 },
                 State::Unknown => Known::Unknown { marked_at: since, expires_at: deadline },
-                State::Processing => Known::Unknown {
-                    marked_at: now,
-                    expires_at: deadline_after(now, cfg.unknown_ttl),
-                },
+                State::Processing => {
+                    // Kept as a guard's mark would be, and under `MarkUnknown` never less
+                    // than the lapse would have kept it: the policy's ttl from the lease's
+                    // end (`deadline`). A restart must not free the key sooner than the
+                    // running process would have.
+                    let marked = deadline_after(now, cfg.unknown_ttl);
+                    let lapsed =
+                        cfg.lapse_policy.unknown_ttl().map(|ttl| deadline_after(deadline, ttl));
+                    Known::Unknown {
+                        marked_at: now,
+                        expires_at: lapsed.map_or(marked, |l| l.max(marked)),
+                    }
+                }
             };
             out.push((key, fingerprint, known));
         }

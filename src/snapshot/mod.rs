@@ -36,9 +36,11 @@
 //!   a cache loaded an hour later has an hour less of every TTL, and what expired while
 //!   it was down is not loaded. A deadline further ahead than the cache can keep (a
 //!   wall clock stepped back since the save) is kept as far as it can be, and counted
-//!   in [`Loaded::clamped`]: only its own expiry drops a fact. PROCESSING entries are written as UNKNOWN (marked when
-//!   the snapshot was taken): their holder will not settle them in the next process, and
-//!   nobody knows whether the effect happened.
+//!   in [`Loaded::clamped`]: only its own expiry drops a fact. PROCESSING entries are
+//!   written as UNKNOWN (marked when the snapshot was taken, kept the cache's
+//!   `unknown_ttl`, and under `LapsePolicy::MarkUnknown { ttl }` at least `ttl` past
+//!   the lease's end, as the lapse would have kept them): their holder will not settle
+//!   them in the next process, and nobody knows whether the effect happened.
 //! - **A snapshot never overrides.** Loading uses [`Cache::insert`]: original times
 //!   kept, and an entry the cache already holds live is kept, not replaced.
 //!
