@@ -43,13 +43,20 @@ impl Handler {
 }
 
 /// Counts the run, passes the gate, and answers by the request: `x-answer: 500` for a
-/// server error, `panic` to panic; otherwise 201 with the run number and body length.
+/// server error, `panic` to panic, `unknown` for a 504 whose effect may have happened
+/// ([`OutcomeUnknown`](idemcache::layer::OutcomeUnknown)); otherwise 201 with the run
+/// number and body length.
 async fn handle(State(h): State<Handler>, headers: HeaderMap, body: Bytes) -> Response {
     let run = h.runs.fetch_add(1, Ordering::SeqCst) + 1;
     h.gate.acquire().await.unwrap().forget();
     match headers.get("x-answer").map(|v| v.to_str().unwrap()) {
         Some("500") => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
         Some("panic") => panic!("the handler panicked, as asked"),
+        Some("unknown") => {
+            let mut timed_out = StatusCode::GATEWAY_TIMEOUT.into_response();
+            timed_out.extensions_mut().insert(idemcache::layer::OutcomeUnknown);
+            return timed_out;
+        }
         _ => {}
     }
     Response::builder()
@@ -439,6 +446,35 @@ async fn a_5xx_or_a_panic_releases_the_key_so_a_retry_runs_again() {
     let replay = req("k", "{}").send(addr).await;
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
     assert_eq!(handler.runs(), 3);
+}
+
+/// A handler that cannot tell whether its effect happened marks its key UNKNOWN: its
+/// answer goes to the client, no retry runs the handler again, and a reconciler's
+/// verdict, the record `layer::stored_response` makes, is what retries replay.
+#[tokio::test]
+async fn an_outcome_the_handler_cannot_know_is_unknown_until_reconciled() {
+    use idemcache::layer::stored_response;
+    use idemcache::Verdict;
+    let cache = Cache::builder().build().unwrap();
+    let handler = Handler::open();
+    let addr = serve(layer(&cache), handler.clone()).await;
+
+    let unknown = Req { extra: vec![("x-answer", "unknown")], ..req("charge", "{}") };
+    assert_eq!(unknown.send(addr).await.status, 504, "the handler's own answer");
+    let retried = req("charge", "{}").send(addr).await;
+    assert_eq!((retried.status, retried.code()), (409, "outcome_unknown"));
+    assert_eq!(handler.runs(), 1, "never run again before the authority is checked");
+
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    let charged = stored_response(StatusCode::CREATED, &headers, b"{\"charged\":true}");
+    let done = cache.reconcile(10, |_| Verdict::Happened(Some(charged.clone())));
+    assert_eq!(done.resolved, 1, "{done:?}");
+    let replay = req("charge", "{}").send(addr).await;
+    assert_eq!((replay.status, replay.body.as_str()), (201, "{\"charged\":true}"));
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.header("content-type"), Some("application/json"));
+    assert_eq!(handler.runs(), 1);
 }
 
 #[tokio::test]

@@ -18,7 +18,7 @@
 //! | a repeat while the first executes | 409 `request_in_progress` with `Retry-After` (when the result should be ready: below), or, with [`IdempotencyLayer::wait`], the replay once it finishes |
 //! | the same key with a different request | 422 `idempotency_key_reused` |
 //! | a repeat of a request whose response was too large to keep | 409 `response_not_kept` (never a second execution) |
-//! | a repeat of a request whose outcome is unknown | 409 `outcome_unknown` |
+//! | a repeat of a request whose outcome is unknown (its response carried [`OutcomeUnknown`], or its body failed mid-way) | 409 `outcome_unknown` |
 //! | the cache full of in-flight work | 503 `idempotency_cache_full` with `Retry-After` (never executed unguarded) |
 //! | over a durable store ([`IdempotencyLayer::tiered`]): the store unreachable | 503 `idempotency_store_unavailable` with `Retry-After` (never executed unguarded) |
 //! | over a durable store: the key's record unreadable ([`StoreError::Corrupt`](crate::store::StoreError::Corrupt)) | 500 `idempotency_record_corrupt` (never executed; retrying will not help) |
@@ -98,6 +98,7 @@ mod header;
 mod in_transaction;
 #[allow(clippy::module_inception)] // tower-http's layout: `layer.rs` holds the Layer.
 mod layer;
+mod outcome;
 mod problem;
 mod renewal;
 mod service;
@@ -110,6 +111,7 @@ pub use header::{client_key, KeyHeaderError, IDEMPOTENCY_KEY};
 #[cfg_attr(docsrs, doc(cfg(feature = "store")))]
 pub use in_transaction::InTransaction;
 pub use layer::IdempotencyLayer;
+pub use outcome::{stored_response, OutcomeUnknown};
 pub use service::Idempotency;
 
 /// Response header set on every replay.

@@ -3,7 +3,8 @@
 //! Invariant: a guarded request reaches the handler only holding the key's claim
 //! ([`Found::Acquired`]), and that claim always ends in exactly one of complete (the
 //! response is stored), release (5xx or a handler error: a retry runs again), mark
-//! unknown (the response body failed mid-way: the effect may have happened), or its
+//! unknown (the response carries [`OutcomeUnknown`], or its body failed mid-way: the
+//! effect may have happened), or its
 //! backend's drop rule (the handler panicked). The handler and the settling of its
 //! claim run in one [`Detached`] execution, which finishes in a task of its own if the
 //! request future is dropped (a client gone), so that changes neither.
@@ -28,6 +29,7 @@ use super::detached::Detached;
 #[cfg(feature = "store")]
 use super::in_transaction::InTransaction;
 use super::layer::Settings;
+use super::outcome::OutcomeUnknown;
 use super::problem::Refusal;
 use super::renewal::{Panicked, Read, Renewing};
 use super::{header, stored_response, IDEMPOTENCY_EXPIRES, IDEMPOTENT_REPLAYED};
@@ -405,6 +407,17 @@ where
         }
     };
     settings.times.record(&scope, started.elapsed());
+    if parts.extensions.get::<OutcomeUnknown>().is_some() {
+        // The handler cannot tell whether its effect happened: never re-run blindly,
+        // never replay this answer as if it had.
+        decided!("marked_unknown", key);
+        held.mark_unknown().await;
+        let (body, trailers) = match read {
+            Read::Whole(body, trailers) => (body, trailers),
+            Read::Failed => (Bytes::new(), None),
+        };
+        return Ok(Response::from_parts(parts, LayerBody::buffered(body, trailers)));
+    }
     let stored = (settings.store)(parts.status);
     let (body, trailers) = match read {
         Read::Whole(body, trailers) => (body, trailers),
