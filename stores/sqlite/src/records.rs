@@ -153,7 +153,7 @@ impl SqliteStore {
     /// `None`: a look that changes nothing, whatever the record's fingerprint.
     pub async fn record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let key = key.as_bytes().to_vec();
-        let lapse = self.lapse_ttl_micros();
+        let lapse = lapse_ttl_micros(self.lapse);
         self.run(move |db| find(db, &key, lapse)).await
     }
 
@@ -166,7 +166,7 @@ impl SqliteStore {
         limit: usize,
     ) -> Result<Vec<Record>, StoreError> {
         let after = after.map(|k| k.as_bytes().to_vec()).unwrap_or_default();
-        let lapse = self.lapse_ttl_micros();
+        let lapse = lapse_ttl_micros(self.lapse);
         self.run(move |db| {
             let now = now(db)?;
             // Every row that may be live; `judge` decides. The empty blob sorts first.
@@ -208,7 +208,7 @@ impl SqliteStore {
     ) -> Result<Option<Record>, StoreError> {
         let key = key.as_bytes().to_vec();
         let states = states.to_vec();
-        let lapse = self.lapse_ttl_micros();
+        let lapse = lapse_ttl_micros(self.lapse);
         self.run(move |db| {
             let tx =
                 db.transaction_with_behavior(TransactionBehavior::Immediate).map_err(backend)?;
@@ -221,12 +221,5 @@ impl SqliteStore {
             Ok(Some(record))
         })
         .await
-    }
-}
-
-impl SqliteStore {
-    /// The lapse TTL this handle reads lapsed leases with, in µs (0: taken over).
-    fn lapse_ttl_micros(&self) -> i64 {
-        lapse_ttl_micros(self.lapse)
     }
 }
