@@ -128,6 +128,7 @@ mod cache;
 mod claim;
 mod clock;
 mod config;
+mod correlation;
 mod error;
 mod fingerprint;
 mod guard;
@@ -162,6 +163,7 @@ pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{
     CacheBuilder, DropPolicy, MAX_DURATION, MAX_RESULT_SIZE_LIMIT, MAX_SHARDS, MAX_TICK, MIN_TICK,
 };
+pub use correlation::{CorrelationId, CorrelationIdError, MAX_CORRELATION_ID_LEN};
 pub use error::{
     BuildError, ClaimError, ExtendLeaseError, InsertError, LeaseLost, ResolveError,
     SetResultTtlError,

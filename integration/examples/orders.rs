@@ -43,7 +43,11 @@
 //!
 //! Routes: `POST /orders` (`{"item": string, "qty": integer}`, `Authorization: Bearer
 //! <user>` as the tenant, 401 without it) answers 201 with `{"id", "item", "qty"}` and
-//! `Location: /orders/{id}`; `GET /orders/count` answers `{"count": n}`, outside the layer.
+//! `Location: /orders/{id}`; `GET /orders/count` answers `{"count": n}`, outside the layer;
+//! `GET /metrics` answers the layer's metrics as Prometheus text
+//! (`idemcache_decisions_total{decision, scope, store}` and the rest the layer's docs
+//! list). A request's correlation id is the trace id of its W3C `traceparent` header:
+//! `idem list --store URL --key KEY` shows it beside the key's record.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -61,6 +65,7 @@ use idemcache::Cache;
 use idemcache_any::redacted;
 use idemcache_postgres::{deadpool_postgres, tokio_postgres};
 use idemcache_sqlite::rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -379,6 +384,22 @@ async fn count_orders(State(app): State<App>) -> Response {
     }
 }
 
+/// `GET /metrics`: the recorder's metrics as Prometheus text.
+async fn metrics(prometheus: PrometheusHandle) -> Response {
+    let text = "text/plain; version=0.0.4";
+    ([(header::CONTENT_TYPE, HeaderValue::from_static(text))], prometheus.render()).into_response()
+}
+
+/// The recorder's upkeep (its histograms' buckets drained), which its own HTTP listener
+/// would run; `/metrics` is served by this example's router instead.
+async fn keep_metrics(prometheus: PrometheusHandle) {
+    let mut ticks = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        ticks.tick().await;
+        prometheus.run_upkeep();
+    }
+}
+
 /// The layer over the cache alone, or over the tier `IDEMPOTENCY_STORE` names: one
 /// path whichever store it is (`idemcache_any::open` picks it from the URL).
 async fn idempotency_layer(
@@ -455,6 +476,11 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         println!("records commit with the orders");
     }
     let app = App { orders, delay, together };
+    let prometheus = doing(PrometheusBuilder::new().install_recorder(), || {
+        "could not install the metrics recorder".to_owned()
+    })?;
+    tokio::spawn(keep_metrics(prometheus.clone()));
+    tokio::spawn(layer.report_gauges(Duration::from_secs(5)));
 
     let mut idempotency = layer.tenant(|request| bearer(&request.headers)).scope(|request| {
         let route = request.extensions.get::<MatchedPath>().map_or("", |m| m.as_str());
@@ -467,7 +493,8 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         .route("/orders", post(create_order))
         .route_layer(idempotency)
         .route("/orders/count", get(count_orders))
-        .with_state(app);
+        .with_state(app)
+        .route("/metrics", get(move || metrics(prometheus.clone())));
 
     let listening = tokio::net::TcpListener::bind(("127.0.0.1", port)).await;
     let listener = doing(listening, || format!("could not listen on 127.0.0.1:{port}"))?;

@@ -1212,3 +1212,137 @@ async fn a_body_whose_frames_are_always_ready_keeps_its_lease() {
     assert_eq!(seen.lock().unwrap().as_deref(), Some("in progress"), "taken over mid-body");
     assert!(cache.stats().leases_lost == 0);
 }
+
+/// One reported decision: what it was, the key's parts, the correlation id, and whether
+/// it executed (has an execution time).
+type Reported = (String, String, Option<String>, String, Option<String>, bool);
+
+/// A layer over `cache` that reports every decision into the list it returns.
+fn reporting(cache: &Cache) -> (IdempotencyLayer, Arc<std::sync::Mutex<Vec<Reported>>>) {
+    let seen: Arc<std::sync::Mutex<Vec<Reported>>> = Arc::default();
+    let into = seen.clone();
+    let layer = layer(cache).on_decision(move |event| {
+        let key = event.key;
+        into.lock().unwrap().push((
+            event.decision.to_string(),
+            key.scope().to_owned(),
+            key.tenant().map(str::to_owned),
+            key.client_key().to_owned(),
+            event.correlation_id.map(|id| id.as_str().to_owned()),
+            event.execution_time.is_some(),
+        ));
+    });
+    (layer, seen)
+}
+
+/// Every guarded request that reaches its claim is reported once, with its final
+/// decision, its key's parts and the trace id of its `traceparent`; requests refused
+/// before their claim are not.
+#[tokio::test]
+async fn every_claimed_request_reports_one_decision_with_its_key_and_trace_id() {
+    let cache = Cache::builder().shards(1).max_entries(64).build().unwrap();
+    let (layer, seen) = reporting(&cache);
+    let handler = Handler::closed();
+    let addr = serve(layer.wait(Duration::from_secs(30)), handler.clone()).await;
+    let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let traced = |key| Req { extra: vec![("traceparent", trace)], ..req(key, "{}") };
+
+    // acquired, then replayed after waiting for it, then replayed.
+    let first = tokio::spawn(async move { traced("k1").send(addr).await });
+    until(|| handler.runs() == 1).await;
+    let waiting = tokio::spawn(async move { req("k1", "{}").send(addr).await });
+    until(|| cache.stats().waiting == 1).await;
+    handler.gate.add_permits(Semaphore::MAX_PERMITS / 2);
+    assert_eq!(first.await.unwrap().status, 201);
+    assert_eq!(waiting.await.unwrap().header("idempotent-replayed"), Some("true"));
+    assert_eq!(req("k1", "{}").send(addr).await.header("idempotent-replayed"), Some("true"));
+    // mismatch; released (a 5xx); unknown, marked and then refused.
+    assert_eq!(req("k1", "{\"other\":1}").send(addr).await.status, 422);
+    assert_eq!(
+        Req { extra: vec![("x-answer", "500")], ..req("k2", "{}") }.send(addr).await.status,
+        500
+    );
+    assert_eq!(
+        Req { extra: vec![("x-answer", "unknown")], ..req("k3", "{}") }.send(addr).await.status,
+        504
+    );
+    assert_eq!(req("k3", "{}").send(addr).await.status, 409);
+    // capacity refused: every slot held elsewhere.
+    let held: Vec<_> = (0..64)
+        .filter_map(|i| {
+            let k = Key::new("elsewhere", "x", format!("h{i}")).unwrap();
+            match cache.claim(&k, Fingerprint::of(b"")) {
+                Ok(Claim::Acquired(guard)) => Some(guard),
+                _ => None,
+            }
+        })
+        .collect();
+    assert_eq!(req("k4", "{}").send(addr).await.status, 503);
+    drop(held);
+    // Refused before the claim: no key, a malformed one, no credentials. Not reported.
+    assert_eq!(Req { key: None, ..req("", "{}") }.send(addr).await.status, 400);
+    assert_eq!(req("bad key", "{}").send(addr).await.status, 400);
+    assert_eq!(Req { user: None, ..req("k5", "{}") }.send(addr).await.status, 401);
+
+    let seen = seen.lock().unwrap().clone();
+    // The first two are reported by two tasks at once (the waiter wakes as the owner
+    // records): in either order.
+    let mut decisions: Vec<(&str, &str, bool)> =
+        seen.iter().map(|(d, _, _, k, _, ran)| (d.as_str(), k.as_str(), *ran)).collect();
+    decisions.sort();
+    let mut expected = vec![
+        ("acquired", "k1", true),
+        ("replayed_after_wait", "k1", false),
+        ("replayed", "k1", false),
+        ("mismatch", "k1", false),
+        ("released", "k2", true),
+        ("unknown", "k3", true),
+        ("unknown", "k3", false),
+        ("capacity_refused", "k4", false),
+    ];
+    expected.sort();
+    assert_eq!(decisions, expected, "{seen:?}");
+    let acquired = seen.iter().find(|(d, ..)| d == "acquired").unwrap();
+    assert_eq!(
+        acquired,
+        &(
+            "acquired".to_owned(),
+            "POST /orders".to_owned(),
+            Some("alice".to_owned()),
+            "k1".to_owned(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736".to_owned()),
+            true,
+        )
+    );
+    assert!(seen.iter().filter(|(d, ..)| d != "acquired").all(|r| r.4.is_none()));
+}
+
+/// A correlation id comes from wherever the application says; one that is not a valid
+/// id (too long, not visible ASCII) is none, and the request is served all the same.
+#[tokio::test]
+async fn the_correlation_id_comes_from_a_configured_header_and_a_bad_one_is_none() {
+    let cache = Cache::builder().build().unwrap();
+    let (layer, seen) = reporting(&cache);
+    let layer = layer.correlation_id(|request| {
+        idemcache::CorrelationId::new(request.headers.get("x-request-id")?.as_bytes()).ok()
+    });
+    let addr = serve(layer, Handler::open()).await;
+    let with = |key, id| Req { extra: vec![("x-request-id", id)], ..req(key, "{}") };
+    assert_eq!(with("a", "req-7").send(addr).await.status, 201);
+    let long = "x".repeat(idemcache::MAX_CORRELATION_ID_LEN + 1);
+    assert_eq!(with("b", &long).send(addr).await.status, 201);
+    let ids: Vec<_> = seen.lock().unwrap().iter().map(|r| r.4.clone()).collect();
+    assert_eq!(ids, [Some("req-7".to_owned()), None]);
+}
+
+/// A hook that panics is the hook's problem: the request is answered as if it returned.
+#[tokio::test]
+async fn a_panicking_hook_changes_no_answer() {
+    let cache = Cache::builder().build().unwrap();
+    let layer = layer(&cache).on_decision(|_| panic!("the hook panicked, as asked"));
+    let handler = Handler::open();
+    let addr = serve(layer, handler.clone()).await;
+    assert_eq!(req("k", "{}").send(addr).await.status, 201);
+    assert_eq!(req("k", "{}").send(addr).await.header("idempotent-replayed"), Some("true"));
+    assert_eq!(handler.runs(), 1);
+}

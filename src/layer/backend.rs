@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
+use super::decision::Decision;
 use crate::{Cache, Claim, ClaimError, ClaimGuard, DropPolicy, Fingerprint, Key};
 
 /// What a claim found, in the terms the layer answers in.
@@ -73,14 +74,27 @@ pub(crate) enum Records {
 }
 
 impl Records {
-    /// Claims `key`, waiting up to `wait` for an executing duplicate to finish.
-    pub(crate) async fn claim(&self, key: &Key, fp: Fingerprint, wait: Option<Duration>) -> Found {
+    /// Claims `key`, waiting up to `wait` for an executing duplicate to finish; and
+    /// whether it waited.
+    pub(crate) async fn claim(
+        &self,
+        key: &Key,
+        fp: Fingerprint,
+        wait: Option<Duration>,
+    ) -> (Found, bool) {
         match self {
             Records::Memory(cache) => {
+                let mut waited = false;
                 let claim = match wait {
                     None => cache.claim(key, fp),
                     Some(timeout) => {
-                        let waiting = cache.claim_wait_async(key, fp, tokio::time::sleep);
+                        // The future sleeps only while the key is in progress: a sleep
+                        // asked for is a wait.
+                        let sleep = |nap| {
+                            waited = true;
+                            tokio::time::sleep(nap)
+                        };
+                        let waiting = cache.claim_wait_async(key, fp, sleep);
                         // Boxed, as rare: its timer would otherwise enlarge every
                         // request's future.
                         match Box::pin(tokio::time::timeout(timeout, waiting)).await {
@@ -90,12 +104,44 @@ impl Records {
                         }
                     }
                 };
-                from_cache(cache, claim)
+                (from_cache(cache, claim), waited)
             }
             #[cfg(feature = "store")]
             Records::Durable(durable) => {
                 Box::pin(durable::claim_polling(&**durable, key, fp, wait)).await
             }
+        }
+    }
+
+    /// The `store` label of the layer's metrics: `cache` for the cache alone, else the
+    /// store's [`name`](crate::store::Store::name).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Records::Memory(_) => "cache",
+            #[cfg(feature = "store")]
+            Records::Durable(durable) => durable.name(),
+        }
+    }
+
+    /// The cache (in front of the store, over a durable one).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn cache(&self) -> &Cache {
+        match self {
+            Records::Memory(cache) => cache,
+            #[cfg(feature = "store")]
+            Records::Durable(durable) => durable.cache(),
+        }
+    }
+
+    /// Live UNKNOWN records, up to `limit`: the cache's, or the store's over a durable
+    /// one; `None` if the store failed to count them.
+    #[cfg(feature = "metrics")]
+    pub(crate) async fn count_unknown(&self, limit: usize) -> Option<usize> {
+        match self {
+            Records::Memory(cache) => Some(cache.list_unknown(limit).len()),
+            #[cfg(feature = "store")]
+            Records::Durable(durable) => durable.count_unknown(limit).await,
         }
     }
 }
@@ -180,16 +226,22 @@ impl Held {
     }
 
     /// The handler panicked: settle the key as the cache's [`DropPolicy`] says a dropped
-    /// guard is settled (the default releases it), in the store too.
-    pub(crate) async fn abandon(self) {
+    /// guard is settled (the default releases it), in the store too; returns which.
+    pub(crate) async fn abandon(self) -> Decision {
         let policy = match &self {
             Held::Memory(_, cache) => cache.drop_policy(),
             #[cfg(feature = "store")]
             Held::Durable(held) => held.drop_policy(),
         };
         match policy {
-            DropPolicy::Release => self.release().await,
-            DropPolicy::MarkUnknown => self.mark_unknown().await,
+            DropPolicy::Release => {
+                self.release().await;
+                Decision::Released
+            }
+            DropPolicy::MarkUnknown => {
+                self.mark_unknown().await;
+                Decision::Unknown
+            }
         }
     }
 }
@@ -213,6 +265,26 @@ pub(crate) mod durable {
 
     pub(crate) trait Durable: Send + Sync {
         fn claim<'a>(&'a self, key: &'a Key, fp: Fingerprint) -> BoxFuture<'a, Found>;
+        #[cfg(feature = "metrics")]
+        fn name(&self) -> &'static str;
+        #[cfg(feature = "metrics")]
+        fn cache(&self) -> &crate::Cache;
+        #[cfg(feature = "metrics")]
+        fn count_unknown(&self, limit: usize) -> BoxFuture<'_, Option<usize>>;
+    }
+
+    /// `call`, timed into `idemcache_store_seconds` as `operation` (feature `metrics`).
+    async fn timed<T>(
+        _store: &'static str,
+        _operation: &'static str,
+        call: impl Future<Output = T>,
+    ) -> T {
+        #[cfg(feature = "metrics")]
+        let started = std::time::Instant::now();
+        let out = call.await;
+        #[cfg(feature = "metrics")]
+        crate::layer::metrics::store_call(_store, _operation, started.elapsed());
+        out
     }
 
     pub(crate) trait DurableHeld: Send {
@@ -230,17 +302,21 @@ pub(crate) mod durable {
         guard: TieredGuard<S>,
         lease: Duration,
         drop_policy: DropPolicy,
+        /// The store's name, for the timing of its calls.
+        store: &'static str,
     }
 
     impl<S: Store> Durable for Tiered<S> {
         fn claim<'a>(&'a self, key: &'a Key, fp: Fingerprint) -> BoxFuture<'a, Found> {
             Box::pin(async move {
-                match Tiered::claim(self, key, fp).await {
+                let store = self.store().name();
+                match timed(store, "claim", Tiered::claim(self, key, fp)).await {
                     Ok(TieredClaim::Acquired(guard)) => {
                         Found::Acquired(Held::Durable(Box::new(Guard {
                             guard,
                             lease: Tiered::lease(self),
                             drop_policy: self.cache().drop_policy(),
+                            store,
                         })))
                     }
                     Ok(TieredClaim::Completed(record)) => {
@@ -264,6 +340,21 @@ pub(crate) mod durable {
                 }
             })
         }
+
+        #[cfg(feature = "metrics")]
+        fn name(&self) -> &'static str {
+            self.store().name()
+        }
+
+        #[cfg(feature = "metrics")]
+        fn cache(&self) -> &crate::Cache {
+            Tiered::cache(self)
+        }
+
+        #[cfg(feature = "metrics")]
+        fn count_unknown(&self, limit: usize) -> BoxFuture<'_, Option<usize>> {
+            Box::pin(async move { self.store().list_unknown(limit).await.ok().map(|l| l.len()) })
+        }
     }
 
     impl<S: Store> DurableHeld for Guard<S> {
@@ -277,7 +368,8 @@ pub(crate) mod durable {
 
         fn extend_lease(&mut self, lease: Duration) -> BoxFuture<'_, Renewal> {
             Box::pin(async move {
-                match self.guard.extend_lease(lease).await {
+                let renewing = self.guard.extend_lease(lease);
+                match timed(self.store, "extend_lease", renewing).await {
                     Ok(_) => Renewal::Renewed,
                     Err(TieredError::Store(StoreError::LeaseLost(_))) => Renewal::Lost,
                     Err(_) => Renewal::Failed,
@@ -287,7 +379,7 @@ pub(crate) mod durable {
 
         fn complete(self: Box<Self>, body: Bytes) -> BoxFuture<'static, Settled> {
             Box::pin(async move {
-                match self.guard.complete(body).await {
+                match timed(self.store, "complete", self.guard.complete(body)).await {
                     Ok(_) => Settled::Recorded,
                     Err(TieredError::Store(StoreError::LeaseLost(_))) => Settled::LeaseLost,
                     Err(_) => Settled::Failed,
@@ -296,11 +388,14 @@ pub(crate) mod durable {
         }
 
         fn release(self: Box<Self>) -> BoxFuture<'static, ()> {
-            Box::pin(async move { drop(self.guard.release().await) })
+            Box::pin(async move { drop(timed(self.store, "release", self.guard.release()).await) })
         }
 
         fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()> {
-            Box::pin(async move { drop(self.guard.mark_unknown().await) })
+            let store = self.store;
+            Box::pin(
+                async move { drop(timed(store, "mark_unknown", self.guard.mark_unknown()).await) },
+            )
         }
 
         fn open_claim(&self) -> crate::store::OpenClaim {
@@ -316,9 +411,16 @@ pub(crate) mod durable {
         key: &Key,
         fp: Fingerprint,
         wait: Option<Duration>,
-    ) -> Found {
-        let Some(wait) = wait else { return durable.claim(key, fp).await };
+    ) -> (Found, bool) {
+        let Some(wait) = wait else { return (durable.claim(key, fp).await, false) };
         let busy = |found: &Found| matches!(found, Found::InProgress { .. });
-        crate::store::look_while(|| durable.claim(key, fp), busy, wait, tokio::time::sleep).await
+        // look_while sleeps only after a look found the key in progress: a sleep is a wait.
+        let mut waited = false;
+        let sleep = |nap| {
+            waited = true;
+            tokio::time::sleep(nap)
+        };
+        let found = crate::store::look_while(|| durable.claim(key, fp), busy, wait, sleep).await;
+        (found, waited)
     }
 }

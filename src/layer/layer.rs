@@ -14,13 +14,16 @@ use http::request::Parts;
 use http::{Method, StatusCode};
 
 use super::backend::Records;
+use super::decision::DecisionEvent;
 use super::service::Idempotency;
 use super::DEFAULT_MAX_REQUEST_BODY;
-use crate::Cache;
+use crate::{Cache, CorrelationId};
 
 type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
 type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+type CorrelationFn = dyn Fn(&Parts) -> Option<CorrelationId> + Send + Sync;
+type DecisionFn = dyn Fn(&DecisionEvent<'_>) + Send + Sync;
 
 /// A tower `Layer` wrapping a service in [`Idempotency`]. Cheap to clone.
 #[derive(Clone)]
@@ -40,8 +43,13 @@ pub(crate) struct Settings {
     pub(crate) tenant: Option<Arc<TenantFn>>,
     pub(crate) store: Arc<StoreFn>,
     pub(crate) replay_set_cookie: bool,
+    pub(crate) correlation_id: Arc<CorrelationFn>,
+    pub(crate) on_decision: Option<Arc<DecisionFn>>,
     /// Shared by every clone: the scopes' recent execution times, for `Retry-After`.
     pub(crate) times: Arc<super::timing::ExecutionTimes>,
+    /// Shared by every clone: the scopes' registered metrics.
+    #[cfg(feature = "metrics")]
+    pub(crate) metrics: Arc<super::metrics::LayerMetrics>,
 }
 
 impl IdempotencyLayer {
@@ -74,6 +82,8 @@ impl IdempotencyLayer {
     }
 
     fn over(records: Records) -> Self {
+        #[cfg(feature = "metrics")]
+        let metrics = Arc::new(super::metrics::LayerMetrics::new(records.name()));
         IdempotencyLayer {
             settings: Arc::new(Settings {
                 records,
@@ -86,7 +96,11 @@ impl IdempotencyLayer {
                 tenant: None,
                 store: Arc::new(|status: StatusCode| !status.is_server_error()),
                 replay_set_cookie: false,
+                correlation_id: Arc::new(|parts: &Parts| super::trace_id(&parts.headers)),
+                on_decision: None,
                 times: Arc::default(),
+                #[cfg(feature = "metrics")]
+                metrics,
             }),
         }
     }
@@ -163,6 +177,89 @@ impl IdempotencyLayer {
         self.settings().replay_set_cookie = replay;
         self
     }
+
+    /// Where a request's correlation id comes from: what joins its decision (the
+    /// [`on_decision`](Self::on_decision) hook, the `tracing` events and span) to the
+    /// request's own logs and trace. Default: the trace id of a W3C `traceparent` header
+    /// ([`trace_id`](super::trace_id)); none if it has none or a malformed one (a request
+    /// is never refused for its correlation id). A request id header instead:
+    ///
+    /// ```
+    /// # let layer = idemcache::layer::IdempotencyLayer::new(idemcache::Cache::builder().build()?);
+    /// use idemcache::CorrelationId;
+    ///
+    /// let layer = layer.correlation_id(|request| {
+    ///     let id = request.headers.get("x-request-id")?;
+    ///     CorrelationId::new(id.as_bytes()).ok()
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn correlation_id(
+        mut self,
+        correlation_id: impl Fn(&Parts) -> Option<CorrelationId> + Send + Sync + 'static,
+    ) -> Self {
+        self.settings().correlation_id = Arc::new(correlation_id);
+        self
+    }
+
+    /// Calls `hook` once for every guarded request that reaches its claim, with its
+    /// final [`Decision`](super::Decision), key, correlation id and times: for the
+    /// application's own logging or metrics (see [`DecisionEvent`]). It runs on the
+    /// request's task before its answer is sent: keep it short, and hand slow work to a
+    /// channel. A panic in it is caught. Without a hook nothing is called and no clock
+    /// is read for it.
+    ///
+    /// ```
+    /// # let layer = idemcache::layer::IdempotencyLayer::new(idemcache::Cache::builder().build()?);
+    /// use idemcache::layer::Decision;
+    ///
+    /// let layer = layer.on_decision(|event| {
+    ///     if event.decision == Decision::Mismatch {
+    ///         eprintln!("key reused: {:?} (request {:?})", event.key, event.correlation_id);
+    ///     }
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_decision(
+        mut self,
+        hook: impl Fn(&DecisionEvent<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.settings().on_decision = Some(Arc::new(hook));
+        self
+    }
+
+    /// Sets the gauges `idemcache_entries`, `idemcache_bytes` (the cache's) and
+    /// `idemcache_unknown` (live UNKNOWN records: the store's, over a durable store) every
+    /// `every`, for as long as it runs: spawn it (`tokio::spawn(layer.report_gauges(..))`)
+    /// beside your server. Reading them costs the cache's locks and a store query, which
+    /// is why no request pays for them. A store that fails a count leaves the gauge as it
+    /// was until the next. Feature `metrics` (see the [metrics table](super#metrics)).
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn report_gauges(
+        &self,
+        every: std::time::Duration,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let records = self.settings.records.clone();
+        let store = self.settings.metrics.store();
+        async move {
+            let mut ticks = tokio::time::interval(every.max(std::time::Duration::from_millis(1)));
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut unknown = 0;
+            loop {
+                ticks.tick().await;
+                let stats = records.cache().stats();
+                if let Some(counted) =
+                    records.count_unknown(super::metrics::UNKNOWN_GAUGE_LIMIT).await
+                {
+                    unknown = counted;
+                }
+                super::metrics::gauges(store, stats.entries, stats.bytes, unknown);
+            }
+        }
+    }
 }
 
 /// The default scope: `"POST /orders"`, built without the formatting machinery (every
@@ -200,6 +297,7 @@ impl fmt::Debug for Settings {
             .field("wait", &self.wait)
             .field("tenant", &self.tenant.is_some())
             .field("replay_set_cookie", &self.replay_set_cookie)
+            .field("on_decision", &self.on_decision.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -72,6 +72,38 @@
 //! holder's lease end. Up to 1,024 scopes are tracked: name scopes by route, not by
 //! raw path.
 //!
+//! # Observing it
+//!
+//! Every guarded request that reaches its claim has one final [`Decision`]
+//! (`acquired`, `replayed`, `in_progress`, ...), reported once: to your hook
+//! ([`IdempotencyLayer::on_decision`]) with the key's parts, the correlation id
+//! ([`IdempotencyLayer::correlation_id`]; by default the trace id of a W3C `traceparent`)
+//! and the claim's and execution's times; as a `tracing` event (feature `tracing`,
+//! target `idemcache::layer`, level DEBUG, with the same fields; the claim and the
+//! handler run in a span `idempotency` carrying them, so the handler's own events
+//! carry them too); and as metrics (feature `metrics`).
+//!
+//! # Metrics
+//!
+//! Feature `metrics`, through the [`metrics`](https://docs.rs/metrics) facade: install
+//! the exporter you use (`metrics-exporter-prometheus`, ...) and they appear; with none
+//! installed they cost a lookup. Labels never name a key or a tenant: a `scope` label is
+//! kept for the first 256 scopes seen and the rest share `other` (name scopes by route,
+//! not by raw path), and `store` is the store's [`name`](crate::store::Store::name), or
+//! `cache` over the cache alone.
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `idemcache_decisions_total` | counter | `decision` ([`Decision::as_str`]), `scope`, `store` |
+//! | `idemcache_execution_seconds` | histogram | `scope`, `store`: handler start to response read whole |
+//! | `idemcache_wait_seconds` | histogram | `scope`, `store`: claims that waited for a duplicate ([`IdempotencyLayer::wait`]) |
+//! | `idemcache_store_seconds` | histogram | `operation` (`claim`, `complete`, `release`, `mark_unknown`, `extend_lease`), `store`: each call of a durable store |
+//! | `idemcache_entries`, `idemcache_bytes` | gauge | `store`: the cache's [`Stats`](crate::Stats) |
+//! | `idemcache_unknown` | gauge | `store`: live UNKNOWN records (in the store, over a durable one), counted up to 10,000 |
+//!
+//! The gauges are set by [`IdempotencyLayer::report_gauges`], a loop the application spawns: reading them costs locks and (over a store) a query,
+//! which no request should pay.
+//!
 //! This module uses the core's public API only, like any user of the crate.
 //!
 //! ```
@@ -92,12 +124,15 @@
 
 mod backend;
 mod body;
+mod decision;
 mod detached;
 mod header;
 #[cfg(feature = "store")]
 mod in_transaction;
 #[allow(clippy::module_inception)] // tower-http's layout: `layer.rs` holds the Layer.
 mod layer;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod outcome;
 mod problem;
 mod renewal;
@@ -106,6 +141,7 @@ mod stored_response;
 mod timing;
 
 pub use body::LayerBody;
+pub use decision::{Decision, DecisionEvent};
 pub use header::{client_key, KeyHeaderError, IDEMPOTENCY_KEY};
 #[cfg(feature = "store")]
 #[cfg_attr(docsrs, doc(cfg(feature = "store")))]
@@ -121,3 +157,14 @@ pub const IDEMPOTENCY_EXPIRES: &str = "idempotency-expires";
 
 /// The default limit on a request body the layer buffers: 1 MiB.
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 1 << 20;
+
+/// The header a W3C Trace Context names a request's trace in.
+pub const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+
+/// The trace id of the request's W3C `traceparent` header
+/// ([`CorrelationId::from_traceparent`](crate::CorrelationId::from_traceparent)), if it
+/// has one well-formed: the layer's default correlation id
+/// ([`IdempotencyLayer::correlation_id`]).
+pub fn trace_id(headers: &http::HeaderMap) -> Option<crate::CorrelationId> {
+    crate::CorrelationId::from_traceparent(headers.get(TRACEPARENT)?.as_bytes())
+}

@@ -25,6 +25,7 @@ use tower_service::Service;
 
 use super::backend::{Found, Held, Records, Settled};
 use super::body::LayerBody;
+use super::decision::{Asked, Decision};
 use super::detached::Detached;
 #[cfg(feature = "store")]
 use super::in_transaction::InTransaction;
@@ -36,16 +37,6 @@ use super::{header, stored_response, IDEMPOTENCY_EXPIRES, IDEMPOTENT_REPLAYED};
 use crate::{Fingerprint, Key, KeyError};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// One event per decision, when the `tracing` feature is on; nothing otherwise.
-macro_rules! decided {
-    ($decision:literal, $key:expr) => {
-        #[cfg(feature = "tracing")]
-        tracing::debug!(target: "idemcache::layer", decision = $decision, key = ?$key);
-        #[cfg(not(feature = "tracing"))]
-        let _ = &$key;
-    };
-}
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around yours.
 #[derive(Clone)]
@@ -192,22 +183,38 @@ where
         }
     };
     let fingerprint = fingerprint(&settings, &parts, &body);
+    let correlation_id = (settings.correlation_id)(&parts);
+    let asked = Asked::new(scope, key, correlation_id);
     let request = Request::from_parts(parts, LayerBody::<ReqB>::buffered(body, None));
     match &settings.records {
         // Cancelling the cache's claim is safe (it is synchronous, or a wait that
         // withdraws); the handler's execution is detached once the key is held.
         Records::Memory(_) => {
-            decide(settings.clone(), inner, request, scope, key, fingerprint, true).await
+            let span = asked.span();
+            in_span(span, decide(settings.clone(), inner, request, asked, fingerprint, true)).await
         }
         // A store commits a claim before its answer arrives: a request future dropped in
         // between (a client gone) would leave the key held with nobody to run it. The
         // claim and the handler run in one detached execution.
         #[cfg(feature = "store")]
         Records::Durable(_) => {
-            let decided = decide(settings.clone(), inner, request, scope, key, fingerprint, false);
-            joined(Detached::new(decided).await)
+            let span = asked.span();
+            let decided = decide(settings.clone(), inner, request, asked, fingerprint, false);
+            joined(Detached::new(in_span(span, decided)).await)
         }
     }
+}
+
+/// `future`, run inside the request's span (feature `tracing`: see [`Asked::span`]).
+#[cfg(feature = "tracing")]
+fn in_span<F: Future>(span: tracing::Span, future: F) -> impl Future<Output = F::Output> {
+    tracing::Instrument::instrument(future, span)
+}
+
+/// `future` (without the `tracing` feature there is no span).
+#[cfg(not(feature = "tracing"))]
+fn in_span<F: Future>(_span: (), future: F) -> F {
+    future
 }
 
 /// Claims `key` and answers: the handler's response (its execution [`Detached`] if
@@ -216,8 +223,7 @@ async fn decide<S, ReqB, ResB>(
     settings: Arc<Settings>,
     inner: S,
     request: Request<LayerBody<ReqB>>,
-    scope: String,
-    key: Key,
+    mut asked: Asked,
     fingerprint: Fingerprint,
     detach: bool,
 ) -> Result<Response<LayerBody<ResB>>, S::Error>
@@ -228,60 +234,62 @@ where
     ReqB: Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
-    match settings.records.claim(&key, fingerprint, settings.wait).await {
+    let started = Asked::timed(&settings).then(std::time::Instant::now);
+    let (found, waited) = settings.records.claim(&asked.key, fingerprint, settings.wait).await;
+    asked.claim_time = started.map_or(std::time::Duration::ZERO, |s| s.elapsed());
+    asked.waited = waited;
+    let decision = match found {
         Found::Acquired(held) => {
-            decided!("acquired", key);
-            let run = execute(settings.clone(), inner, request, held, scope, key);
+            // Reported when the execution settles its claim.
+            let run = in_span(asked.span(), execute(settings.clone(), inner, request, held, asked));
             if !detach {
                 // Boxed: inline, the execution's state would make every request's
                 // future (replays too) as large as an execution's, copied at each move.
                 return Box::pin(run).await;
             }
-            joined(Detached::new(run).await)
+            return joined(Detached::new(run).await);
         }
         Found::Completed { body, expires_at } => {
-            decided!("replayed", key);
-            replayed(body, expires_at)
+            let replay = if waited { Decision::ReplayedAfterWait } else { Decision::Replayed };
+            asked.report(&settings, replay, None);
+            return replayed(body, expires_at);
         }
         Found::InProgress { retry_after } => {
-            decided!("in_progress", key);
+            asked.report(&settings, Decision::InProgress, None);
             let detail = "a request with this key is executing; retry after it finishes";
-            let retry_after = settings.times.retry_after(&scope, retry_after);
-            refuse(Refusal::InProgress, detail, Some(retry_after))
+            let retry_after = settings.times.retry_after(&asked.scope, retry_after);
+            return refuse(Refusal::InProgress, detail, Some(retry_after));
         }
         Found::Unknown => {
-            decided!("unknown", key);
             let detail = "an earlier request with this key has an unknown outcome; it is being \
                           checked and will not be executed again blindly";
-            refuse(Refusal::OutcomeUnknown, detail, None)
+            (Decision::Unknown, refuse(Refusal::OutcomeUnknown, detail, None))
         }
         Found::Mismatch => {
-            decided!("mismatch", key);
             let detail = "this key was used for a different request (method, path, headers \
                           or body differ)";
-            refuse(Refusal::Mismatch, detail, None)
+            (Decision::Mismatch, refuse(Refusal::Mismatch, detail, None))
         }
         Found::Full => {
-            decided!("cache_full", key);
             let detail = "too many requests are executing; not executed";
-            refuse(Refusal::CacheFull, detail, Some(std::time::Duration::from_secs(1)))
+            let retry_after = Some(std::time::Duration::from_secs(1));
+            (Decision::CapacityRefused, refuse(Refusal::CacheFull, detail, retry_after))
         }
         Found::Unavailable(why) => {
-            decided!("store_unavailable", key);
             let detail = format!("the idempotency store is unavailable; not executed: {why}");
-            refuse(Refusal::StoreUnavailable, &detail, Some(std::time::Duration::from_secs(1)))
+            let retry_after = Some(std::time::Duration::from_secs(1));
+            (Decision::StoreError, refuse(Refusal::StoreUnavailable, &detail, retry_after))
         }
         Found::Corrupt(why) => {
-            decided!("record_corrupt", key);
             let detail =
                 format!("the idempotency record of this key is unreadable; not executed: {why}");
-            refuse(Refusal::RecordCorrupt, &detail, None)
+            (Decision::StoreError, refuse(Refusal::RecordCorrupt, &detail, None))
         }
-        Found::Refused(why) => {
-            decided!("refused", key);
-            refuse(Refusal::Internal, &why, None)
-        }
-    }
+        Found::Refused(why) => (Decision::StoreError, refuse(Refusal::Internal, &why, None)),
+    };
+    let (decision, answer) = decision;
+    asked.report(&settings, decision, None);
+    answer
 }
 
 /// The request body, whole: refused with 413 if `Content-Length` says it is over `limit`
@@ -362,8 +370,7 @@ async fn execute<S, ReqB, ResB>(
     mut inner: S,
     request: Request<LayerBody<ReqB>>,
     held: Held,
-    scope: String,
-    key: Key,
+    asked: Asked,
 ) -> Result<Response<LayerBody<ResB>>, S::Error>
 where
     S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>>,
@@ -388,8 +395,8 @@ where
             renewing.read(body).await.map(|read| (parts, read))
         }
         Ok(Err(e)) => {
-            decided!("released", key);
             renewing.into_held().release().await;
+            asked.report(&settings, Decision::Released, Some(started.elapsed()));
             return Err(e);
         }
         Err(panicked) => Err(panicked),
@@ -399,19 +406,21 @@ where
     let (parts, read) = match read {
         Ok(done) => done,
         Err(Panicked) => {
-            decided!("panicked", key);
-            held.abandon().await;
+            let settled = held.abandon().await;
+            asked.report(&settings, settled, Some(started.elapsed()));
             let detail = "the handler or its response body panicked; the key was settled as \
                           the cache's drop policy settles an abandoned claim";
             return refuse(Refusal::Internal, detail, None);
         }
     };
-    settings.times.record(&scope, started.elapsed());
+    let took = started.elapsed();
+    settings.times.record(&asked.scope, took);
+    let took = Some(took);
     if parts.extensions.get::<OutcomeUnknown>().is_some() {
         // The handler cannot tell whether its effect happened: never re-run blindly,
         // never replay this answer as if it had.
-        decided!("marked_unknown", key);
         held.mark_unknown().await;
+        asked.report(&settings, Decision::Unknown, took);
         let (body, trailers) = match read {
             Read::Whole(body, trailers) => (body, trailers),
             Read::Failed => (Bytes::new(), None),
@@ -423,15 +432,15 @@ where
         Read::Whole(body, trailers) => (body, trailers),
         // A response that is not kept (a 5xx) releases its key whatever its body does.
         Read::Failed if !stored => {
-            decided!("released", key);
             held.release().await;
+            asked.report(&settings, Decision::Released, took);
             let detail = "the response failed while being sent; it was not kept";
             return refuse(Refusal::Internal, detail, None);
         }
         Read::Failed => {
             // The handler answered, so its effect may have happened: never re-run blindly.
-            decided!("marked_unknown", key);
             held.mark_unknown().await;
+            asked.report(&settings, Decision::Unknown, took);
             let detail = "the response failed while being sent; its outcome is unknown";
             return refuse(Refusal::Internal, detail, None);
         }
@@ -440,8 +449,8 @@ where
         // The handler wrote the record in its own transaction: committed, it stands (and
         // this fenced release is refused); rolled back, the record is still PROCESSING
         // under this claim, and releasing it lets a retry run (nothing committed).
-        decided!("recorded_in_transaction", key);
         held.release().await;
+        asked.report(&settings, Decision::Acquired, took);
     } else if stored {
         let set_cookie = settings.replay_set_cookie;
         let record = stored_response::encode(
@@ -451,24 +460,19 @@ where
             &body,
             trailers.as_ref(),
         );
-        match held.complete(record).await {
-            Settled::Recorded => {
-                decided!("completed", key);
-            }
+        let decision = match held.complete(record).await {
+            Settled::Recorded => Decision::Acquired,
             // Ran past its lease and someone else owns the key now: answer this client,
             // record nothing (the new owner's outcome stands).
-            Settled::LeaseLost => {
-                decided!("lease_lost", key);
-            }
+            Settled::LeaseLost => Decision::LeaseLost,
             // The store failed to record it: answer this client (the effect happened);
             // the store keeps the key from running again (see the module docs).
-            Settled::Failed => {
-                decided!("not_recorded", key);
-            }
-        }
+            Settled::Failed => Decision::StoreError,
+        };
+        asked.report(&settings, decision, took);
     } else {
-        decided!("released", key);
         held.release().await;
+        asked.report(&settings, Decision::Released, took);
     }
     Ok(Response::from_parts(parts, LayerBody::buffered(body, trailers)))
 }

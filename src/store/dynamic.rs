@@ -77,6 +77,7 @@ pub trait DynStore: Send + Sync + std::fmt::Debug + 'static {
     ) -> BoxFuture<'_, Result<Vec<UnknownEntry<SystemTime>>, StoreError>>;
     fn purge_expired(&self, limit: usize) -> BoxFuture<'_, Result<usize, StoreError>>;
     fn ensure_schema(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+    fn name(&self) -> &'static str;
 }
 
 impl<S: Store> DynStore for S {
@@ -156,6 +157,9 @@ impl<S: Store> DynStore for S {
     }
     fn ensure_schema(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(Store::ensure_schema(self))
+    }
+    fn name(&self) -> &'static str {
+        Store::name(self)
     }
 }
 
@@ -251,6 +255,10 @@ impl Store for AnyStore {
     }
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         self.0.purge_expired(limit).await
+    }
+    /// The name of the store it holds.
+    fn name(&self) -> &'static str {
+        self.0.name()
     }
     async fn ensure_schema(&self) -> Result<(), StoreError> {
         self.0.ensure_schema().await

@@ -239,6 +239,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn ensure_schema(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(Ok(()))
     }
+
+    /// A short name for this kind of store, for the `store` label of the layer's metrics
+    /// and for logs: by default its type's name without its path or generics
+    /// (`PostgresStore`); [`AnyStore`] names the store it holds.
+    fn name(&self) -> &'static str {
+        let full = std::any::type_name::<Self>();
+        let plain = full.split('<').next().unwrap_or(full);
+        plain.rsplit("::").next().unwrap_or(plain)
+    }
 }
 
 /// Runs a future to completion on the calling thread: for synchronous code (a CLI, a

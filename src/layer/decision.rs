@@ -1,0 +1,217 @@
+//! [`Decision`]: what the layer decided for one guarded request, and [`DecisionEvent`],
+//! how it is reported: to the hook ([`IdempotencyLayer::on_decision`]), as a `tracing`
+//! event (feature `tracing`) and as metrics (feature `metrics`).
+//!
+//! Invariant: every guarded request that reaches its claim is reported exactly once,
+//! with its final decision: a request that executed is reported when its claim is
+//! settled (recorded, released, marked UNKNOWN or lost), never at the claim as well,
+//! so the decisions of a run add up to its requests. Requests refused before their
+//! claim (no key, a malformed one, no tenant, a body too large) are not reported: they
+//! never reached the records. A hook that panics is caught: the request is answered as
+//! if it had returned.
+//!
+//! [`IdempotencyLayer::on_decision`]: super::IdempotencyLayer::on_decision
+
+use std::fmt;
+use std::time::Duration;
+
+use super::layer::Settings;
+use crate::{CorrelationId, Key};
+
+/// What the layer decided for one guarded request (see [`DecisionEvent`]).
+///
+/// The names are the `decision` label of the `idemcache_decisions_total` counter
+/// (feature `metrics`) and of the `tracing` events: [`as_str`](Decision::as_str).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Decision {
+    /// `acquired`: the request held its key and executed, and its response was stored
+    /// (or recorded in the handler's transaction): repeats replay it.
+    Acquired,
+    /// `replayed`: a stored response was replayed; nothing executed.
+    Replayed,
+    /// `replayed_after_wait`: as `replayed`, once the duplicate it waited for
+    /// ([`wait`](super::IdempotencyLayer::wait)) finished.
+    ReplayedAfterWait,
+    /// `in_progress`: refused with 409 while another request with the key executes
+    /// (after waiting, if the layer waits).
+    InProgress,
+    /// `mismatch`: refused with 422, the key used for a different request.
+    Mismatch,
+    /// `unknown`: the key's outcome is unknown: refused with 409 because an earlier
+    /// execution's is, or this execution's turned so (its response carried
+    /// [`OutcomeUnknown`](super::OutcomeUnknown), or its body failed mid-way).
+    Unknown,
+    /// `released`: executed, and its key released so a retry runs again: a response not
+    /// stored (5xx by default), an error from the service, or a panic (under the
+    /// default [`DropPolicy`](crate::DropPolicy)).
+    Released,
+    /// `lease_lost`: executed past its lease and the key moved on; its response was
+    /// answered but not recorded.
+    LeaseLost,
+    /// `capacity_refused`: refused with 503, the cache full of in-flight work.
+    CapacityRefused,
+    /// `store_error`: the records failed the request: the store unreachable (503), a
+    /// record unreadable (500), settings the backend refuses, or a completion the store
+    /// failed to record (answered, not recorded).
+    StoreError,
+}
+
+impl Decision {
+    /// Every decision, in the order the docs list them.
+    pub const ALL: [Decision; 10] = [
+        Decision::Acquired,
+        Decision::Replayed,
+        Decision::ReplayedAfterWait,
+        Decision::InProgress,
+        Decision::Mismatch,
+        Decision::Unknown,
+        Decision::Released,
+        Decision::LeaseLost,
+        Decision::CapacityRefused,
+        Decision::StoreError,
+    ];
+
+    /// The decision's name: `acquired`, `replayed`, `replayed_after_wait`,
+    /// `in_progress`, `mismatch`, `unknown`, `released`, `lease_lost`,
+    /// `capacity_refused`, `store_error`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Acquired => "acquired",
+            Decision::Replayed => "replayed",
+            Decision::ReplayedAfterWait => "replayed_after_wait",
+            Decision::InProgress => "in_progress",
+            Decision::Mismatch => "mismatch",
+            Decision::Unknown => "unknown",
+            Decision::Released => "released",
+            Decision::LeaseLost => "lease_lost",
+            Decision::CapacityRefused => "capacity_refused",
+            Decision::StoreError => "store_error",
+        }
+    }
+
+    /// Its place in [`ALL`](Decision::ALL).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One guarded request's decision, as the layer reports it to
+/// [`IdempotencyLayer::on_decision`](super::IdempotencyLayer::on_decision): once per
+/// request that reached its claim (see [`Decision`]).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct DecisionEvent<'a> {
+    /// What was decided.
+    pub decision: Decision,
+    /// The request's key: [`scope`](Key::scope), [`tenant`](Key::tenant) and
+    /// [`client_key`](Key::client_key).
+    pub key: &'a Key,
+    /// The request's correlation id
+    /// ([`IdempotencyLayer::correlation_id`](super::IdempotencyLayer::correlation_id)),
+    /// if it had one.
+    pub correlation_id: Option<&'a CorrelationId>,
+    /// How long the claim took, waiting for a duplicate included; zero when nothing
+    /// observes decisions (no hook, and neither `metrics` nor `tracing` on).
+    pub claim_time: Duration,
+    /// How long the execution took, from the handler's start to its response read
+    /// whole; `None` if the request did not execute.
+    pub execution_time: Option<Duration>,
+}
+
+/// A guarded request on its way through the layer: what its report names.
+pub(crate) struct Asked {
+    pub(crate) scope: String,
+    pub(crate) key: Key,
+    pub(crate) correlation_id: Option<CorrelationId>,
+    /// How long the claim took (set once it answered).
+    pub(crate) claim_time: Duration,
+    /// Whether the claim waited for a duplicate to finish.
+    pub(crate) waited: bool,
+}
+
+impl Asked {
+    pub(crate) fn new(scope: String, key: Key, correlation_id: Option<CorrelationId>) -> Asked {
+        Asked { scope, key, correlation_id, claim_time: Duration::ZERO, waited: false }
+    }
+
+    /// The span the request's claim and execution run in (the handler's own events
+    /// carry its fields): `idempotency`, with the key's parts and the correlation id.
+    #[cfg(feature = "tracing")]
+    pub(crate) fn span(&self) -> tracing::Span {
+        tracing::debug_span!(
+            target: "idemcache::layer",
+            "idempotency",
+            scope = self.key.scope(),
+            tenant = self.key.tenant(),
+            client_key = self.key.client_key(),
+            correlation_id = self.correlation_id.as_ref().map(CorrelationId::as_str),
+        )
+    }
+
+    /// No span without the `tracing` feature.
+    #[cfg(not(feature = "tracing"))]
+    pub(crate) fn span(&self) {}
+
+    /// Reports `decision` for this request (`execution_time`: if it executed).
+    pub(crate) fn report(
+        &self,
+        settings: &Settings,
+        decision: Decision,
+        execution_time: Option<Duration>,
+    ) {
+        let event = DecisionEvent {
+            decision,
+            key: &self.key,
+            correlation_id: self.correlation_id.as_ref(),
+            claim_time: self.claim_time,
+            execution_time,
+        };
+        #[cfg(feature = "tracing")]
+        tracing::debug!(
+            target: "idemcache::layer",
+            decision = decision.as_str(),
+            scope = self.key.scope(),
+            tenant = self.key.tenant(),
+            client_key = self.key.client_key(),
+            correlation_id = self.correlation_id.as_ref().map(CorrelationId::as_str),
+            claim_ms = event.claim_time.as_secs_f64() * 1e3,
+            execution_ms = execution_time.map(|t| t.as_secs_f64() * 1e3),
+        );
+        #[cfg(feature = "metrics")]
+        settings.metrics.decided(&self.scope, &event, self.waited);
+        if let Some(hook) = &settings.on_decision {
+            // A hook's panic is the hook's: the request is answered all the same.
+            let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&event)));
+            drop(called);
+        }
+    }
+
+    /// Whether anything observes a claim's time (so it is worth reading the clock).
+    pub(crate) fn timed(settings: &Settings) -> bool {
+        cfg!(any(feature = "metrics", feature = "tracing")) || settings.on_decision.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_decision_has_its_own_name_and_place() {
+        let names: std::collections::HashSet<_> =
+            Decision::ALL.iter().map(|d| d.as_str()).collect();
+        assert_eq!(names.len(), Decision::ALL.len());
+        for (at, decision) in Decision::ALL.iter().enumerate() {
+            assert_eq!(*decision as usize, at, "{decision} is out of place in ALL");
+            assert_eq!(decision.to_string(), decision.as_str());
+        }
+    }
+}
