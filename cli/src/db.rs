@@ -12,7 +12,7 @@ use std::time::Duration;
 use idemcache::store::StoreError;
 use idemcache::LapsePolicy;
 use idemcache_sqlite::rusqlite::{self, Connection, ErrorCode, OpenFlags};
-use idemcache_sqlite::{SqliteStore, SQLITE_SCHEMA};
+use idemcache_sqlite::{create_schema, SqliteStore};
 
 use crate::exit::{Failure, DB_UNUSABLE};
 use crate::netfs;
@@ -135,7 +135,7 @@ fn connect_once(path: &Path, busy_timeout: Duration) -> Result<Connection, rusql
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let db = Connection::open_with_flags(path, flags)?;
+    let mut db = Connection::open_with_flags(path, flags)?;
     // First: every statement after waits out another process's lock instead of failing.
     db.busy_timeout(busy_timeout)?;
     if db.is_readonly(rusqlite::MAIN_DB)? {
@@ -153,15 +153,22 @@ fn connect_once(path: &Path, busy_timeout: Duration) -> Result<Connection, rusql
             Some(format!("it cannot be put in WAL mode (journal mode stays {mode})")),
         ));
     }
-    let present: bool = db.query_row(
-        "SELECT count(*) = 2 FROM sqlite_master WHERE type = 'table' AND name IN ('idemcache_records', 'idemcache_tokens')",
+    // The tables, with every column this release writes (a database an earlier release
+    // made lacks the correlation id's).
+    let current: bool = db.query_row(
+        "SELECT (SELECT count(*) FROM sqlite_master WHERE type = 'table'
+                 AND name IN ('idemcache_records', 'idemcache_tokens')) = 2
+            AND EXISTS (SELECT 1 FROM pragma_table_info('idemcache_records')
+                        WHERE name = 'correlation_id')",
         [],
         |r| r.get(0),
     )?;
-    if !present {
+    if !current {
         // One write transaction taken before reading, so runs creating it at once wait
         // for each other instead of failing on a stale read.
-        db.execute_batch(&format!("BEGIN IMMEDIATE; {SQLITE_SCHEMA} COMMIT;"))?;
+        let tx = db.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        create_schema(&tx)?;
+        tx.commit()?;
     }
     Ok(db)
 }

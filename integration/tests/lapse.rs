@@ -95,14 +95,15 @@ async fn tiered_never_re_runs_a_lapse_the_store_holds_unknown() {
 struct ForgetFails(SqliteStore);
 
 impl Store for ForgetFails {
-    fn claim(
+    fn claim_correlated(
         &self,
         key: &idemcache::Key,
         fingerprint: idemcache::Fingerprint,
         lease: Duration,
+        correlation_id: Option<&idemcache::CorrelationId>,
     ) -> impl std::future::Future<Output = Result<idemcache::store::StoreClaim, StoreError>> + Send
     {
-        self.0.claim(key, fingerprint, lease)
+        self.0.claim_correlated(key, fingerprint, lease, correlation_id)
     }
     fn complete(
         &self,

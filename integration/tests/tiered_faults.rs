@@ -69,18 +69,19 @@ impl<S> Faulty<S> {
 }
 
 impl<S: Store> Store for Faulty<S> {
-    async fn claim(
+    async fn claim_correlated(
         &self,
         key: &Key,
         fp: Fingerprint,
         lease: Duration,
+        correlation_id: Option<&idemcache::CorrelationId>,
     ) -> Result<StoreClaim, StoreError> {
         if self.f.hang_before_claim.load(Ordering::SeqCst) {
             self.f.hung.notify_one();
             std::future::pending::<()>().await;
         }
         self.f.claims.fetch_add(1, Ordering::SeqCst);
-        let c = self.inner.claim(key, fp, lease).await?;
+        let c = self.inner.claim_correlated(key, fp, lease, correlation_id).await?;
         Ok(match c {
             StoreClaim::Acquired { token, lease_ends_at } => {
                 StoreClaim::Acquired { token, lease_ends_at: self.t(lease_ends_at) }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 use super::decision::Decision;
-use crate::{Cache, Claim, ClaimError, ClaimGuard, DropPolicy, Fingerprint, Key};
+use crate::{Cache, Claim, ClaimError, ClaimGuard, CorrelationId, DropPolicy, Fingerprint, Key};
 
 /// What a claim found, in the terms the layer answers in.
 pub(crate) enum Found {
@@ -75,11 +75,13 @@ pub(crate) enum Records {
 
 impl Records {
     /// Claims `key`, waiting up to `wait` for an executing duplicate to finish; and
-    /// whether it waited.
+    /// whether it waited. A durable store keeps the correlation id with its record (the
+    /// cache keeps none).
     pub(crate) async fn claim(
         &self,
         key: &Key,
         fp: Fingerprint,
+        _correlation_id: Option<&CorrelationId>,
         wait: Option<Duration>,
     ) -> (Found, bool) {
         match self {
@@ -108,7 +110,8 @@ impl Records {
             }
             #[cfg(feature = "store")]
             Records::Durable(durable) => {
-                Box::pin(durable::claim_polling(&**durable, key, fp, wait)).await
+                let claiming = durable::claim_polling(&**durable, key, fp, _correlation_id, wait);
+                Box::pin(claiming).await
             }
         }
     }
@@ -259,12 +262,17 @@ pub(crate) mod durable {
 
     use super::{Found, Held, Renewal, Settled};
     use crate::store::{Store, StoreError, Tiered, TieredClaim, TieredError, TieredGuard};
-    use crate::{ClaimError, DropPolicy, Fingerprint, Key};
+    use crate::{ClaimError, CorrelationId, DropPolicy, Fingerprint, Key};
 
     type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
     pub(crate) trait Durable: Send + Sync {
-        fn claim<'a>(&'a self, key: &'a Key, fp: Fingerprint) -> BoxFuture<'a, Found>;
+        fn claim<'a>(
+            &'a self,
+            key: &'a Key,
+            fp: Fingerprint,
+            correlation_id: Option<&'a CorrelationId>,
+        ) -> BoxFuture<'a, Found>;
         #[cfg(feature = "metrics")]
         fn name(&self) -> &'static str;
         #[cfg(feature = "metrics")]
@@ -307,10 +315,16 @@ pub(crate) mod durable {
     }
 
     impl<S: Store> Durable for Tiered<S> {
-        fn claim<'a>(&'a self, key: &'a Key, fp: Fingerprint) -> BoxFuture<'a, Found> {
+        fn claim<'a>(
+            &'a self,
+            key: &'a Key,
+            fp: Fingerprint,
+            correlation_id: Option<&'a CorrelationId>,
+        ) -> BoxFuture<'a, Found> {
             Box::pin(async move {
                 let store = self.store().name();
-                match timed(store, "claim", Tiered::claim(self, key, fp)).await {
+                let claiming = Tiered::claim_correlated(self, key, fp, correlation_id);
+                match timed(store, "claim", claiming).await {
                     Ok(TieredClaim::Acquired(guard)) => {
                         Found::Acquired(Held::Durable(Box::new(Guard {
                             guard,
@@ -410,9 +424,11 @@ pub(crate) mod durable {
         durable: &dyn Durable,
         key: &Key,
         fp: Fingerprint,
+        correlation_id: Option<&CorrelationId>,
         wait: Option<Duration>,
     ) -> (Found, bool) {
-        let Some(wait) = wait else { return (durable.claim(key, fp).await, false) };
+        let look = || durable.claim(key, fp, correlation_id);
+        let Some(wait) = wait else { return (look().await, false) };
         let busy = |found: &Found| matches!(found, Found::InProgress { .. });
         // look_while sleeps only after a look found the key in progress: a sleep is a wait.
         let mut waited = false;
@@ -420,7 +436,7 @@ pub(crate) mod durable {
             waited = true;
             tokio::time::sleep(nap)
         };
-        let found = crate::store::look_while(|| durable.claim(key, fp), busy, wait, sleep).await;
+        let found = crate::store::look_while(look, busy, wait, sleep).await;
         (found, waited)
     }
 }

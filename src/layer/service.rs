@@ -235,7 +235,9 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
 {
     let started = Asked::timed(&settings).then(std::time::Instant::now);
-    let (found, waited) = settings.records.claim(&asked.key, fingerprint, settings.wait).await;
+    let correlation_id = asked.correlation_id.as_ref();
+    let claiming = settings.records.claim(&asked.key, fingerprint, correlation_id, settings.wait);
+    let (found, waited) = claiming.await;
     asked.claim_time = started.map_or(std::time::Duration::ZERO, |s| s.elapsed());
     asked.waited = waited;
     let decision = match found {

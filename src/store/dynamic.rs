@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 use super::{Store, StoreClaim, StoreError};
-use crate::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
+use crate::{CorrelationId, FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
 /// A boxed `Send` future, as [`DynStore`]'s methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -24,11 +24,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// Implemented for every `Store`; see that trait for what each method does.
 #[allow(missing_docs)] // Each method is the `Store` method of the same name.
 pub trait DynStore: Send + Sync + std::fmt::Debug + 'static {
-    fn claim<'a>(
+    fn claim_correlated<'a>(
         &'a self,
         key: &'a Key,
         fingerprint: Fingerprint,
         lease: Duration,
+        correlation_id: Option<&'a CorrelationId>,
     ) -> BoxFuture<'a, Result<StoreClaim, StoreError>>;
     fn complete<'a>(
         &'a self,
@@ -81,13 +82,14 @@ pub trait DynStore: Send + Sync + std::fmt::Debug + 'static {
 }
 
 impl<S: Store> DynStore for S {
-    fn claim<'a>(
+    fn claim_correlated<'a>(
         &'a self,
         key: &'a Key,
         fingerprint: Fingerprint,
         lease: Duration,
+        correlation_id: Option<&'a CorrelationId>,
     ) -> BoxFuture<'a, Result<StoreClaim, StoreError>> {
-        Box::pin(Store::claim(self, key, fingerprint, lease))
+        Box::pin(Store::claim_correlated(self, key, fingerprint, lease, correlation_id))
     }
     fn complete<'a>(
         &'a self,
@@ -189,13 +191,14 @@ impl std::fmt::Debug for AnyStore {
 }
 
 impl Store for AnyStore {
-    async fn claim(
+    async fn claim_correlated(
         &self,
         key: &Key,
         fingerprint: Fingerprint,
         lease: Duration,
+        correlation_id: Option<&CorrelationId>,
     ) -> Result<StoreClaim, StoreError> {
-        self.0.claim(key, fingerprint, lease).await
+        self.0.claim_correlated(key, fingerprint, lease, correlation_id).await
     }
     async fn complete(
         &self,

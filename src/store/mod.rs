@@ -51,7 +51,7 @@ pub use wait::claim_wait;
 #[cfg(feature = "tower")]
 pub(crate) use wait::look_while;
 
-use crate::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
+use crate::{CorrelationId, FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
 /// What a store's claim found, as [`Claim`](crate::Claim) does for the cache, with the
 /// store's wall-clock times.
@@ -140,12 +140,27 @@ impl std::error::Error for StoreError {
 /// is one. A store is `Debug` (what it connects to, as far as it knows, never a
 /// password), so that errors and logs can say which store answered.
 pub trait Store: Send + Sync + std::fmt::Debug + 'static {
-    /// Claims `key` for the request `fingerprint` with a lease of `lease`, atomically.
+    /// Claims `key` for the request `fingerprint` with a lease of `lease`, atomically:
+    /// [`claim_correlated`](Store::claim_correlated) with no correlation id.
     fn claim(
         &self,
         key: &Key,
         fingerprint: Fingerprint,
         lease: Duration,
+    ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
+        self.claim_correlated(key, fingerprint, lease, None)
+    }
+
+    /// Claims `key` for the request `fingerprint` with a lease of `lease`, atomically;
+    /// an acquired claim keeps `correlation_id` with the record (replacing the one a
+    /// taken-over record held), for an operator to join the record to the request's logs
+    /// and trace. Answers as [`claim`](Store::claim) does, whatever the id.
+    fn claim_correlated(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        lease: Duration,
+        correlation_id: Option<&CorrelationId>,
     ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send;
 
     /// PROCESSING → COMPLETED under `token`, kept for `ttl`; returns the stored record.

@@ -18,7 +18,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use super::encoding::{check_duration, from_micros, to_micros};
 use super::{Store, StoreClaim, StoreError};
 use crate::{
-    Cache, Claim, ClaimError, ClaimGuard, FencingToken, Fingerprint, Key, Known, Replay, Timestamp,
+    Cache, Claim, ClaimError, ClaimGuard, CorrelationId, FencingToken, Fingerprint, Key, Known,
+    Replay, Timestamp,
 };
 
 /// The bytes in front of a body in the hot tier: the store's `completed_at` and
@@ -198,9 +199,23 @@ impl<S: Store> Tiered<S> {
         key: &Key,
         fingerprint: Fingerprint,
     ) -> Result<TieredClaim<S>, TieredError> {
+        self.claim_correlated(key, fingerprint, None).await
+    }
+
+    /// [`claim`](Tiered::claim), keeping `correlation_id` with the store's record if the
+    /// claim acquires the key ([`Store::claim_correlated`]). The hot tier keeps no
+    /// correlation id: inspect the store's record for it.
+    pub async fn claim_correlated(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        correlation_id: Option<&CorrelationId>,
+    ) -> Result<TieredClaim<S>, TieredError> {
         match self.answer_in_memory(key, fingerprint)? {
             Ok(answer) => Ok(answer),
-            Err(local) => Box::pin(self.read_through(key, fingerprint, local)).await,
+            Err(local) => {
+                Box::pin(self.read_through(key, fingerprint, correlation_id, local)).await
+            }
         }
     }
 
@@ -240,6 +255,7 @@ impl<S: Store> Tiered<S> {
         &self,
         key: &Key,
         fingerprint: Fingerprint,
+        correlation_id: Option<&CorrelationId>,
         local: Option<ClaimGuard>,
     ) -> Result<TieredClaim<S>, TieredError> {
         // Dropped with this future, whenever: a claim cancelled mid-way (a timeout, a
@@ -249,7 +265,8 @@ impl<S: Store> Tiered<S> {
         check_duration("lease", self.lease)?;
         check_duration("result TTL", self.completed_ttl)?;
         check_duration("unknown TTL", self.unknown_ttl)?;
-        let durable = self.store.claim(key, fingerprint, self.lease).await?;
+        let claiming = self.store.claim_correlated(key, fingerprint, self.lease, correlation_id);
+        let durable = claiming.await?;
         Ok(match durable {
             StoreClaim::Acquired { token, lease_ends_at } => {
                 let mut local = local.0.take();

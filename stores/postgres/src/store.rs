@@ -15,7 +15,7 @@ use tokio_postgres::types::ToSql;
 
 use idemcache::store::encoding::{check_duration, lapse_ttl_micros, micros};
 use idemcache::store::{Store, StoreClaim, StoreError};
-use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
+use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
 use idemcache_sql::records::postgres as sql;
 
@@ -70,13 +70,15 @@ impl Store for PostgresStore {
         client.batch_execute(&sql::ensure_schema()).await.map_err(|e| self.failed(e))
     }
 
-    fn claim(
+    fn claim_correlated(
         &self,
         key: &Key,
         fp: Fingerprint,
         lease: Duration,
+        correlation_id: Option<&CorrelationId>,
     ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
         let key = key.as_bytes().to_vec();
+        let correlation_id = correlation_id.map(CorrelationId::as_str).map(str::to_owned);
         async move {
             check_duration("lease", lease)?;
             let fp_bytes = fp.to_bytes().to_vec();
@@ -84,8 +86,8 @@ impl Store for PostgresStore {
             // No row, or a dead record not taken: a concurrent writer got between. Look
             // again.
             for _ in 0..16 {
-                let params: [&(dyn ToSql + Sync); 4] =
-                    [&key, &fp_bytes, &micros(lease), &lapse_ttl];
+                let params: [&(dyn ToSql + Sync); 5] =
+                    [&key, &fp_bytes, &micros(lease), &lapse_ttl, &correlation_id];
                 let rows = self.rows(sql::CLAIM, &params).await?;
                 let Some(row) = rows.first() else { continue };
                 match decode::claim(&key, fp, &claim_row(row, &key)?)? {

@@ -58,7 +58,8 @@ end
 ";
 
 /// ARGV: fingerprint, lease in µs, the unknown TTL of lapses in µs (0: `TakeOver`), the
-/// token whose lapse this call may turn UNKNOWN (0: none). Replies `{state, fp, token,
+/// token whose lapse this call may turn UNKNOWN (0: none), the correlation id an
+/// acquired record keeps in its field `corr` (empty: none). Replies `{state, fp, token,
 /// body, settled, expires}`; state 0 is acquired, 4 "lapsed under token, put its index
 /// member in and ask again", 3 also when this call turned the lapse.
 const CLAIM: &str = r"
@@ -83,6 +84,7 @@ local ends = now + tonumber(ARGV[2])
 -- A record left past its expiry goes first; a fresh key has none to delete.
 if rec then redis.call('DEL', KEYS[1]) end
 redis.call('HSET', KEYS[1], 'state', 1, 'fp', ARGV[1], 'token', fmt(token), 'started', fmt(now), 'expires', fmt(ends))
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'corr', ARGV[5]) end
 redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil((ends + lapse) / 1000)))
 return {0, false, token, false, false, ends}
 ";

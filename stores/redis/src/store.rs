@@ -16,7 +16,7 @@ use idemcache::store::encoding::{
     check_duration, corrupt, fingerprint, from_micros, hex, lapse_ttl_micros, micros,
 };
 use idemcache::store::{Store, StoreClaim, StoreError};
-use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
+use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
 use crate::errors::{named, read_reply};
 use crate::index::{LONGEST_WINDOW, PURGE_WINDOWS};
@@ -78,14 +78,16 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    fn claim(
+    fn claim_correlated(
         &self,
         key: &Key,
         fp_in: Fingerprint,
         lease: Duration,
+        correlation_id: Option<&CorrelationId>,
     ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
         let record = record_key(key);
         let key = key.clone();
+        let correlation_id = correlation_id.map_or_else(Vec::new, |id| id.as_str().into());
         async move {
             check_duration("lease", lease)?;
             let mut connection = self.connection.clone();
@@ -94,8 +96,13 @@ impl Store for RedisStore {
             let mut turn = 0;
             let mut acknowledged;
             let (state, fp, token, body, settled, expires) = loop {
-                let args =
-                    [fp_in.to_bytes().to_vec(), number(micros(lease)), number(lapse), number(turn)];
+                let args = [
+                    fp_in.to_bytes().to_vec(),
+                    number(micros(lease)),
+                    number(lapse),
+                    number(turn),
+                    correlation_id.clone(),
+                ];
                 let (reply, replicas) = self
                     .run_replicated(&self.scripts.claim, &record, &args)
                     .await

@@ -50,7 +50,7 @@ mod worker;
 
 pub use in_transaction::complete_in;
 pub use records::{Record, RecordState};
-pub use schema::SQLITE_SCHEMA;
+pub use schema::{create_schema, SQLITE_SCHEMA};
 pub use transition::transition;
 
 use errors::opening;

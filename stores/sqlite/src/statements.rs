@@ -66,10 +66,10 @@ pub(crate) const NEXT_TOKEN: &str =
     "UPDATE idemcache_tokens SET last = last + 1 WHERE id = 1 RETURNING last";
 
 /// `?1` claimed for the fingerprint `?2` under the token `?3` at `?4`, its lease ending
-/// at `?5`, over whatever record was there.
+/// at `?5`, with the correlation id `?6` (or NULL), over whatever record was there.
 pub(crate) const ACQUIRE: &str = "INSERT OR REPLACE INTO idemcache_records
-     (key, fingerprint, state, token, body, started_at, settled_at, expires_at)
- VALUES (?1, ?2, 1, ?3, NULL, ?4, NULL, ?5)";
+     (key, fingerprint, state, token, body, started_at, settled_at, expires_at, correlation_id)
+ VALUES (?1, ?2, 1, ?3, NULL, ?4, NULL, ?5, ?6)";
 
 /// PROCESSING → COMPLETED of `?1` under the token `?2`, the body `?3` kept for `?4` µs,
 /// while the lease is live; returns `settled_at, expires_at`. The store's `complete` and

@@ -19,10 +19,10 @@ use idemcache::store::encoding::{
     check_duration, corrupt, fingerprint, from_micros, key, lapse_ttl_micros, micros,
 };
 use idemcache::store::{Store, StoreClaim, StoreError};
-use idemcache::{FencingToken, Fingerprint, Key, Replay, UnknownEntry};
+use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
 use crate::errors::{backend, read_error};
-use crate::schema::{COMPLETED, PROCESSING, SQLITE_SCHEMA, UNKNOWN};
+use crate::schema::{create_schema, COMPLETED, PROCESSING, UNKNOWN};
 use crate::statements::{
     ACQUIRE, COMPLETE, EXTEND_LEASE, FORGET, LIST_UNKNOWN, MARK_UNKNOWN, NEXT_TOKEN, NOW,
     PURGE_EXPIRED, RECORD, RELEASE, RESOLVE, TURN_UNKNOWN,
@@ -88,6 +88,7 @@ fn claim(
     fp: Fingerprint,
     lease: i64,
     lapse_ttl: i64,
+    correlation_id: Option<String>,
 ) -> Result<StoreClaim, StoreError> {
     if let Some((now, row)) = record(db, &key)? {
         if row.expires_at > now {
@@ -124,8 +125,8 @@ fn claim(
         .map_err(backend)?
         .ok_or_else(lost_token_counter)?;
     let lease_ends_at = now.saturating_add(lease);
-    tx.execute(ACQUIRE, params![key, fp.to_bytes().to_vec(), token, now, lease_ends_at])
-        .map_err(backend)?;
+    let acquired = params![key, fp.to_bytes().to_vec(), token, now, lease_ends_at, correlation_id];
+    tx.execute(ACQUIRE, acquired).map_err(backend)?;
     tx.commit().map_err(backend)?;
     Ok(StoreClaim::Acquired {
         token: FencingToken::new(token as u64),
@@ -223,21 +224,28 @@ impl SqliteStore {
 
 impl Store for SqliteStore {
     fn ensure_schema(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.run(|db| db.execute_batch(SQLITE_SCHEMA).map_err(backend))
+        self.run(|db| {
+            let tx = db.transaction_with_behavior(TransactionBehavior::Immediate);
+            let tx = tx.map_err(backend)?;
+            create_schema(&tx).map_err(backend)?;
+            tx.commit().map_err(backend)
+        })
     }
 
-    fn claim(
+    fn claim_correlated(
         &self,
         key: &Key,
         fingerprint: Fingerprint,
         lease: Duration,
+        correlation_id: Option<&CorrelationId>,
     ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
         let key = key.as_bytes().to_vec();
         let checked = check_duration("lease", lease);
         let lapse_ttl = lapse_ttl_micros(self.lapse);
+        let correlation_id = correlation_id.map(|id| id.as_str().to_owned());
         self.run(move |db| {
             checked?;
-            claim(db, key, fingerprint, micros(lease), lapse_ttl)
+            claim(db, key, fingerprint, micros(lease), lapse_ttl, correlation_id)
         })
     }
 

@@ -188,7 +188,9 @@ fn garbled_rows_through_the_first_read_are_corrupt() {
     for (name, fpv, state, settled, expires) in &rows {
         admin
             .execute(
-                "INSERT INTO idemcache_records VALUES (?1, ?2, ?3, 1, NULL, 0, ?4, ?5)",
+                "INSERT INTO idemcache_records
+                     (key, fingerprint, state, token, body, started_at, settled_at, expires_at)
+                 VALUES (?1, ?2, ?3, 1, NULL, 0, ?4, ?5)",
                 params![key(name).as_bytes(), fpv, state, settled, expires],
             )
             .unwrap();
@@ -431,4 +433,48 @@ fn ensure_schema_puts_a_lost_token_counter_back_above_every_token() {
     block_on(store.ensure_schema()).unwrap();
     let next = acquired(block_on(store.claim(&key("d"), fp, Duration::from_secs(10))));
     assert!(issued.iter().all(|t| next.get() > t.get()), "{next:?} after {issued:?}");
+}
+
+/// A table an earlier release made (no `correlation_id` column) keeps its rows and gains
+/// the column at `ensure_schema`; an acquiring claim keeps its correlation id, a
+/// takeover replaces it, a claim without one leaves none.
+#[test]
+fn an_earlier_releases_table_gains_the_correlation_id_column() {
+    let file = TempDb::new("claim", "upgrade");
+    let old = file.open("wal", Duration::from_millis(200));
+    old.execute_batch(
+        "CREATE TABLE idemcache_records (key BLOB PRIMARY KEY, fingerprint BLOB NOT NULL,
+         state INTEGER NOT NULL, token INTEGER NOT NULL, body BLOB, started_at INTEGER NOT NULL,
+         settled_at INTEGER, expires_at INTEGER NOT NULL) WITHOUT ROWID;
+         INSERT INTO idemcache_records VALUES (x'00', x'00', 2, 1, NULL, 0, 0, 0);",
+    )
+    .unwrap();
+    let (store, clock, admin) = pinned_store(&file, Duration::from_millis(200));
+    block_on(store.ensure_schema()).unwrap();
+    let stored = |k: &Key| -> Option<String> {
+        admin
+            .query_row(
+                "SELECT correlation_id FROM idemcache_records WHERE key = ?1",
+                [k.as_bytes()],
+                |r| r.get(0),
+            )
+            .unwrap()
+    };
+    let old_rows: i64 = admin
+        .query_row("SELECT count(*) FROM idemcache_records WHERE key = x'00'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(old_rows, 1, "the upgrade kept the table's rows");
+    let first = idemcache::CorrelationId::new("req-1").unwrap();
+    let k = key("correlated");
+    let fp = Fingerprint::of(b"c");
+    acquired(block_on(store.claim_correlated(&k, fp, Duration::from_secs(10), Some(&first))));
+    assert_eq!(stored(&k).as_deref(), Some("req-1"));
+    // The lease lapses: the takeover's id replaces it; a claim without one leaves none.
+    clock.fetch_add(11 * SEC, Ordering::SeqCst);
+    let second = idemcache::CorrelationId::new("req-2").unwrap();
+    acquired(block_on(store.claim_correlated(&k, fp, Duration::from_secs(10), Some(&second))));
+    assert_eq!(stored(&k).as_deref(), Some("req-2"));
+    clock.fetch_add(11 * SEC, Ordering::SeqCst);
+    acquired(block_on(store.claim(&k, fp, Duration::from_secs(10))));
+    assert_eq!(stored(&k), None);
 }

@@ -104,7 +104,9 @@ fn tokens_out_of_range_or_not_integers_are_corrupt_or_exact() {
         let fp = Fingerprint::of(b"r").to_bytes().to_vec();
         admin
             .execute(
-                "INSERT INTO idemcache_records VALUES (?1, ?2, 3, ?3, NULL, ?4, ?4, ?5)",
+                "INSERT INTO idemcache_records
+                     (key, fingerprint, state, token, body, started_at, settled_at, expires_at)
+                 VALUES (?1, ?2, 3, ?3, NULL, ?4, ?4, ?5)",
                 params![key(name).as_bytes(), fp, token, T0 - SEC, T0 + 100 * SEC],
             )
             .unwrap();

@@ -290,3 +290,37 @@ async fn a_sessions_time_zone_does_not_move_the_stores_clock() {
     assert!(zoned_end >= lease_ends_at, "claimed after, so it ends after");
     db.drop().await;
 }
+
+/// A records table an earlier release made (no `correlation_id` column) is brought up
+/// to date by `ensure_schema`, keeping its rows; a claim then keeps its correlation id,
+/// and a takeover replaces it.
+#[tokio::test]
+async fn an_earlier_releases_table_gains_the_correlation_id_column() {
+    let Some(db) = Db::new("upgrade").await else { return };
+    db.execute(format!(
+        "DROP TABLE {0}.idemcache_records;
+         CREATE TABLE {0}.idemcache_records (
+            `key` VARBINARY(1536) NOT NULL PRIMARY KEY, fingerprint VARBINARY(255) NOT NULL,
+            state SMALLINT NOT NULL, token BIGINT NOT NULL, body LONGBLOB,
+            started_at BIGINT NOT NULL, settled_at BIGINT, expires_at BIGINT NOT NULL,
+            INDEX idemcache_records_expiry (expires_at)) ENGINE = InnoDB",
+        db.name
+    ))
+    .await;
+    db.store.ensure_schema().await.unwrap();
+    db.store.ensure_schema().await.unwrap();
+    let id = idemcache::CorrelationId::new("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+    let k = key("upgraded");
+    let claimed = db.store.claim_correlated(&k, fp("a"), LEASE, Some(&id)).await.unwrap();
+    assert!(matches!(claimed, StoreClaim::Acquired { .. }), "{claimed:?}");
+    let stored: Option<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT correlation_id FROM {}.idemcache_records WHERE `key` = ?",
+        db.name
+    )))
+    .bind(k.as_bytes())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(stored.as_deref(), Some(id.as_str()));
+    db.drop().await;
+}

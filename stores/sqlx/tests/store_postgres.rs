@@ -258,3 +258,36 @@ async fn the_tokio_postgres_store_and_this_one_share_a_table() {
     assert!(next > mine && mine > token, "{token} < {mine} < {next}");
     db.drop().await;
 }
+
+/// A records table an earlier release made (no `correlation_id` column) is brought up
+/// to date by `ensure_schema`; a claim then keeps its correlation id.
+#[tokio::test]
+async fn an_earlier_releases_table_gains_the_correlation_id_column() {
+    let Some(db) = Db::new("upgrade").await else { return };
+    db.execute(format!(
+        "DROP TABLE {0}.idemcache_records;
+         CREATE TABLE {0}.idemcache_records (
+            key BYTEA PRIMARY KEY, fingerprint BYTEA NOT NULL, state SMALLINT NOT NULL,
+            token BIGINT NOT NULL, body BYTEA, started_at BIGINT NOT NULL, settled_at BIGINT,
+            expires_at BIGINT NOT NULL);
+         CREATE INDEX idemcache_records_expiry ON {0}.idemcache_records (expires_at);",
+        db.schema
+    ))
+    .await;
+    db.store.ensure_schema().await.unwrap();
+    db.store.ensure_schema().await.unwrap();
+    let id = idemcache::CorrelationId::new("req-upgraded").unwrap();
+    let k = key("upgraded");
+    let claimed = db.store.claim_correlated(&k, fp("a"), LEASE, Some(&id)).await.unwrap();
+    assert!(matches!(claimed, StoreClaim::Acquired { .. }), "{claimed:?}");
+    let stored: Option<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT correlation_id FROM {}.idemcache_records WHERE key = $1",
+        db.schema
+    )))
+    .bind(k.as_bytes())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(stored.as_deref(), Some(id.as_str()));
+    db.drop().await;
+}

@@ -72,6 +72,8 @@ pub enum Param {
     Body,
     /// A row count (`BIGINT`): [`Values::limit`].
     Limit,
+    /// The claim's correlation id (`VARCHAR`, NULL for none): [`Values::correlation_id`].
+    CorrelationId,
 }
 
 /// The values a driver binds for [`Param`]s; a statement uses those its
@@ -96,6 +98,8 @@ pub struct Values<'a> {
     pub body: Option<&'a [u8]>,
     /// [`Param::Limit`].
     pub limit: i64,
+    /// [`Param::CorrelationId`].
+    pub correlation_id: Option<&'a str>,
 }
 
 /// A statement and the parameters its `?`s take, in order.
@@ -129,9 +133,31 @@ pub const SCHEMA: &[&str] = &[
         started_at  BIGINT NOT NULL,
         settled_at  BIGINT,
         expires_at  BIGINT NOT NULL,
+        correlation_id VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin,
         INDEX idemcache_records_expiry (expires_at)
     ) ENGINE = InnoDB",
 ];
+
+/// Whether the records table has every column this release writes: one row, one
+/// column, 1 or 0. A table an earlier release made lacks `correlation_id`: run
+/// [`UPGRADE`] then. (MySQL has no `ADD COLUMN IF NOT EXISTS`; MariaDB's is not
+/// MySQL's.)
+pub const IS_CURRENT: Statement = Statement {
+    sql: "SELECT COUNT(*) FROM information_schema.columns
+          WHERE table_schema = DATABASE() AND table_name = 'idemcache_records'
+            AND column_name = 'correlation_id'",
+    params: &[],
+};
+
+/// What [`SCHEMA`] added since an earlier release made the table, one statement each.
+/// A process running it at once with another may find the column added: error 1060
+/// (`ER_DUP_FIELDNAME`), which means the table is current.
+pub const UPGRADE: &[&str] = &["ALTER TABLE idemcache_records
+         ADD COLUMN correlation_id VARCHAR(128) CHARACTER SET ascii COLLATE ascii_bin"];
+
+/// MySQL's error for a column that is there already: an [`UPGRADE`] another process
+/// made first.
+pub const DUPLICATE_COLUMN: u16 = 1060;
 
 /// The server's now in microseconds since the Unix epoch, from UTC (the session's time
 /// zone does not enter it): a macro, so that statements `concat!` it.
@@ -184,12 +210,13 @@ pub const LOOK: Statement = Statement {
 };
 
 /// The claim of an absent key, in its transaction: the record, PROCESSING under the
-/// minted token until now + the lease. A duplicate key (error 1062): a concurrent claim
-/// inserted it first; roll back and claim again.
+/// minted token until now + the lease, with the claim's correlation id. A duplicate key
+/// (error 1062): a concurrent claim inserted it first; roll back and claim again.
 pub const TAKE_NEW: Statement = Statement {
     sql: "INSERT INTO idemcache_records
-              (`key`, fingerprint, state, token, body, started_at, settled_at, expires_at)
-          VALUES (?, ?, 1, ?, NULL, ?, NULL, ? + ?)",
+              (`key`, fingerprint, state, token, body, started_at, settled_at, expires_at,
+               correlation_id)
+          VALUES (?, ?, 1, ?, NULL, ?, NULL, ? + ?, ?)",
     params: &[
         Param::Key,
         Param::Fingerprint,
@@ -197,6 +224,7 @@ pub const TAKE_NEW: Statement = Statement {
         Param::Now,
         Param::Now,
         Param::Duration,
+        Param::CorrelationId,
     ],
 };
 
@@ -205,7 +233,7 @@ pub const TAKE_NEW: Statement = Statement {
 pub const TAKE_OVER: Statement = Statement {
     sql: "UPDATE idemcache_records
           SET fingerprint = ?, state = 1, token = ?, body = NULL, started_at = ?,
-              settled_at = NULL, expires_at = ? + ?
+              settled_at = NULL, expires_at = ? + ?, correlation_id = ?
           WHERE `key` = ? AND token = ?",
     params: &[
         Param::Fingerprint,
@@ -213,6 +241,7 @@ pub const TAKE_OVER: Statement = Statement {
         Param::Now,
         Param::Now,
         Param::Duration,
+        Param::CorrelationId,
         Param::Key,
         Param::Held,
     ],
@@ -369,11 +398,12 @@ mod tests {
             FORGET,
             UNKNOWN,
             PURGE,
+            IS_CURRENT,
         ];
         for statement in all {
             let placeholders = statement.sql.matches('?').count();
             assert_eq!(placeholders, statement.params.len(), "{}", statement.sql);
         }
-        assert!(SCHEMA.iter().all(|ddl| !ddl.contains('?')));
+        assert!(SCHEMA.iter().chain(UPGRADE).all(|ddl| !ddl.contains('?')));
     }
 }

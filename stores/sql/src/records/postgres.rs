@@ -17,7 +17,8 @@
 /// The schema (PostgreSQL): the token sequence, the table and its expiry index. Run it
 /// through [`ensure_schema`], which runs it once per database under an advisory lock.
 /// `state` 1 PROCESSING, 2 COMPLETED, 3 UNKNOWN; `expires_at` the lease's end while
-/// PROCESSING, the TTL's after; times in microseconds since the epoch (server clock).
+/// PROCESSING, the TTL's after; times in microseconds since the epoch (server clock);
+/// `correlation_id` the one the claim that made the record was given (NULL: none).
 pub const SCHEMA: &str = "
 CREATE SEQUENCE IF NOT EXISTS idemcache_tokens;
 CREATE TABLE IF NOT EXISTS idemcache_records (
@@ -28,18 +29,37 @@ CREATE TABLE IF NOT EXISTS idemcache_records (
     body        BYTEA,
     started_at  BIGINT NOT NULL,
     settled_at  BIGINT,
-    expires_at  BIGINT NOT NULL
+    expires_at  BIGINT NOT NULL,
+    correlation_id TEXT
 );
 CREATE INDEX IF NOT EXISTS idemcache_records_expiry ON idemcache_records (expires_at);
 ";
+
+/// What [`SCHEMA`] added since an earlier release made the table: its `correlation_id`
+/// column. [`ensure_schema`] adds what is missing.
+const UPGRADE: &str = "ALTER TABLE idemcache_records ADD COLUMN IF NOT EXISTS correlation_id TEXT;";
 
 /// The advisory lock [`ensure_schema`] creates the records' schema under.
 pub const SCHEMA_LOCK: i64 = 7_315_993_121;
 
 /// [`SCHEMA`] as one statement to run (a batch, no parameters): skipped when the expiry
-/// index (the object it creates last) exists, else run under [`SCHEMA_LOCK`].
+/// index (the object it creates last) exists, else run under [`SCHEMA_LOCK`]; then, on
+/// a table an earlier release made, the columns added since, under the same lock and
+/// only when missing (`ALTER TABLE` takes the table's exclusive lock even when it
+/// changes nothing, and would queue behind every open transaction that wrote to it).
 pub fn ensure_schema() -> String {
-    schema_once(SCHEMA_LOCK, "idemcache_records_expiry", SCHEMA)
+    format!(
+        "{created}
+         DO $idemcache$ BEGIN
+           IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                          WHERE attrelid = to_regclass('idemcache_records')
+                            AND attname = 'correlation_id' AND NOT attisdropped) THEN
+             PERFORM pg_advisory_xact_lock({SCHEMA_LOCK});
+             {UPGRADE}
+           END IF;
+         END $idemcache$;",
+        created = schema_once(SCHEMA_LOCK, "idemcache_records_expiry", SCHEMA),
+    )
 }
 
 /// `ddl` run once per database, as one statement: skipped when `last` (the object `ddl`
@@ -96,8 +116,9 @@ macro_rules! listed {
 }
 
 /// The claim of `$1` (key) for `$2` (fingerprint) with a lease of `$3` µs, `$4` the
-/// unknown TTL (0 under `TakeOver`): take the key if absent or dead, else read its
-/// holder; one statement. Returns at most one row, a
+/// unknown TTL (0 under `TakeOver`), `$5` the correlation id (`text`, or NULL) an
+/// acquired record keeps: take the key if absent or dead, else read its holder; one
+/// statement. Returns at most one row, a
 /// [`ClaimRow`](super::decode::ClaimRow): `state, token, fingerprint, body,
 /// settled_at, expires_at, live, lapsed` (named so, for a driver's error to name). No row: a holder committed after this
 /// statement's snapshot blocked the insert but is not visible to the read: run it again.
@@ -107,12 +128,14 @@ pub const CLAIM: &str = concat!(
     ",
          taken AS (
              INSERT INTO idemcache_records AS r
-                 (key, fingerprint, state, token, body, started_at, settled_at, expires_at)
-             SELECT $1, $2, 1, nextval('idemcache_tokens'), NULL, now.us, NULL, now.us + $3 FROM now
+                 (key, fingerprint, state, token, body, started_at, settled_at, expires_at,
+                  correlation_id)
+             SELECT $1, $2, 1, nextval('idemcache_tokens'), NULL, now.us, NULL, now.us + $3,
+                    $5::text FROM now
              ON CONFLICT (key) DO UPDATE SET
                  fingerprint = EXCLUDED.fingerprint, state = 1, token = EXCLUDED.token,
                  body = NULL, started_at = EXCLUDED.started_at, settled_at = NULL,
-                 expires_at = EXCLUDED.expires_at
+                 expires_at = EXCLUDED.expires_at, correlation_id = EXCLUDED.correlation_id
              WHERE r.expires_at <= EXCLUDED.started_at
                AND NOT (r.state = 1 AND r.expires_at + $4 > EXCLUDED.started_at)
              RETURNING token, expires_at

@@ -27,7 +27,7 @@ use sqlx::{Connection, MySql};
 use idemcache::store::encoding::{check_duration, check_url, from_micros, micros};
 use idemcache::store::encoding::{check_lapse_policy, lapse_ttl_micros};
 use idemcache::store::{Store, StoreClaim, StoreError};
-use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
+use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
 use idemcache_sql::records::mysql::{self as sql, Param, Statement, Values};
 
@@ -72,6 +72,7 @@ pub(crate) fn bind<'q>(
             Param::LapseTtl => query.bind(values.lapse_ttl),
             Param::Body => query.bind(values.body),
             Param::Limit => query.bind(values.limit),
+            Param::CorrelationId => query.bind(values.correlation_id),
         };
     }
     query
@@ -85,11 +86,14 @@ pub(crate) async fn now(conn: &mut MySqlConnection) -> Result<i64, sqlx::Error> 
 /// Whether `e` means "a concurrent claim got between, claim again": a duplicate key or
 /// a deadlock InnoDB rolled back.
 fn raced(e: &sqlx::Error) -> bool {
-    let number = e
-        .as_database_error()
+    matches!(number(e), Some(sql::DUPLICATE_KEY | sql::DEADLOCK))
+}
+
+/// MySQL's error number of `e`, if the server answered with one.
+fn number(e: &sqlx::Error) -> Option<u16> {
+    e.as_database_error()
         .and_then(|d| d.try_downcast_ref::<MySqlDatabaseError>())
-        .map(MySqlDatabaseError::number);
-    matches!(number, Some(sql::DUPLICATE_KEY | sql::DEADLOCK))
+        .map(MySqlDatabaseError::number)
 }
 
 impl MySqlStore {
@@ -346,16 +350,32 @@ impl Store for MySqlStore {
         for ddl in sql::SCHEMA {
             sqlx::raw_sql(*ddl).execute(&mut *tx).await.map_err(fail)?;
         }
-        tx.commit().await.map_err(fail)
+        let current: i64 =
+            sqlx::query_scalar(sql::IS_CURRENT.sql).fetch_one(&mut *tx).await.map_err(fail)?;
+        tx.commit().await.map_err(fail)?;
+        // A table an earlier release made: the columns added since (DDL commits on its
+        // own; another process adding them first is as good).
+        if current == 0 {
+            for ddl in sql::UPGRADE {
+                match sqlx::raw_sql(*ddl).execute(&mut *conn).await {
+                    Ok(_) => {}
+                    Err(e) if number(&e) == Some(sql::DUPLICATE_COLUMN) => {}
+                    Err(e) => return Err(fail(e)),
+                }
+            }
+        }
+        Ok(())
     }
 
-    fn claim(
+    fn claim_correlated(
         &self,
         key: &Key,
         fp: Fingerprint,
         lease: Duration,
+        correlation_id: Option<&CorrelationId>,
     ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
         let key = key.as_bytes().to_vec();
+        let correlation_id = correlation_id.map(CorrelationId::as_str).map(str::to_owned);
         async move {
             check_duration("lease", lease)?;
             let fingerprint = fp.to_bytes();
@@ -366,6 +386,7 @@ impl Store for MySqlStore {
                 token: self.mint(&mut conn).await?,
                 duration: micros(lease),
                 lapse_ttl: lapse_ttl_micros(self.lapse),
+                correlation_id: correlation_id.as_deref(),
                 ..Values::default()
             };
             for _ in 0..16 {

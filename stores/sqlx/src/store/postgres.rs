@@ -16,7 +16,7 @@ use sqlx::{AssertSqlSafe, Postgres};
 use idemcache::store::encoding::{check_duration, check_url, from_micros, micros};
 use idemcache::store::encoding::{check_lapse_policy, lapse_ttl_micros};
 use idemcache::store::{Store, StoreClaim, StoreError};
-use idemcache::{FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
+use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
 use idemcache_sql::records::postgres as sql;
 
@@ -198,13 +198,15 @@ impl Store for PgStore {
             .map_err(|e| failed(&self.server, e))
     }
 
-    fn claim(
+    fn claim_correlated(
         &self,
         key: &Key,
         fp: Fingerprint,
         lease: Duration,
+        correlation_id: Option<&CorrelationId>,
     ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send {
         let key = key.as_bytes().to_vec();
+        let correlation_id = correlation_id.map(CorrelationId::as_str).map(str::to_owned);
         async move {
             check_duration("lease", lease)?;
             let lapse_ttl = lapse_ttl_micros(self.lapse);
@@ -217,6 +219,7 @@ impl Store for PgStore {
                         .bind(&fp.to_bytes()[..])
                         .bind(micros(lease))
                         .bind(lapse_ttl)
+                        .bind(correlation_id.as_deref())
                 };
                 let rows = self.rows(query).await?;
                 let Some(row) = rows.first() else { continue };
