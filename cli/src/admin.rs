@@ -262,11 +262,14 @@ pub fn resolve(
 
 /// `idem list [--unknown]`.
 pub fn list(db: &Db, unknown_only: bool, as_json: bool) -> Result<u8, Failure> {
-    let only = unknown_only.then_some(RecordState::Unknown);
+    let mut only = idemcache::store::RecordFilter::new();
+    if unknown_only {
+        only = only.state(RecordState::Unknown);
+    }
     let mut after = None;
     let mut all = Vec::new();
     loop {
-        let page = db.wait(db.store.records(only, after.as_ref(), PAGE))?;
+        let page = db.wait(db.store.records(&only, after.as_ref(), PAGE))?;
         let full = page.len() == PAGE;
         after = page.last().map(|r| r.key.clone());
         for record in &page {

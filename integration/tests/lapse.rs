@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use idemcache::store::conformance::{self, fp, key, SHORT_LEASE};
-use idemcache::store::{Store, StoreError, Tiered, TieredClaim};
+use idemcache::store::{Record, RecordFilter, RecordState, Store, StoreError, Tiered, TieredClaim};
 use idemcache::{Bytes, Cache, LapsePolicy, Verdict};
 use idemcache_sqlite::SqliteStore;
 
@@ -184,6 +184,24 @@ impl Store for ForgetFails {
         limit: usize,
     ) -> impl std::future::Future<Output = Result<usize, StoreError>> + Send {
         self.0.purge_expired(limit)
+    }
+    async fn record(&self, key: &idemcache::Key) -> Result<Option<Record>, StoreError> {
+        self.0.record(key).await
+    }
+    async fn records(
+        &self,
+        filter: &RecordFilter,
+        after: Option<&idemcache::Key>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.0.records(filter, after, limit).await
+    }
+    async fn remove_record(
+        &self,
+        key: &idemcache::Key,
+        states: &[RecordState],
+    ) -> Result<Option<Record>, StoreError> {
+        self.0.remove_record(key, states).await
     }
 }
 

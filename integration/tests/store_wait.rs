@@ -2,15 +2,16 @@
 //! on a SQLite file shared by two stores, as two processes share it: a waiter replays
 //! what the holder completes, acquires what it releases, answers UNKNOWN for a lease
 //! that lapses under `MarkUnknown`, and gives up "in progress" when its wait is spent.
-//! Also `SqliteStore`'s inherent record methods (`record`, `records`, `remove_record`),
+//! Also the record methods (`Store::record`, `records`, `remove_record`) on SQLite,
 //! which read records as a claim of the same handle would.
 
 use std::time::{Duration, Instant};
 
 use idemcache::store::conformance::{acquire, fp, key, LEASE, TTL};
 use idemcache::store::{block_on, claim_wait, Store, StoreClaim, Tiered, TieredClaim};
+use idemcache::store::{RecordFilter, RecordState};
 use idemcache::{Bytes, Cache, LapsePolicy};
-use idemcache_sqlite::{RecordState, SqliteStore};
+use idemcache_sqlite::SqliteStore;
 
 /// Two stores on one new file, schema in place, the second under `lapse`.
 async fn two_on_a_file(name: &str, lapse: LapsePolicy) -> (SqliteStore, SqliteStore) {
@@ -170,18 +171,21 @@ async fn sqlite_records_read_as_a_claim_would_and_removal_acts_on_the_named_stat
     assert!(take_over.record(&lapsed).await.unwrap().is_none());
     assert!(marking.record(&key("rec-never")).await.unwrap().is_none());
 
-    let all: Vec<_> = marking.records(None, None, 100).await.unwrap();
+    let all: Vec<_> = marking.records(&RecordFilter::new(), None, 100).await.unwrap();
     let mine: Vec<_> = all
         .iter()
         .filter(|r| r.key.client_key().starts_with("rec-"))
         .map(|r| (r.key.client_key().to_owned(), r.state))
         .collect();
     assert_eq!(mine.len(), 4, "{mine:?}");
-    let unknown = marking.records(Some(RecordState::Unknown), None, 100).await.unwrap();
+    let unknown =
+        marking.records(&RecordFilter::new().state(RecordState::Unknown), None, 100).await.unwrap();
     assert!(unknown.iter().all(|r| r.state == RecordState::Unknown) && unknown.len() >= 2);
     // Paging: one at a time, after the last key seen, visits every record once.
     let (mut after, mut paged) = (None, 0);
-    while let Some(next) = marking.records(None, after.as_ref(), 1).await.unwrap().pop() {
+    while let Some(next) =
+        marking.records(&RecordFilter::new(), after.as_ref(), 1).await.unwrap().pop()
+    {
         paged += 1;
         after = Some(next.key);
     }

@@ -13,7 +13,10 @@ use axum::body::Body;
 use axum::http::{Request, Response};
 use bytes::Bytes;
 use idemcache::layer::{IdempotencyLayer, LayerBody};
-use idemcache::store::{Store, StoreClaim, StoreError, Tiered, TieredClaim, TieredError};
+use idemcache::store::{
+    Record, RecordFilter, RecordState, Store, StoreClaim, StoreError, Tiered, TieredClaim,
+    TieredError,
+};
 use idemcache::{Cache, DropPolicy, FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 use idemcache_sqlite::{rusqlite, SqliteStore};
 use tokio::sync::{Notify, Semaphore};
@@ -168,6 +171,24 @@ impl<S: Store> Store for Faulty<S> {
     }
     async fn ensure_schema(&self) -> Result<(), StoreError> {
         self.inner.ensure_schema().await
+    }
+    async fn record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner.record(key).await
+    }
+    async fn records(
+        &self,
+        filter: &RecordFilter,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.inner.records(filter, after, limit).await
+    }
+    async fn remove_record(
+        &self,
+        key: &Key,
+        states: &[RecordState],
+    ) -> Result<Option<Record>, StoreError> {
+        self.inner.remove_record(key, states).await
     }
 }
 

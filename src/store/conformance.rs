@@ -32,6 +32,7 @@ use super::{Store, StoreClaim, StoreError, Tiered, TieredClaim};
 use crate::{Cache, FencingToken, Fingerprint, Key};
 
 mod lapse;
+mod records;
 pub mod unique;
 
 pub use lapse::{reconcile_as_checked, run_mark_unknown, SHORT_LEASE};
@@ -287,7 +288,8 @@ async fn bad_input<S: Store>(store: &S, run: &Run) {
 }
 
 /// The whole suite on `store`, which must have its schema: the state table, fencing,
-/// lease takeover, expiry and purging, bad input, reconciling. Panics on the first
+/// lease takeover, expiry and purging, bad input, inspection (`record`, `records`,
+/// `remove_record`), reconciling. Panics on the first
 /// breach. (A store built with `LapsePolicy::MarkUnknown` runs [`run_mark_unknown`]
 /// instead of this: its lapses are never taken over.)
 pub async fn run<S: Store>(store: &S) {
@@ -307,6 +309,7 @@ async fn suite<S: Store>(store: &S, purges_itself: bool) {
     takeover(store, &run).await;
     expiry(store, &run, purges_itself).await;
     bad_input(store, &run).await;
+    records::inspection(store, &run).await;
     reconcile_as_checked(store).await;
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
-use super::{Store, StoreClaim, StoreError};
+use super::{Record, RecordFilter, RecordState, Store, StoreClaim, StoreError};
 use crate::{CorrelationId, FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
 /// A boxed `Send` future, as [`DynStore`]'s methods return.
@@ -79,6 +79,18 @@ pub trait DynStore: Send + Sync + std::fmt::Debug + 'static {
     fn purge_expired(&self, limit: usize) -> BoxFuture<'_, Result<usize, StoreError>>;
     fn ensure_schema(&self) -> BoxFuture<'_, Result<(), StoreError>>;
     fn name(&self) -> &'static str;
+    fn record<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Record>, StoreError>>;
+    fn records<'a>(
+        &'a self,
+        filter: &'a RecordFilter,
+        after: Option<&'a Key>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>>;
+    fn remove_record<'a>(
+        &'a self,
+        key: &'a Key,
+        states: &'a [RecordState],
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>>;
 }
 
 impl<S: Store> DynStore for S {
@@ -162,6 +174,24 @@ impl<S: Store> DynStore for S {
     }
     fn name(&self) -> &'static str {
         Store::name(self)
+    }
+    fn record<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(Store::record(self, key))
+    }
+    fn records<'a>(
+        &'a self,
+        filter: &'a RecordFilter,
+        after: Option<&'a Key>,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+        Box::pin(Store::records(self, filter, after, limit))
+    }
+    fn remove_record<'a>(
+        &'a self,
+        key: &'a Key,
+        states: &'a [RecordState],
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+        Box::pin(Store::remove_record(self, key, states))
     }
 }
 
@@ -265,5 +295,23 @@ impl Store for AnyStore {
     }
     async fn ensure_schema(&self) -> Result<(), StoreError> {
         self.0.ensure_schema().await
+    }
+    async fn record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.0.record(key).await
+    }
+    async fn records(
+        &self,
+        filter: &RecordFilter,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.0.records(filter, after, limit).await
+    }
+    async fn remove_record(
+        &self,
+        key: &Key,
+        states: &[RecordState],
+    ) -> Result<Option<Record>, StoreError> {
+        self.0.remove_record(key, states).await
     }
 }

@@ -33,6 +33,7 @@ pub mod encoding;
 mod lapse;
 mod open_claim;
 mod reconcile;
+pub mod record;
 mod tiered;
 pub mod unique;
 mod wait;
@@ -46,6 +47,7 @@ use bytes::Bytes;
 pub use dynamic::{AnyStore, BoxFuture, DynStore};
 pub use open_claim::OpenClaim;
 pub use reconcile::{reconcile, ReconcileError};
+pub use record::{Record, RecordFilter, RecordState};
 pub use tiered::{Tiered, TieredClaim, TieredError, TieredGuard};
 pub use wait::claim_wait;
 #[cfg(feature = "tower")]
@@ -246,6 +248,44 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// UNKNOWN, and deleted only once that mark's TTL passed too.
     fn purge_expired(&self, limit: usize)
         -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    /// The live record of `key` as a claim of this handle would find it (its lapse
+    /// policy respected: see [`record`]), whatever its fingerprint, or `None`: a look
+    /// that changes nothing. For tools and operators; a record that does not read is
+    /// [`StoreError::Corrupt`].
+    fn record(&self, key: &Key) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Up to `limit` live records that `filter` selects, in key order ([`Key::as_bytes`],
+    /// bytewise), after the key `after` (the next page: the last key of the previous
+    /// one; `None`: from the start). For tools and operators, not for a request's path:
+    /// unless the filter names a scope (whose records are one range of keys), a SQL
+    /// store scans its table from `after`, and Redis SCANs every record key (every
+    /// primary's, on a cluster) for each page; each store's docs say its cost. A record
+    /// that does not read, among those scanned, fails the call with
+    /// [`StoreError::Corrupt`] naming it (as [`list_unknown`](Store::list_unknown) does:
+    /// never skipped silently).
+    fn records(
+        &self,
+        filter: &RecordFilter,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send;
+
+    /// Deletes the live record of `key` if it is in one of `states` (as
+    /// [`record`](Store::record) would find it), looked at and deleted in one atomic step
+    /// (a transaction, a script); returns what it was, or `None` if there was no live
+    /// record in those states (nothing is deleted).
+    ///
+    /// For an operator who checked the authority: an UNKNOWN record (as
+    /// [`forget`](Store::forget) does), a PROCESSING one stuck under a hung owner (whose
+    /// own writes are then refused as [`LeaseLost`](StoreError::LeaseLost): the key may
+    /// be claimed and executed again while that owner still runs), or a COMPLETED one to
+    /// run it again.
+    fn remove_record(
+        &self,
+        key: &Key,
+        states: &[RecordState],
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 
     /// Creates the store's tables (or whatever it keeps records in) if they are missing;
     /// idempotent, and safe to run from several processes at once. A store that needs

@@ -58,6 +58,7 @@ async fn purge_all<S: Store>(store: &S) {
 /// it, as idemcache's three do) is listed.
 pub async fn run_mark_unknown<S: Store>(store: &S, unknown_ttl: Duration, lists_unclaimed: bool) {
     let run = Run(fresh());
+    super::records::lapsed_is_unknown(store, &run, SHORT_LEASE).await;
     let k = run.key("lapsed-unknown");
     let (stale, lease_end) = acquire_short(store, &k, "r").await;
     let unknown = |claim: StoreClaim| match claim {

@@ -14,9 +14,11 @@ use bytes::Bytes;
 use tokio_postgres::types::ToSql;
 
 use idemcache::store::encoding::{check_duration, lapse_ttl_micros, micros};
-use idemcache::store::{Store, StoreClaim, StoreError};
+use idemcache::store::record::{judge, StoredRecord};
+use idemcache::store::{Record, RecordFilter, RecordState, Store, StoreClaim, StoreError};
 use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
+use idemcache_sql::records::listing::{removal_mask, Listing};
 use idemcache_sql::records::postgres as sql;
 
 use crate::{column, PostgresStore};
@@ -60,6 +62,24 @@ fn claim_row(row: &tokio_postgres::Row, key: &[u8]) -> Result<ClaimRow, StoreErr
         live: column(row, 6, key)?,
         lapsed: column(row, 7, key)?,
     })
+}
+
+/// A record read's row (`RECORD`, `RECORDS`, `REMOVE`): the server's now and the record
+/// as stored.
+fn stored_row(row: &tokio_postgres::Row) -> Result<(i64, StoredRecord), StoreError> {
+    let key: Vec<u8> = column(row, 1, &[])?;
+    let state: i16 = column(row, 3, &key)?;
+    let stored = StoredRecord {
+        fingerprint: Some(column(row, 2, &key)?),
+        state: state.into(),
+        token: column(row, 4, &key)?,
+        body: column(row, 5, &key)?,
+        started_at: Some(column(row, 6, &key)?),
+        settled_at: column(row, 7, &key)?,
+        expires_at: column(row, 8, &key)?,
+        key,
+    };
+    Ok((column(row, 0, &stored.key)?, stored))
 }
 
 impl Store for PostgresStore {
@@ -228,5 +248,56 @@ impl Store for PostgresStore {
             None => 0,
         };
         Ok(decode::purged(purged))
+    }
+
+    async fn record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let rows = self.rows(sql::RECORD, &[&key.as_bytes()]).await?;
+        match rows.first() {
+            Some(row) => {
+                let (now, stored) = stored_row(row)?;
+                judge(stored, now, lapse_ttl_micros(self.lapse))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Pages of [`RECORDS`](idemcache_sql::records::postgres::RECORDS) (its docs say what
+    /// each reads) until `limit` records are found or the range ends.
+    async fn records(
+        &self,
+        filter: &RecordFilter,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let mut listing = Listing::new(filter, after, limit, lapse_ttl_micros(self.lapse));
+        while !listing.done() {
+            let (from, below, suffix) = (listing.from(), listing.below(), listing.suffix());
+            let (mask, lapse_ttl, page) = (listing.mask(), listing.lapse_ttl(), listing.page());
+            let params: [&(dyn ToSql + Sync); 6] =
+                [&from, &below, &suffix, &mask, &lapse_ttl, &page];
+            let rows = self.rows(sql::RECORDS, &params).await?;
+            let rows = rows.iter().map(stored_row).collect::<Result<Vec<_>, _>>()?;
+            listing.take(rows)?;
+        }
+        Ok(listing.into_records())
+    }
+
+    /// One statement ([`REMOVE`](idemcache_sql::records::postgres::REMOVE)): the look and
+    /// the delete are one atomic step.
+    async fn remove_record(
+        &self,
+        key: &Key,
+        states: &[RecordState],
+    ) -> Result<Option<Record>, StoreError> {
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
+        let mask = removal_mask(states);
+        let rows = self.rows(sql::REMOVE, &[&key.as_bytes(), &mask, &lapse_ttl]).await?;
+        match rows.first() {
+            Some(row) => {
+                let (now, stored) = stored_row(row)?;
+                judge(stored, now, lapse_ttl)
+            }
+            None => Ok(None),
+        }
     }
 }

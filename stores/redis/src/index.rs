@@ -27,7 +27,8 @@ pub(crate) const PURGE_WINDOWS: usize = 4;
 /// The largest window of the UNKNOWN index read at once.
 pub(crate) const LONGEST_WINDOW: usize = 1000;
 
-fn unhex(s: &str) -> Option<Vec<u8>> {
+/// The bytes a lowercase (or uppercase) hex string spells; `None` if it does not.
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
     s.len()
         .is_multiple_of(2)
         .then(|| {

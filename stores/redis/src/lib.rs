@@ -83,6 +83,7 @@ pub use redis;
 
 mod errors;
 mod index;
+mod records;
 mod replication;
 mod schema;
 mod scripts;

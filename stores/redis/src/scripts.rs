@@ -176,6 +176,30 @@ end
 return false
 ";
 
+/// KEYS[1]: a record. ARGV: the unknown TTL of lapses in µs, then the states to delete
+/// it in, as a mask of bits `1 << state` (empty or 0: only read it). Judges the record
+/// as `idemcache::store::record::judge` does (1 PROCESSING, 2 COMPLETED, 3 UNKNOWN or a
+/// lapse `MarkUnknown` reads so, 0 dead) and deletes it if its judged state is in the
+/// mask. Returns `false` for no record, else `{now, state, fp, token, body, started,
+/// settled, expires, deleted}` as stored (the caller judges it at that `now`, as this
+/// script did); a record that does not read stops it with `IDEMCACHE_CORRUPT`.
+const RECORD: &str = r"
+local rec = record()
+if not rec then return false end
+local lapse = tonumber(ARGV[1])
+local judged = 0
+if rec.expires > now then judged = rec.state
+elseif rec.state == 1 and rec.expires + lapse > now then judged = 3 end
+local mask = tonumber(ARGV[2]) or 0
+local deleted = 0
+if judged ~= 0 and math.floor(mask / (2 ^ judged)) % 2 == 1 then deleted = 1 end
+local r = redis.call('HMGET', KEYS[1], 'fp', 'body', 'started', 'settled')
+if r[3] and not int(r[3]) then error({err = 'IDEMCACHE_CORRUPT its start time is not an integer'}) end
+if r[4] and not int(r[4]) then error({err = 'IDEMCACHE_CORRUPT its settled time is not an integer'}) end
+if deleted == 1 then redis.call('DEL', KEYS[1]) end
+return {now, rec.state, r[1] or false, rec.token, r[2] or false, int(r[3]) or false, int(r[4]) or false, rec.expires, deleted}
+";
+
 /// One Lua script: its source (sent whole with `EVAL` to a server that lacks it) and
 /// its SHA1 (sent with `EVALSHA`).
 pub(crate) struct Lua {
@@ -224,6 +248,7 @@ pub(crate) struct Scripts {
     pub(crate) resolve: Lua,
     pub(crate) forget: Lua,
     pub(crate) check_member: Lua,
+    pub(crate) record: Lua,
 }
 
 impl Scripts {
@@ -238,10 +263,11 @@ impl Scripts {
             resolve: Lua::new(RESOLVE),
             forget: Lua::new(FORGET),
             check_member: Lua::new(CHECK_MEMBER),
+            record: Lua::new(RECORD),
         }
     }
 
-    fn all(&self) -> [&Lua; 8] {
+    fn all(&self) -> [&Lua; 9] {
         [
             &self.claim,
             &self.complete,
@@ -251,6 +277,7 @@ impl Scripts {
             &self.resolve,
             &self.forget,
             &self.check_member,
+            &self.record,
         ]
     }
 }

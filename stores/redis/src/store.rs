@@ -15,7 +15,7 @@ use redis::RedisResult;
 use idemcache::store::encoding::{
     check_duration, corrupt, fingerprint, from_micros, hex, lapse_ttl_micros, micros,
 };
-use idemcache::store::{Store, StoreClaim, StoreError};
+use idemcache::store::{Record, RecordFilter, RecordState, Store, StoreClaim, StoreError};
 use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
 use crate::errors::{named, read_reply};
@@ -355,5 +355,33 @@ impl Store for RedisStore {
         }
         *cursor() = (bucket, start);
         Ok(trimmed)
+    }
+
+    async fn record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.read_record(key, 0).await
+    }
+
+    /// `SCAN`s every record key (every primary's, on a cluster) for each call, then reads
+    /// the keys past `after` one script each: see `records.rs` for the cost.
+    async fn records(
+        &self,
+        filter: &RecordFilter,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        self.list_records(filter, after, limit).await
+    }
+
+    /// One script: the look and the delete are one atomic step.
+    async fn remove_record(
+        &self,
+        key: &Key,
+        states: &[RecordState],
+    ) -> Result<Option<Record>, StoreError> {
+        let mask = crate::records::removal_mask(states);
+        if mask == 0 {
+            return Ok(None);
+        }
+        self.read_record(key, mask).await
     }
 }

@@ -15,5 +15,6 @@
 //! `forget`, kept by the purge) until a claim turns it.
 
 pub mod decode;
+pub mod listing;
 pub mod mysql;
 pub mod postgres;

@@ -48,8 +48,10 @@ mod statements;
 mod store;
 mod worker;
 
+/// The records `Store::record` and `Store::records` read: the core's, re-exported here
+/// for code written when they were this crate's own.
+pub use idemcache::store::{Record, RecordState};
 pub use in_transaction::complete_in;
-pub use records::{Record, RecordState};
 pub use schema::{create_schema, SQLITE_SCHEMA};
 pub use transition::transition;
 

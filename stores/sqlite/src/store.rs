@@ -18,7 +18,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use idemcache::store::encoding::{
     check_duration, corrupt, fingerprint, from_micros, key, lapse_ttl_micros, micros,
 };
-use idemcache::store::{Store, StoreClaim, StoreError};
+use idemcache::store::{Record, RecordFilter, RecordState, Store, StoreClaim, StoreError};
 use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, Replay, UnknownEntry};
 
 use crate::errors::{backend, read_error};
@@ -409,5 +409,26 @@ impl Store for SqliteStore {
             let limit = i64::try_from(limit).unwrap_or(i64::MAX);
             db.execute(PURGE_EXPIRED, params![limit, lapse_ttl]).map_err(backend)
         })
+    }
+
+    async fn record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        crate::records::record(self, key).await
+    }
+
+    async fn records(
+        &self,
+        filter: &RecordFilter,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        crate::records::records(self, filter, after, limit).await
+    }
+
+    async fn remove_record(
+        &self,
+        key: &Key,
+        states: &[RecordState],
+    ) -> Result<Option<Record>, StoreError> {
+        crate::records::remove_record(self, key, states).await
     }
 }

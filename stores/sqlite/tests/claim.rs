@@ -203,6 +203,65 @@ fn garbled_rows_through_the_first_read_are_corrupt() {
     }
 }
 
+/// The record reads (`record`, `records`, `remove_record`) name a garbled row
+/// `Corrupt` as a claim does, and a row whose key bytes are not an idemcache key
+/// (another program's) by those bytes: `records` fails on the first one it scans, never
+/// skipping it silently, and a listing whose filter leaves such rows out of its scan
+/// (another scope's range) is not stopped by them.
+#[test]
+fn garbled_and_foreign_rows_are_corrupt_to_the_record_reads() {
+    use idemcache::store::{RecordFilter, RecordState};
+    let file = TempDb::new("claim", "garbled-reads");
+    let clock = Arc::new(AtomicI64::new(T0));
+    let conn = file.open("wal", Duration::from_millis(200));
+    // The table without its constraints, as a damaged or hand-edited file may hold.
+    conn.execute_batch(
+        "CREATE TABLE idemcache_records (key BLOB PRIMARY KEY, fingerprint BLOB, state INTEGER,
+         token INTEGER, body BLOB, started_at INTEGER, settled_at INTEGER, expires_at INTEGER)
+         WITHOUT ROWID;",
+    )
+    .unwrap();
+    pin(&conn, &clock);
+    let store = SqliteStore::from_connection(conn);
+    block_on(store.ensure_schema()).unwrap();
+    let admin = file.open("wal", Duration::from_millis(200));
+    let good = Fingerprint::of(b"r").to_bytes().to_vec();
+    let live = T0 + 10 * SEC;
+    let insert = |key: &[u8], fp: &[u8], state: i64| {
+        admin
+            .execute(
+                "INSERT INTO idemcache_records VALUES (?1, ?2, ?3, 1, NULL, 0, ?4, ?5)",
+                params![key, fp, state, T0, live],
+            )
+            .unwrap();
+    };
+    insert(key("state-7").as_bytes(), &good, 7);
+    insert(key("short-fp").as_bytes(), &[1, 2, 3], 2);
+    insert(&[0xff, 0x00], &good, 2);
+    for name in ["state-7", "short-fp"] {
+        match block_on(store.record(&key(name))) {
+            Err(StoreError::Corrupt(why)) => assert!(why.contains(name), "{name}: {why}"),
+            other => panic!("{name}: expected Corrupt, got {other:?}"),
+        }
+        let removed = block_on(store.remove_record(&key(name), &RecordState::ALL));
+        assert!(matches!(removed, Err(StoreError::Corrupt(_))), "{removed:?}");
+    }
+    let listed = block_on(store.records(&RecordFilter::new(), None, 10));
+    assert!(matches!(listed, Err(StoreError::Corrupt(_))), "{listed:?}");
+    // Past the garbled ones (key order), the foreign row is met and named by its bytes.
+    let after = key("short-fp");
+    match block_on(store.records(&RecordFilter::new(), Some(&after), 10)) {
+        Err(StoreError::Corrupt(why)) => assert!(why.contains("ff00"), "{why}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let elsewhere = RecordFilter::new().scope("another-scope");
+    assert_eq!(block_on(store.records(&elsewhere, None, 10)).unwrap(), vec![]);
+    assert_eq!(
+        block_on(store.records(&RecordFilter::new().client_key("absent"), None, 10)).unwrap(),
+        vec![]
+    );
+}
+
 /// Another connection completing every record (body `\x01`) in a transaction it leaves
 /// open: a claim must never answer what it wrote.
 const UNCOMMITTED_COMPLETION: &str =

@@ -74,6 +74,16 @@ pub enum Param {
     Limit,
     /// The claim's correlation id (`VARCHAR`, NULL for none): [`Values::correlation_id`].
     CorrelationId,
+    /// The key a listing starts after (`VARBINARY`): [`Values::from`].
+    From,
+    /// The key a listing ends before (`VARBINARY`, NULL for none): [`Values::below`].
+    Below,
+    /// The bytes a listed key ends with (`VARBINARY`, empty for any):
+    /// [`Values::suffix`].
+    Suffix,
+    /// The states a listing or removal takes, as bits `1 << state` (`BIGINT`):
+    /// [`Values::mask`].
+    Mask,
 }
 
 /// The values a driver binds for [`Param`]s; a statement uses those its
@@ -100,6 +110,14 @@ pub struct Values<'a> {
     pub limit: i64,
     /// [`Param::CorrelationId`].
     pub correlation_id: Option<&'a str>,
+    /// [`Param::From`].
+    pub from: &'a [u8],
+    /// [`Param::Below`].
+    pub below: Option<&'a [u8]>,
+    /// [`Param::Suffix`].
+    pub suffix: &'a [u8],
+    /// [`Param::Mask`].
+    pub mask: i64,
 }
 
 /// A statement and the parameters its `?`s take, in order.
@@ -372,6 +390,81 @@ pub const PURGE: Statement = Statement {
     params: &[Param::Now, Param::Now, Param::LapseTtl, Param::Now, Param::Limit],
 };
 
+/// The columns the record reads return, in order: `key, fingerprint, state, token,
+/// body, started_at, settled_at, expires_at` (an `idemcache::store::record::StoredRecord`).
+macro_rules! record_columns {
+    () => {
+        "`key`, fingerprint, state, token, body, started_at, settled_at, expires_at"
+    };
+}
+
+/// The record of a key, whatever its state, after the server's now: `now` then the
+/// record columns (see [`RECORDS`]); no row, no record. The driver judges it
+/// (`idemcache::store::record::judge`).
+pub const RECORD: Statement = Statement {
+    sql: concat!(
+        "SELECT ",
+        now!(),
+        " AS now, ",
+        record_columns!(),
+        " FROM idemcache_records WHERE `key` = ?"
+    ),
+    params: &[Param::Key],
+};
+
+/// [`RECORD`] in a removal's transaction (READ COMMITTED, as a claim's): the row locked
+/// (`FOR UPDATE`) until the transaction ends, so that the driver judges it and deletes
+/// it with [`DELETE_RECORD`] with nothing changing it between.
+pub const LOOK_RECORD: Statement = Statement {
+    sql: concat!(
+        "SELECT ",
+        now!(),
+        " AS now, ",
+        record_columns!(),
+        " FROM idemcache_records WHERE `key` = ? FOR UPDATE"
+    ),
+    params: &[Param::Key],
+};
+
+/// Deletes the record [`LOOK_RECORD`] locked, in its transaction.
+pub const DELETE_RECORD: Statement =
+    Statement { sql: "DELETE FROM idemcache_records WHERE `key` = ?", params: &[Param::Key] };
+
+/// Up to [`Param::Limit`] records in key order, past [`Param::From`] and before
+/// [`Param::Below`] (NULL: no end), ending with [`Param::Suffix`] (empty: any), whose
+/// state as judged at [`Param::Now`] under the unknown TTL is a bit of [`Param::Mask`]
+/// (`1 << state`: 0 dead, 1 PROCESSING, 2 COMPLETED, 3 UNKNOWN or a lapse
+/// `MarkUnknown` reads so, 4 a state no store writes, which a listing asks for so that
+/// `judge` names it corrupt). The record columns; the driver judges each at the bound
+/// now. Through the primary key's range: a filter naming a scope reads its range only,
+/// any other the rest of the table from [`Param::From`] (a scan, for tools).
+pub const RECORDS: Statement = Statement {
+    sql: concat!(
+        "SELECT ",
+        record_columns!(),
+        " FROM idemcache_records
+         WHERE `key` > ? AND (? IS NULL OR `key` < ?)
+           AND (LENGTH(?) = 0 OR RIGHT(`key`, LENGTH(?)) = ?)
+           AND (? & (1 << (CASE WHEN state NOT IN (1, 2, 3) THEN 4
+                                WHEN expires_at > ? THEN state
+                                WHEN state = 1 AND expires_at + ? > ? THEN 3 ELSE 0 END))) <> 0
+         ORDER BY `key` LIMIT ?"
+    ),
+    params: &[
+        Param::From,
+        Param::Below,
+        Param::Below,
+        Param::Suffix,
+        Param::Suffix,
+        Param::Suffix,
+        Param::Mask,
+        Param::Now,
+        Param::LapseTtl,
+        Param::Now,
+        Param::Limit,
+    ],
+};
+
 /// MySQL's error number for a duplicate key: a concurrent claim inserted the key first.
 pub const DUPLICATE_KEY: u16 = 1062;
 /// MySQL's error number for a deadlock: InnoDB rolled the transaction back.
@@ -399,6 +492,10 @@ mod tests {
             UNKNOWN,
             PURGE,
             IS_CURRENT,
+            RECORD,
+            LOOK_RECORD,
+            DELETE_RECORD,
+            RECORDS,
         ];
         for statement in all {
             let placeholders = statement.sql.matches('?').count();

@@ -294,3 +294,79 @@ pub const PURGE: &str = concat!(
          )
      SELECT count(*) FROM gone"
 );
+
+/// Record `r`'s state as `idemcache::store::record::judge` reads it (against the `now`
+/// CTE, `$ttl` the unknown TTL): 0 dead (expired, or a lapse `TakeOver` takes over), 1
+/// PROCESSING, 2 COMPLETED, 3 UNKNOWN (marked, or a lapse `MarkUnknown` reads so), 4 a
+/// state no store writes (for `judge` to name corrupt). As an `int`, for `1 << it`.
+macro_rules! judged {
+    ($ttl:literal) => {
+        concat!(
+            "(CASE WHEN r.state NOT IN (1, 2, 3) THEN 4
+                  WHEN r.expires_at > now.us THEN r.state
+                  WHEN r.state = 1 AND r.expires_at + ",
+            $ttl,
+            " > now.us THEN 3 ELSE 0 END)::int"
+        )
+    };
+}
+
+/// The columns the record reads return, in order: the server's now (µs), then `key,
+/// fingerprint, state, token, body, started_at, settled_at, expires_at`: an
+/// `idemcache::store::record::StoredRecord` and the now to judge it at.
+macro_rules! record_columns {
+    () => {
+        "now.us, r.key, r.fingerprint, r.state, r.token, r.body, r.started_at, r.settled_at,
+         r.expires_at"
+    };
+}
+
+/// The record of `$1` (key), whatever its state, with the server's now: the record
+/// columns (see [`RECORDS`]); no row, no record. The driver judges it.
+pub const RECORD: &str = concat!(
+    "WITH ",
+    now!(),
+    " SELECT ",
+    record_columns!(),
+    " FROM idemcache_records r, now WHERE r.key = $1"
+);
+
+/// Up to `$6` records in key order, each with the server's now: `now, key,
+/// fingerprint, state, token, body, started_at, settled_at, expires_at` (the driver
+/// judges each with `idemcache::store::record::judge` at that now). Those whose key is
+/// past `$1` and before `$2` (NULL: no end), ends with `$3` (empty: any), whose state as
+/// judged under the unknown TTL `$5` is a bit of the mask `$4` (`1 << state`: a
+/// `RecordFilter::state_mask`, with bit 4 for rows a store never writes, so that they
+/// are named corrupt, never skipped).
+///
+/// Through the primary key's range from `$1` to `$2`: a filter naming a scope reads its
+/// range only; otherwise the rest of the table from `$1`, each row's suffix and state
+/// checked as it is read (a scan, for tools, never a request's path).
+pub const RECORDS: &str = concat!(
+    "WITH ",
+    now!(),
+    " SELECT ",
+    record_columns!(),
+    " FROM idemcache_records r, now
+      WHERE r.key > $1 AND ($2::bytea IS NULL OR r.key < $2::bytea)
+        AND (octet_length($3::bytea) = 0
+             OR substring(r.key FROM octet_length(r.key) - octet_length($3::bytea) + 1) = $3::bytea)
+        AND ($4::int & (1 << ",
+    judged!("$5"),
+    ")) <> 0
+      ORDER BY r.key LIMIT $6"
+);
+
+/// Deletes the record of `$1` (key) if its state as judged under the unknown TTL `$3`
+/// is a bit of the mask `$2` (`1 << state`), in one statement (the look and the delete
+/// one atomic step); returns the deleted record's columns as [`RECORDS`] does, judged
+/// at the same now by the driver; no row, nothing deleted.
+pub const REMOVE: &str = concat!(
+    "WITH ",
+    now!(),
+    " DELETE FROM idemcache_records r USING now
+      WHERE r.key = $1 AND ($2::int & (1 << ",
+    judged!("$3"),
+    ")) <> 0 RETURNING ",
+    record_columns!()
+);

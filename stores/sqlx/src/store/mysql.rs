@@ -20,15 +20,17 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use sqlx::mysql::{
-    MySqlArguments, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions,
+    MySqlArguments, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions, MySqlRow,
 };
 use sqlx::{Connection, MySql};
 
 use idemcache::store::encoding::{check_duration, check_url, from_micros, micros};
 use idemcache::store::encoding::{check_lapse_policy, lapse_ttl_micros};
-use idemcache::store::{Store, StoreClaim, StoreError};
+use idemcache::store::record::{judge, StoredRecord};
+use idemcache::store::{Record, RecordFilter, RecordState, Store, StoreClaim, StoreError};
 use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
+use idemcache_sql::records::listing::Listing;
 use idemcache_sql::records::mysql::{self as sql, Param, Statement, Values};
 
 use super::{column, failed};
@@ -73,6 +75,10 @@ pub(crate) fn bind<'q>(
             Param::Body => query.bind(values.body),
             Param::Limit => query.bind(values.limit),
             Param::CorrelationId => query.bind(values.correlation_id),
+            Param::From => query.bind(values.from),
+            Param::Below => query.bind(values.below),
+            Param::Suffix => query.bind(values.suffix),
+            Param::Mask => query.bind(values.mask),
         };
     }
     query
@@ -340,6 +346,23 @@ impl MySqlStore {
     }
 }
 
+/// A record read's row: the record columns from `at` on (after `now` in `RECORD` and
+/// `LOOK_RECORD`, first in `RECORDS`), as stored.
+fn stored_row(row: &MySqlRow, at: usize) -> Result<StoredRecord, StoreError> {
+    let key: Vec<u8> = column(row, at, &[])?;
+    let state: i16 = column(row, at + 2, &key)?;
+    Ok(StoredRecord {
+        fingerprint: Some(column(row, at + 1, &key)?),
+        state: state.into(),
+        token: column(row, at + 3, &key)?,
+        body: column(row, at + 4, &key)?,
+        started_at: Some(column(row, at + 5, &key)?),
+        settled_at: column(row, at + 6, &key)?,
+        expires_at: column(row, at + 7, &key)?,
+        key,
+    })
+}
+
 impl Store for MySqlStore {
     /// Creates the token counter (and its row) and the records table of
     /// [`idemcache_sql::records::mysql::SCHEMA`] if missing.
@@ -542,5 +565,81 @@ impl Store for MySqlStore {
         let done = bind(&sql::PURGE, &values).execute(&mut *tx).await.map_err(fail)?;
         tx.commit().await.map_err(fail)?;
         Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+    }
+
+    async fn record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let values = Values { key: key.as_bytes(), ..Values::default() };
+        let row = bind(&sql::RECORD, &values)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.failed(e))?;
+        match row {
+            Some(row) => {
+                let stored = stored_row(&row, 1)?;
+                judge(stored, column(&row, 0, key.as_bytes())?, lapse_ttl_micros(self.lapse))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Pages of [`RECORDS`](idemcache_sql::records::mysql::RECORDS) (its docs say what
+    /// each reads), each after a read of the server's now, until `limit` records are
+    /// found or the range ends.
+    async fn records(
+        &self,
+        filter: &RecordFilter,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let fail = |e| self.failed(e);
+        let mut listing = Listing::new(filter, after, limit, lapse_ttl_micros(self.lapse));
+        let mut conn = self.connection().await?;
+        while !listing.done() {
+            let now = now(&mut conn).await.map_err(fail)?;
+            let values = Values {
+                now,
+                lapse_ttl: listing.lapse_ttl(),
+                limit: listing.page(),
+                from: listing.from(),
+                below: listing.below(),
+                suffix: listing.suffix(),
+                mask: listing.mask().into(),
+                ..Values::default()
+            };
+            let rows = bind(&sql::RECORDS, &values).fetch_all(&mut *conn).await.map_err(fail)?;
+            let rows =
+                rows.iter().map(|r| Ok((now, stored_row(r, 0)?))).collect::<Result<Vec<_>, _>>()?;
+            listing.take(rows)?;
+        }
+        Ok(listing.into_records())
+    }
+
+    /// One READ COMMITTED transaction: the record read with its row locked
+    /// ([`LOOK_RECORD`](idemcache_sql::records::mysql::LOOK_RECORD)), judged, and deleted
+    /// if it is in one of `states`.
+    async fn remove_record(
+        &self,
+        key: &Key,
+        states: &[RecordState],
+    ) -> Result<Option<Record>, StoreError> {
+        let fail = |e| self.failed(e);
+        let mut conn = self.connection().await?;
+        let mut tx = self.begin(&mut conn).await?;
+        let values = Values { key: key.as_bytes(), ..Values::default() };
+        let row = bind(&sql::LOOK_RECORD, &values).fetch_optional(&mut *tx).await.map_err(fail)?;
+        let record = match row {
+            Some(row) => {
+                let stored = stored_row(&row, 1)?;
+                judge(stored, column(&row, 0, key.as_bytes())?, lapse_ttl_micros(self.lapse))?
+            }
+            None => None,
+        };
+        let Some(record) = record.filter(|r| states.contains(&r.state)) else {
+            tx.rollback().await.map_err(fail)?;
+            return Ok(None);
+        };
+        bind(&sql::DELETE_RECORD, &values).execute(&mut *tx).await.map_err(fail)?;
+        tx.commit().await.map_err(fail)?;
+        Ok(Some(record))
     }
 }

@@ -15,9 +15,11 @@ use sqlx::{AssertSqlSafe, Postgres};
 
 use idemcache::store::encoding::{check_duration, check_url, from_micros, micros};
 use idemcache::store::encoding::{check_lapse_policy, lapse_ttl_micros};
-use idemcache::store::{Store, StoreClaim, StoreError};
+use idemcache::store::record::{judge, StoredRecord};
+use idemcache::store::{Record, RecordFilter, RecordState, Store, StoreClaim, StoreError};
 use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
+use idemcache_sql::records::listing::{removal_mask, Listing};
 use idemcache_sql::records::postgres as sql;
 
 use super::{column, failed};
@@ -185,6 +187,24 @@ fn claim_row(row: &PgRow, key: &[u8]) -> Result<ClaimRow, StoreError> {
         live: column(row, 6, key)?,
         lapsed: column(row, 7, key)?,
     })
+}
+
+/// A record read's row (`RECORD`, `RECORDS`, `REMOVE`): the server's now and the record
+/// as stored.
+fn stored_row(row: &PgRow) -> Result<(i64, StoredRecord), StoreError> {
+    let key: Vec<u8> = column(row, 1, &[])?;
+    let state: i16 = column(row, 3, &key)?;
+    let stored = StoredRecord {
+        fingerprint: Some(column(row, 2, &key)?),
+        state: state.into(),
+        token: column(row, 4, &key)?,
+        body: column(row, 5, &key)?,
+        started_at: Some(column(row, 6, &key)?),
+        settled_at: column(row, 7, &key)?,
+        expires_at: column(row, 8, &key)?,
+        key,
+    };
+    Ok((column(row, 0, &stored.key)?, stored))
 }
 
 impl Store for PgStore {
@@ -380,5 +400,63 @@ impl Store for PgStore {
             None => 0,
         };
         Ok(decode::purged(purged))
+    }
+
+    async fn record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let rows = self.rows(|| sqlx::query(sql::RECORD).bind(key.as_bytes())).await?;
+        match rows.first() {
+            Some(row) => {
+                let (now, stored) = stored_row(row)?;
+                judge(stored, now, lapse_ttl_micros(self.lapse))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Pages of [`RECORDS`](idemcache_sql::records::postgres::RECORDS) (its docs say what
+    /// each reads) until `limit` records are found or the range ends.
+    async fn records(
+        &self,
+        filter: &RecordFilter,
+        after: Option<&Key>,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let mut listing = Listing::new(filter, after, limit, lapse_ttl_micros(self.lapse));
+        while !listing.done() {
+            let query = || {
+                sqlx::query(sql::RECORDS)
+                    .bind(listing.from())
+                    .bind(listing.below())
+                    .bind(listing.suffix())
+                    .bind(listing.mask())
+                    .bind(listing.lapse_ttl())
+                    .bind(listing.page())
+            };
+            let rows = self.rows(query).await?;
+            let rows = rows.iter().map(stored_row).collect::<Result<Vec<_>, _>>()?;
+            listing.take(rows)?;
+        }
+        Ok(listing.into_records())
+    }
+
+    /// One statement ([`REMOVE`](idemcache_sql::records::postgres::REMOVE)): the look and
+    /// the delete are one atomic step.
+    async fn remove_record(
+        &self,
+        key: &Key,
+        states: &[RecordState],
+    ) -> Result<Option<Record>, StoreError> {
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
+        let query = || {
+            sqlx::query(sql::REMOVE).bind(key.as_bytes()).bind(removal_mask(states)).bind(lapse_ttl)
+        };
+        let rows = self.rows(query).await?;
+        match rows.first() {
+            Some(row) => {
+                let (now, stored) = stored_row(row)?;
+                judge(stored, now, lapse_ttl)
+            }
+            None => Ok(None),
+        }
     }
 }
