@@ -1346,3 +1346,23 @@ async fn a_panicking_hook_changes_no_answer() {
     assert_eq!(req("k", "{}").send(addr).await.header("idempotent-replayed"), Some("true"));
     assert_eq!(handler.runs(), 1);
 }
+
+/// Over a durable store, the request's correlation id (its `traceparent`'s trace id) is
+/// kept with the key's record, where an operator finds it.
+#[tokio::test]
+async fn over_a_store_the_record_keeps_the_requests_trace_id() {
+    use idemcache::store::{Store, Tiered};
+    let store = idemcache_sqlite::SqliteStore::from_connection(
+        idemcache_sqlite::rusqlite::Connection::open_in_memory().unwrap(),
+    );
+    store.ensure_schema().await.unwrap();
+    let tiered = Tiered::new(Cache::builder().build().unwrap(), store.clone());
+    let addr = serve(IdempotencyLayer::tiered(tiered).tenant(bearer), Handler::open()).await;
+    let trace = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let traced = Req { extra: vec![("traceparent", trace)], ..req("k1", "{}") };
+    assert_eq!(traced.send(addr).await.status, 201);
+    let key = Key::new("POST /orders", "alice", "k1").unwrap();
+    let record = store.record(&key).await.unwrap().expect("the key's record");
+    let id = record.correlation_id.expect("its correlation id");
+    assert_eq!(id.as_str(), "0af7651916cd43dd8448eb211c80319c");
+}

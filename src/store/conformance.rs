@@ -310,6 +310,7 @@ async fn suite<S: Store>(store: &S, purges_itself: bool) {
     expiry(store, &run, purges_itself).await;
     bad_input(store, &run).await;
     records::inspection(store, &run).await;
+    records::correlation(store, &run).await;
     reconcile_as_checked(store).await;
 }
 

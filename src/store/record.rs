@@ -17,7 +17,7 @@ use bytes::Bytes;
 
 use super::encoding::{corrupt, fingerprint, from_micros, key};
 use super::StoreError;
-use crate::{FencingToken, Fingerprint, Key};
+use crate::{CorrelationId, FencingToken, Fingerprint, Key};
 
 /// A record's state, as a claim would find it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -81,6 +81,10 @@ pub struct Record {
     /// Under `MarkUnknown`: an UNKNOWN record that is a lease which lapsed while it
     /// executed (its owner crashed or hung), not yet turned so by a claim.
     pub lapsed: bool,
+    /// The correlation id the claim that made it was given
+    /// ([`Store::claim_correlated`](super::Store::claim_correlated)): what joins the record
+    /// to that request's logs and trace. `None`: it was given none.
+    pub correlation_id: Option<CorrelationId>,
 }
 
 /// Which records [`Store::records`](super::Store::records) lists: any combination of
@@ -245,6 +249,8 @@ pub struct StoredRecord {
     pub settled_at: Option<i64>,
     /// The lease's end while PROCESSING, the TTL's after.
     pub expires_at: i64,
+    /// The claim's correlation id (`None`: none).
+    pub correlation_id: Option<String>,
 }
 
 /// Judges `stored` at the store's `now` (µs) under the lapse TTL `lapse_ttl` (µs, 0
@@ -287,6 +293,13 @@ pub fn judge(stored: StoredRecord, now: i64, lapse_ttl: i64) -> Result<Option<Re
         .ok_or_else(|| corrupt(&stored.key, "it has no fingerprint"))?;
     let started_at =
         stored.started_at.ok_or_else(|| corrupt(&stored.key, "it has no claim time"))?;
+    let correlation_id = match stored.correlation_id.as_deref() {
+        None => None,
+        Some(id) => Some(
+            CorrelationId::new(id)
+                .map_err(|e| corrupt(&stored.key, format_args!("its correlation id: {e}")))?,
+        ),
+    };
     Ok(Some(Record {
         key: key(&stored.key)?,
         fingerprint: fingerprint(fp).map_err(|e| corrupt(&stored.key, e))?,
@@ -297,6 +310,7 @@ pub fn judge(stored: StoredRecord, now: i64, lapse_ttl: i64) -> Result<Option<Re
         expires_at: from_micros(expires_at),
         body: stored.body.map(Bytes::from),
         lapsed,
+        correlation_id,
     }))
 }
 
@@ -314,6 +328,7 @@ mod tests {
             started_at: Some(1),
             settled_at: (state != 1).then_some(5),
             expires_at,
+            correlation_id: None,
         }
     }
 
@@ -335,6 +350,12 @@ mod tests {
             let Err(StoreError::Corrupt(why)) = judge(bad, 100, 0) else { panic!() };
             assert!(why.contains("k-1"), "{why}");
         }
+        let with_id =
+            |id: &str| StoredRecord { correlation_id: Some(id.into()), ..stored(&k, 2, 101) };
+        let kept = judge(with_id("req-7"), 100, 0).unwrap().unwrap();
+        assert_eq!(kept.correlation_id.unwrap().as_str(), "req-7");
+        let Err(StoreError::Corrupt(why)) = judge(with_id("two words"), 100, 0) else { panic!() };
+        assert!(why.contains("k-1") && why.contains("correlation id"), "{why}");
         let foreign = StoredRecord { key: vec![0xff, 0x01], ..stored(&k, 2, 101) };
         let Err(StoreError::Corrupt(why)) = judge(foreign, 100, 0) else { panic!() };
         assert!(why.contains("ff01"), "{why}");

@@ -223,3 +223,54 @@ pub(super) async fn lapsed_is_unknown<S: Store>(store: &S, run: &Run, short: Dur
     assert_eq!(store.remove_record(&k, &[RecordState::Unknown]).await.unwrap(), Some(seen));
     assert_eq!(store.record(&k).await.unwrap(), None);
 }
+
+/// A claim's correlation id is kept with its record through completion and an UNKNOWN
+/// mark; a claim without one leaves none; a takeover's replaces the lapsed claim's.
+pub(super) async fn correlation<S: Store>(store: &S, run: &Run) {
+    let id = |s: &str| crate::CorrelationId::new(format!("{s}-{}", run.0.trim_end_matches('/')));
+    let (first, second) = (id("req-1").unwrap(), id("req-2").unwrap());
+    let claimed = |k: Key, lease, with: Option<crate::CorrelationId>| async move {
+        match store.claim_correlated(&k, fp("r"), lease, with.as_ref()).await.unwrap() {
+            StoreClaim::Acquired { token, .. } => token,
+            other => panic!("{other:?}"),
+        }
+    };
+    let kept = |k: Key| async move { store.record(&k).await.unwrap().expect("a record") };
+
+    let completed = run.key("correlated-completed");
+    let token = claimed(completed.clone(), LEASE, Some(first.clone())).await;
+    assert_eq!(kept(completed.clone()).await.correlation_id.as_ref(), Some(&first));
+    store.complete(&completed, token, None, TTL).await.unwrap();
+    let done = kept(completed.clone()).await;
+    assert_eq!((done.state, done.correlation_id), (RecordState::Completed, Some(first.clone())));
+
+    let unknown = run.key("correlated-unknown");
+    let token = claimed(unknown.clone(), LEASE, Some(second.clone())).await;
+    store.mark_unknown(&unknown, token, TTL).await.unwrap();
+    assert_eq!(kept(unknown.clone()).await.correlation_id, Some(second.clone()));
+    // This process's record only: another run's with the same client key has its tenant.
+    let tenant = unknown.tenant().unwrap_or_default();
+    let listed = RecordFilter::new().client_key(unknown.client_key()).tenant(tenant);
+    let found = store.records(&listed, None, 10).await.unwrap();
+    assert_eq!(
+        found.iter().map(|r| r.correlation_id.clone()).collect::<Vec<_>>(),
+        [Some(second.clone())]
+    );
+
+    let none = run.key("correlated-none");
+    claimed(none.clone(), LEASE, None).await;
+    assert_eq!(kept(none).await.correlation_id, None);
+
+    // A lapsed claim's id is replaced by its takeover's.
+    let lapsed = run.key("correlated-lapsed");
+    claimed(lapsed.clone(), Duration::from_millis(20), Some(first.clone())).await;
+    for _ in 0..2000 {
+        let taken = store.claim_correlated(&lapsed, fp("r"), LEASE, Some(&second)).await.unwrap();
+        if let StoreClaim::Acquired { .. } = taken {
+            assert_eq!(kept(lapsed).await.correlation_id, Some(second));
+            return;
+        }
+        pause(Duration::from_millis(2)).await;
+    }
+    panic!("the lapsed claim was never taken over");
+}

@@ -77,6 +77,7 @@ fn stored_row(row: &tokio_postgres::Row) -> Result<(i64, StoredRecord), StoreErr
         started_at: Some(column(row, 6, &key)?),
         settled_at: column(row, 7, &key)?,
         expires_at: column(row, 8, &key)?,
+        correlation_id: column(row, 9, &key)?,
         key,
     };
     Ok((column(row, 0, &stored.key)?, stored))

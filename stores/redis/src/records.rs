@@ -37,8 +37,18 @@ const SCAN_COUNT: usize = 1000;
 
 /// The record script's reply: `now, state, fp, token, body, started, settled, expires,
 /// deleted`.
-type RecordReply =
-    (i64, i64, Option<Vec<u8>>, i64, Option<Vec<u8>>, Option<i64>, Option<i64>, i64, i64);
+type RecordReply = (
+    i64,
+    i64,
+    Option<Vec<u8>>,
+    i64,
+    Option<Vec<u8>>,
+    Option<i64>,
+    Option<i64>,
+    i64,
+    i64,
+    Option<Vec<u8>>,
+);
 
 impl RedisStore {
     /// Runs the record script on `key`, deleting the record if its judged state is a bit
@@ -55,9 +65,12 @@ impl RedisStore {
             .await
             .map_err(|e| named(key, self.failed(e)))?;
         let reply: Option<RecordReply> = read_reply(reply).map_err(|e| named(key, e))?;
-        let Some((now, state, fp, token, body, started, settled, expires, deleted)) = reply else {
+        let Some((now, state, fp, token, body, started, settled, expires, deleted, corr)) = reply
+        else {
             return Ok(None);
         };
+        // Bytes that are not text are not a correlation id: `judge` names the record.
+        let correlation_id = corr.map(|c| String::from_utf8_lossy(&c).into_owned());
         let stored = StoredRecord {
             key: key.as_bytes().to_vec(),
             fingerprint: fp,
@@ -67,6 +80,7 @@ impl RedisStore {
             started_at: started,
             settled_at: settled,
             expires_at: expires,
+            correlation_id,
         };
         let record = judge(stored, now, lapse)?;
         // A removal answers what it deleted; a read, or a removal in no state asked for,

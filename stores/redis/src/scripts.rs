@@ -193,11 +193,11 @@ elseif rec.state == 1 and rec.expires + lapse > now then judged = 3 end
 local mask = tonumber(ARGV[2]) or 0
 local deleted = 0
 if judged ~= 0 and math.floor(mask / (2 ^ judged)) % 2 == 1 then deleted = 1 end
-local r = redis.call('HMGET', KEYS[1], 'fp', 'body', 'started', 'settled')
+local r = redis.call('HMGET', KEYS[1], 'fp', 'body', 'started', 'settled', 'corr')
 if r[3] and not int(r[3]) then error({err = 'IDEMCACHE_CORRUPT its start time is not an integer'}) end
 if r[4] and not int(r[4]) then error({err = 'IDEMCACHE_CORRUPT its settled time is not an integer'}) end
 if deleted == 1 then redis.call('DEL', KEYS[1]) end
-return {now, rec.state, r[1] or false, rec.token, r[2] or false, int(r[3]) or false, int(r[4]) or false, rec.expires, deleted}
+return {now, rec.state, r[1] or false, rec.token, r[2] or false, int(r[3]) or false, int(r[4]) or false, rec.expires, deleted, r[5] or false}
 ";
 
 /// One Lua script: its source (sent whole with `EVAL` to a server that lacks it) and

@@ -25,7 +25,8 @@ use crate::errors::{backend, read_error};
 use crate::SqliteStore;
 
 /// The columns every read selects, in the order [`raw`] reads them.
-const COLUMNS: &str = "key, fingerprint, state, token, body, started_at, settled_at, expires_at";
+const COLUMNS: &str =
+    "key, fingerprint, state, token, body, started_at, settled_at, expires_at, correlation_id";
 
 /// A row as stored, before it is judged: its key first, so that a column that does not
 /// read is named by it.
@@ -40,6 +41,7 @@ fn raw(r: &rusqlite::Row<'_>) -> Result<StoredRecord, StoreError> {
         started_at: Some(r.get(5).map_err(column)?),
         settled_at: r.get(6).map_err(column)?,
         expires_at: r.get(7).map_err(column)?,
+        correlation_id: r.get(8).map_err(column)?,
         key,
     })
 }

@@ -227,18 +227,22 @@ fn garbled_and_foreign_rows_are_corrupt_to_the_record_reads() {
     let admin = file.open("wal", Duration::from_millis(200));
     let good = Fingerprint::of(b"r").to_bytes().to_vec();
     let live = T0 + 10 * SEC;
-    let insert = |key: &[u8], fp: &[u8], state: i64| {
+    let insert_with = |key: &[u8], fp: &[u8], state: i64, correlation_id: Option<&str>| {
         admin
             .execute(
-                "INSERT INTO idemcache_records VALUES (?1, ?2, ?3, 1, NULL, 0, ?4, ?5)",
-                params![key, fp, state, T0, live],
+                "INSERT INTO idemcache_records (key, fingerprint, state, token, body,
+                     started_at, settled_at, expires_at, correlation_id)
+                 VALUES (?1, ?2, ?3, 1, NULL, 0, ?4, ?5, ?6)",
+                params![key, fp, state, T0, live, correlation_id],
             )
             .unwrap();
     };
+    let insert = |key: &[u8], fp: &[u8], state: i64| insert_with(key, fp, state, None);
     insert(key("state-7").as_bytes(), &good, 7);
     insert(key("short-fp").as_bytes(), &[1, 2, 3], 2);
     insert(&[0xff, 0x00], &good, 2);
-    for name in ["state-7", "short-fp"] {
+    insert_with(key("spaced-id").as_bytes(), &good, 2, Some("two words"));
+    for name in ["state-7", "short-fp", "spaced-id"] {
         match block_on(store.record(&key(name))) {
             Err(StoreError::Corrupt(why)) => assert!(why.contains(name), "{name}: {why}"),
             other => panic!("{name}: expected Corrupt, got {other:?}"),
@@ -249,7 +253,7 @@ fn garbled_and_foreign_rows_are_corrupt_to_the_record_reads() {
     let listed = block_on(store.records(&RecordFilter::new(), None, 10));
     assert!(matches!(listed, Err(StoreError::Corrupt(_))), "{listed:?}");
     // Past the garbled ones (key order), the foreign row is met and named by its bytes.
-    let after = key("short-fp");
+    let after = key("spaced-id");
     match block_on(store.records(&RecordFilter::new(), Some(&after), 10)) {
         Err(StoreError::Corrupt(why)) => assert!(why.contains("ff00"), "{why}"),
         other => panic!("expected Corrupt, got {other:?}"),

@@ -145,6 +145,7 @@ mod tests {
             started_at: Some(1),
             settled_at: Some(2),
             expires_at,
+            correlation_id: None,
         };
         (100, stored)
     }

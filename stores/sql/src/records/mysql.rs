@@ -394,7 +394,8 @@ pub const PURGE: Statement = Statement {
 /// body, started_at, settled_at, expires_at` (an `idemcache::store::record::StoredRecord`).
 macro_rules! record_columns {
     () => {
-        "`key`, fingerprint, state, token, body, started_at, settled_at, expires_at"
+        "`key`, fingerprint, state, token, body, started_at, settled_at, expires_at,
+         correlation_id"
     };
 }
 

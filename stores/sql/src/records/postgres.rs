@@ -312,12 +312,12 @@ macro_rules! judged {
 }
 
 /// The columns the record reads return, in order: the server's now (µs), then `key,
-/// fingerprint, state, token, body, started_at, settled_at, expires_at`: an
-/// `idemcache::store::record::StoredRecord` and the now to judge it at.
+/// fingerprint, state, token, body, started_at, settled_at, expires_at, correlation_id`:
+/// an `idemcache::store::record::StoredRecord` and the now to judge it at.
 macro_rules! record_columns {
     () => {
         "now.us, r.key, r.fingerprint, r.state, r.token, r.body, r.started_at, r.settled_at,
-         r.expires_at"
+         r.expires_at, r.correlation_id"
     };
 }
 
@@ -332,7 +332,7 @@ pub const RECORD: &str = concat!(
 );
 
 /// Up to `$6` records in key order, each with the server's now: `now, key,
-/// fingerprint, state, token, body, started_at, settled_at, expires_at` (the driver
+/// fingerprint, state, token, body, started_at, settled_at, expires_at, correlation_id` (the driver
 /// judges each with `idemcache::store::record::judge` at that now). Those whose key is
 /// past `$1` and before `$2` (NULL: no end), ends with `$3` (empty: any), whose state as
 /// judged under the unknown TTL `$5` is a bit of the mask `$4` (`1 << state`: a

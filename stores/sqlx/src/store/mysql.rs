@@ -359,6 +359,7 @@ fn stored_row(row: &MySqlRow, at: usize) -> Result<StoredRecord, StoreError> {
         started_at: Some(column(row, at + 5, &key)?),
         settled_at: column(row, at + 6, &key)?,
         expires_at: column(row, at + 7, &key)?,
+        correlation_id: column(row, at + 8, &key)?,
         key,
     })
 }

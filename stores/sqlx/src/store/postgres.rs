@@ -202,6 +202,7 @@ fn stored_row(row: &PgRow) -> Result<(i64, StoredRecord), StoreError> {
         started_at: Some(column(row, 6, &key)?),
         settled_at: column(row, 7, &key)?,
         expires_at: column(row, 8, &key)?,
+        correlation_id: column(row, 9, &key)?,
         key,
     };
     Ok((column(row, 0, &stored.key)?, stored))
