@@ -1,39 +1,61 @@
 //! The subcommands that look at or settle records: `status`, `forget`, `resolve`,
-//! `list`, `gc`; each prints text for people or, with `--json`, one JSON document.
+//! `list`, `gc`; each prints text for people or, with `--json`, one JSON document. They
+//! act on idem's own database or, with `--store URL`, on any store ([`Target`]).
 //!
-//! Invariant: they read records as `idem run` would find them (the same lapse
-//! policy: a run killed mid-command reads as UNKNOWN once its lease lapsed), and each
-//! change is one atomic store operation that acts only on the state it names.
+//! Invariant: they read records as a claim of the store's handle would find them (idem's
+//! own database: as `idem run` would, a run killed mid-command UNKNOWN once its lease
+//! lapsed; another store: under the lapse policy `--unknown-ttl` names), and each change
+//! is one atomic store operation that acts only on the state it names. An idem outcome
+//! is decoded only from a record of idem's own scope; another record's body is told by
+//! its size, and by its HTTP status when it is a response the HTTP layer stored.
 
 use std::time::Duration;
 
-use idemcache::store::{Store, StoreError};
-use idemcache_sqlite::{Record, RecordState};
+use idemcache::store::encoding::hex;
+use idemcache::store::{Record, RecordFilter, RecordState, Store, StoreError};
+use idemcache::Key;
 use serde_json::{json, Value};
 
-use crate::db::Db;
 use crate::exit::{self, Failure};
 use crate::outcome::{Outcome, Stream};
 use crate::output::{self, errln, outln};
-use crate::run::{key, SCOPE};
+use crate::run::SCOPE;
+use crate::target::Target;
 use crate::timefmt::{ago, micros, rfc3339};
 
 /// How many records a page of `list` reads at once.
 const PAGE: usize = 200;
+
+/// Whether `key` is one of `idem run`'s own (its scope, no tenant).
+fn is_idems(key: &Key) -> bool {
+    key.scope() == SCOPE && key.tenant().is_none()
+}
+
+/// The HTTP status of a response the HTTP layer stored (`idemcache::layer`'s format,
+/// `src/layer/stored_response.rs`: the magic `IDR1`, then the status as a big-endian
+/// u16, then its fields and body), read from those first six bytes; `None` for a body
+/// of another kind.
+pub fn http_status(body: &[u8]) -> Option<u16> {
+    let status = body.strip_prefix(b"IDR1")?.get(..2)?;
+    let status = u16::from_be_bytes([status[0], status[1]]);
+    (100..=999).contains(&status).then_some(status)
+}
 /// How many expired records one `gc` statement deletes.
 const PURGE_BATCH: usize = 1000;
 
 /// The key as the user typed it, for an `idem` key; another program's key in full.
 fn shown(record: &Record) -> String {
-    if record.key.scope() == SCOPE && record.key.tenant().is_none() {
+    if is_idems(&record.key) {
         record.key.client_key().to_owned()
     } else {
         format!("{:?}", record.key)
     }
 }
 
+/// The idem outcome a COMPLETED record of idem's own holds.
 fn outcome_of(record: &Record) -> Option<Result<Outcome, String>> {
-    (record.state == RecordState::Completed).then(|| match &record.body {
+    let idems = is_idems(&record.key);
+    (idems && record.state == RecordState::Completed).then(|| match &record.body {
         Some(body) => Outcome::decode(body),
         None => Err("kept without its outcome".into()),
     })
@@ -41,14 +63,24 @@ fn outcome_of(record: &Record) -> Option<Result<Outcome, String>> {
 
 fn json_of(record: &Record) -> Value {
     let time = |t| json!({ "utc": rfc3339(t), "unix_micros": micros(t) });
+    let processing = record.state == RecordState::Processing;
     let mut v = json!({
         "key": shown(record),
+        "scope": record.key.scope(),
+        "tenant": record.key.tenant(),
+        "client_key": record.key.client_key(),
         "state": record.state.name(),
+        "correlation_id": record.correlation_id.as_ref().map(|id| id.as_str()),
         "token": record.token.get(),
+        "fencing_token": record.token.get(),
+        "fingerprint": hex(&record.fingerprint.to_bytes()),
         "started_at": time(record.started_at),
         "settled_at": record.settled_at.map(time),
+        "lease_ends_at": processing.then(|| time(record.expires_at)),
         "expires_at": time(record.expires_at),
         "lease_lapsed": record.lapsed,
+        "result_bytes": record.body.as_ref().map(|b| b.len()),
+        "http_status": record.body.as_deref().and_then(http_status),
     });
     if let Some(outcome) = outcome_of(record) {
         v["outcome"] = match outcome {
@@ -85,6 +117,13 @@ fn line_of(record: &Record) -> String {
                 if o.resolved { "(resolved by hand)".into() } else { o.command_line() }
             )
         }
+        (RecordState::Completed, _) if !is_idems(&record.key) => {
+            let size = record.body.as_ref().map_or(0, |b| b.len());
+            match record.body.as_deref().and_then(http_status) {
+                Some(status) => format!("HTTP {status}, {size} bytes"),
+                None => format!("{size} bytes"),
+            }
+        }
         (RecordState::Completed, _) => "unreadable outcome".into(),
         (RecordState::Processing, _) => format!(
             "running since {} (lease ends {})",
@@ -102,8 +141,9 @@ fn line_of(record: &Record) -> String {
 }
 
 /// `idem status KEY`.
-pub fn status(db: &Db, client_key: &str, as_json: bool) -> Result<u8, Failure> {
-    let record = db.wait(db.store.record(&key(client_key)?))?;
+pub fn status(t: &Target, key: &Key, as_json: bool) -> Result<u8, Failure> {
+    let client_key = key.client_key();
+    let record = t.wait(t.store.record(key))?;
     if as_json {
         let v = match &record {
             Some(r) => json_of(r),
@@ -117,8 +157,23 @@ pub fn status(db: &Db, client_key: &str, as_json: bool) -> Result<u8, Failure> {
         return Ok(0);
     };
     outln!("key:       {client_key}");
+    if !is_idems(key) {
+        outln!("scope:     {}", key.scope());
+        outln!("tenant:    {}", key.tenant().unwrap_or("(none)"));
+    }
     outln!("state:     {}", r.state.name());
     outln!("started:   {} ({})", rfc3339(r.started_at), ago(r.started_at));
+    outln!("token:     {} (fencing token)", r.token.get());
+    outln!("request:   {} (fingerprint)", hex(&r.fingerprint.to_bytes()));
+    if let Some(id) = &r.correlation_id {
+        outln!("by:        {id} (the request's correlation id: find its logs by it)");
+    }
+    if let Some(body) = &r.body {
+        match http_status(body) {
+            Some(code) => outln!("result:    {} bytes, an HTTP {code} response", body.len()),
+            None => outln!("result:    {} bytes", body.len()),
+        }
+    }
     match r.state {
         RecordState::Processing => {
             outln!(
@@ -174,14 +229,14 @@ pub fn status(db: &Db, client_key: &str, as_json: bool) -> Result<u8, Failure> {
 }
 
 /// `idem forget KEY [--force]`.
-pub fn forget(db: &Db, client_key: &str, force: bool, as_json: bool) -> Result<u8, Failure> {
-    let key = key(client_key)?;
+pub fn forget(t: &Target, key: &Key, force: bool, as_json: bool) -> Result<u8, Failure> {
+    let client_key = key.client_key();
     let states: &[RecordState] = if force {
         &[RecordState::Unknown, RecordState::Processing, RecordState::Completed]
     } else {
         &[RecordState::Unknown]
     };
-    match db.wait(db.store.remove_record(&key, states))? {
+    match t.wait(t.store.remove_record(key, states))? {
         Some(was) => {
             if as_json {
                 outln!("{}", json!({ "key": client_key, "forgotten": true, "was": json_of(&was) }));
@@ -197,7 +252,7 @@ pub fn forget(db: &Db, client_key: &str, force: bool, as_json: bool) -> Result<u
             Ok(0)
         }
         None => {
-            let now = db.wait(db.store.record(&key))?;
+            let now = t.wait(t.store.record(key))?;
             let why = match &now {
                 None => "it has no record".to_owned(),
                 Some(r) => format!(
@@ -217,13 +272,22 @@ pub fn forget(db: &Db, client_key: &str, force: bool, as_json: bool) -> Result<u
 
 /// `idem resolve KEY --exit-code N`.
 pub fn resolve(
-    db: &Db,
-    client_key: &str,
+    t: &Target,
+    key: &Key,
     exit_code: u8,
     ttl: Duration,
     as_json: bool,
 ) -> Result<u8, Failure> {
-    let key = key(client_key)?;
+    let client_key = key.client_key();
+    if !is_idems(key) {
+        // The outcome idem records is a command's; another program replays what it
+        // stored itself (an HTTP response), which idem cannot write for it.
+        return Err(Failure::new(
+            exit::USAGE,
+            "resolve records an idem command's outcome, under idem's own scope and no tenant: \
+             another program's record is resolved by that program (or forgotten with idem forget)",
+        ));
+    }
     let outcome = Outcome {
         status: crate::outcome::Status::Exited(exit_code.into()),
         stdout: Stream::Kept(Vec::new()),
@@ -231,7 +295,7 @@ pub fn resolve(
         argv: Vec::new(),
         resolved: true,
     };
-    match idemcache::store::block_on(db.store.resolve(&key, Some(outcome.encode().into()), ttl)) {
+    match t.wait_raw(t.store.resolve(key, Some(outcome.encode().into()), ttl)) {
         Ok(replay) => {
             if as_json {
                 outln!(
@@ -244,7 +308,7 @@ pub fn resolve(
             Ok(0)
         }
         Err(StoreError::NotUnknown(_)) => {
-            let now = db.wait(db.store.record(&key))?;
+            let now = t.wait(t.store.record(key))?;
             let why = match now {
                 None => "it has no record".to_owned(),
                 Some(r) => format!("it is {}, not UNKNOWN", r.state.name()),
@@ -256,45 +320,57 @@ pub fn resolve(
             }
             Ok(exit::REFUSED)
         }
-        Err(e) => Err(db.failure(e)),
+        Err(e) => Err(t.failure(e)),
     }
 }
 
-/// `idem list [--unknown]`.
-pub fn list(db: &Db, unknown_only: bool, as_json: bool) -> Result<u8, Failure> {
-    let mut only = idemcache::store::RecordFilter::new();
-    if unknown_only {
-        only = only.state(RecordState::Unknown);
-    }
-    let mut after = None;
-    let mut all = Vec::new();
+/// What `idem list` selects and how many it prints.
+#[derive(Debug)]
+pub struct Listing {
+    /// The records selected.
+    pub filter: RecordFilter,
+    /// The most printed: the oldest ones.
+    pub limit: usize,
+}
+
+/// `idem list [--unknown] [--in-progress] [--scope S] [--tenant T] [--key K]`: the
+/// `limit` oldest (by claim time) live records the filter selects. Reads every page (a
+/// store lists in key order) and keeps only the oldest `limit` between pages, so its
+/// memory is bounded by the limit, whatever the store holds.
+pub fn list(t: &Target, listing: &Listing, as_json: bool) -> Result<u8, Failure> {
+    let oldest = |r: &Record| (r.started_at, r.key.as_bytes().to_vec());
+    let mut after: Option<Key> = None;
+    let mut kept: Vec<Record> = Vec::new();
     loop {
-        let page = db.wait(db.store.records(&only, after.as_ref(), PAGE))?;
+        let page = t.wait(t.store.records(&listing.filter, after.as_ref(), PAGE))?;
         let full = page.len() == PAGE;
         after = page.last().map(|r| r.key.clone());
-        for record in &page {
-            if as_json {
-                all.push(json_of(record));
-            } else {
-                outln!("{}", line_of(record));
-            }
-        }
-        // The reader gone (`idem list | head`): the rest is not wanted.
-        if !full || output::stdout_gone() {
+        kept.extend(page);
+        kept.sort_by_key(oldest);
+        kept.truncate(listing.limit);
+        if !full {
             break;
         }
     }
     if as_json {
-        outln!("{}", Value::Array(all));
+        outln!("{}", Value::Array(kept.iter().map(json_of).collect()));
+        return Ok(0);
+    }
+    for record in &kept {
+        // The reader gone (`idem list | head`): the rest is not wanted.
+        if output::stdout_gone() {
+            break;
+        }
+        outln!("{}", line_of(record));
     }
     Ok(0)
 }
 
-/// `idem gc`.
-pub fn gc(db: &Db, as_json: bool) -> Result<u8, Failure> {
+/// `idem gc` (or `idem purge`).
+pub fn gc(t: &Target, as_json: bool) -> Result<u8, Failure> {
     let mut purged = 0;
     loop {
-        let n = db.wait(db.store.purge_expired(PURGE_BATCH))?;
+        let n = t.wait(t.store.purge_expired(PURGE_BATCH))?;
         purged += n;
         if n < PURGE_BATCH {
             break;
@@ -306,4 +382,18 @@ pub fn gc(db: &Db, as_json: bool) -> Result<u8, Failure> {
         outln!("purged {purged} expired record{}", if purged == 1 { "" } else { "s" });
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_http_status_is_read_from_the_layers_stored_form_only() {
+        assert_eq!(http_status(b"IDR1\x00\xc9\x00\x00\x00\x00body"), Some(201));
+        assert_eq!(http_status(b"IDR1\x01\xf4"), Some(500));
+        for other in [&b"IDR1\x00"[..], b"IDR2\x00\xc9", b"", b"IDR1\x00\x05", b"IDR1\xff\xff"] {
+            assert_eq!(http_status(other), None, "{other:?}");
+        }
+    }
 }

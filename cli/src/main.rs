@@ -17,6 +17,7 @@ mod output;
 mod run;
 mod settings;
 mod signals;
+mod target;
 mod timefmt;
 
 use std::ffi::OsString;
@@ -80,6 +81,17 @@ struct Cli {
     #[arg(long, global = true)]
     json: bool,
 
+    /// Act on a service's idemcache store instead of idem's database (status, list,
+    /// resolve, forget, gc): postgres://..., redis://..., redis-cluster://host:port,...,
+    /// mysql://..., sqlite:PATH. Its password is never printed.
+    #[arg(long, global = true, value_name = "URL", env = "IDEM_STORE", hide_env_values = true)]
+    store: Option<String>,
+
+    /// With --store: read a lapsed lease as the service's LapsePolicy::MarkUnknown { ttl }
+    /// does, UNKNOWN for this long after it lapsed (default: as TakeOver, absent).
+    #[arg(long, global = true, value_parser = duration::parse_ttl, value_name = "DURATION")]
+    unknown_ttl: Option<Duration>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -114,11 +126,14 @@ and replayed as exit 128+N.")]
 Examples:
   idem status invoice-42
   idem status invoice-42 --json | jq -r .state      # ABSENT, PROCESSING, COMPLETED or UNKNOWN
+  idem status --store postgres://ops@db/shop --scope 'POST /v1/orders' --tenant user:42 8e03978e
 
 Exits 0 whenever it could tell (the state is in its output).")]
     Status {
-        /// The key.
+        /// The key (the client's key, with --scope and --tenant for a service's record).
         key: String,
+        #[command(flatten)]
+        at: target::Address,
     },
 
     /// Forget an UNKNOWN outcome (after checking it did not happen), so the next run executes.
@@ -131,6 +146,8 @@ Exits 1 when the key has no record in a state it clears.")]
     Forget {
         /// The key.
         key: String,
+        #[command(flatten)]
+        at: target::Address,
         /// Also clear a PROCESSING record (a run stuck holding it: its outcome will not
         /// be recorded, and the key may run again while it still runs) or a COMPLETED one.
         #[arg(long)]
@@ -146,6 +163,8 @@ Repeats then exit N without running and print nothing. Exits 1 when the key is n
     Resolve {
         /// The key.
         key: String,
+        #[command(flatten)]
+        at: target::Address,
         /// The exit status repeats replay.
         #[arg(long, value_name = "N")]
         exit_code: u8,
@@ -154,22 +173,43 @@ Repeats then exit N without running and print nothing. Exits 1 when the key is n
         ttl: Duration,
     },
 
-    /// List the live records (every state), or with --unknown those awaiting a decision.
+    /// List the live records (every state), oldest first, or with --unknown those awaiting a decision.
     #[command(after_help = "\
 Examples:
   idem list
   idem list --unknown                 # interrupted or killed runs: check each, resolve or forget
-  idem list --unknown --json | jq -r '.[].key'")]
+  idem list --unknown --json | jq -r '.[].key'
+  idem list --store redis://cache:6379 --key 8e03978e --json
+      every record of a service whose client key is 8e03978e, whatever its scope and tenant
+
+Without --scope or --tenant it lists every scope and tenant. A listing reads the whole
+store (a store lists in key order; idem prints the oldest): on a big store, narrow it
+with --scope, whose records a SQL store reads as one range of keys.")]
     List {
         /// Only UNKNOWN records.
         #[arg(long)]
         unknown: bool,
+        /// Only PROCESSING records (with --unknown: both).
+        #[arg(long)]
+        in_progress: bool,
+        /// Only records of this client key (what the customer sent), whatever their scope
+        /// and tenant unless those are given too.
+        #[arg(long, value_name = "CLIENT_KEY")]
+        key: Option<String>,
+        #[command(flatten)]
+        at: target::Address,
+        /// Print at most this many records (the oldest).
+        #[arg(long, default_value = "1000", value_name = "N")]
+        limit: usize,
     },
 
     /// Delete expired records (their TTL passed); UNKNOWN ones are kept until theirs does.
-    #[command(after_help = "\
+    #[command(
+        visible_alias = "purge",
+        after_help = "\
 Examples:
-  idem gc                              # e.g. daily from cron; runs never need it to be correct")]
+  idem gc                              # e.g. daily from cron; runs never need it to be correct"
+    )]
     Gc,
 }
 
@@ -237,18 +277,33 @@ const LAPSE_WINDOW: Duration = Duration::from_secs(366 * 24 * 3600);
 fn dispatch(cli: Cli) -> Result<u8, exit::Failure> {
     // A bad key is a usage error (64) whatever state the database is in: checked first.
     match &cli.command {
-        Command::Run(RunArgs { key, .. })
-        | Command::Status { key }
-        | Command::Forget { key, .. }
-        | Command::Resolve { key, .. } => drop(run::key(key)?),
+        Command::Run(RunArgs { key, .. }) => drop(run::key(key)?),
+        Command::Status { key, at }
+        | Command::Forget { key, at, .. }
+        | Command::Resolve { key, at, .. } => drop(at.key(key)?),
         Command::List { .. } | Command::Gc => {}
     }
     let settings = settings::Settings::from_env()?;
-    let path = db::path(cli.db)?;
-    let open = |path| db::open(path, LAPSE_WINDOW, settings.busy_timeout);
+    let (store, unknown_ttl, db) = (cli.store, cli.unknown_ttl, cli.db);
+    // Where the admin subcommands act: a service's store (--store), else idem's own.
+    let open = || match store.as_deref().filter(|url| !url.is_empty()) {
+        Some(url) => target::Target::remote(url, target::lapse_policy(unknown_ttl)),
+        None => target::Target::local(db::open(
+            db::path(db.clone())?,
+            LAPSE_WINDOW,
+            settings.busy_timeout,
+        )?),
+    };
     match cli.command {
         Command::Run(args) => {
-            let db = open(path)?;
+            if store.is_some() {
+                return Err(exit::Failure::new(
+                    exit::USAGE,
+                    "idem run keeps its records in idem's own database (--db): --store is for \
+                     status, list, resolve, forget and gc",
+                ));
+            }
+            let db = db::open(db::path(db.clone())?, LAPSE_WINDOW, settings.busy_timeout)?;
             let wait = if args.no_wait { Duration::ZERO } else { args.wait };
             let run = run::Run {
                 key: args.key,
@@ -262,12 +317,32 @@ fn dispatch(cli: Cli) -> Result<u8, exit::Failure> {
             };
             run::run(&db, run)
         }
-        Command::Status { key } => admin::status(&open(path)?, &key, cli.json),
-        Command::Forget { key, force } => admin::forget(&open(path)?, &key, force, cli.json),
-        Command::Resolve { key, exit_code, ttl } => {
-            admin::resolve(&open(path)?, &key, exit_code, ttl, cli.json)
+        Command::Status { key, at } => admin::status(&open()?, &at.key(&key)?, cli.json),
+        Command::Forget { key, at, force } => {
+            admin::forget(&open()?, &at.key(&key)?, force, cli.json)
         }
-        Command::List { unknown } => admin::list(&open(path)?, unknown, cli.json),
-        Command::Gc => admin::gc(&open(path)?, cli.json),
+        Command::Resolve { key, at, exit_code, ttl } => {
+            admin::resolve(&open()?, &at.key(&key)?, exit_code, ttl, cli.json)
+        }
+        Command::List { unknown, in_progress, key, at, limit } => {
+            let mut filter = idemcache::store::RecordFilter::new();
+            if unknown {
+                filter = filter.state(idemcache::store::RecordState::Unknown);
+            }
+            if in_progress {
+                filter = filter.state(idemcache::store::RecordState::Processing);
+            }
+            if let Some(scope) = at.scope {
+                filter = filter.scope(scope);
+            }
+            if let Some(tenant) = at.tenant {
+                filter = filter.tenant(tenant);
+            }
+            if let Some(client_key) = key {
+                filter = filter.client_key(client_key);
+            }
+            admin::list(&open()?, &admin::Listing { filter, limit }, cli.json)
+        }
+        Command::Gc => admin::gc(&open()?, cli.json),
     }
 }

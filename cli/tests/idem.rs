@@ -45,6 +45,7 @@ impl Dir {
         c.args(args)
             .current_dir(&self.0)
             .env("IDEM_DB", self.db())
+            .env_remove("IDEM_STORE")
             .env_remove("IDEM_LEASE_MS")
             .env_remove("IDEM_MAX_OUTPUT")
             .env_remove("IDEM_BUSY_TIMEOUT_MS")
@@ -1013,4 +1014,229 @@ fn a_database_made_through_a_dangling_symlink_is_private() {
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
     let mode = std::fs::metadata(dir.path("disk/idem.db")).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "made {:o}", mode & 0o777);
+}
+
+/// `idem list` prints the oldest records first (not in key order), at most `--limit`,
+/// and `--in-progress` selects PROCESSING ones, on idem's own database.
+#[test]
+fn list_is_oldest_first_bounded_and_filters_by_state() {
+    let dir = Dir::new("list-order");
+    for key in ["zz-first", "aa-second", "mm-third"] {
+        assert_eq!(code(&dir.run(key, &[], "true")), 0);
+    }
+    let listed = |args: &[&str]| -> Vec<String> {
+        let out = dir.idem(args).output().unwrap();
+        assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.as_array().unwrap().iter().map(|r| r["key"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(listed(&["list", "--json"]), ["zz-first", "aa-second", "mm-third"]);
+    assert_eq!(listed(&["list", "--json", "--limit", "2"]), ["zz-first", "aa-second"]);
+    assert_eq!(listed(&["list", "--json", "--in-progress"]), Vec::<String>::new());
+    assert_eq!(listed(&["list", "--json", "--key", "aa-second"]), ["aa-second"]);
+    assert_eq!(listed(&["list", "--json", "--scope", "POST /other"]), Vec::<String>::new());
+    let text_list = dir.idem(&["list"]).output().unwrap();
+    let lines: Vec<String> = text(&text_list.stdout).lines().map(str::to_owned).collect();
+    assert!(lines[0].contains("zz-first") && lines[2].contains("mm-third"), "{lines:?}");
+    // `run` keeps its records in idem's own database only.
+    let refused = dir.idem(&["run", "--store", "sqlite::memory:", "--key", "k", "--", "true"]);
+    assert_eq!(code(&{ refused }.output().unwrap()), 64);
+}
+
+/// A store URL's password is never printed, even when the store cannot be reached.
+#[test]
+fn a_store_that_cannot_be_reached_is_71_and_its_password_is_never_printed() {
+    let dir = Dir::new("store-unreachable");
+    let url = "postgres://ops:hunter2@127.0.0.1:1/shop";
+    for args in [vec!["list"], vec!["status", "k"], vec!["gc"]] {
+        let mut all = vec!["--store", url];
+        all.extend(args);
+        let out = dir.idem(&all).output().unwrap();
+        assert_eq!(code(&out), 71, "{}", text(&out.stderr));
+        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(!said.contains("hunter2") && said.contains("ops:***@"), "{said}");
+    }
+    let out = dir.idem(&["list", "--store", "nosuch://x"]).output().unwrap();
+    assert_eq!(code(&out), 64, "{}", text(&out.stderr));
+}
+
+/// The service URL in `var`, or `None` after saying on stderr that the test is skipped.
+fn service_url(var: &str, example: &str) -> Option<String> {
+    use std::io::Write;
+    let url = std::env::var(var).ok().filter(|url| !url.is_empty());
+    if url.is_none() {
+        let test = std::thread::current().name().unwrap_or("a test").to_owned();
+        let _ = writeln!(std::io::stderr(), "skipped {test}: set {var} (e.g. {example}) to run it");
+    }
+    url
+}
+
+/// A stored HTTP response as the layer keeps it (`IDR1`, status 201, no header or
+/// trailer fields, then the body).
+const STORED_201: &[u8] = b"IDR1\x00\xc9\x00\x00\x00\x00{\"order\":7}";
+
+/// Records made through the Rust API in the store at `url` (as a service's HTTP layer
+/// makes them), inspected with `idem --store URL`: every record of one client key
+/// whatever its scope and tenant, each filter, status with its HTTP status, forget
+/// (with and without --force), resolve of idem's own key, gc and purge.
+fn inspect_a_store(url: &str, tag: &str) {
+    use idemcache::store::{RecordState, Store, StoreClaim};
+    use idemcache::{Fingerprint, Key};
+    use std::time::SystemTime;
+
+    let dir = Dir::new(&format!("store-{tag}"));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let store = rt.block_on(idemcache_any::open(url)).unwrap();
+    rt.block_on(store.ensure_schema()).unwrap();
+    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
+    let k = format!("cust-{tag}-{}-{nanos}", std::process::id());
+    let lease = Duration::from_secs(60);
+    let ttl = Duration::from_secs(3600);
+    let claim = |key: &Key| match rt.block_on(store.claim(key, Fingerprint::of(b"r"), lease)) {
+        Ok(StoreClaim::Acquired { token, .. }) => token,
+        other => panic!("{other:?}"),
+    };
+    let orders_a = Key::new("POST /orders", "tenant-a", &k).unwrap();
+    let orders_b = Key::new("POST /orders", "tenant-b", &k).unwrap();
+    let refund_a = Key::new("POST /refunds", "tenant-a", &k).unwrap();
+    let refund_none = Key::without_tenant("POST /refunds", &k).unwrap();
+    let not_theirs = Key::new("POST /orders", "tenant-a", format!("{k}-2")).unwrap();
+    let idems = Key::without_tenant("idem run", &k).unwrap();
+    // Oldest first: made in this order, listed in this order.
+    let t = claim(&orders_a);
+    rt.block_on(store.complete(&orders_a, t, Some(STORED_201.to_vec().into()), ttl)).unwrap();
+    claim(&orders_b);
+    let t = claim(&refund_a);
+    rt.block_on(store.mark_unknown(&refund_a, t, ttl)).unwrap();
+    let t = claim(&refund_none);
+    rt.block_on(store.complete(&refund_none, t, None, ttl)).unwrap();
+    let t = claim(&not_theirs);
+    rt.block_on(store.complete(&not_theirs, t, None, ttl)).unwrap();
+    let t = claim(&idems);
+    rt.block_on(store.mark_unknown(&idems, t, ttl)).unwrap();
+
+    let idem = |args: &[&str]| {
+        let mut all = vec!["--store", url];
+        all.extend_from_slice(args);
+        dir.idem(&all).output().unwrap()
+    };
+    let listed = |args: &[&str]| -> Vec<serde_json::Value> {
+        let mut all = vec!["list", "--key", &k, "--json"];
+        all.extend_from_slice(args);
+        let out = idem(&all);
+        assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let every = listed(&[]);
+    let who: Vec<(String, Option<String>, String)> = every
+        .iter()
+        .map(|r| {
+            assert_eq!(r["client_key"], k.as_str());
+            assert!(r["correlation_id"].is_null(), "{r}");
+            for field in ["expires_at", "started_at"] {
+                assert!(r[field]["utc"].is_string() && r[field]["unix_micros"].is_i64(), "{r}");
+            }
+            assert!(r["fencing_token"].is_u64(), "{r}");
+            let processing = r["state"] == "PROCESSING";
+            assert_eq!(r["lease_ends_at"].is_object(), processing, "{r}");
+            assert_eq!(r["settled_at"].is_object(), !processing, "{r}");
+            assert!(r.get("result_bytes").is_some(), "{r}");
+            (
+                r["scope"].as_str().unwrap().to_owned(),
+                r["tenant"].as_str().map(str::to_owned),
+                r["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let some = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        who,
+        [
+            ("POST /orders".into(), some("tenant-a"), "COMPLETED".into()),
+            ("POST /orders".into(), some("tenant-b"), "PROCESSING".into()),
+            ("POST /refunds".into(), some("tenant-a"), "UNKNOWN".into()),
+            ("POST /refunds".into(), None, "COMPLETED".into()),
+            ("idem run".into(), None, "UNKNOWN".into()),
+        ]
+    );
+    assert_eq!(
+        (every[0]["http_status"].as_u64(), every[0]["result_bytes"].as_u64()),
+        (Some(201), Some(STORED_201.len() as u64))
+    );
+    let count = |args: &[&str]| listed(args).len();
+    assert_eq!(count(&["--scope", "POST /orders"]), 2);
+    assert_eq!(count(&["--tenant", "tenant-a"]), 2);
+    assert_eq!(count(&["--scope", "POST /refunds", "--tenant", "tenant-a"]), 1);
+    assert_eq!(count(&["--unknown"]), 2);
+    assert_eq!(count(&["--in-progress"]), 1);
+    assert_eq!(count(&["--unknown", "--in-progress"]), 3);
+    assert_eq!(count(&["--limit", "1"]), 1);
+
+    // status: the HTTP layer's record, addressed as the layer builds its key.
+    let at = ["--scope", "POST /orders", "--tenant", "tenant-a"];
+    let status = |args: &[&str]| {
+        let mut all = vec!["status", &k];
+        all.extend_from_slice(args);
+        idem(&all)
+    };
+    let out = status(&[&at[..], &["--json"]].concat());
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v["state"].as_str(), v["http_status"].as_u64()), (Some("COMPLETED"), Some(201)));
+    let out = status(&at);
+    assert!(text(&out.stdout).contains("HTTP 201") && text(&out.stdout).contains("fingerprint"));
+    let v: serde_json::Value =
+        serde_json::from_slice(&status(&["--scope", "POST /nothing", "--json"]).stdout).unwrap();
+    assert_eq!(v["state"], "ABSENT");
+
+    // forget: UNKNOWN only, PROCESSING with --force; resolve only idem's own.
+    let refunds = ["--scope", "POST /refunds", "--tenant", "tenant-a"];
+    assert_eq!(code(&idem(&[&["forget", &k][..], &refunds].concat())), 0);
+    assert_eq!(code(&idem(&[&["forget", &k][..], &refunds].concat())), 1);
+    let held = ["--scope", "POST /orders", "--tenant", "tenant-b"];
+    assert_eq!(code(&idem(&[&["forget", &k][..], &held].concat())), 1);
+    assert_eq!(code(&idem(&[&["forget", &k, "--force"][..], &held].concat())), 0);
+    assert_eq!(code(&idem(&[&["resolve", &k, "--exit-code", "0"][..], &at].concat())), 64);
+    let out = idem(&["resolve", &k, "--exit-code", "3"]);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let replayed = dir.idem(&["--store", url, "status", &k, "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&replayed.stdout).unwrap();
+    assert_eq!((v["state"].as_str(), v["outcome"]["code"].as_i64()), (Some("COMPLETED"), Some(3)));
+    assert_eq!(count(&[]), 3, "two forgotten of five");
+    for sub in ["gc", "purge"] {
+        let out = idem(&[sub, "--json"]);
+        assert_eq!(code(&out), 0, "{sub}: {}", text(&out.stderr));
+    }
+    for key in [&orders_a, &orders_b, &refund_a, &refund_none, &not_theirs, &idems] {
+        rt.block_on(store.remove_record(key, &RecordState::ALL)).unwrap();
+    }
+}
+
+#[test]
+fn idem_inspects_a_sqlite_store_by_url() {
+    let dir = Dir::new("store-file");
+    let url = format!("sqlite:{}", dir.path("service.db").display());
+    inspect_a_store(&url, "sqlite");
+}
+
+#[test]
+fn idem_inspects_a_postgres_store() {
+    let Some(url) =
+        service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
+    else {
+        return;
+    };
+    inspect_a_store(&url, "postgres");
+}
+
+#[test]
+fn idem_inspects_a_redis_store() {
+    let Some(url) = service_url("IDEMCACHE_REDIS_STORE_URL", "redis://127.0.0.1:6379/14") else {
+        return;
+    };
+    inspect_a_store(&url, "redis");
 }
