@@ -1240,3 +1240,25 @@ fn idem_inspects_a_redis_store() {
     };
     inspect_a_store(&url, "redis");
 }
+
+#[test]
+fn idem_inspects_a_mysql_store() {
+    let Some(url) = service_url("IDEMCACHE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test") else {
+        return;
+    };
+    inspect_a_store(&url, "mysql");
+}
+
+#[test]
+fn idem_inspects_a_redis_cluster() {
+    let Some(urls) = service_url(
+        "IDEMCACHE_REDIS_CLUSTER_URLS",
+        "redis://127.0.0.1:7000,redis://127.0.0.1:7001",
+    ) else {
+        return;
+    };
+    // `redis-cluster://host:port,host:port`: the nodes without their schemes.
+    let nodes: Vec<&str> =
+        urls.split(',').map(|u| u.trim().trim_start_matches("redis://")).collect();
+    inspect_a_store(&format!("redis-cluster://{}", nodes.join(",")), "cluster");
+}

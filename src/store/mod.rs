@@ -281,6 +281,11 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// own writes are then refused as [`LeaseLost`](StoreError::LeaseLost): the key may
     /// be claimed and executed again while that owner still runs), or a COMPLETED one to
     /// run it again.
+    ///
+    /// A record that does not read is [`StoreError::Corrupt`]. A store whose look and
+    /// delete are one statement or script (PostgreSQL, Redis) has deleted it when it was
+    /// in a state asked for, and says so in the message; SQLite and MySQL judge it first
+    /// and keep it.
     fn remove_record(
         &self,
         key: &Key,

@@ -132,6 +132,50 @@ async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
     admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
 }
 
+/// The record reads name a row they cannot read `Corrupt`, and a row whose key bytes
+/// are not an idemcache key (another program's) by those bytes: `record` of a key with
+/// such a row, and `records` on the first one it scans (never skipped silently); a
+/// listing of a scope reads that scope's key range only, and is not stopped by them.
+#[tokio::test]
+async fn record_reads_name_unreadable_and_foreign_rows() {
+    use idemcache::store::{RecordFilter, RecordState};
+    let Some((admin, store, schema)) = store_in_a_schema_of_its_own("records").await else {
+        return;
+    };
+    store.ensure_schema().await.unwrap();
+    let k = key("short-fp");
+    let token = acquire(&store, &k).await;
+    store.complete(&k, token, None, TTL).await.unwrap();
+    let table = format!("{schema}.idemcache_records");
+    admin
+        .execute(&format!("UPDATE {table} SET fingerprint = '\\x0102'::bytea"), &[])
+        .await
+        .unwrap();
+    match store.record(&k).await {
+        Err(StoreError::Corrupt(why)) => assert!(why.contains("short-fp"), "{why}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let listed = store.records(&RecordFilter::new(), None, 10).await;
+    assert!(matches!(listed, Err(StoreError::Corrupt(_))), "{listed:?}");
+    match store.remove_record(&k, &RecordState::ALL).await {
+        Err(StoreError::Corrupt(why)) => assert!(why.ends_with("(it was deleted)"), "{why}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert_eq!(store.record(&k).await.unwrap(), None, "the garbled record is gone");
+    let foreign = format!(
+        "INSERT INTO {table} VALUES ('\\xff00'::bytea, '\\x00000000000000000000000000000000'::bytea,
+         2, 1, NULL, 0, 1, 9000000000000000)"
+    );
+    admin.batch_execute(&foreign).await.unwrap();
+    match store.records(&RecordFilter::new(), Some(&k), 10).await {
+        Err(StoreError::Corrupt(why)) => assert!(why.contains("ff00"), "{why}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let elsewhere = RecordFilter::new().scope("another scope");
+    assert_eq!(store.records(&elsewhere, None, 10).await.unwrap(), vec![]);
+    admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
+}
+
 #[tokio::test]
 async fn concurrent_schema_creation_from_several_processes_is_safe() {
     let Some(store) = store().await else { return };

@@ -82,7 +82,13 @@ impl RedisStore {
             expires_at: expires,
             correlation_id,
         };
-        let record = judge(stored, now, lapse)?;
+        let record = judge(stored, now, lapse).map_err(|e| match e {
+            // The script deleted it before this read it: say the garbled record is gone.
+            StoreError::Corrupt(why) if deleted == 1 => {
+                StoreError::Corrupt(format!("{why} (it was deleted)"))
+            }
+            other => other,
+        })?;
         // A removal answers what it deleted; a read, or a removal in no state asked for,
         // what it found, and only a removal's caller is told "nothing deleted".
         Ok(match (mask, deleted) {

@@ -241,3 +241,45 @@ async fn a_reply_that_is_not_resp_is_backend_not_corrupt() {
     let got = store.claim(&key("garbled-wire"), fp("r"), LEASE).await;
     assert!(matches!(got, Err(StoreError::Backend(_))), "{got:?}");
 }
+
+/// The record reads name what they cannot read: a record key holding a string is
+/// `Corrupt` to `record`; a key of the records' pattern whose name is not a record's
+/// (not hex, or hex that is not an idemcache key) fails `records` naming it, never
+/// skipped silently; a listing of a scope matches that scope's keys only, and is not
+/// stopped by them.
+#[tokio::test]
+async fn record_reads_name_what_they_cannot_read() {
+    use idemcache::store::{RecordFilter, RecordState};
+    let _serial = SERIAL.lock().await;
+    let Some((store, mut admin, _one_at_a_time)) = store_apart().await else { return };
+    let fine = key("fine");
+    let token = acquire(&store, &fine).await;
+    store.complete(&fine, token, None, TTL).await.unwrap();
+    let wrong = key("a-string");
+    let _: () =
+        redis::cmd("SET").arg(record_key(&wrong)).arg("x").query_async(&mut admin).await.unwrap();
+    assert!(matches!(store.record(&wrong).await, Err(StoreError::Corrupt(_))));
+    let removed = store.remove_record(&wrong, &RecordState::ALL).await;
+    assert!(matches!(removed, Err(StoreError::Corrupt(_))), "{removed:?}");
+    let _: () = redis::cmd("DEL").arg(record_key(&wrong)).query_async(&mut admin).await.unwrap();
+    let every = RecordFilter::new();
+    assert_eq!(store.records(&every, None, 10).await.unwrap().len(), 1);
+    for foreign in ["idemcache:{ff00}", "idemcache:{not-hex}"] {
+        let _: () = redis::cmd("HSET")
+            .arg(foreign)
+            .arg("state")
+            .arg(2)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        match store.records(&every, None, 10).await {
+            Err(StoreError::Corrupt(why)) => {
+                assert!(why.contains("ff00") || why.contains("not-hex"), "{why}")
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        let theirs = RecordFilter::new().scope(fine.scope());
+        assert_eq!(store.records(&theirs, None, 10).await.unwrap().len(), 1);
+        let _: () = redis::cmd("DEL").arg(foreign).query_async(&mut admin).await.unwrap();
+    }
+}

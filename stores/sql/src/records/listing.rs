@@ -124,6 +124,16 @@ impl Listing {
     }
 }
 
+/// What a removal whose one statement deleted the row before it was read answers: the
+/// record, or, for a row that does not read, [`StoreError::Corrupt`] saying it is gone
+/// all the same (so that an operator clearing a garbled record knows it was cleared).
+pub fn removed(judged: Result<Option<Record>, StoreError>) -> Result<Option<Record>, StoreError> {
+    judged.map_err(|e| match e {
+        StoreError::Corrupt(why) => StoreError::Corrupt(format!("{why} (it was deleted)")),
+        other => other,
+    })
+}
+
 /// The mask (`1 << state`) a removal of a record in one of `states` binds.
 pub fn removal_mask(states: &[RecordState]) -> i32 {
     states.iter().fold(0, |mask, s| mask | 1 << s.code())

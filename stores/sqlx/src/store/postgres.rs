@@ -19,7 +19,7 @@ use idemcache::store::record::{judge, StoredRecord};
 use idemcache::store::{Record, RecordFilter, RecordState, Store, StoreClaim, StoreError};
 use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
 use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
-use idemcache_sql::records::listing::{removal_mask, Listing};
+use idemcache_sql::records::listing::{removal_mask, removed, Listing};
 use idemcache_sql::records::postgres as sql;
 
 use super::{column, failed};
@@ -441,7 +441,8 @@ impl Store for PgStore {
     }
 
     /// One statement ([`REMOVE`](idemcache_sql::records::postgres::REMOVE)): the look and
-    /// the delete are one atomic step.
+    /// the delete are one atomic step. A row in a state asked for that does not read is
+    /// deleted all the same, and answered `Corrupt` saying so.
     async fn remove_record(
         &self,
         key: &Key,
@@ -454,8 +455,7 @@ impl Store for PgStore {
         let rows = self.rows(query).await?;
         match rows.first() {
             Some(row) => {
-                let (now, stored) = stored_row(row)?;
-                judge(stored, now, lapse_ttl)
+                removed(stored_row(row).and_then(|(now, stored)| judge(stored, now, lapse_ttl)))
             }
             None => Ok(None),
         }
