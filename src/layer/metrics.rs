@@ -13,7 +13,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use metrics::{Counter, Histogram};
 use parking_lot::RwLock;
@@ -107,7 +106,7 @@ impl LayerMetrics {
 
 /// Records one call of a durable store: `operation` took `took`.
 #[cfg(feature = "store")]
-pub(crate) fn store_call(store: &'static str, operation: &'static str, took: Duration) {
+pub(crate) fn store_call(store: &'static str, operation: &'static str, took: std::time::Duration) {
     metrics::histogram!("idemcache_store_seconds", "operation" => operation, "store" => store)
         .record(took);
 }
