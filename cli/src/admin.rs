@@ -43,12 +43,14 @@ pub fn http_status(body: &[u8]) -> Option<u16> {
 /// How many expired records one `gc` statement deletes.
 const PURGE_BATCH: usize = 1000;
 
-/// The key as the user typed it, for an `idem` key; another program's key in full.
+/// The key as the user typed it, for an `idem` key; another program's as its parts:
+/// `[SCOPE] [TENANT] CLIENT_KEY` (`-` for no tenant).
 fn shown(record: &Record) -> String {
-    if is_idems(&record.key) {
-        record.key.client_key().to_owned()
+    let key = &record.key;
+    if is_idems(key) {
+        key.client_key().to_owned()
     } else {
-        format!("{:?}", record.key)
+        format!("[{}] [{}] {}", key.scope(), key.tenant().unwrap_or("-"), key.client_key())
     }
 }
 
@@ -153,7 +155,22 @@ pub fn status(t: &Target, key: &Key, as_json: bool) -> Result<u8, Failure> {
         return Ok(0);
     }
     let Some(r) = record else {
-        outln!("{client_key}: no record (a run executes it)");
+        if is_idems(key) && t.is_local() {
+            outln!("{client_key}: no record (a run executes it)");
+            return Ok(0);
+        }
+        outln!(
+            "{client_key}: no record under scope {:?}, tenant {} (a request with it executes)",
+            key.scope(),
+            key.tenant().map_or_else(|| "(none)".to_owned(), |t| format!("{t:?}"))
+        );
+        // The operator may have the client key without its scope and tenant.
+        let elsewhere = RecordFilter::new().client_key(client_key);
+        if let Ok(found) = t.wait(t.store.records(&elsewhere, None, 1)) {
+            if !found.is_empty() {
+                outln!("           records of this client key exist elsewhere: idem list --key {client_key} ...");
+            }
+        }
         return Ok(0);
     };
     outln!("key:       {client_key}");
@@ -176,8 +193,9 @@ pub fn status(t: &Target, key: &Key, as_json: bool) -> Result<u8, Failure> {
     }
     match r.state {
         RecordState::Processing => {
+            let holder = if is_idems(key) { "the command runs" } else { "its request executes" };
             outln!(
-                "lease:     ends {} ({}), renewed while the command runs",
+                "lease:     ends {} ({}), renewed while {holder}",
                 rfc3339(r.expires_at),
                 ago(r.expires_at)
             );
@@ -214,15 +232,26 @@ pub fn status(t: &Target, key: &Key, as_json: bool) -> Result<u8, Failure> {
             outln!("expires:   {} ({})", rfc3339(r.expires_at), ago(r.expires_at));
         }
         RecordState::Unknown => {
+            let idems = is_idems(key);
             if let Some(at) = r.settled_at {
-                let how =
-                    if r.lapsed { "its run died mid-command (lease lapsed)" } else { "marked" };
+                let how = match (r.lapsed, idems) {
+                    (true, true) => "its run died mid-command (lease lapsed)",
+                    (true, false) => "its execution died mid-request (lease lapsed)",
+                    (false, _) => "marked",
+                };
                 outln!("unknown:   {how} {} ({})", rfc3339(at), ago(at));
             }
             outln!("expires:   {} ({})", rfc3339(r.expires_at), ago(r.expires_at));
-            outln!("next:      check whether the command had its effect, then");
-            outln!("           idem resolve {client_key} --exit-code N   (it did)");
-            outln!("           idem forget {client_key}                  (it did not)");
+            let addressed = t.addressed(key);
+            if idems {
+                outln!("next:      check whether the command had its effect, then");
+                outln!("           idem resolve {addressed} --exit-code N   (it did)");
+                outln!("           idem forget {addressed}                  (it did not)");
+            } else {
+                outln!("next:      check whether the request had its effect, then let the");
+                outln!("           service's reconciler settle it (it did), or");
+                outln!("           idem forget {addressed}   (it did not)");
+            }
         }
     }
     Ok(0)
@@ -241,12 +270,14 @@ pub fn forget(t: &Target, key: &Key, force: bool, as_json: bool) -> Result<u8, F
             if as_json {
                 outln!("{}", json!({ "key": client_key, "forgotten": true, "was": json_of(&was) }));
             } else {
-                outln!(
-                    "{client_key}: forgot its {} record; the next run executes the command",
-                    was.state.name()
-                );
+                let (next, holder) = if is_idems(key) {
+                    ("the next run executes the command", "a run still holding it")
+                } else {
+                    ("the next request with it executes", "an execution still holding it")
+                };
+                outln!("{client_key}: forgot its {} record; {next}", was.state.name());
                 if was.state == RecordState::Processing {
-                    outln!("(a run still holding it will not have its outcome recorded)");
+                    outln!("({holder} will not have its outcome recorded)");
                 }
             }
             Ok(0)
@@ -355,6 +386,10 @@ pub fn list(t: &Target, listing: &Listing, as_json: bool) -> Result<u8, Failure>
     if as_json {
         outln!("{}", Value::Array(kept.iter().map(json_of).collect()));
         return Ok(0);
+    }
+    if kept.is_empty() {
+        // On stderr: a script reading stdout sees an empty listing, a person sees why.
+        errln!("idem: no records match");
     }
     for record in &kept {
         // The reader gone (`idem list | head`): the rest is not wanted.

@@ -42,6 +42,37 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
 }
 
 impl Target {
+    /// The options that address this store and `key` on a command line, for the next
+    /// commands `status` suggests: `--store URL` (its password hidden: type it again),
+    /// `--scope`, `--tenant`, then the client key. Just the client key for idem's own
+    /// records in its own database.
+    pub fn addressed(&self, key: &Key) -> String {
+        let quoted = |s: &str| {
+            if s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./:@,+=".contains(&b)) {
+                s.to_owned()
+            } else {
+                format!("'{}'", s.replace('\'', "'\\''"))
+            }
+        };
+        let mut out = String::new();
+        if self.local.is_none() {
+            out.push_str(&format!("--store {} ", quoted(&self.url)));
+        }
+        if key.scope() != crate::run::SCOPE {
+            out.push_str(&format!("--scope {} ", quoted(key.scope())));
+        }
+        if let Some(tenant) = key.tenant() {
+            out.push_str(&format!("--tenant {} ", quoted(tenant)));
+        }
+        out.push_str(&quoted(key.client_key()));
+        out
+    }
+
+    /// Whether this is idem's own database.
+    pub fn is_local(&self) -> bool {
+        self.local.is_some()
+    }
+
     /// idem's own state database.
     pub fn local(db: Db) -> Result<Target, Failure> {
         Ok(Target {

@@ -1105,7 +1105,10 @@ fn inspect_a_store(url: &str, tag: &str) {
     // Oldest first: made in this order, listed in this order.
     let t = claim(&orders_a);
     rt.block_on(store.complete(&orders_a, t, Some(STORED_201.to_vec().into()), ttl)).unwrap();
-    claim(&orders_b);
+    let by = idemcache::CorrelationId::new("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+    let held =
+        rt.block_on(store.claim_correlated(&orders_b, Fingerprint::of(b"r"), lease, Some(&by)));
+    assert!(matches!(held, Ok(StoreClaim::Acquired { .. })), "{held:?}");
     let t = claim(&refund_a);
     rt.block_on(store.mark_unknown(&refund_a, t, ttl)).unwrap();
     let t = claim(&refund_none);
@@ -1136,7 +1139,8 @@ fn inspect_a_store(url: &str, tag: &str) {
         .iter()
         .map(|r| {
             assert_eq!(r["client_key"], k.as_str());
-            assert!(r["correlation_id"].is_null(), "{r}");
+            let correlated = r["tenant"] == "tenant-b";
+            assert_eq!(r["correlation_id"].as_str(), correlated.then_some(by.as_str()), "{r}");
             for field in ["expires_at", "started_at"] {
                 assert!(r[field]["utc"].is_string() && r[field]["unix_micros"].is_i64(), "{r}");
             }
@@ -1192,6 +1196,29 @@ fn inspect_a_store(url: &str, tag: &str) {
     let v: serde_json::Value =
         serde_json::from_slice(&status(&["--scope", "POST /nothing", "--json"]).stdout).unwrap();
     assert_eq!(v["state"], "ABSENT");
+
+    // A service's UNKNOWN record: the next commands address it as it is addressed here,
+    // and speak of a request, not a run.
+    let out = status(&["--scope", "POST /refunds", "--tenant", "tenant-a"]);
+    let said = text(&out.stdout);
+    assert!(said.contains(&format!("--scope 'POST /refunds' --tenant tenant-a {k}")), "{said}");
+    assert!(!said.contains("idem resolve") && said.contains("request"), "{said}");
+    let out = status(&["--scope", "POST /orders", "--tenant", "tenant-b"]);
+    assert!(
+        text(&out.stdout).contains(by.as_str()),
+        "the holder's correlation id: {}",
+        text(&out.stdout)
+    );
+    // The client key under a scope it has no record in: it exists elsewhere.
+    let out = status(&["--scope", "POST /nothing"]);
+    assert!(text(&out.stdout).contains("exist elsewhere"), "{}", text(&out.stdout));
+    // The text listing names each record by its parts.
+    let out = idem(&["list", "--key", &k, "--scope", "POST /orders"]);
+    assert!(
+        text(&out.stdout).contains(&format!("[POST /orders] [tenant-a] {k}")),
+        "{}",
+        text(&out.stdout)
+    );
 
     // forget: UNKNOWN only, PROCESSING with --force; resolve only idem's own.
     let refunds = ["--scope", "POST /refunds", "--tenant", "tenant-a"];

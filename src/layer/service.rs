@@ -217,6 +217,16 @@ fn in_span<F: Future>(_span: (), future: F) -> F {
     future
 }
 
+/// The span this code runs in: the request's, entered by [`in_span`].
+#[cfg(feature = "tracing")]
+fn current_span() -> tracing::Span {
+    tracing::Span::current()
+}
+
+/// No span without the `tracing` feature.
+#[cfg(not(feature = "tracing"))]
+fn current_span() {}
+
 /// Claims `key` and answers: the handler's response (its execution [`Detached`] if
 /// `detach`: it finishes even if this future is dropped), a replay, or a refusal.
 async fn decide<S, ReqB, ResB>(
@@ -243,7 +253,10 @@ where
     let decision = match found {
         Found::Acquired(held) => {
             // Reported when the execution settles its claim.
-            let run = in_span(asked.span(), execute(settings.clone(), inner, request, held, asked));
+            // In the request's span (this future runs in it), carried along if the
+            // execution moves to a task of its own.
+            let run =
+                in_span(current_span(), execute(settings.clone(), inner, request, held, asked));
             if !detach {
                 // Boxed: inline, the execution's state would make every request's
                 // future (replays too) as large as an execution's, copied at each move.
