@@ -450,9 +450,14 @@ where
     if handed_over {
         // The handler wrote the record in its own transaction: committed, it stands (and
         // this fenced release is refused); rolled back, the record is still PROCESSING
-        // under this claim, and releasing it lets a retry run (nothing committed).
-        held.release().await;
-        asked.report(&settings, Decision::Acquired, took);
+        // under this claim, and releasing it lets a retry run (nothing committed). The
+        // decision is what the release found, not what the handler meant to do.
+        let decision = match held.release_settled().await {
+            Settled::Recorded => Decision::Released,
+            Settled::LeaseLost => Decision::Acquired,
+            Settled::Failed => Decision::StoreError,
+        };
+        asked.report(&settings, decision, took);
     } else if stored {
         let set_cookie = settings.replay_set_cookie;
         let record = stored_response::encode(
