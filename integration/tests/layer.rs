@@ -1366,3 +1366,25 @@ async fn over_a_store_the_record_keeps_the_requests_trace_id() {
     let id = record.correlation_id.expect("its correlation id");
     assert_eq!(id.as_str(), "0af7651916cd43dd8448eb211c80319c");
 }
+
+/// `store_when` is the application's code, as a handler is: one that panics gets the
+/// handler's treatment (a 500, the key settled by the drop policy so a retry runs), and
+/// the request is reported once. (Its panic unwound past the reporting: the request
+/// got a 500 and no decision.)
+#[tokio::test]
+async fn a_panicking_store_when_is_settled_and_reported_as_a_panicking_handler() {
+    let cache = Cache::builder().build().unwrap();
+    let (layer, seen) = reporting(&cache);
+    let layer = layer.store_when(|status| {
+        assert!(status != StatusCode::CREATED, "store_when panicked, as asked");
+        true
+    });
+    let handler = Handler::open();
+    let addr = serve(layer, handler.clone()).await;
+    assert_eq!(req("k", "{}").send(addr).await.status, 500);
+    let decisions: Vec<String> = seen.lock().unwrap().iter().map(|r| r.0.clone()).collect();
+    assert_eq!(decisions, ["released"], "one decision for the request");
+    // Released: the retry runs again (and panics again).
+    assert_eq!(req("k", "{}").send(addr).await.status, 500);
+    assert_eq!(handler.runs(), 2);
+}
