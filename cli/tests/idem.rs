@@ -1060,6 +1060,25 @@ fn a_store_that_cannot_be_reached_is_71_and_its_password_is_never_printed() {
     assert_eq!(code(&out), 64, "{}", text(&out.stderr));
 }
 
+/// A `sqlite:` store URL naming no file (a mistyped path) is 71 naming it, and leaves no
+/// file behind: idem reads a service's store, it never makes one (the driver created an
+/// empty database there and then reported a missing table).
+#[test]
+fn a_sqlite_store_that_does_not_exist_is_71_and_is_not_created() {
+    let dir = Dir::new("store-typo");
+    let path = dir.path("servcie.db");
+    for url in [format!("sqlite:{}", path.display()), format!("SQLite://{}", path.display())] {
+        for args in [vec!["list"], vec!["status", "k"], vec!["gc"]] {
+            let mut all = vec!["--store", url.as_str()];
+            all.extend(args);
+            let out = dir.idem(&all).output().unwrap();
+            assert_eq!(code(&out), 71, "{}", text(&out.stderr));
+            assert!(text(&out.stderr).contains("servcie.db"), "{}", text(&out.stderr));
+            assert!(!path.exists(), "idem created {path:?}");
+        }
+    }
+}
+
 /// The service URL in `var`, or `None` after saying on stderr that the test is skipped.
 fn service_url(var: &str, example: &str) -> Option<String> {
     use std::io::Write;
