@@ -285,8 +285,15 @@ fn dispatch(cli: Cli) -> Result<u8, exit::Failure> {
     }
     let settings = settings::Settings::from_env()?;
     let (store, unknown_ttl, db) = (cli.store, cli.unknown_ttl, cli.db);
-    // Where the admin subcommands act: a service's store (--store), else idem's own.
-    let open = || match store.as_deref().filter(|url| !url.is_empty()) {
+    // Where the admin subcommands act: a service's store (--store), else idem's own. An
+    // empty one (`--store "$STORE"` with the variable unset) names no store: read as
+    // idem's own, it answered "no record" about a database nobody asked about.
+    let open = || match store.as_deref() {
+        Some("") => Err(exit::Failure::new(
+            exit::USAGE,
+            "--store (or IDEM_STORE) is empty: give the service's store URL, or leave it out \
+             to act on idem's own database",
+        )),
         Some(url) => target::Target::remote(url, target::lapse_policy(unknown_ttl)),
         None => target::Target::local(db::open(
             db::path(db.clone())?,

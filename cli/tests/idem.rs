@@ -1079,6 +1079,24 @@ fn a_sqlite_store_that_does_not_exist_is_71_and_is_not_created() {
     }
 }
 
+/// An empty `--store` (the runbook's `--store "$STORE"` with the variable unset, or an
+/// empty `IDEM_STORE`) names no store: it is 64, as it is for `idem run`, never a read of
+/// idem's own database answering "no record" about a store nobody looked in.
+#[test]
+fn an_empty_store_url_is_a_usage_error_not_idems_own_database() {
+    let dir = Dir::new("store-empty");
+    assert_eq!(code(&dir.idem(&["run", "--key", "k", "--", "true"]).output().unwrap()), 0);
+    for args in [vec!["list", "--key", "k", "--json"], vec!["status", "k"], vec!["gc"]] {
+        let mut all = vec!["--store", ""];
+        all.extend(args.iter().copied());
+        let out = dir.idem(&all).output().unwrap();
+        assert_eq!(code(&out), 64, "{:?}: {}", args, text(&out.stdout));
+        assert!(text(&out.stderr).contains("--store"), "{}", text(&out.stderr));
+        let out = dir.idem(&args).env("IDEM_STORE", "").output().unwrap();
+        assert_eq!(code(&out), 64, "{:?}: {}", args, text(&out.stdout));
+    }
+}
+
 /// The service URL in `var`, or `None` after saying on stderr that the test is skipped.
 fn service_url(var: &str, example: &str) -> Option<String> {
     use std::io::Write;
