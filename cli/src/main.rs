@@ -281,6 +281,10 @@ fn dispatch(cli: Cli) -> Result<u8, exit::Failure> {
         Command::Status { key, at }
         | Command::Forget { key, at, .. }
         | Command::Resolve { key, at, .. } => drop(at.key(key)?),
+        // A client key no record can have (empty, a space, too long: a value pasted
+        // wrong) would list nothing, read as "no record of it": refused as status
+        // refuses it. Only the client key's rules: any scope and tenant may hold it.
+        Command::List { key: Some(key), .. } => drop(target::Address::default().key(key)?),
         Command::List { .. } | Command::Gc => {}
     }
     let settings = settings::Settings::from_env()?;

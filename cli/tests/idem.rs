@@ -1097,6 +1097,23 @@ fn an_empty_store_url_is_a_usage_error_not_idems_own_database() {
     }
 }
 
+/// `list --key` with a client key no record can have (empty: `--key "$KEY"` with the
+/// variable unset; a space or a newline pasted with it; over 255 bytes) is 64 naming it,
+/// as `status` is, never an empty list read as "no record of this key".
+#[test]
+fn list_by_a_client_key_no_record_can_have_is_a_usage_error() {
+    let dir = Dir::new("list-bad-key");
+    assert_eq!(code(&dir.idem(&["run", "--key", "k", "--", "true"]).output().unwrap()), 0);
+    let long = "k".repeat(256);
+    for bad in ["", "8e03978e 40d5", "8e03978e\n", long.as_str()] {
+        let out = dir.idem(&["list", "--key", bad, "--json"]).output().unwrap();
+        assert_eq!(code(&out), 64, "{bad:?}: {}", text(&out.stdout));
+        assert!(text(&out.stderr).contains("refused"), "{}", text(&out.stderr));
+    }
+    let out = dir.idem(&["list", "--key", "k", "--json"]).output().unwrap();
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+}
+
 /// The service URL in `var`, or `None` after saying on stderr that the test is skipped.
 fn service_url(var: &str, example: &str) -> Option<String> {
     use std::io::Write;
