@@ -281,12 +281,23 @@ fn dispatch(cli: Cli) -> Result<u8, exit::Failure> {
         Command::Status { key, at }
         | Command::Forget { key, at, .. }
         | Command::Resolve { key, at, .. } => drop(at.key(key)?),
+        // A client key no record can have (empty, a space, too long: a value pasted
+        // wrong) would list nothing, read as "no record of it": refused as status
+        // refuses it. Only the client key's rules: any scope and tenant may hold it.
+        Command::List { key: Some(key), .. } => drop(target::Address::default().key(key)?),
         Command::List { .. } | Command::Gc => {}
     }
     let settings = settings::Settings::from_env()?;
     let (store, unknown_ttl, db) = (cli.store, cli.unknown_ttl, cli.db);
-    // Where the admin subcommands act: a service's store (--store), else idem's own.
-    let open = || match store.as_deref().filter(|url| !url.is_empty()) {
+    // Where the admin subcommands act: a service's store (--store), else idem's own. An
+    // empty one (`--store "$STORE"` with the variable unset) names no store: read as
+    // idem's own, it answered "no record" about a database nobody asked about.
+    let open = || match store.as_deref() {
+        Some("") => Err(exit::Failure::new(
+            exit::USAGE,
+            "--store (or IDEM_STORE) is empty: give the service's store URL, or leave it out \
+             to act on idem's own database",
+        )),
         Some(url) => target::Target::remote(url, target::lapse_policy(unknown_ttl)),
         None => target::Target::local(db::open(
             db::path(db.clone())?,

@@ -88,6 +88,17 @@ impl Target {
     pub fn remote(url: &str, lapse: LapsePolicy) -> Result<Target, Failure> {
         let runtime = runtime()?;
         let shown = idemcache_any::redacted(url);
+        // A SQLite store is a file its driver creates when it is absent: a path mistyped
+        // would leave an empty database (in WAL mode) where the service keeps its own,
+        // and be reported as a table missing from it. idem only reads a store.
+        if let Some(path) = sqlite_file(url) {
+            if !path.exists() {
+                return Err(Failure::new(
+                    DB_UNUSABLE,
+                    format!("the store {shown} cannot be opened: no database file at {path:?}"),
+                ));
+            }
+        }
         let store = runtime.block_on(idemcache_any::open_with(url, lapse)).map_err(|e| {
             let code = match &e {
                 idemcache_any::OpenError::Store { error: StoreError::Backend(_), .. } => {
@@ -133,6 +144,18 @@ impl Target {
     ) -> Result<T, Failure> {
         self.runtime.block_on(op).map_err(|e| self.failure(e))
     }
+}
+
+/// The file a `sqlite:` store URL names (as `SqliteStore::connect` reads it), or `None`
+/// for another scheme or an in-memory database.
+fn sqlite_file(url: &str) -> Option<&std::path::Path> {
+    let (scheme, rest) = url.split_once(':')?;
+    if !scheme.eq_ignore_ascii_case("sqlite") {
+        return None;
+    }
+    let path = rest.strip_prefix("//").unwrap_or(rest);
+    (!path.is_empty() && path != ":memory:" && !path.contains('?'))
+        .then(|| std::path::Path::new(path))
 }
 
 /// How a record is addressed: a scope (idem's own, `idem run`, when none is given) and

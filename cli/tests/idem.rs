@@ -1060,6 +1060,60 @@ fn a_store_that_cannot_be_reached_is_71_and_its_password_is_never_printed() {
     assert_eq!(code(&out), 64, "{}", text(&out.stderr));
 }
 
+/// A `sqlite:` store URL naming no file (a mistyped path) is 71 naming it, and leaves no
+/// file behind: idem reads a service's store, it never makes one (the driver created an
+/// empty database there and then reported a missing table).
+#[test]
+fn a_sqlite_store_that_does_not_exist_is_71_and_is_not_created() {
+    let dir = Dir::new("store-typo");
+    let path = dir.path("servcie.db");
+    for url in [format!("sqlite:{}", path.display()), format!("SQLite://{}", path.display())] {
+        for args in [vec!["list"], vec!["status", "k"], vec!["gc"]] {
+            let mut all = vec!["--store", url.as_str()];
+            all.extend(args);
+            let out = dir.idem(&all).output().unwrap();
+            assert_eq!(code(&out), 71, "{}", text(&out.stderr));
+            assert!(text(&out.stderr).contains("servcie.db"), "{}", text(&out.stderr));
+            assert!(!path.exists(), "idem created {path:?}");
+        }
+    }
+}
+
+/// An empty `--store` (the runbook's `--store "$STORE"` with the variable unset, or an
+/// empty `IDEM_STORE`) names no store: it is 64, as it is for `idem run`, never a read of
+/// idem's own database answering "no record" about a store nobody looked in.
+#[test]
+fn an_empty_store_url_is_a_usage_error_not_idems_own_database() {
+    let dir = Dir::new("store-empty");
+    assert_eq!(code(&dir.idem(&["run", "--key", "k", "--", "true"]).output().unwrap()), 0);
+    for args in [vec!["list", "--key", "k", "--json"], vec!["status", "k"], vec!["gc"]] {
+        let mut all = vec!["--store", ""];
+        all.extend(args.iter().copied());
+        let out = dir.idem(&all).output().unwrap();
+        assert_eq!(code(&out), 64, "{:?}: {}", args, text(&out.stdout));
+        assert!(text(&out.stderr).contains("--store"), "{}", text(&out.stderr));
+        let out = dir.idem(&args).env("IDEM_STORE", "").output().unwrap();
+        assert_eq!(code(&out), 64, "{:?}: {}", args, text(&out.stdout));
+    }
+}
+
+/// `list --key` with a client key no record can have (empty: `--key "$KEY"` with the
+/// variable unset; a space or a newline pasted with it; over 255 bytes) is 64 naming it,
+/// as `status` is, never an empty list read as "no record of this key".
+#[test]
+fn list_by_a_client_key_no_record_can_have_is_a_usage_error() {
+    let dir = Dir::new("list-bad-key");
+    assert_eq!(code(&dir.idem(&["run", "--key", "k", "--", "true"]).output().unwrap()), 0);
+    let long = "k".repeat(256);
+    for bad in ["", "8e03978e 40d5", "8e03978e\n", long.as_str()] {
+        let out = dir.idem(&["list", "--key", bad, "--json"]).output().unwrap();
+        assert_eq!(code(&out), 64, "{bad:?}: {}", text(&out.stdout));
+        assert!(text(&out.stderr).contains("refused"), "{}", text(&out.stderr));
+    }
+    let out = dir.idem(&["list", "--key", "k", "--json"]).output().unwrap();
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+}
+
 /// The service URL in `var`, or `None` after saying on stderr that the test is skipped.
 fn service_url(var: &str, example: &str) -> Option<String> {
     use std::io::Write;

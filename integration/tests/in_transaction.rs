@@ -171,6 +171,30 @@ async fn a_handler_that_rolls_back_after_recording_releases_the_key_and_a_retry_
     assert_eq!((shop.runs.load(Ordering::SeqCst), orders(&path)), (2, 1));
 }
 
+/// The decisions reported for a handler that records in its own transaction follow what
+/// its transaction did: one rolled back (the key released, a retry runs again) is
+/// `released`, as `Decision::Released` and `Acquired`'s docs say; only a committed record
+/// is `acquired`. (It was reported `acquired` either way.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_rolls_back_is_reported_released_and_one_that_commits_acquired() {
+    use idemcache::layer::Decision;
+    let path = scratch("rollback-decision");
+    let shop = Shop { path: path.clone(), runs: Default::default(), roll_back: Arc::new(1.into()) };
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let hook = seen.clone();
+    let layer = IdempotencyLayer::tiered(store(&path, Duration::from_secs(30)).await)
+        .on_decision(move |event| hook.lock().unwrap().push(event.decision));
+    let app = Router::new().route("/orders", post(create)).route_layer(layer).with_state(shop);
+    let (status, _, _) = send(&app, "k-3", "{}").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(*seen.lock().unwrap(), [Decision::Released], "rolled back: nothing recorded");
+    let (status, _, _) = send(&app, "k-3", "{}").await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (_, headers, _) = send(&app, "k-3", "{}").await;
+    assert_eq!(headers.get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(*seen.lock().unwrap(), [Decision::Released, Decision::Acquired, Decision::Replayed]);
+}
+
 fn key(name: &str) -> Key {
     Key::new("POST /orders", "user:1", name).unwrap()
 }

@@ -1366,3 +1366,56 @@ async fn over_a_store_the_record_keeps_the_requests_trace_id() {
     let id = record.correlation_id.expect("its correlation id");
     assert_eq!(id.as_str(), "0af7651916cd43dd8448eb211c80319c");
 }
+
+/// A duplicate that waits ([`IdempotencyLayer::wait`]) for the first execution reached
+/// its claim: the docs promise it is reported once. Over the cache, its client hanging up
+/// mid-wait drops the claim's future and nothing is reported for it (over a store, the
+/// claim runs detached and its decision is reported). Which decision it should get (the
+/// replay it would have had, or an `in_progress` at the hang-up) is the maintainers' call.
+#[tokio::test]
+#[ignore = "over the cache, a duplicate whose client hangs up while it waits is never \
+            reported (over a store it is): which decision it gets is not decided"]
+async fn a_waiting_duplicate_whose_client_hangs_up_is_still_reported_once() {
+    let cache = Cache::builder().build().unwrap();
+    let (layer, seen) = reporting(&cache);
+    let handler = Handler::closed();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let layer = layer.wait(Duration::from_secs(30));
+    let addr = serve_probed(layer, handler.clone(), dropped.clone()).await;
+    let first = tokio::spawn(async move { req("k", "{}").send(addr).await });
+    until(|| handler.runs() == 1).await;
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let keep_alive = String::from_utf8(req("k", "{}").bytes()).unwrap();
+    let keep_alive = keep_alive.replace("Connection: close\r\n", "");
+    stream.write_all(keep_alive.as_bytes()).await.unwrap();
+    until(|| cache.stats().waiting == 1).await;
+    drop(stream); // the duplicate's client is gone while it waits
+    until(|| dropped.load(Ordering::SeqCst) == 1).await;
+    handler.gate.add_permits(1);
+    assert_eq!(first.await.unwrap().status, 201);
+    until(|| seen.lock().unwrap().len() >= 2).await;
+    let decisions: Vec<String> = seen.lock().unwrap().iter().map(|r| r.0.clone()).collect();
+    assert_eq!(decisions.len(), 2, "{decisions:?}");
+}
+
+/// `store_when` is the application's code, as a handler is: one that panics gets the
+/// handler's treatment (a 500, the key settled by the drop policy so a retry runs), and
+/// the request is reported once. (Its panic unwound past the reporting: the request
+/// got a 500 and no decision.)
+#[tokio::test]
+async fn a_panicking_store_when_is_settled_and_reported_as_a_panicking_handler() {
+    let cache = Cache::builder().build().unwrap();
+    let (layer, seen) = reporting(&cache);
+    let layer = layer.store_when(|status| {
+        assert!(status != StatusCode::CREATED, "store_when panicked, as asked");
+        true
+    });
+    let handler = Handler::open();
+    let addr = serve(layer, handler.clone()).await;
+    assert_eq!(req("k", "{}").send(addr).await.status, 500);
+    let decisions: Vec<String> = seen.lock().unwrap().iter().map(|r| r.0.clone()).collect();
+    assert_eq!(decisions, ["released"], "one decision for the request");
+    // Released: the retry runs again (and panics again).
+    assert_eq!(req("k", "{}").send(addr).await.status, 500);
+    assert_eq!(handler.runs(), 2);
+}

@@ -212,8 +212,19 @@ impl Held {
 
     /// Lets the key go: a retry executes again.
     pub(crate) async fn release(self) {
+        let _settled = self.release_settled().await;
+    }
+
+    /// Lets the key go, and says how that ended: [`Settled::Recorded`] if the key was
+    /// released, [`Settled::LeaseLost`] if the claim no longer held it (over a store: a
+    /// handler's own transaction recorded it, or another owner took it),
+    /// [`Settled::Failed`] if the store failed.
+    pub(crate) async fn release_settled(self) -> Settled {
         match self {
-            Held::Memory(guard, _) => drop(guard.release()),
+            Held::Memory(guard, _) => match guard.release() {
+                Ok(()) => Settled::Recorded,
+                Err(_) => Settled::LeaseLost,
+            },
             #[cfg(feature = "store")]
             Held::Durable(held) => held.release().await,
         }
@@ -300,7 +311,7 @@ pub(crate) mod durable {
         fn drop_policy(&self) -> DropPolicy;
         fn extend_lease(&mut self, lease: Duration) -> BoxFuture<'_, Renewal>;
         fn complete(self: Box<Self>, body: Bytes) -> BoxFuture<'static, Settled>;
-        fn release(self: Box<Self>) -> BoxFuture<'static, ()>;
+        fn release(self: Box<Self>) -> BoxFuture<'static, Settled>;
         fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()>;
         fn open_claim(&self) -> crate::store::OpenClaim;
     }
@@ -401,8 +412,14 @@ pub(crate) mod durable {
             })
         }
 
-        fn release(self: Box<Self>) -> BoxFuture<'static, ()> {
-            Box::pin(async move { drop(timed(self.store, "release", self.guard.release()).await) })
+        fn release(self: Box<Self>) -> BoxFuture<'static, Settled> {
+            Box::pin(async move {
+                match timed(self.store, "release", self.guard.release()).await {
+                    Ok(()) => Settled::Recorded,
+                    Err(TieredError::Store(StoreError::LeaseLost(_))) => Settled::LeaseLost,
+                    Err(_) => Settled::Failed,
+                }
+            })
         }
 
         fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()> {

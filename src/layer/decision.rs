@@ -43,8 +43,9 @@ pub enum Decision {
     /// [`OutcomeUnknown`](super::OutcomeUnknown), or its body failed mid-way).
     Unknown,
     /// `released`: executed, and its key released so a retry runs again: a response not
-    /// stored (5xx by default), an error from the service, or a panic (under the
-    /// default [`DropPolicy`](crate::DropPolicy)).
+    /// stored (5xx by default), an error from the service, a panic (under the
+    /// default [`DropPolicy`](crate::DropPolicy)), or a handler that recorded its response
+    /// in its own transaction (`InTransaction`) and rolled it back.
     Released,
     /// `lease_lost`: executed past its lease and the key moved on; its response was
     /// answered but not recorded.

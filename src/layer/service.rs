@@ -442,7 +442,16 @@ where
         };
         return Ok(Response::from_parts(parts, LayerBody::buffered(body, trailers)));
     }
-    let stored = (settings.store)(parts.status);
+    // `store_when` is the application's code: a panic in it is caught as a handler's is,
+    // so that the claim is settled by the drop policy and the request still reported.
+    let asked_store = std::panic::AssertUnwindSafe(|| (settings.store)(parts.status));
+    let Ok(stored) = std::panic::catch_unwind(asked_store) else {
+        let settled = held.abandon().await;
+        asked.report(&settings, settled, took);
+        let detail = "the layer's store_when panicked; the key was settled as the cache's \
+                      drop policy settles an abandoned claim";
+        return refuse(Refusal::Internal, detail, None);
+    };
     let (body, trailers) = match read {
         Read::Whole(body, trailers) => (body, trailers),
         // A response that is not kept (a 5xx) releases its key whatever its body does.
@@ -463,9 +472,14 @@ where
     if handed_over {
         // The handler wrote the record in its own transaction: committed, it stands (and
         // this fenced release is refused); rolled back, the record is still PROCESSING
-        // under this claim, and releasing it lets a retry run (nothing committed).
-        held.release().await;
-        asked.report(&settings, Decision::Acquired, took);
+        // under this claim, and releasing it lets a retry run (nothing committed). The
+        // decision is what the release found, not what the handler meant to do.
+        let decision = match held.release_settled().await {
+            Settled::Recorded => Decision::Released,
+            Settled::LeaseLost => Decision::Acquired,
+            Settled::Failed => Decision::StoreError,
+        };
+        asked.report(&settings, decision, took);
     } else if stored {
         let set_cookie = settings.replay_set_cookie;
         let record = stored_response::encode(

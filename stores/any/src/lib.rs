@@ -92,8 +92,9 @@ impl From<OpenError> for StoreError {
 
 /// `url` without its passwords, for messages and logs: the password of its user part
 /// (up to the last `@`, whatever it holds: a password may hold `@`, `/`, `?` or `#`), and
-/// the value of every `password=` or `pass=` parameter, in a URL's query or a libpq
-/// key/value string (`host=db password=secret`), quoted or not.
+/// the value of every `password`, `pass` or `sslpassword` parameter, in a URL's query or a
+/// libpq key/value string (`host=db password=secret`), quoted or not, with spaces around
+/// its `=` or not (libpq allows both: `password = secret`).
 pub fn redacted(url: &str) -> String {
     let mut out = hide_parameters(url);
     if let Some(start) = out.find("://").map(|i| i + 3) {
@@ -106,25 +107,22 @@ pub fn redacted(url: &str) -> String {
     out
 }
 
-/// `text` with the value of each `password=`/`pass=` parameter (at the start, or after
-/// `?`, `&`, `;` or whitespace) replaced by `***`.
+/// The parameters whose values are secrets.
+const SECRET_PARAMETERS: [&str; 3] = ["password", "pass", "sslpassword"];
+
+/// `text` with the value of each secret parameter ([`SECRET_PARAMETERS`], at the start,
+/// or after `?`, `&`, `;` or whitespace; any case; spaces around its `=` allowed) replaced
+/// by `***`.
 fn hide_parameters(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     let mut at_boundary = true;
     while let Some(c) = rest.chars().next() {
         if at_boundary {
-            let lower = rest.get(..9).unwrap_or(rest).to_ascii_lowercase();
-            let name = ["password=", "pass="].into_iter().find(|n| lower.starts_with(n));
-            if let Some(name) = name {
-                out.push_str(&rest[..name.len()]);
-                rest = &rest[name.len()..];
-                let end = match rest.strip_prefix('\'') {
-                    Some(quoted) => quoted.find('\'').map_or(rest.len(), |i| i + 2),
-                    None => rest.find(['&', ' ', '\t', '\n', ';', '#']).unwrap_or(rest.len()),
-                };
+            if let Some((named, value)) = secret_parameter(rest) {
+                out.push_str(named);
                 out.push_str("***");
-                rest = &rest[end..];
+                rest = &rest[named.len() + value..];
                 at_boundary = false;
                 continue;
             }
@@ -134,6 +132,42 @@ fn hide_parameters(text: &str) -> String {
         at_boundary = matches!(c, '?' | '&' | ';') || c.is_whitespace();
     }
     out
+}
+
+/// If `text` starts with a secret parameter: its name and `=` (with the spaces around
+/// them), and the length of its value (quoted, libpq's `\'` and `\\` escapes included;
+/// else up to the next separator).
+fn secret_parameter(text: &str) -> Option<(&str, usize)> {
+    let name_len = text.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))?;
+    let name = &text[..name_len];
+    if !SECRET_PARAMETERS.iter().any(|secret| name.eq_ignore_ascii_case(secret)) {
+        return None;
+    }
+    let after_name = text[name_len..].trim_start_matches([' ', '\t']);
+    let after_equals = after_name.strip_prefix('=')?.trim_start_matches([' ', '\t']);
+    let named = &text[..text.len() - after_equals.len()];
+    let value = match after_equals.strip_prefix('\'') {
+        Some(quoted) => {
+            // A backslash quotes the next character: `\'` is not the closing quote.
+            let mut chars = quoted.char_indices();
+            let mut end = quoted.len();
+            while let Some((at, c)) = chars.next() {
+                match c {
+                    '\\' => {
+                        let _escaped = chars.next();
+                    }
+                    '\'' => {
+                        end = at + 1;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            1 + end
+        }
+        None => after_equals.find(['&', ' ', '\t', '\n', ';', '#']).unwrap_or(after_equals.len()),
+    };
+    Some((named, value))
 }
 
 /// Opens the store `url` names (see the crate docs for the schemes). Connects, or for
@@ -273,6 +307,24 @@ mod tests {
             "postgres://db:5432/x?user=u&password=***"
         );
         assert_eq!(redacted("postgres://u@db/x?bypass=1"), "postgres://u@db/x?bypass=1");
+    }
+
+    /// libpq allows spaces around a parameter's `=`, has `sslpassword` (a client key's
+    /// passphrase) and escapes a quote inside a quoted value with a backslash: each of
+    /// these kept the password in the message.
+    #[test]
+    fn a_libpq_password_is_hidden_however_it_is_written() {
+        for (url, shown) in [
+            ("host=db password = zzsecret user=u", "host=db password = *** user=u"),
+            ("host=db PASSWORD\t=zzsecret", "host=db PASSWORD\t=***"),
+            ("host=db sslpassword=zzsecret user=u", "host=db sslpassword=*** user=u"),
+            ("host=db password='a\\' zzsecret' user=u", "host=db password=*** user=u"),
+            ("host=db password='a\\\\' user=zz", "host=db password=*** user=zz"),
+            ("host=db password=", "host=db password=***"),
+            ("host=db passwords=1 pass", "host=db passwords=1 pass"),
+        ] {
+            assert_eq!(redacted(url), shown, "{url}");
+        }
     }
 
     #[test]

@@ -112,11 +112,14 @@ impl RedisStore {
         let pattern = format!("idemcache:{{{}*{}}}", hex(&prefix), hex(&suffix));
         let mut keys = Vec::new();
         for name in self.scan(&pattern).await? {
-            let bytes = name
-                .strip_prefix("idemcache:{")
+            // A key's name is bytes: one that is not text is not a record's either.
+            let bytes = std::str::from_utf8(&name)
+                .ok()
+                .and_then(|n| n.strip_prefix("idemcache:{"))
                 .and_then(|n| n.strip_suffix('}'))
                 .and_then(unhex)
                 .ok_or_else(|| {
+                    let name = String::from_utf8_lossy(&name);
                     StoreError::Corrupt(format!("the Redis key {name:?} is not a record's"))
                 })?;
             keys.push(bytes);
@@ -147,7 +150,7 @@ impl RedisStore {
     }
 
     /// Every key `pattern` matches: one server's `SCAN`, or every primary's on a cluster.
-    async fn scan(&self, pattern: &str) -> Result<Vec<String>, StoreError> {
+    async fn scan(&self, pattern: &str) -> Result<Vec<Vec<u8>>, StoreError> {
         let mut connection = self.connection.clone();
         let mut out = Vec::new();
         match &mut connection {
@@ -194,8 +197,11 @@ fn scan_step(cursor: u64, pattern: &str) -> redis::Cmd {
 }
 
 /// A `SCAN` reply's keys, added to `out`; returns the next cursor (0: done).
-fn scanned(reply: Value, out: &mut Vec<String>) -> Result<u64, StoreError> {
-    let (cursor, keys): (String, Vec<String>) = redis::from_redis_value(reply)
+fn scanned(reply: Value, out: &mut Vec<Vec<u8>>) -> Result<u64, StoreError> {
+    // Names as bytes: Redis keys need not be UTF-8, and a name that is not fails the
+    // listing as a key that is not a record's (`Corrupt`), not as a reply that does not
+    // read (`Backend`, which says the server is at fault).
+    let (cursor, keys): (String, Vec<Vec<u8>>) = redis::from_redis_value(reply)
         .map_err(|e| StoreError::Backend(format!("a SCAN reply does not read: {e}").into()))?;
     out.extend(keys);
     cursor

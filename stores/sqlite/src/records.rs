@@ -87,11 +87,27 @@ pub(crate) async fn records(
     };
     let below = prefix.as_deref().and_then(prefix_end);
     let suffix = filter.key_suffix().unwrap_or_default();
+    // A key SQLite holds as TEXT or a number (a row written by hand) sorts before every
+    // BLOB, the empty one included, so `key > ?1` never reaches it: a listing of the
+    // whole table (no scope) looks below the empty BLOB first (a seek of the primary
+    // key), so that such a row is named corrupt, not skipped.
+    let whole_table = prefix.is_none();
     let filter = filter.clone();
     let lapse = lapse_ttl_micros(store.lapse);
     store
         .run(move |db| {
             let now = now(db)?;
+            if whole_table {
+                let sql = format!(
+                    "SELECT {COLUMNS} FROM idemcache_records WHERE key < x'' ORDER BY key LIMIT 1"
+                );
+                let mut statement = db.prepare(&sql).map_err(backend)?;
+                let mut rows = statement.query([]).map_err(backend)?;
+                if let Some(row) = rows.next().map_err(backend)? {
+                    // Its key does not read as bytes: `raw` names it corrupt.
+                    judge(raw(row)?, now, lapse)?;
+                }
+            }
             // Every row that may be live, and every row of a state no store writes (which
             // `judge` names corrupt); `judge` decides. The empty blob sorts first.
             let sql = format!(

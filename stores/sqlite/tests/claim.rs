@@ -266,6 +266,40 @@ fn garbled_and_foreign_rows_are_corrupt_to_the_record_reads() {
     );
 }
 
+/// A row whose key SQLite holds as TEXT or as a number (written by hand: `INSERT ...
+/// VALUES ('k', ...)`) sorts before every BLOB key, so a listing that started "after the
+/// empty key" skipped it silently; it is named corrupt, as a foreign BLOB key is. A
+/// listing of one scope's range is not stopped by it.
+#[test]
+fn a_row_whose_key_is_not_a_blob_is_corrupt_to_a_listing_never_skipped() {
+    use idemcache::store::RecordFilter;
+    let file = TempDb::new("claim", "text-key");
+    let (store, _clock, admin) = pinned_store(&file, Duration::from_millis(200));
+    let fine = key("fine");
+    let token =
+        acquired(block_on(store.claim(&fine, Fingerprint::of(b"r"), Duration::from_secs(10))));
+    block_on(store.complete(&fine, token, None, Duration::from_secs(60))).unwrap();
+    let good = Fingerprint::of(b"r").to_bytes().to_vec();
+    for hand_written in [&"by-hand" as &dyn ToSql, &42_i64] {
+        admin
+            .execute(
+                "INSERT INTO idemcache_records (key, fingerprint, state, token, body,
+                     started_at, settled_at, expires_at)
+                 VALUES (?1, ?2, 2, 1, NULL, 0, ?3, ?4)",
+                params![hand_written, good, T0, T0 + 10 * SEC],
+            )
+            .unwrap();
+        match block_on(store.records(&RecordFilter::new(), None, 10)) {
+            Err(StoreError::Corrupt(why)) => assert!(why.contains("key"), "{why}"),
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        let theirs = RecordFilter::new().scope(fine.scope());
+        assert_eq!(block_on(store.records(&theirs, None, 10)).unwrap().len(), 1);
+        admin.execute("DELETE FROM idemcache_records WHERE typeof(key) <> 'blob'", []).unwrap();
+    }
+    assert_eq!(block_on(store.records(&RecordFilter::new(), None, 10)).unwrap().len(), 1);
+}
+
 /// Another connection completing every record (body `\x01`) in a transaction it leaves
 /// open: a claim must never answer what it wrote.
 const UNCOMMITTED_COMPLETION: &str =
