@@ -34,7 +34,7 @@ pub enum Decision {
     /// ([`wait`](super::IdempotencyLayer::wait)) finished.
     ReplayedAfterWait,
     /// `in_progress`: refused with 409 while another request with the key executes
-    /// (after waiting, if the layer waits).
+    /// (after waiting, if the layer waits), or its client gone while it waited.
     InProgress,
     /// `mismatch`: refused with 422, the key used for a different request.
     Mismatch,
@@ -128,6 +128,7 @@ pub struct DecisionEvent<'a> {
 }
 
 /// A guarded request on its way through the layer: what its report names.
+#[derive(Clone)]
 pub(crate) struct Asked {
     pub(crate) scope: String,
     pub(crate) key: Key,

@@ -247,7 +247,11 @@ where
     let started = Asked::timed(&settings).then(std::time::Instant::now);
     let correlation_id = asked.correlation_id.as_ref();
     let claiming = settings.records.claim(&asked.key, fingerprint, correlation_id, settings.wait);
+    // A claim that waits for a duplicate can be dropped mid-wait (its client gone): it is
+    // reported `in_progress` then, the answer it would have had at that instant.
+    let gone = ReportIfDropped { settings: &settings, asked: &asked, started };
     let (found, waited) = claiming.await;
+    std::mem::forget(gone);
     asked.claim_time = started.map_or(std::time::Duration::ZERO, |s| s.elapsed());
     asked.waited = waited;
     let decision = match found {
@@ -305,6 +309,23 @@ where
     let (decision, answer) = decision;
     asked.report(&settings, decision, None);
     answer
+}
+
+/// Reports a request whose claim was dropped while it waited (see [`decide`]); forgotten
+/// once the claim answers.
+struct ReportIfDropped<'a> {
+    settings: &'a Settings,
+    asked: &'a Asked,
+    started: Option<std::time::Instant>,
+}
+
+impl Drop for ReportIfDropped<'_> {
+    fn drop(&mut self) {
+        let mut asked = self.asked.clone();
+        asked.claim_time = self.started.map_or(std::time::Duration::ZERO, |s| s.elapsed());
+        asked.waited = true;
+        asked.report(self.settings, Decision::InProgress, None);
+    }
 }
 
 /// The request body, whole: refused with 413 if `Content-Length` says it is over `limit`
