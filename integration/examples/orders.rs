@@ -384,6 +384,7 @@ async fn count_orders(State(app): State<App>) -> Response {
     }
 }
 
+// ANCHOR: metrics-route
 /// `GET /metrics`: the recorder's metrics as Prometheus text.
 async fn metrics(prometheus: PrometheusHandle) -> Response {
     let text = "text/plain; version=0.0.4";
@@ -399,6 +400,7 @@ async fn keep_metrics(prometheus: PrometheusHandle) {
         prometheus.run_upkeep();
     }
 }
+// ANCHOR_END: metrics-route
 
 /// The layer over the cache alone, or over the tier `IDEMPOTENCY_STORE` names: one
 /// path whichever store it is (`idemcache_any::open` picks it from the URL).
@@ -476,11 +478,13 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         println!("records commit with the orders");
     }
     let app = App { orders, delay, together };
+    // ANCHOR: prometheus
     let prometheus = doing(PrometheusBuilder::new().install_recorder(), || {
         "could not install the metrics recorder".to_owned()
     })?;
     tokio::spawn(keep_metrics(prometheus.clone()));
     tokio::spawn(layer.report_gauges(Duration::from_secs(5)));
+    // ANCHOR_END: prometheus
 
     let mut idempotency = layer.tenant(|request| bearer(&request.headers)).scope(|request| {
         let route = request.extensions.get::<MatchedPath>().map_or("", |m| m.as_str());
@@ -494,7 +498,9 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         .route_layer(idempotency)
         .route("/orders/count", get(count_orders))
         .with_state(app)
+        // ANCHOR: route
         .route("/metrics", get(move || metrics(prometheus.clone())));
+    // ANCHOR_END: route
 
     let listening = tokio::net::TcpListener::bind(("127.0.0.1", port)).await;
     let listener = doing(listening, || format!("could not listen on 127.0.0.1:{port}"))?;

@@ -160,7 +160,9 @@ impl Asked {
 
     /// No span without the `tracing` feature.
     #[cfg(not(feature = "tracing"))]
-    pub(crate) fn span(&self) {}
+    pub(crate) fn span(&self) -> super::service::NoSpan {
+        super::service::NoSpan
+    }
 
     /// Reports `decision` for this request (`execution_time`: if it executed).
     pub(crate) fn report(

@@ -262,6 +262,16 @@ impl IdempotencyLayer {
     }
 }
 
+impl Settings {
+    /// Whether anything reads a request's correlation id: a hook, the `metrics` or
+    /// `tracing` feature, or a durable store (which keeps it with the record).
+    pub(crate) fn observes_correlation(&self) -> bool {
+        cfg!(any(feature = "metrics", feature = "tracing"))
+            || self.on_decision.is_some()
+            || !matches!(self.records, Records::Memory(_))
+    }
+}
+
 /// The default scope: `"POST /orders"`, built without the formatting machinery (every
 /// guarded request builds one).
 fn method_and_path(parts: &Parts) -> String {

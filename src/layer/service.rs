@@ -183,7 +183,10 @@ where
         }
     };
     let fingerprint = fingerprint(&settings, &parts, &body);
-    let correlation_id = (settings.correlation_id)(&parts);
+    // Read only when something reads it: the cache alone with no observer keeps none,
+    // and a replay there costs no header lookup for it.
+    let correlation_id = settings.observes_correlation().then(|| (settings.correlation_id)(&parts));
+    let correlation_id = correlation_id.flatten();
     let asked = Asked::new(scope, key, correlation_id);
     let request = Request::from_parts(parts, LayerBody::<ReqB>::buffered(body, None));
     match &settings.records {
@@ -213,9 +216,14 @@ fn in_span<F: Future>(span: tracing::Span, future: F) -> impl Future<Output = F:
 
 /// `future` (without the `tracing` feature there is no span).
 #[cfg(not(feature = "tracing"))]
-fn in_span<F: Future>(_span: (), future: F) -> F {
+fn in_span<F: Future>(_span: NoSpan, future: F) -> F {
     future
 }
+
+/// What stands for a span without the `tracing` feature: nothing.
+#[cfg(not(feature = "tracing"))]
+#[derive(Clone, Copy)]
+pub(crate) struct NoSpan;
 
 /// The span this code runs in: the request's, entered by [`in_span`].
 #[cfg(feature = "tracing")]
@@ -225,7 +233,9 @@ fn current_span() -> tracing::Span {
 
 /// No span without the `tracing` feature.
 #[cfg(not(feature = "tracing"))]
-fn current_span() {}
+fn current_span() -> NoSpan {
+    NoSpan
+}
 
 /// Claims `key` and answers: the handler's response (its execution [`Detached`] if
 /// `detach`: it finishes even if this future is dropped), a replay, or a refusal.
