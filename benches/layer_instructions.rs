@@ -38,6 +38,10 @@ use idemcache::layer::IdempotencyLayer;
 use idemcache::Cache;
 use tower::{Layer, Service, ServiceExt};
 
+/// The first argument of the child process that runs one row under valgrind (any other
+/// arguments name the rows to print).
+const CHILD: &str = "--row";
+
 /// Requests in the counted loop.
 const OPS: usize = 5_000;
 
@@ -134,7 +138,7 @@ fn count(scenario: &str, variant: &str) -> Result<u64, String> {
     let out = Command::new("valgrind")
         .args(["--tool=callgrind", "--toggle-collect=*measured*", "--callgrind-out-file=/dev/null"])
         .arg(me)
-        .args([scenario, variant])
+        .args([CHILD, scenario, variant])
         .output()
         .map_err(|e| format!("valgrind: {e} (is it installed?)"))?;
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -150,8 +154,10 @@ fn count(scenario: &str, variant: &str) -> Result<u64, String> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let [scenario, variant] = args.as_slice() {
-        return workload(scenario, variant);
+    if let [child, scenario, variant] = args.as_slice() {
+        if child == CHILD {
+            return workload(scenario, variant);
+        }
     }
     // Rows named on the command line (`layer hook`), else every row this build has.
     let mut variants: Vec<&str> = args.iter().map(String::as_str).collect();
