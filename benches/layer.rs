@@ -8,7 +8,11 @@
 //! and drives the service to its response on a current-thread tokio runtime; the handler
 //! answers 201 with a 128-byte body. `bare` is the handler alone; `replay` is the layer
 //! answering a stored response; `first execution` is the layer claiming a fresh key,
-//! running the handler in its task, storing the response and answering it.
+//! running the handler in its task, storing the response and answering it. The `hook`
+//! rows are the same with an `on_decision` hook that does nothing; with this package's
+//! feature `metrics` (`--features metrics`, which turns on the layer's metrics) the
+//! `recorder` rows run last, on a fresh layer, with a Prometheus recorder installed
+//! globally (benches/results/decision-report-cost.md).
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,7 +74,50 @@ fn layer(c: &mut Criterion) {
             rt.block_on(call(&mut layered, request(&key)))
         })
     });
+
+    let cache = Cache::builder().build().unwrap();
+    let mut hooked = IdempotencyLayer::new(cache)
+        .on_decision(|event| {
+            std::hint::black_box(event);
+        })
+        .layer(tower::service_fn(handler));
+    rows(&mut group, &rt, &mut hooked, "hook", &fresh);
+
+    // Last: a global recorder cannot be taken back, and the layer registers its handles
+    // with whichever recorder is installed when a scope is first seen.
+    #[cfg(feature = "metrics")]
+    {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        metrics::set_global_recorder(recorder).unwrap();
+        let cache = Cache::builder().build().unwrap();
+        let mut recorded = IdempotencyLayer::new(cache).layer(tower::service_fn(handler));
+        rows(&mut group, &rt, &mut recorded, "recorder", &fresh);
+    }
     group.finish();
+}
+
+/// The replay and first-execution rows of one more variant of the layer, named `variant`.
+fn rows<S, B>(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &tokio::runtime::Runtime,
+    service: &mut S,
+    variant: &str,
+    fresh: &AtomicU64,
+) where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>, Error = Infallible>,
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Debug,
+{
+    rt.block_on(call(service, request("replayed")));
+    group.bench_function(format!("layer: replay, {variant}"), |b| {
+        b.iter(|| rt.block_on(call(service, request("replayed"))))
+    });
+    group.bench_function(format!("layer: first execution, {variant}"), |b| {
+        b.iter(|| {
+            let key = format!("k{}", fresh.fetch_add(1, Ordering::Relaxed));
+            rt.block_on(call(service, request(&key)))
+        })
+    });
 }
 
 criterion_group!(benches, layer);
