@@ -144,7 +144,9 @@ impl IdempotencyLayer {
     }
 
     /// How a request's scope is named (default: method and path). With axum, name it by
-    /// the matched route, so `/orders/1` and `/orders/2` share nothing but their route:
+    /// the matched route (axum's `matched-path` feature, on by default), so `/orders/1`
+    /// and `/orders/2` share nothing but their route, and the metrics' `scope` label names
+    /// routes, never users' paths:
     /// `.scope(|p| format!("{} {}", p.method, p.extensions.get::<MatchedPath>().map_or("", |m| m.as_str())))`.
     pub fn scope(mut self, scope: impl Fn(&Parts) -> String + Send + Sync + 'static) -> Self {
         self.settings().scope = Arc::new(scope);
@@ -179,8 +181,9 @@ impl IdempotencyLayer {
     }
 
     /// Where a request's correlation id comes from: what joins its decision (the
-    /// [`on_decision`](Self::on_decision) hook, the `tracing` events and span) to the
-    /// request's own logs and trace. Default: the trace id of a W3C `traceparent` header
+    /// [`on_decision`](Self::on_decision) hook, the `tracing` events and span, and a
+    /// durable store's record of the key) to the request's own logs and trace. It is read
+    /// only when one of those uses it. Default: the trace id of a W3C `traceparent` header
     /// ([`trace_id`](super::trace_id)); none if it has none or a malformed one (a request
     /// is never refused for its correlation id). A request id header instead:
     ///
