@@ -34,8 +34,8 @@ use crate::sync::{
 };
 use crate::wait::WaitForClaim;
 use crate::{
-    CacheBuilder, Claim, ClaimError, Clock, EntrySnapshot, Fingerprint, InsertError, Key, Known,
-    RemovalCause, ResolveError, Stats, Timestamp, UnknownEntry,
+    CacheBuilder, Claim, ClaimError, Clock, CorrelationId, EntrySnapshot, Fingerprint, InsertError,
+    Key, Known, RemovalCause, Replay, ResolveError, Stats, Timestamp, UnknownEntry,
 };
 
 /// An idempotency cache: claim a key before executing an intent, replay its result after.
@@ -327,20 +327,66 @@ impl Cache {
     /// and holds nothing evictable (only in-flight and unknown entries): do not execute.
     #[inline]
     pub fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim, ClaimError> {
+        self.claim_correlated(key, fingerprint, None)
+    }
+
+    /// [`claim`](Cache::claim), keeping `correlation_id` with the entry if the claim
+    /// acquires the key: what joins the entry to the request's logs and trace
+    /// ([`CorrelationId::from_traceparent`]). It stays with the entry through completion
+    /// and an UNKNOWN mark, until the entry leaves; [`peek`](Cache::peek) and snapshots
+    /// show it. A claim answered from an entry already there changes nothing.
+    ///
+    /// Costs nothing when `None`; otherwise the id's length and a few bytes of the
+    /// shard's table, charged against the byte bound with the entry.
+    ///
+    /// ```
+    /// use idemcache::{Cache, Claim, CorrelationId, Fingerprint, Key};
+    ///
+    /// let cache = Cache::builder().build()?;
+    /// let key = Key::without_tenant("POST /orders", "order-7")?;
+    /// let trace = CorrelationId::new("4bf92f3577b34da6a3ce929d0e0e4736")?;
+    /// let Claim::Acquired(guard) = cache.claim_correlated(&key, Fingerprint::of(b"r"), Some(&trace))?
+    /// else { unreachable!() };
+    /// guard.complete("done")?;
+    /// assert_eq!(cache.peek(&key).unwrap().correlation_id, Some(trace));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn claim_correlated(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        correlation_id: Option<&CorrelationId>,
+    ) -> Result<Claim, ClaimError> {
+        if let Some(replay) = self.replay_hit(key, fingerprint) {
+            return Ok(Claim::Completed(replay));
+        }
+        let (hash, shard) = self.locate(key);
+        self.with_shard(shard, |s, now, cfg| {
+            s.claim(
+                hash,
+                key,
+                fingerprint,
+                correlation_id,
+                now,
+                cfg,
+                |slot, token, lease_ends_at| self.guard(shard, slot, token, lease_ends_at),
+            )
+        })
+    }
+
+    /// The claim answer that reads without writing: the stored result, if `key` has a
+    /// live COMPLETED entry for this request and it can be shared under the read lock
+    /// (counted as a replay); `None` leaves the answer to a claim. The layer asks this
+    /// first when it would read a correlation id only for a claim that may acquire.
+    #[inline]
+    pub(crate) fn replay_hit(&self, key: &Key, fingerprint: Fingerprint) -> Option<Replay> {
         let (hash, shard) = self.locate(key);
         let cell = &self.inner.shards[shard];
-        {
-            let s = cell.shard.read();
-            if let Some(replay) = s.replay(hash, key, fingerprint, || self.now()) {
-                cell.replayed.fetch_add(1, Ordering::Relaxed);
-                return Ok(Claim::Completed(replay));
-            }
-        }
-        self.with_shard(shard, |s, now, cfg| {
-            s.claim(hash, key, fingerprint, now, cfg, |slot, token, lease_ends_at| {
-                self.guard(shard, slot, token, lease_ends_at)
-            })
-        })
+        let s = cell.shard.read();
+        let replay = s.replay(hash, key, fingerprint, || self.now())?;
+        cell.replayed.fetch_add(1, Ordering::Relaxed);
+        Some(replay)
     }
 
     fn guard(&self, shard: usize, slot: u32, token: u64, lease_ends_at: Timestamp) -> Claim {
@@ -380,6 +426,7 @@ impl Cache {
                 hash,
                 key,
                 fingerprint,
+                None,
                 now,
                 &self.inner.config,
                 |slot, token, lease_ends_at| self.guard(shard, slot, token, lease_ends_at),
@@ -466,15 +513,16 @@ impl Cache {
         &self,
         key: &Key,
         fingerprint: Fingerprint,
+        correlation_id: Option<&CorrelationId>,
         filed: &mut Option<u64>,
         waker: Waker,
     ) -> Result<Claim, ClaimError> {
         let (hash, shard) = self.locate(key);
         let mut waker = Some(waker);
         let (claim, unfiled) = self.with_shard(shard, |s, now, cfg| {
-            let claim = s.claim(hash, key, fingerprint, now, cfg, |slot, token, lease_ends_at| {
-                self.guard(shard, slot, token, lease_ends_at)
-            });
+            let acquired =
+                |slot, token, lease_ends_at| self.guard(shard, slot, token, lease_ends_at);
+            let claim = s.claim(hash, key, fingerprint, correlation_id, now, cfg, acquired);
             let unfiled = if let Ok(Claim::InProgress { .. }) = claim {
                 s.counters.in_progress -= 1;
                 s.deferred.wakers.file(filed, waker.take().expect("taken once"))
@@ -543,11 +591,24 @@ impl Cache {
         fingerprint: Fingerprint,
         known: Known,
     ) -> Result<(), InsertError> {
+        self.insert_correlated(key, fingerprint, known, None)
+    }
+
+    /// [`insert`](Cache::insert), with the correlation id of the claim the fact came
+    /// from (a store's record, a snapshot's entry) kept with the entry, as
+    /// [`claim_correlated`](Cache::claim_correlated) keeps a claim's.
+    pub fn insert_correlated(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        known: Known,
+        correlation_id: Option<&CorrelationId>,
+    ) -> Result<(), InsertError> {
         let (hash, shard) = self.locate(key);
         let mut known = known;
         // What the shard does not keep of `known` is dropped here, after unlocking.
         self.with_shard(shard, |s, now, cfg| {
-            s.insert_known(hash, key, fingerprint, &mut known, now, cfg)
+            s.insert_known(hash, key, fingerprint, &mut known, correlation_id, now, cfg)
         })
     }
 
@@ -678,10 +739,10 @@ impl Cache {
         stats
     }
 
-    /// Every live entry of shard `shard` as a fact [`Cache::insert`] restores, copied
-    /// under that shard's lock alone (see `Shard::export`): for snapshots, one shard at a
-    /// time while the others serve.
-    pub(crate) fn export_shard(&self, shard: usize) -> Vec<(Key, Fingerprint, Known)> {
+    /// Every live entry of shard `shard` as a fact [`Cache::insert_correlated`]
+    /// restores, copied under that shard's lock alone (see `Shard::export`): for
+    /// snapshots, one shard at a time while the others serve.
+    pub(crate) fn export_shard(&self, shard: usize) -> Vec<crate::shard::Exported> {
         self.with_shard(shard, |s, now, cfg| {
             let mut out = Vec::new();
             s.export(now, cfg, &mut out);

@@ -6,7 +6,7 @@
 
 use bytes::Bytes;
 
-use crate::{ClaimGuard, Fingerprint, Key, Timestamp};
+use crate::{ClaimGuard, CorrelationId, Fingerprint, Key, Timestamp};
 
 /// The answer to [`Cache::claim`](crate::Cache::claim): may the caller execute this intent?
 #[derive(Debug)]
@@ -129,6 +129,11 @@ pub struct EntrySnapshot {
     pub fingerprint: Fingerprint,
     /// The entry's state.
     pub state: EntryState,
+    /// The correlation id its claim was given
+    /// ([`Cache::claim_correlated`](crate::Cache::claim_correlated)), kept through
+    /// completion and an UNKNOWN mark: what joins the entry to the request's logs and
+    /// trace. `None` when the claim was given none.
+    pub correlation_id: Option<CorrelationId>,
 }
 
 /// The state of an entry; see the state table in the crate docs.

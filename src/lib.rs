@@ -65,7 +65,8 @@
 //!   constraint stays the backstop; it survives a restart only as a [`snapshot`].
 //! - Memory per entry is charged as `key bytes + result bytes +` [`ENTRY_OVERHEAD`] in
 //!   [`Stats::bytes`] (an upper bound: keys of up to 69 bytes are stored inline and so
-//!   counted twice); the process also pays the map's spare capacity (hashbrown keeps its
+//!   counted twice), plus the id's length and [`CORRELATION_ID_OVERHEAD`] for an entry
+//!   whose claim kept a correlation id; the process also pays the map's spare capacity (hashbrown keeps its
 //!   load between ~44% and 87.5%; the slab never shrinks below its high-water mark).
 //!   Measured: 292 bytes of resident memory per completed entry with a 128-byte result,
 //!   at a million entries (`BENCHMARKS.md`, the one place this figure is measured).
@@ -175,5 +176,6 @@ pub use key::{Key, KeyError, MAX_CLIENT_KEY_LEN, MAX_SCOPE_AND_TENANT_LEN};
 pub use lapse::LapsePolicy;
 pub use reconcile::{Reconciled, Verdict};
 pub use shard::entry::ENTRY_OVERHEAD;
+pub use shard::CORRELATION_ID_OVERHEAD;
 pub use stats::Stats;
 pub use wait::WaitForClaim;

@@ -18,7 +18,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use crate::{Cache, Claim, ClaimError, Fingerprint, Key, Timestamp};
+use crate::{Cache, Claim, ClaimError, CorrelationId, Fingerprint, Key, Timestamp};
 
 /// The shortest sleep before looking again at a lease that should have lapsed: the
 /// cache's clock may be coarse (a few ms), and a zero sleep would spin until it moves.
@@ -82,6 +82,8 @@ pub struct WaitForClaim<F, S> {
     cache: Cache,
     key: Key,
     fingerprint: Fingerprint,
+    /// Kept with the entry if a look acquires the key.
+    correlation_id: Option<CorrelationId>,
     sleep: F,
     /// Sleeping until the lease seen last ends: its lapse lets a look take the key over,
     /// and no transition announces it.
@@ -107,7 +109,23 @@ impl<F, S> fmt::Debug for WaitForClaim<F, S> {
 
 impl<F, S> WaitForClaim<F, S> {
     pub(crate) fn new(cache: Cache, key: Key, fingerprint: Fingerprint, sleep: F) -> Self {
-        WaitForClaim { cache, key, fingerprint, sleep, lapse: None, filed: None, done: false }
+        WaitForClaim {
+            cache,
+            key,
+            fingerprint,
+            correlation_id: None,
+            sleep,
+            lapse: None,
+            filed: None,
+            done: false,
+        }
+    }
+
+    /// Keeps `correlation_id` with the entry if this wait ends by acquiring the key, as
+    /// [`Cache::claim_correlated`] does.
+    pub fn correlated(mut self, correlation_id: Option<CorrelationId>) -> Self {
+        self.correlation_id = correlation_id;
+        self
     }
 }
 
@@ -127,6 +145,7 @@ where
             let claim = this.cache.claim_or_file(
                 &this.key,
                 this.fingerprint,
+                this.correlation_id.as_ref(),
                 &mut this.filed,
                 cx.waker().clone(),
             );

@@ -14,7 +14,7 @@ fn op() -> impl Strategy<Value = Op> {
     let fp = 0u8..2;
     let guard = any::<u8>();
     prop_oneof![
-        4 => (key.clone(), fp.clone()).prop_map(|(key, fp)| Op::Claim { key, fp }),
+        4 => (key.clone(), fp.clone(), 0u8..130).prop_map(|(key, fp, corr)| Op::Claim { key, fp, corr }),
         1 => (key.clone(), fp).prop_map(|(key, fp)| Op::ClaimWaitNow { key, fp }),
         3 => (guard, 0u8..12).prop_map(|(guard, len)| Op::Complete { guard, len }),
         1 => guard.prop_map(|guard| Op::Release { guard }),

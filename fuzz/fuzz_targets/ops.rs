@@ -16,7 +16,7 @@ use model::{Harness, Op};
 fn op(u: &mut Unstructured<'_>) -> Result<Op> {
     let small = |u: &mut Unstructured<'_>, max: u8| u.int_in_range(0..=max);
     Ok(match u.int_in_range(0..=16u8)? {
-        0 => Op::Claim { key: small(u, 7)?, fp: small(u, 2)? },
+        0 => Op::Claim { key: small(u, 7)?, fp: small(u, 2)?, corr: small(u, 130)? },
         1 => Op::ClaimWaitNow { key: small(u, 7)?, fp: small(u, 2)? },
         2 => Op::Complete { guard: u.arbitrary()?, len: small(u, 16)? },
         3 => Op::Release { guard: u.arbitrary()? },

@@ -62,6 +62,25 @@ async fn tiered_answers_completed_repeats_from_memory_and_reads_through_otherwis
     assert!(matches!(tiered.claim(&k, fp("other")).await.unwrap(), TieredClaim::Mismatch));
 }
 
+/// A correlated claim's id is in the store's record and, while it executes, in the hot
+/// tier's entry (what `Cache::peek` shows an operator of the process).
+#[tokio::test]
+async fn tiered_keeps_the_correlation_id_in_the_record_and_the_hot_tiers_claim() {
+    let store = sqlite_memory().await;
+    let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
+    let k = key("tiered-correlated");
+    let id = idemcache::CorrelationId::new("4bf92f3577b34da6a3ce929d0e0e4736").unwrap();
+    let guard = match tiered.claim_correlated(&k, fp("r"), Some(&id)).await.unwrap() {
+        TieredClaim::Acquired(guard) => guard,
+        other => panic!("{other:?}"),
+    };
+    let local = tiered.cache().peek(&k).expect("the hot tier's claim");
+    assert_eq!(local.correlation_id.as_ref(), Some(&id));
+    guard.complete(&b"receipt"[..]).await.unwrap();
+    let record = tiered.store().record(&k).await.unwrap().expect("the record");
+    assert_eq!(record.correlation_id, Some(id));
+}
+
 #[tokio::test]
 async fn tiered_instances_over_one_store_execute_once_and_a_new_one_reads_through() {
     let dir = std::env::temp_dir().join(format!("idemcache-tiered-{}", std::process::id()));

@@ -75,20 +75,20 @@ pub(crate) enum Records {
 
 impl Records {
     /// Claims `key`, waiting up to `wait` for an executing duplicate to finish; and
-    /// whether it waited. A durable store keeps the correlation id with its record (the
-    /// cache keeps none).
+    /// whether it waited. An acquired claim keeps the correlation id with its entry or
+    /// record.
     pub(crate) async fn claim(
         &self,
         key: &Key,
         fp: Fingerprint,
-        _correlation_id: Option<&CorrelationId>,
+        correlation_id: Option<&CorrelationId>,
         wait: Option<Duration>,
     ) -> (Found, bool) {
         match self {
             Records::Memory(cache) => {
                 let mut waited = false;
                 let claim = match wait {
-                    None => cache.claim(key, fp),
+                    None => cache.claim_correlated(key, fp, correlation_id),
                     Some(timeout) => {
                         // The future sleeps only while the key is in progress: a sleep
                         // asked for is a wait.
@@ -96,13 +96,15 @@ impl Records {
                             waited = true;
                             tokio::time::sleep(nap)
                         };
-                        let waiting = cache.claim_wait_async(key, fp, sleep);
+                        let waiting = cache
+                            .claim_wait_async(key, fp, sleep)
+                            .correlated(correlation_id.cloned());
                         // Boxed, as rare: its timer would otherwise enlarge every
                         // request's future.
                         match Box::pin(tokio::time::timeout(timeout, waiting)).await {
                             Ok(claim) => claim,
                             // Waited long enough: answer what the key is now.
-                            Err(_elapsed) => cache.claim(key, fp),
+                            Err(_elapsed) => cache.claim_correlated(key, fp, correlation_id),
                         }
                     }
                 };
@@ -110,7 +112,7 @@ impl Records {
             }
             #[cfg(feature = "store")]
             Records::Durable(durable) => {
-                let claiming = durable::claim_polling(&**durable, key, fp, _correlation_id, wait);
+                let claiming = durable::claim_polling(&**durable, key, fp, correlation_id, wait);
                 Box::pin(claiming).await
             }
         }
@@ -152,9 +154,7 @@ impl Records {
 fn from_cache(cache: &Cache, claim: Result<Claim, ClaimError>) -> Found {
     match claim {
         Ok(Claim::Acquired(guard)) => Found::Acquired(Held::Memory(guard, cache.clone())),
-        Ok(Claim::Completed(replay)) => {
-            Found::Completed { body: replay.body, expires_at: cache.system_time(replay.expires_at) }
-        }
+        Ok(Claim::Completed(replay)) => replayed(cache, replay),
         Ok(Claim::InProgress { lease_ends_at, .. }) => {
             Found::InProgress { retry_after: cache.time_until(lease_ends_at) }
         }
@@ -163,6 +163,11 @@ fn from_cache(cache: &Cache, claim: Result<Claim, ClaimError>) -> Found {
         Err(ClaimError::CapacityExhausted) => Found::Full,
         Err(e) => Found::Refused(e.to_string()),
     }
+}
+
+/// What the cache's replay `replay` is found as.
+pub(crate) fn replayed(cache: &Cache, replay: crate::Replay) -> Found {
+    Found::Completed { body: replay.body, expires_at: cache.system_time(replay.expires_at) }
 }
 
 impl Held {

@@ -181,9 +181,10 @@ impl IdempotencyLayer {
     }
 
     /// Where a request's correlation id comes from: what joins its decision (the
-    /// [`on_decision`](Self::on_decision) hook, the `tracing` events and span, and a
-    /// durable store's record of the key) to the request's own logs and trace. It is read
-    /// only when one of those uses it. Default: the trace id of a W3C `traceparent` header
+    /// [`on_decision`](Self::on_decision) hook, the `tracing` events and span, and the
+    /// key's entry in the cache or record in a durable store) to the request's own logs
+    /// and trace. Over the cache alone with no hook and neither feature on, it is read only
+    /// for a claim that may acquire the key, so replays do not pay for it. Default: the trace id of a W3C `traceparent` header
     /// ([`trace_id`](super::trace_id)); none if it has none or a malformed one (a request
     /// is never refused for its correlation id). A request id header instead:
     ///
@@ -266,8 +267,9 @@ impl IdempotencyLayer {
 }
 
 impl Settings {
-    /// Whether anything reads a request's correlation id: a hook, the `metrics` or
-    /// `tracing` feature, or a durable store (which keeps it with the record).
+    /// Whether a request's correlation id is read with its key: for a hook, the `metrics`
+    /// or `tracing` feature, or a durable store (which keeps it with the record). The
+    /// cache alone keeps it too, but reads it only once a claim may acquire.
     pub(crate) fn observes_correlation(&self) -> bool {
         cfg!(any(feature = "metrics", feature = "tracing"))
             || self.on_decision.is_some()

@@ -183,8 +183,9 @@ where
         }
     };
     let fingerprint = fingerprint(&settings, &parts, &body);
-    // Read only when something reads it: the cache alone with no observer keeps none,
-    // and a replay there costs no header lookup for it.
+    // Read now when something reports it or a store keeps it; over the cache alone with
+    // nothing reporting, only once a claim may acquire (see `decide`), so that a replay
+    // there costs no header lookup for it.
     let correlation_id = settings.observes_correlation().then(|| (settings.correlation_id)(&parts));
     let correlation_id = correlation_id.flatten();
     let asked = Asked::new(scope, key, correlation_id);
@@ -255,13 +256,22 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
 {
     let started = Asked::timed(&settings).then(std::time::Instant::now);
-    let correlation_id = asked.correlation_id.as_ref();
-    let claiming = settings.records.claim(&asked.key, fingerprint, correlation_id, settings.wait);
-    // A claim that waits for a duplicate can be dropped mid-wait (its client gone): it is
-    // reported `in_progress` then, the answer it would have had at that instant.
-    let gone = ReportIfDropped { settings: &settings, asked: &asked, started };
-    let (found, waited) = claiming.await;
-    std::mem::forget(gone);
+    let (request, early) = replay_or_read_correlation(&settings, request, &mut asked, fingerprint);
+    let (found, waited) = match early {
+        Some(found) => (found, false),
+        None => {
+            let correlation_id = asked.correlation_id.as_ref();
+            let claiming =
+                settings.records.claim(&asked.key, fingerprint, correlation_id, settings.wait);
+            // A claim that waits for a duplicate can be dropped mid-wait (its client
+            // gone): it is reported `in_progress` then, the answer it would have had at
+            // that instant.
+            let gone = ReportIfDropped { settings: &settings, asked: &asked, started };
+            let found = claiming.await;
+            std::mem::forget(gone);
+            found
+        }
+    };
     asked.claim_time = started.map_or(std::time::Duration::ZERO, |s| s.elapsed());
     asked.waited = waited;
     let decision = match found {
@@ -319,6 +329,30 @@ where
     let (decision, answer) = decision;
     asked.report(&settings, decision, None);
     answer
+}
+
+/// Over the cache alone with nothing reporting correlation ids, the request's is read only
+/// for a claim that may acquire (the cache keeps it with the entry): the replay a
+/// duplicate gets is answered first from the read lock, without it (all but the first
+/// replay of a result just packed, which only a claim can share: that one reads it).
+/// Otherwise the request is passed on as it is (its id, if wanted, was read with its
+/// key).
+fn replay_or_read_correlation<B>(
+    settings: &Settings,
+    request: Request<B>,
+    asked: &mut Asked,
+    fingerprint: Fingerprint,
+) -> (Request<B>, Option<Found>) {
+    let Records::Memory(cache) = &settings.records else { return (request, None) };
+    if settings.observes_correlation() {
+        return (request, None);
+    }
+    if let Some(replay) = cache.replay_hit(&asked.key, fingerprint) {
+        return (request, Some(super::backend::replayed(cache, replay)));
+    }
+    let (parts, body) = request.into_parts();
+    asked.correlation_id = (settings.correlation_id)(&parts);
+    (Request::from_parts(parts, body), None)
 }
 
 /// Reports a request whose claim was dropped while it waited (see [`decide`]); forgotten
@@ -630,4 +664,86 @@ const LAST_HTTP_DATE: std::time::Duration = std::time::Duration::from_secs(253_4
 fn http_date(at: std::time::SystemTime) -> String {
     let epoch = std::time::SystemTime::UNIX_EPOCH;
     httpdate::fmt_http_date(at.clamp(epoch, epoch + LAST_HTTP_DATE))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::future::Ready;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll};
+
+    use http_body_util::Full;
+    use tower_layer::Layer;
+
+    use super::*;
+    use crate::layer::IdempotencyLayer;
+    use crate::{Cache, EntryState};
+
+    /// A handler that answers 201.
+    #[derive(Clone)]
+    struct Created;
+
+    impl<B> Service<Request<B>> for Created {
+        type Response = Response<Full<Bytes>>;
+        type Error = Infallible;
+        type Future = Ready<Result<Self::Response, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<B>) -> Self::Future {
+            let created = Response::builder().status(201).body(Full::new(Bytes::from("{}")));
+            std::future::ready(Ok(created.expect("a valid response")))
+        }
+    }
+
+    const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    /// Over the cache alone the key's entry keeps the request's trace id, through the
+    /// completion, whichever way the claim acquires; with nothing reporting it (no hook,
+    /// neither `metrics` nor `tracing`), it is read for a claim that may acquire only, not
+    /// for the replays a duplicate gets.
+    #[test]
+    fn over_the_cache_the_entry_keeps_the_trace_id_read_only_when_a_claim_may_acquire() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        for wait in [None, Some(std::time::Duration::from_secs(5))] {
+            let cache = Cache::builder().build().unwrap();
+            let reads = Arc::new(AtomicUsize::new(0));
+            let counted = reads.clone();
+            let mut layer = IdempotencyLayer::new(cache.clone()).correlation_id(move |parts| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                crate::layer::trace_id(&parts.headers)
+            });
+            if let Some(wait) = wait {
+                layer = layer.wait(wait);
+            }
+            let mut service = layer.layer(Created);
+            let mut send = |key: &str| {
+                let request = Request::post("/orders")
+                    .header("idempotency-key", key)
+                    .header("traceparent", TRACE)
+                    .body(Full::new(Bytes::from("{}")))
+                    .unwrap();
+                let response = runtime.block_on(service.call(request)).unwrap();
+                (response.status().as_u16(), response.headers().contains_key("idempotent-replayed"))
+            };
+            assert_eq!(send("k1"), (201, false), "wait: {wait:?}");
+            assert_eq!(send("k1"), (201, true), "wait: {wait:?}");
+            assert_eq!(send("k1"), (201, true), "wait: {wait:?}");
+            let entry = cache.peek(&Key::without_tenant("POST /orders", "k1").unwrap()).unwrap();
+            assert!(matches!(entry.state, EntryState::Completed(_)));
+            let kept = entry.correlation_id.expect("the entry keeps the trace id");
+            assert_eq!(kept.as_str(), "4bf92f3577b34da6a3ce929d0e0e4736");
+            let read = reads.load(Ordering::SeqCst);
+            if cfg!(any(feature = "metrics", feature = "tracing")) {
+                assert_eq!(read, 3, "read for every request it reports");
+            } else {
+                // The first execution's, and the first replay's: a result just packed is
+                // shared under the write lock (see `Cache::replay_hit`); never again.
+                assert_eq!(read, 2, "wait: {wait:?}");
+            }
+        }
+    }
 }

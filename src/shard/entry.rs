@@ -17,7 +17,9 @@
 use bytes::Bytes;
 
 use crate::shard::arena::ResultRef;
-use crate::{EntrySnapshot, EntryState, FencingToken, Fingerprint, Key, Replay, Timestamp};
+use crate::{
+    CorrelationId, EntrySnapshot, EntryState, FencingToken, Fingerprint, Key, Replay, Timestamp,
+};
 
 /// The three states of the contract (the state table in the crate docs); "absent" is the lack of an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,8 +90,13 @@ impl Entry {
         Replay { body, completed_at: self.since, expires_at: self.deadline }
     }
 
-    /// What this entry looks like from outside, its result being `body`.
-    pub(crate) fn snapshot(&self, body: Option<Bytes>) -> EntrySnapshot {
+    /// What this entry looks like from outside, its result being `body` and its
+    /// claim's correlation id `correlation_id`.
+    pub(crate) fn snapshot(
+        &self,
+        body: Option<Bytes>,
+        correlation_id: Option<CorrelationId>,
+    ) -> EntrySnapshot {
         let state = match self.state {
             State::Processing => EntryState::Processing {
                 started_at: self.since,
@@ -101,6 +108,6 @@ impl Entry {
                 EntryState::Unknown { marked_at: self.since, expires_at: self.deadline }
             }
         };
-        EntrySnapshot { fingerprint: self.fingerprint, state }
+        EntrySnapshot { fingerprint: self.fingerprint, state, correlation_id }
     }
 }

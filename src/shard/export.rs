@@ -14,16 +14,14 @@
 use super::entry::State;
 use super::{deadline_after, Shard};
 use crate::config::Config;
-use crate::{Fingerprint, Key, Known, Timestamp};
+use crate::{CorrelationId, Fingerprint, Key, Known, Timestamp};
+
+/// One live entry as a fact, with its claim's correlation id.
+pub(crate) type Exported = (Key, Fingerprint, Known, Option<CorrelationId>);
 
 impl Shard {
     /// Appends every live entry of this shard to `out` as a fact (see the module docs).
-    pub(crate) fn export(
-        &mut self,
-        now: Timestamp,
-        cfg: &Config,
-        out: &mut Vec<(Key, Fingerprint, Known)>,
-    ) {
+    pub(crate) fn export(&mut self, now: Timestamp, cfg: &Config, out: &mut Vec<Exported>) {
         out.reserve(self.table.len());
         for i in 0..self.slots.len() {
             let Some(e) = self.slots.get(i) else { continue };
@@ -57,7 +55,7 @@ impl Shard {
                     }
                 }
             };
-            out.push((key, fingerprint, known));
+            out.push((key, fingerprint, known, self.correlations.get(i as u32).cloned()));
         }
     }
 }

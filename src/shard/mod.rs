@@ -34,9 +34,12 @@
 //! empties after unlocking.
 
 pub(crate) mod arena;
+mod correlations;
+pub use correlations::CORRELATION_ID_OVERHEAD;
 pub(crate) mod entry;
 pub(crate) mod evict;
 mod export;
+pub(crate) use export::Exported;
 mod slab;
 pub(crate) mod wheel;
 
@@ -46,6 +49,7 @@ use bytes::Bytes;
 use hashbrown::HashTable;
 
 use self::arena::{ResultArena, ResultRef};
+use self::correlations::Correlations;
 use self::entry::{Entry, State};
 use self::evict::{AgeLinks, AgeList};
 use self::slab::Slab;
@@ -54,8 +58,8 @@ use crate::config::Config;
 use crate::stats::Counters;
 use crate::wait::Wakers;
 use crate::{
-    Claim, ClaimError, EntrySnapshot, FencingToken, Fingerprint, InsertError, Key, Known,
-    LeaseLost, RemovalCause, Replay, ResolveError, Timestamp, UnknownEntry,
+    Claim, ClaimError, CorrelationId, EntrySnapshot, FencingToken, Fingerprint, InsertError, Key,
+    Known, LeaseLost, RemovalCause, Replay, ResolveError, Timestamp, UnknownEntry,
 };
 
 /// Wheel work (node moves) an insert may spend reclaiming expired entries. An entry costs
@@ -188,6 +192,8 @@ pub(crate) struct Shard {
     pub(crate) deferred: Deferred,
     /// Where results kept for the default TTL are packed (see [`ResultArena`]).
     results: ResultArena,
+    /// The correlation ids of the entries whose claims were given one.
+    correlations: Correlations,
     record_removals: bool,
     /// How long an entry whose lease lapsed stays UNKNOWN, from the lease's end, under
     /// [`LapsePolicy::MarkUnknown`](crate::LapsePolicy::MarkUnknown); `None` under
@@ -223,6 +229,7 @@ impl Shard {
             limits,
             counters: Counters::default(),
             results: ResultArena::default(),
+            correlations: Correlations::default(),
             deferred: Deferred::default(),
             record_removals,
             lapse_to_unknown,
@@ -261,16 +268,20 @@ impl Shard {
         table_hash(self.hasher.hash_one(key.as_bytes()))
     }
 
-    /// What `e` costs against the byte bound.
-    fn charge(&self, e: &Entry) -> usize {
+    /// What the entry in `slot` costs against the byte bound: its key, its result and
+    /// its correlation id.
+    fn charge(&self, slot: u32) -> usize {
+        let e = self.entry(slot);
         Entry::charge_for(&e.key, e.body.map_or(0, |r| self.results.len(r)))
+            + self.correlations.charge(slot)
     }
 
     /// The entry in `slot` as seen from outside (sealing the arena's open buffer if its
     /// result is there).
     fn snapshot(&mut self, slot: u32) -> EntrySnapshot {
         let body = self.entry(slot).body.map(|r| self.results.sealed(r));
-        self.entry(slot).snapshot(body)
+        let correlation_id = self.correlations.get(slot).cloned();
+        self.entry(slot).snapshot(body, correlation_id)
     }
 
     #[inline]
@@ -342,11 +353,13 @@ impl Shard {
     /// closure lets the answer be built once, in its public form, with no intermediate
     /// enum to convert on the replay path.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn claim(
         &mut self,
         hash: u64,
         key: &Key,
         fingerprint: Fingerprint,
+        correlation_id: Option<&CorrelationId>,
         now: Timestamp,
         cfg: &Config,
         acquired: impl FnOnce(u32, u64, Timestamp) -> Claim,
@@ -358,19 +371,21 @@ impl Shard {
             }
         }
         let (slot, token, lease_ends_at) =
-            self.acquire(existing, hash, key, fingerprint, now, cfg)?;
+            self.acquire(existing, hash, key, fingerprint, correlation_id, now, cfg)?;
         Ok(acquired(slot, token, lease_ends_at))
     }
 
     /// Absent or dead → PROCESSING under a new fencing token. Kept out of line so the
     /// replay path (`claim` → `answer`) stays small.
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn acquire(
         &mut self,
         existing: Option<u32>,
         hash: u64,
         key: &Key,
         fingerprint: Fingerprint,
+        correlation_id: Option<&CorrelationId>,
         now: Timestamp,
         cfg: &Config,
     ) -> Result<(u32, u64, Timestamp), ClaimError> {
@@ -382,13 +397,20 @@ impl Shard {
         if let Some(dead) = existing {
             self.expire(dead);
         }
-        let charge = Entry::charge_for(key, 0);
+        let charge = Entry::charge_for(key, 0) + correlation_id.map_or(0, correlations::charge_for);
         if let Err(full) = self.make_room(now, 1, charge) {
             self.counters.capacity_refusals += 1;
             return Err(full);
         }
-        let (slot, token) =
-            self.insert_new(hash, key, fingerprint, State::Processing, now, lease_ends_at);
+        let (slot, token) = self.insert_new(
+            hash,
+            key,
+            fingerprint,
+            correlation_id,
+            State::Processing,
+            now,
+            lease_ends_at,
+        );
         self.counters.acquired += 1;
         // Reclaim a little of what has expired; the new entry is live, so it is not due.
         self.sweep(now, SWEEP_WORK_PER_INSERT);
@@ -530,14 +552,14 @@ impl Shard {
         since: Timestamp,
         deadline: Timestamp,
     ) {
-        let before = self.charge(self.entry(slot));
+        let before = self.charge(slot);
         let e = self.entry_mut(slot);
         let was_unknown = e.state == State::Unknown;
         e.state = State::Completed;
         e.since = since;
         e.deadline = deadline;
         e.body = kept;
-        let after = self.charge(self.entry(slot));
+        let after = self.charge(slot);
         self.bytes = self.bytes - before + after;
         self.completed_bytes += after;
         if was_unknown {
@@ -651,12 +673,14 @@ impl Shard {
     /// key has a live entry (a claim may be executing it right now: the fact must not
     /// fence it out) or the times make no sense. Like `complete`, the shard takes the
     /// body out of `known` only when it keeps the caller's `Bytes` as given.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn insert_known(
         &mut self,
         hash: u64,
         key: &Key,
         fingerprint: Fingerprint,
         known: &mut Known,
+        correlation_id: Option<&CorrelationId>,
         now: Timestamp,
         cfg: &Config,
     ) -> Result<(), InsertError> {
@@ -686,11 +710,19 @@ impl Shard {
             }
             self.expire(slot);
         }
-        self.make_room(now, 1, Entry::charge_for(key, 0))
-            .map_err(|_| InsertError::CapacityExhausted)?;
+        let charge = Entry::charge_for(key, 0) + correlation_id.map_or(0, correlations::charge_for);
+        self.make_room(now, 1, charge).map_err(|_| InsertError::CapacityExhausted)?;
         // UNKNOWN until its body is settled below (`keep_result` may evict, and an
         // UNKNOWN entry is never evicted).
-        let (slot, _) = self.insert_new(hash, key, fingerprint, State::Unknown, since, deadline);
+        let (slot, _) = self.insert_new(
+            hash,
+            key,
+            fingerprint,
+            correlation_id,
+            State::Unknown,
+            since,
+            deadline,
+        );
         match known {
             Known::Completed { body, .. } => {
                 // Chunks hold results that expire together: pack only a fact that
@@ -859,11 +891,13 @@ impl Shard {
     }
 
     /// Files a new entry without a body under a fresh token; returns its slot and token.
+    #[allow(clippy::too_many_arguments)]
     fn insert_new(
         &mut self,
         hash: u64,
         key: &Key,
         fingerprint: Fingerprint,
+        correlation_id: Option<&CorrelationId>,
         state: State,
         since: Timestamp,
         deadline: Timestamp,
@@ -879,12 +913,10 @@ impl Shard {
             body: None,
             hash: hash as u32,
         };
-        (self.insert(hash, entry), token)
+        (self.insert(hash, entry, correlation_id), token)
     }
 
-    fn insert(&mut self, hash: u64, entry: Entry) -> u32 {
-        self.entries += 1;
-        self.bytes += self.charge(&entry);
+    fn insert(&mut self, hash: u64, entry: Entry, correlation_id: Option<&CorrelationId>) -> u32 {
         let slot = match self.free.pop() {
             Some(slot) => {
                 let vacant = self.slots.replace(slot as usize, entry);
@@ -902,6 +934,9 @@ impl Shard {
                 slot
             }
         };
+        self.correlations.set(slot, correlation_id);
+        self.entries += 1;
+        self.bytes += self.charge(slot);
         let slots = &self.slots;
         self.table.insert_unique(hash, slot, |&i| {
             let e = slots.get(i as usize).expect("the table only indexes occupied slots");
@@ -922,9 +957,10 @@ impl Shard {
             }
             Err(_) => unreachable!("every occupied slot is in the table"),
         }
+        let charge = self.charge(slot);
         let entry = self.slots.take(slot as usize).expect("checked occupied above");
+        self.correlations.take(slot);
         self.wheel.cancel(slot);
-        let charge = self.charge(&entry);
         match entry.state {
             State::Completed => {
                 self.age.remove(slot, &mut self.wheel);
@@ -956,7 +992,7 @@ impl Shard {
             match slot {
                 Some(e) => {
                     entries += 1;
-                    bytes += self.charge(e);
+                    bytes += self.charge(id);
                     assert_eq!(widen(e.hash), self.hash_of(&e.key), "slot {i} stored hash");
                     assert_eq!(
                         self.find(self.hash_of(&e.key), &e.key),
@@ -977,7 +1013,7 @@ impl Shard {
                     assert_eq!(listed, e.state != State::Processing, "slot {i} list membership");
                     if e.state == State::Completed {
                         completed += 1;
-                        completed_bytes += self.charge(e);
+                        completed_bytes += self.charge(id);
                     }
                 }
                 None => {
@@ -1008,6 +1044,7 @@ impl Shard {
             "unknown list drifted"
         );
         self.results.validate(self.slots.iter().flatten().filter_map(|e| e.body));
+        self.correlations.validate(|slot| self.slots.get(slot as usize).is_some());
         assert!(self.entries <= self.limits.max_entries, "entry bound exceeded");
         assert!(self.bytes <= self.limits.max_bytes, "byte bound exceeded");
     }

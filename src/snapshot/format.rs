@@ -1,14 +1,8 @@
-//! The snapshot file format, version 1: encoding and strict decoding, no I/O.
-//!
-//! ```text
-//! header   "IDEMSNAP"  u16 version = 1  u16 flags = 0  u64 generation  u64 written_at
-//! entries  u8 tag, then by tag:
-//!            1 COMPLETED with body: key, fingerprint, since, expires, u32 len, body
-//!            2 COMPLETED, body not kept: key, fingerprint, since, expires
-//!            3 UNKNOWN: key, fingerprint, since (marked), expires
-//!          key = u32 len + the key's stored bytes; fingerprint = 16 bytes
-//! end      u8 tag 0, u64 entry count, u64 checksum (xxh3-64 of every byte before it)
-//! ```
+//! The snapshot file format, version 2 (laid out in [`read_bytes`](super::read_bytes)'s
+//! docs): encoding and strict decoding, no I/O. Version 1 (without correlation ids) is
+//! still read, so a snapshot written before an upgrade loads after it. One byte of
+//! length is enough for a correlation id: it is at most
+//! [`MAX_CORRELATION_ID_LEN`](crate::MAX_CORRELATION_ID_LEN) (128) bytes.
 //!
 //! Integers are big-endian; times are microseconds since the Unix epoch, wall clock
 //! (a snapshot outlives the process whose monotonic clock timed its entries).
@@ -25,12 +19,16 @@ use bytes::Bytes;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::{SnapshotEntry, SnapshotError, SnapshotState};
-use crate::{Fingerprint, Key};
+use crate::{CorrelationId, Fingerprint, Key};
 
 /// The first eight bytes of every snapshot.
 pub(crate) const MAGIC: &[u8; 8] = b"IDEMSNAP";
-/// The format this crate writes and reads.
-pub(crate) const VERSION: u16 = 1;
+/// The format this crate writes.
+pub(crate) const VERSION: u16 = 2;
+/// The earlier format it still reads: entries without correlation ids.
+const VERSION_WITHOUT_CORRELATION: u16 = 1;
+// The correlation id's length is one byte.
+const _: () = assert!(crate::MAX_CORRELATION_ID_LEN <= u8::MAX as usize);
 const HEADER: usize = 8 + 2 + 2 + 8 + 8;
 /// The end tag, the count and the checksum.
 const TRAILER: usize = 1 + 8 + 8;
@@ -97,6 +95,10 @@ impl<W: std::io::Write> Encoder<W> {
         head.extend_from_slice(&entry.fingerprint.to_bytes());
         head.extend_from_slice(&micros(since).to_be_bytes());
         head.extend_from_slice(&micros(expires).to_be_bytes());
+        let corr = entry.correlation_id.as_ref().map_or(&[][..], |id| id.as_str().as_bytes());
+        // A CorrelationId is at most MAX_CORRELATION_ID_LEN bytes, which fits (above).
+        head.push(corr.len() as u8);
+        head.extend_from_slice(corr);
         if let Some(body) = body {
             head.extend_from_slice(&len32(body.len())?.to_be_bytes());
             self.write(&head)?;
@@ -145,7 +147,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
         return Err(SnapshotError::Truncated);
     }
     let version = u16::from_be_bytes([bytes[8], bytes[9]]);
-    if version != VERSION {
+    if version != VERSION && version != VERSION_WITHOUT_CORRELATION {
         return Err(SnapshotError::UnsupportedVersion(version));
     }
     if bytes.len() < HEADER + TRAILER {
@@ -181,6 +183,18 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
         let fingerprint = Fingerprint::try_from(r.take(16)?)
             .map_err(|_| r.corrupt(format_args!("the fingerprint of the entry at byte {at}")))?;
         let (since, expires) = (time(r.u64()?), time(r.u64()?));
+        let correlation_id = if version == VERSION_WITHOUT_CORRELATION {
+            None
+        } else {
+            match r.u8()? {
+                0 => None,
+                len => Some(CorrelationId::new(r.take(usize::from(len))?).map_err(|e| {
+                    SnapshotError::Corrupt(format!(
+                        "the correlation id of the entry at byte {at}: {e}"
+                    ))
+                })?),
+            }
+        };
         let state = match tag {
             COMPLETED => {
                 let len = r.u32()? as usize;
@@ -192,7 +206,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
             }
             _ => SnapshotState::Unknown { marked_at: since, expires_at: expires },
         };
-        entries.push(SnapshotEntry { key, fingerprint, state });
+        entries.push(SnapshotEntry { key, fingerprint, state, correlation_id });
     }
     let count = r.u64()?;
     if count != entries.len() as u64 || r.at != body.len() {

@@ -63,7 +63,8 @@
 //! exception: a snapshot taken before it would answer it again, so do not load one. Load a snapshot into the cache you give `Tiered`, before
 //! it serves; its entries are in `Tiered`'s own format there.
 //!
-//! The file format (version 1) is documented at [`read_bytes`].
+//! The file format (version 2; version 1 files are still read) is documented at
+//! [`read_bytes`].
 
 mod format;
 mod temporary;
@@ -75,7 +76,7 @@ use std::time::SystemTime;
 
 pub use format::Snapshot;
 
-use crate::{Bytes, Cache, Fingerprint, InsertError, Key, Known};
+use crate::{Bytes, Cache, CorrelationId, Fingerprint, InsertError, Key, Known};
 
 /// One entry of a snapshot, with wall-clock times.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +87,10 @@ pub struct SnapshotEntry {
     pub fingerprint: Fingerprint,
     /// What was known of it.
     pub state: SnapshotState,
+    /// The correlation id its claim was given
+    /// ([`Cache::claim_correlated`](crate::Cache::claim_correlated)); `None` when none
+    /// was, and for every entry of a version-1 file.
+    pub correlation_id: Option<CorrelationId>,
 }
 
 /// What a snapshot knew of an entry.
@@ -292,10 +297,10 @@ impl SnapshotFile {
             format::Encoder::new(out, generation, wall).map_err(|e| io(doing(), e))?;
         for shard in 0..cache.shard_count() {
             let now = cache.now();
-            for (key, fingerprint, known) in cache.export_shard(shard) {
+            for (key, fingerprint, known, correlation_id) in cache.export_shard(shard) {
                 let state = to_wall(known, now, wall);
                 encoder
-                    .entry(&SnapshotEntry { key, fingerprint, state })
+                    .entry(&SnapshotEntry { key, fingerprint, state, correlation_id })
                     .map_err(|e| io(doing(), e))?;
             }
         }
@@ -330,7 +335,8 @@ impl SnapshotFile {
         let wall = (self.wall_clock)();
         for entry in snapshot.entries {
             let (known, clamped) = from_wall(entry.state, cache, wall);
-            match cache.insert(&entry.key, entry.fingerprint, known) {
+            let correlation_id = entry.correlation_id.as_ref();
+            match cache.insert_correlated(&entry.key, entry.fingerprint, known, correlation_id) {
                 Ok(()) => {
                     loaded.inserted += 1;
                     loaded.clamped += usize::from(clamped);
@@ -353,15 +359,20 @@ impl SnapshotFile {
 /// the whole file, then every entry; any problem is an error and no entry is returned.
 /// What [`SnapshotFile::load`] does before inserting, for tools that inspect a file.
 ///
-/// Format version 1 (integers big-endian, times µs since the Unix epoch):
+/// Format version 2 (integers big-endian, times µs since the Unix epoch):
 ///
 /// ```text
-/// header   "IDEMSNAP"  u16 version = 1  u16 flags = 0  u64 generation  u64 written_at
+/// header   "IDEMSNAP"  u16 version = 2  u16 flags = 0  u64 generation  u64 written_at
 /// entries  u8 tag (1 COMPLETED with body, 2 COMPLETED without, 3 UNKNOWN),
 ///          u32 key length, the key's bytes (Key::as_bytes), 16 fingerprint bytes,
-///          u64 since (completed or marked), u64 expires, and for tag 1: u32 length, body
+///          u64 since (completed or marked), u64 expires,
+///          u8 correlation id length (0: none), its bytes,
+///          and for tag 1: u32 length, body
 /// end      u8 0, u64 entry count, u64 xxh3-64 of every byte before it
 /// ```
+///
+/// Version 1, written before entries kept correlation ids, is version 2 without the
+/// correlation id's length and bytes; it is still read (its entries have none).
 pub fn read_bytes(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
     format::decode(bytes)
 }

@@ -203,15 +203,16 @@ impl<S: Store> Tiered<S> {
     }
 
     /// [`claim`](Tiered::claim), keeping `correlation_id` with the store's record if the
-    /// claim acquires the key ([`Store::claim_correlated`]). The hot tier keeps no
-    /// correlation id: inspect the store's record for it.
+    /// claim acquires the key ([`Store::claim_correlated`]), and with the hot tier's
+    /// entry while it executes ([`Cache::claim_correlated`]). A result the hot tier
+    /// learns from the store keeps none there: the store's record has it.
     pub async fn claim_correlated(
         &self,
         key: &Key,
         fingerprint: Fingerprint,
         correlation_id: Option<&CorrelationId>,
     ) -> Result<TieredClaim<S>, TieredError> {
-        match self.answer_in_memory(key, fingerprint)? {
+        match self.answer_in_memory(key, fingerprint, correlation_id)? {
             Ok(answer) => Ok(answer),
             Err(local) => {
                 Box::pin(self.read_through(key, fingerprint, correlation_id, local)).await
@@ -226,8 +227,10 @@ impl<S: Store> Tiered<S> {
         &self,
         key: &Key,
         fingerprint: Fingerprint,
+        correlation_id: Option<&CorrelationId>,
     ) -> Result<Result<TieredClaim<S>, Option<ClaimGuard>>, TieredError> {
-        Ok(Ok(match self.cache.claim(key, fingerprint).map_err(TieredError::Cache)? {
+        let claim = self.cache.claim_correlated(key, fingerprint, correlation_id);
+        Ok(Ok(match claim.map_err(TieredError::Cache)? {
             Claim::Acquired(local) => return Ok(Err(Some(local))),
             // The hot path: the store's times were kept in front of the body.
             Claim::Completed(replay) => match replay.body.and_then(unpack) {

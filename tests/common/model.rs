@@ -14,9 +14,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use idemcache::{
-    Bytes, Cache, Claim, ClaimError, ClaimGuard, DropPolicy, EntrySnapshot, EntryState,
-    ExtendLeaseError, Fingerprint, InsertError, Key, Known, LapsePolicy, LeaseLost, ManualClock,
-    ResolveError, SetResultTtlError, Stats, Timestamp, Verdict, ENTRY_OVERHEAD,
+    Bytes, Cache, Claim, ClaimError, ClaimGuard, CorrelationId, DropPolicy, EntrySnapshot,
+    EntryState, ExtendLeaseError, Fingerprint, InsertError, Key, Known, LapsePolicy, LeaseLost,
+    ManualClock, ResolveError, SetResultTtlError, Stats, Timestamp, Verdict,
+    CORRELATION_ID_OVERHEAD, ENTRY_OVERHEAD,
 };
 
 pub const KEYS: u8 = 16;
@@ -30,9 +31,12 @@ pub const MAX_RESULT: usize = 8;
 /// One step of a test sequence. Small numbers index keys, fingerprints and live guards.
 #[derive(Debug, Clone)]
 pub enum Op {
+    /// `claim_correlated`, with a correlation id unless `corr` is 0 (ids of several
+    /// lengths, so the byte charge is checked).
     Claim {
         key: u8,
         fp: u8,
+        corr: u8,
     },
     /// `claim_wait` with a zero timeout: must answer exactly as `claim` would.
     ClaimWaitNow {
@@ -119,6 +123,8 @@ struct MEntry {
     deadline: u64,
     /// Completion order, for eviction (oldest first).
     seq: u64,
+    /// The correlation id its claim (or insert) was given.
+    corr: Option<String>,
 }
 
 /// The reference model: plain data, no concurrency, no cleverness.
@@ -252,13 +258,14 @@ impl Model {
         };
         self.completions += 1;
         let since = now.saturating_sub(age);
-        self.entries
-            .insert(key, MEntry { fp, state, since, deadline: now + ttl, seq: self.completions });
+        let corr = correlation(len);
+        let entry = MEntry { fp, state, since, deadline: now + ttl, seq: self.completions, corr };
+        self.entries.insert(key, entry);
         self.stats.inserted += 1;
         Ok(())
     }
 
-    fn claim(&mut self, key: u8, fp: u8) -> Expected {
+    fn claim(&mut self, key: u8, fp: u8, corr: Option<String>) -> Expected {
         let now = self.now;
         self.reclaim_if_dead(key);
         if let Some(e) = self.entries.get(&key) {
@@ -297,6 +304,7 @@ impl Model {
                 since: now,
                 deadline: now + LEASE_S * SEC,
                 seq: 0,
+                corr,
             },
         );
         self.stats.acquired += 1;
@@ -345,9 +353,18 @@ impl Model {
         self.stats.releases += 1;
     }
 
-    fn snapshot(&mut self, key: u8) -> Option<(u8, MState, u64, u64)> {
-        self.live(key).map(|e| (e.fp, e.state.clone(), e.since, e.deadline))
+    fn snapshot(&mut self, key: u8) -> Option<ModelSnapshot> {
+        self.live(key).map(|e| (e.fp, e.state.clone(), e.since, e.deadline, e.corr.clone()))
     }
+}
+
+/// An entry as the model sees it: fingerprint, state, since, deadline, correlation id.
+type ModelSnapshot = (u8, MState, u64, u64, Option<String>);
+
+/// The correlation id an operation numbered `n` passes: none for 0, else one of a
+/// length that varies with `n` (6 to 127 bytes).
+fn correlation(n: u8) -> Option<String> {
+    (n != 0).then(|| format!("req-{n}-{}", "x".repeat(usize::from(n) % 120)))
 }
 
 #[derive(Debug, PartialEq)]
@@ -435,12 +452,18 @@ impl Harness {
     /// cache's internal counters.
     pub fn apply(&mut self, op: &Op) {
         match *op {
-            Op::Claim { key, fp } | Op::ClaimWaitNow { key, fp } => {
+            Op::Claim { key, fp, .. } | Op::ClaimWaitNow { key, fp } => {
                 let key = key % KEYS;
-                let expected = self.model.claim(key, fp);
+                // `claim_wait` keeps no correlation id.
+                let corr = match *op {
+                    Op::Claim { corr, .. } => correlation(corr),
+                    _ => None,
+                };
+                let expected = self.model.claim(key, fp, corr.clone());
                 let k = &self.keys[key as usize];
                 let claim = if matches!(op, Op::Claim { .. }) {
-                    self.cache.claim(k, fingerprint(fp))
+                    let id = corr.map(|c| CorrelationId::new(c).unwrap());
+                    self.cache.claim_correlated(k, fingerprint(fp), id.as_ref())
                 } else {
                     self.cache.claim_wait(k, fingerprint(fp), Duration::ZERO)
                 };
@@ -648,7 +671,9 @@ impl Harness {
                         expires_at,
                     }
                 };
-                let actual = self.cache.insert(&self.keys[key as usize], fingerprint(fp), known);
+                let id = correlation(len).map(|c| CorrelationId::new(c).unwrap());
+                let k = &self.keys[key as usize];
+                let actual = self.cache.insert_correlated(k, fingerprint(fp), known, id.as_ref());
                 // The model does not rebuild the occupant's snapshot; `Peek` checks entries.
                 let actual = actual.map_err(|e| match e {
                     InsertError::Occupied(_) => None,
@@ -691,10 +716,11 @@ impl Harness {
     fn assert_snapshot(
         &self,
         actual: Option<EntrySnapshot>,
-        expected: &Option<(u8, MState, u64, u64)>,
+        expected: &Option<ModelSnapshot>,
         op: &Op,
     ) {
         let actual = actual.map(|s| {
+            let corr = s.correlation_id.map(|c| c.as_str().to_owned());
             let fp = u8::try_from(s.fingerprint.as_u128()).unwrap();
             let (state, since, deadline) = match s.state {
                 EntryState::Processing { started_at, lease_ends_at, .. } => {
@@ -711,14 +737,14 @@ impl Harness {
                 }
                 _ => unreachable!("no other states exist"),
             };
-            (fp, state, since.as_nanos(), deadline.as_nanos())
+            (fp, state, since.as_nanos(), deadline.as_nanos(), corr)
         });
-        let expected = expected.as_ref().map(|(fp, state, since, deadline)| {
+        let expected = expected.as_ref().map(|(fp, state, since, deadline, corr)| {
             let state = match state {
                 MState::Processing { .. } => None,
                 other => Some(other.clone()),
             };
-            (*fp, state, *since, *deadline)
+            (*fp, state, *since, *deadline, corr.clone())
         });
         assert_eq!(actual, expected, "{op:?}");
     }
@@ -742,7 +768,8 @@ impl Harness {
                     MState::Completed(Some(b)) => b.len(),
                     _ => 0,
                 };
-                (self.keys[*k as usize].as_bytes().len() + body + ENTRY_OVERHEAD) as u64
+                let corr = e.corr.as_ref().map_or(0, |c| c.len() + CORRELATION_ID_OVERHEAD);
+                (self.keys[*k as usize].as_bytes().len() + body + ENTRY_OVERHEAD + corr) as u64
             })
             .sum();
         // Real time, not model time: not comparable.

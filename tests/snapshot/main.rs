@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idemcache::snapshot::{read_bytes, Load, SnapshotError, SnapshotFile, SnapshotState};
-use idemcache::{Cache, Claim, EntryState, Fingerprint, Key, Known, ManualClock};
+use idemcache::{Cache, Claim, CorrelationId, EntryState, Fingerprint, Key, Known, ManualClock};
 
 mod clamp;
 #[cfg(target_os = "linux")]
@@ -38,23 +38,32 @@ pub(crate) fn manual() -> (Cache, ManualClock) {
 }
 
 pub(crate) fn complete(cache: &Cache, k: &str, body: &[u8]) {
-    match cache.claim(&key(k), fp(k)).unwrap() {
+    complete_correlated(cache, k, body, None);
+}
+
+fn complete_correlated(cache: &Cache, k: &str, body: &[u8], id: Option<&CorrelationId>) {
+    match cache.claim_correlated(&key(k), fp(k), id).unwrap() {
         Claim::Acquired(guard) => guard.complete(body.to_vec()).unwrap(),
         other => panic!("{k}: {other:?}"),
     }
 }
 
+/// The correlation id `filled` gives the claims of "kept" and "running".
+fn trace(n: u8) -> CorrelationId {
+    CorrelationId::new(format!("4bf92f3577b34da6a3ce929d0e0e47{n:02}")).unwrap()
+}
+
 /// A cache holding each kind of fact: a result, a result too large to keep, an UNKNOWN
-/// mark, and a claim still executing.
+/// mark, and a claim still executing; "kept" and "running" with correlation ids.
 pub(crate) fn filled() -> (Cache, ManualClock) {
     let (cache, clock) = manual();
-    complete(&cache, "kept", b"order 1");
+    complete_correlated(&cache, "kept", b"order 1", Some(&trace(1)));
     complete(&cache, "too-large", &[7u8; 100]);
     match cache.claim(&key("unknown"), fp("unknown")).unwrap() {
         Claim::Acquired(guard) => guard.mark_unknown().unwrap(),
         other => panic!("{other:?}"),
     }
-    match cache.claim(&key("running"), fp("running")).unwrap() {
+    match cache.claim_correlated(&key("running"), fp("running"), Some(&trace(2))).unwrap() {
         Claim::Acquired(guard) => std::mem::forget(guard),
         other => panic!("{other:?}"),
     }
@@ -89,9 +98,78 @@ fn a_round_trip_keeps_every_fact_and_writes_processing_as_unknown() {
         restarted.claim(&key("running"), fp("running")).unwrap(),
         Claim::Unknown { .. }
     ));
-    // Fingerprints travel with their keys.
+    // Fingerprints and correlation ids travel with their keys.
     assert!(matches!(restarted.claim(&key("kept"), fp("other")).unwrap(), Claim::Mismatch));
+    let correlation = |k: &str| restarted.peek(&key(k)).unwrap().correlation_id;
+    assert_eq!(correlation("kept"), Some(trace(1)));
+    assert_eq!(correlation("running"), Some(trace(2)), "kept through the turn to UNKNOWN");
+    assert_eq!((correlation("unknown"), correlation("too-large")), (None, None));
     restarted.debug_validate();
+}
+
+/// `body` (a snapshot without its checksum) with the checksum a writer would append.
+fn with_checksum(mut body: Vec<u8>) -> Vec<u8> {
+    let sum = xxhash_rust::xxh3::xxh3_64(&body);
+    body.extend_from_slice(&sum.to_be_bytes());
+    body
+}
+
+/// A snapshot of one completed entry whose claim had correlation id `req-1`, without
+/// its checksum; and where the id's length byte is.
+fn one_correlated_entry() -> (Vec<u8>, usize) {
+    let path = scratch("one-correlated");
+    let (cache, _clock) = manual();
+    complete_correlated(&cache, "k", b"r", Some(&CorrelationId::new("req-1").unwrap()));
+    SnapshotFile::new(&path).save(&cache).unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes.truncate(bytes.len() - 8);
+    let at = bytes.windows(6).position(|w| w == b"\x05req-1").expect("the id's length and bytes");
+    (bytes, at)
+}
+
+#[test]
+fn a_version_1_snapshot_written_before_correlation_ids_still_loads() {
+    // Version 1 is version 2 without the correlation id's length and bytes.
+    let (mut bytes, at) = one_correlated_entry();
+    bytes.drain(at..at + 6);
+    bytes[8..10].copy_from_slice(&1u16.to_be_bytes());
+    let snapshot = read_bytes(&with_checksum(bytes.clone())).unwrap();
+    assert_eq!(snapshot.entries.len(), 1);
+    assert_eq!(snapshot.entries[0].correlation_id, None);
+    let path = scratch("version-1");
+    std::fs::write(&path, with_checksum(bytes)).unwrap();
+    let (restarted, _clock) = manual();
+    assert_eq!(SnapshotFile::new(&path).load(&restarted, Load::Strict).unwrap().inserted, 1);
+    let entry = restarted.peek(&key("k")).unwrap();
+    assert!(matches!(entry.state, EntryState::Completed(_)));
+    assert_eq!(entry.correlation_id, None);
+}
+
+#[test]
+fn a_correlation_id_that_is_not_one_is_corrupt_and_loads_nothing() {
+    let (good, at) = one_correlated_entry();
+    assert_eq!(
+        read_bytes(&with_checksum(good.clone())).unwrap().entries[0].correlation_id,
+        Some(CorrelationId::new("req-1").unwrap())
+    );
+    let mut spaced = good.clone();
+    spaced[at + 4] = b' ';
+    let mut empty_but_present = good.clone();
+    empty_but_present.drain(at + 1..at + 6);
+    empty_but_present[at] = 0;
+    match read_bytes(&with_checksum(spaced)) {
+        Err(SnapshotError::Corrupt(what)) => {
+            assert!(what.contains("correlation id") && what.contains("not visible ASCII"), "{what}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // A length of 0 is "none", which a writer writes for a claim without one.
+    let none = read_bytes(&with_checksum(empty_but_present)).unwrap();
+    assert_eq!(none.entries[0].correlation_id, None);
+    // A length longer than what is left is corrupt, never a read past the end.
+    let mut long = good;
+    long[at] = 200;
+    assert!(matches!(read_bytes(&with_checksum(long)), Err(SnapshotError::Corrupt(_))));
 }
 
 static WALL: AtomicU64 = AtomicU64::new(1_800_000_000_000_000);
@@ -162,11 +240,11 @@ fn a_foreign_file_or_a_later_version_is_refused_by_name() {
     assert!(matches!(read_bytes(b"{\"not\": \"a snapshot\"}"), Err(SnapshotError::NotASnapshot)));
     assert!(matches!(read_bytes(b"IDEM"), Err(SnapshotError::Truncated)));
     let mut later = b"IDEMSNAP".to_vec();
-    later.extend_from_slice(&2u16.to_be_bytes());
+    later.extend_from_slice(&3u16.to_be_bytes());
     later.extend_from_slice(&[0; 40]);
     let refused = read_bytes(&later).unwrap_err();
-    assert!(matches!(refused, SnapshotError::UnsupportedVersion(2)));
-    assert!(refused.to_string().contains("version 2"));
+    assert!(matches!(refused, SnapshotError::UnsupportedVersion(3)));
+    assert!(refused.to_string().contains("version 3"));
     // A missing file: an error when strict, an empty start when quiet.
     let missing = scratch("missing");
     let (cache, _clock) = manual();
