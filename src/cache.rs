@@ -361,6 +361,17 @@ impl Cache {
         if let Some(replay) = self.replay_hit(key, fingerprint) {
             return Ok(Claim::Completed(replay));
         }
+        self.claim_locked(key, fingerprint, correlation_id)
+    }
+
+    /// [`claim_correlated`](Cache::claim_correlated) without asking the read lock first:
+    /// for a caller that just did ([`Cache::replay_hit`]) and had no replay.
+    pub(crate) fn claim_locked(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        correlation_id: Option<&CorrelationId>,
+    ) -> Result<Claim, ClaimError> {
         let (hash, shard) = self.locate(key);
         self.with_shard(shard, |s, now, cfg| {
             s.claim(

@@ -76,18 +76,22 @@ pub(crate) enum Records {
 impl Records {
     /// Claims `key`, waiting up to `wait` for an executing duplicate to finish; and
     /// whether it waited. An acquired claim keeps the correlation id with its entry or
-    /// record.
+    /// record. `probed`: the cache's read lock was asked for a replay just before, and
+    /// had none.
     pub(crate) async fn claim(
         &self,
         key: &Key,
         fp: Fingerprint,
         correlation_id: Option<&CorrelationId>,
         wait: Option<Duration>,
+        probed: bool,
     ) -> (Found, bool) {
         match self {
             Records::Memory(cache) => {
                 let mut waited = false;
                 let claim = match wait {
+                    // The read lock was just asked: go straight to the claim.
+                    None if probed => cache.claim_locked(key, fp, correlation_id),
                     None => cache.claim_correlated(key, fp, correlation_id),
                     Some(timeout) => {
                         // The future sleeps only while the key is in progress: a sleep
@@ -154,7 +158,9 @@ impl Records {
 fn from_cache(cache: &Cache, claim: Result<Claim, ClaimError>) -> Found {
     match claim {
         Ok(Claim::Acquired(guard)) => Found::Acquired(Held::Memory(guard, cache.clone())),
-        Ok(Claim::Completed(replay)) => replayed(cache, replay),
+        Ok(Claim::Completed(replay)) => {
+            Found::Completed { body: replay.body, expires_at: cache.system_time(replay.expires_at) }
+        }
         Ok(Claim::InProgress { lease_ends_at, .. }) => {
             Found::InProgress { retry_after: cache.time_until(lease_ends_at) }
         }
@@ -163,11 +169,6 @@ fn from_cache(cache: &Cache, claim: Result<Claim, ClaimError>) -> Found {
         Err(ClaimError::CapacityExhausted) => Found::Full,
         Err(e) => Found::Refused(e.to_string()),
     }
-}
-
-/// What the cache's replay `replay` is found as.
-pub(crate) fn replayed(cache: &Cache, replay: crate::Replay) -> Found {
-    Found::Completed { body: replay.body, expires_at: cache.system_time(replay.expires_at) }
 }
 
 impl Held {

@@ -34,7 +34,7 @@ use super::outcome::OutcomeUnknown;
 use super::problem::Refusal;
 use super::renewal::{Panicked, Read, Renewing};
 use super::{header, stored_response, IDEMPOTENCY_EXPIRES, IDEMPOTENT_REPLAYED};
-use crate::{Fingerprint, Key, KeyError};
+use crate::{CorrelationId, Fingerprint, Key, KeyError};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -183,11 +183,14 @@ where
         }
     };
     let fingerprint = fingerprint(&settings, &parts, &body);
-    // Read now when something reports it or a store keeps it; over the cache alone with
-    // nothing reporting, only once a claim may acquire (see `decide`), so that a replay
-    // there costs no header lookup for it.
-    let correlation_id = settings.observes_correlation().then(|| (settings.correlation_id)(&parts));
-    let correlation_id = correlation_id.flatten();
+    let (correlation_id, probed) = match probe(&settings, &parts, &key, fingerprint) {
+        Probe::Replayed { body, expires_at } => {
+            Asked::new(scope, key, None).report(&settings, Decision::Replayed, None);
+            return replayed(body, expires_at);
+        }
+        Probe::Missed(id) => (id, true),
+        Probe::NotAsked(id) => (id, false),
+    };
     let asked = Asked::new(scope, key, correlation_id);
     let request = Request::from_parts(parts, LayerBody::<ReqB>::buffered(body, None));
     match &settings.records {
@@ -195,7 +198,8 @@ where
         // withdraws); the handler's execution is detached once the key is held.
         Records::Memory(_) => {
             let span = asked.span();
-            in_span(span, decide(settings.clone(), inner, request, asked, fingerprint, true)).await
+            in_span(span, decide(settings.clone(), inner, request, asked, fingerprint, probed))
+                .await
         }
         // A store commits a claim before its answer arrives: a request future dropped in
         // between (a client gone) would leave the key held with nobody to run it. The
@@ -238,15 +242,47 @@ fn current_span() -> NoSpan {
     NoSpan
 }
 
-/// Claims `key` and answers: the handler's response (its execution [`Detached`] if
-/// `detach`: it finishes even if this future is dropped), a replay, or a refusal.
+/// What [`probe`] found before the claim.
+enum Probe {
+    /// The cache's read lock answered a replay (its result, and until when it is kept):
+    /// no claim, and no correlation id read.
+    Replayed { body: Option<Bytes>, expires_at: std::time::SystemTime },
+    /// The read lock had no replay; the request's correlation id.
+    Missed(Option<CorrelationId>),
+    /// The read lock was not asked (the claim will); the request's correlation id.
+    NotAsked(Option<CorrelationId>),
+}
+
+/// The request's correlation id, read now when something reports it or a store keeps
+/// it. Over the cache alone with nothing reporting, only once a claim may acquire: a
+/// replay the read lock can answer is answered first, without it, so replays there cost
+/// no header lookup for it. (Not the first replay of a result just packed, which only a
+/// claim can share: that one reads it.)
+// Without the `store` feature the cache is the only kind of records.
+#[allow(irrefutable_let_patterns)]
+fn probe(settings: &Settings, parts: &Parts, key: &Key, fingerprint: Fingerprint) -> Probe {
+    if let Records::Memory(cache) = &settings.records {
+        if !settings.observes_correlation() {
+            if let Some(replay) = cache.replay_hit(key, fingerprint) {
+                let expires_at = cache.system_time(replay.expires_at);
+                return Probe::Replayed { body: replay.body, expires_at };
+            }
+            return Probe::Missed((settings.correlation_id)(parts));
+        }
+    }
+    Probe::NotAsked((settings.correlation_id)(parts))
+}
+
+/// Claims `key` and answers: the handler's response (over the cache its execution is
+/// [`Detached`]: it finishes even if this future is dropped), a replay, or a refusal.
+/// `probed`: the cache's read lock was asked for a replay just before, and had none.
 async fn decide<S, ReqB, ResB>(
     settings: Arc<Settings>,
     inner: S,
     request: Request<LayerBody<ReqB>>,
     mut asked: Asked,
     fingerprint: Fingerprint,
-    detach: bool,
+    probed: bool,
 ) -> Result<Response<LayerBody<ResB>>, S::Error>
 where
     S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
@@ -256,22 +292,15 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
 {
     let started = Asked::timed(&settings).then(std::time::Instant::now);
-    let (request, early) = replay_or_read_correlation(&settings, request, &mut asked, fingerprint);
-    let (found, waited) = match early {
-        Some(found) => (found, false),
-        None => {
-            let correlation_id = asked.correlation_id.as_ref();
-            let claiming =
-                settings.records.claim(&asked.key, fingerprint, correlation_id, settings.wait);
-            // A claim that waits for a duplicate can be dropped mid-wait (its client
-            // gone): it is reported `in_progress` then, the answer it would have had at
-            // that instant.
-            let gone = ReportIfDropped { settings: &settings, asked: &asked, started };
-            let found = claiming.await;
-            std::mem::forget(gone);
-            found
-        }
-    };
+    let detach = matches!(settings.records, Records::Memory(_));
+    let correlation_id = asked.correlation_id.as_ref();
+    let claiming =
+        settings.records.claim(&asked.key, fingerprint, correlation_id, settings.wait, probed);
+    // A claim that waits for a duplicate can be dropped mid-wait (its client gone): it is
+    // reported `in_progress` then, the answer it would have had at that instant.
+    let gone = ReportIfDropped { settings: &settings, asked: &asked, started };
+    let (found, waited) = claiming.await;
+    std::mem::forget(gone);
     asked.claim_time = started.map_or(std::time::Duration::ZERO, |s| s.elapsed());
     asked.waited = waited;
     let decision = match found {
@@ -329,30 +358,6 @@ where
     let (decision, answer) = decision;
     asked.report(&settings, decision, None);
     answer
-}
-
-/// Over the cache alone with nothing reporting correlation ids, the request's is read only
-/// for a claim that may acquire (the cache keeps it with the entry): the replay a
-/// duplicate gets is answered first from the read lock, without it (all but the first
-/// replay of a result just packed, which only a claim can share: that one reads it).
-/// Otherwise the request is passed on as it is (its id, if wanted, was read with its
-/// key).
-fn replay_or_read_correlation<B>(
-    settings: &Settings,
-    request: Request<B>,
-    asked: &mut Asked,
-    fingerprint: Fingerprint,
-) -> (Request<B>, Option<Found>) {
-    let Records::Memory(cache) = &settings.records else { return (request, None) };
-    if settings.observes_correlation() {
-        return (request, None);
-    }
-    if let Some(replay) = cache.replay_hit(&asked.key, fingerprint) {
-        return (request, Some(super::backend::replayed(cache, replay)));
-    }
-    let (parts, body) = request.into_parts();
-    asked.correlation_id = (settings.correlation_id)(&parts);
-    (Request::from_parts(parts, body), None)
 }
 
 /// Reports a request whose claim was dropped while it waited (see [`decide`]); forgotten
