@@ -1,13 +1,14 @@
 //! Correlation ids in the cache, attacked from what the docs promise: an entry shows its
 //! own claim's id (or its fact's) and no other, through every way a slot is vacated and
-//! reused; and the byte bound charges an id exactly while its entry is there.
+//! reused; the byte bound charges an id exactly while its entry is there; and an id is
+//! never the reason a claim is refused or a fact is left out.
 
 mod common;
 
 use common::*;
 use idemcache::{
-    Cache, Claim, CorrelationId, InsertError, Key, Known, LapsePolicy, ManualClock, Verdict,
-    CORRELATION_ID_OVERHEAD, ENTRY_OVERHEAD,
+    Cache, Claim, ClaimError, CorrelationId, InsertError, Key, Known, LapsePolicy, ManualClock,
+    Verdict, CORRELATION_ID_OVERHEAD, ENTRY_OVERHEAD,
 };
 
 fn id(s: &str) -> CorrelationId {
@@ -149,6 +150,88 @@ fn the_byte_charge_follows_each_id_through_completion_and_eviction() {
     }
     assert_eq!(cache.stats().bytes, 0);
     cache.debug_validate();
+}
+
+/// A shard of one bound filled with work that is never evicted (UNKNOWN marks) until
+/// exactly `free` bytes are left.
+fn filled_to(free: u64) -> Cache {
+    const MAX: u64 = 64 * 1024;
+    let clock = ManualClock::new();
+    let cache =
+        builder(&clock).shards(1).max_bytes(MAX as usize).unknown_ttl(secs(1000)).build().unwrap();
+    let mark = |client: &str| {
+        let known = Known::Unknown {
+            marked_at: cache.now(),
+            expires_at: cache.now().saturating_add(secs(500)),
+        };
+        cache.insert(&key(client), fp("m"), known).unwrap();
+    };
+    // The cheapest mark, and the most a mark's key can be padded by.
+    let smallest = charge(&key("m0000-"), 0, None);
+    const PAD: u64 = 240;
+    assert!(smallest < PAD && free < MAX - 4 * smallest);
+    let mut n = 0;
+    loop {
+        let excess = MAX - cache.stats().bytes - free;
+        if excess == 0 {
+            break;
+        }
+        n += 1;
+        let prefix = format!("m{n:04}-");
+        // The cheapest mark while that leaves enough for two; then the excess in one
+        // padded mark, or in two (the first leaving room for exactly the cheapest).
+        let cost = if excess >= 2 * smallest + PAD {
+            smallest
+        } else if excess <= smallest + PAD {
+            excess
+        } else {
+            excess - smallest
+        };
+        let pad = usize::try_from(cost - smallest).unwrap();
+        mark(&format!("{prefix}{}", "x".repeat(pad)));
+    }
+    assert_eq!(MAX - cache.stats().bytes, free);
+    cache
+}
+
+/// The layer's docs promise a request is never refused for its correlation id, and the
+/// snapshot docs that a mark is left out only when the cache is full of live work. With
+/// room for the entry but not its id, the claim is refused and a mark is not loaded.
+#[test]
+fn an_id_is_never_why_a_claim_is_refused_or_a_mark_is_left_out() {
+    let k = key("target");
+    let trace = id("4bf92f3577b34da6a3ce929d0e0e4736");
+    let free = charge(&k, 0, None) + 10;
+    assert!(free < charge(&k, 0, Some(&trace)), "room for the entry, not its id");
+
+    let cache = filled_to(free);
+    assert!(matches!(cache.claim(&k, fp("r")), Ok(Claim::Acquired(_))), "fits without an id");
+    let cache = filled_to(free);
+    match cache.claim_correlated(&k, fp("r"), Some(&trace)) {
+        Ok(Claim::Acquired(guard)) => {
+            // Kept without the id it had no room for: the entry is what matters.
+            assert_eq!(cache.peek(&k).unwrap().correlation_id, None);
+            assert!(cache.stats().bytes <= 64 * 1024);
+            drop(guard);
+        }
+        other => panic!("refused for its correlation id: {other:?}"),
+    }
+    assert_eq!(cache.stats().capacity_refusals, 0);
+
+    // A mark (from a snapshot or a store) that may have run: kept, id or not.
+    let cache = filled_to(free);
+    let mark =
+        Known::Unknown { marked_at: cache.now(), expires_at: cache.now().saturating_add(secs(50)) };
+    match cache.insert_correlated(&k, fp("r"), mark, Some(&trace)) {
+        Ok(()) => assert!(matches!(cache.claim(&k, fp("r")), Ok(Claim::Unknown { .. }))),
+        Err(e) => panic!("a mark left out for its correlation id: {e:?}"),
+    }
+    cache.debug_validate();
+
+    // Still refused when even the entry alone has no room.
+    let cache = filled_to(charge(&k, 0, None) - 1);
+    let refused = cache.claim_correlated(&k, fp("r"), Some(&trace));
+    assert!(matches!(refused, Err(ClaimError::CapacityExhausted)), "{refused:?}");
 }
 
 /// The overhead counts what its docs say on a 64-bit target: the slot index and the
