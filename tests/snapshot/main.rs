@@ -172,6 +172,45 @@ fn a_correlation_id_that_is_not_one_is_corrupt_and_loads_nothing() {
     assert!(matches!(read_bytes(&with_checksum(long)), Err(SnapshotError::Corrupt(_))));
 }
 
+/// Every value of the id's length byte and of each of its bytes, sealed with a valid
+/// checksum (as a writer that knew the format would): never a panic, and nothing read
+/// but the one entry with a well-formed id of the length written. A length that does
+/// not match the bytes that follow is corrupt, whatever those bytes happen to be.
+#[test]
+fn every_sealed_change_to_a_correlation_id_is_corrupt_or_a_well_formed_id() {
+    let (good, at) = one_correlated_entry();
+    for len in 0..=u8::MAX {
+        let mut changed = good.clone();
+        changed[at] = len;
+        let read = read_bytes(&with_checksum(changed));
+        match len {
+            5 => {
+                let id = read.unwrap().entries[0].correlation_id.clone();
+                assert_eq!(id.unwrap().as_str(), "req-1");
+            }
+            _ => assert!(matches!(read, Err(SnapshotError::Corrupt(_))), "length {len}: {read:?}"),
+        }
+    }
+    for i in 1..=5 {
+        for byte in 0..=u8::MAX {
+            let mut changed = good.clone();
+            changed[at + i] = byte;
+            match read_bytes(&with_checksum(changed)) {
+                Ok(snapshot) => {
+                    assert!(byte.is_ascii_graphic(), "byte {i} = {byte:#04x} read as an id");
+                    assert_eq!(snapshot.entries.len(), 1);
+                    let id = snapshot.entries[0].correlation_id.clone().unwrap();
+                    assert_eq!(id.as_str().as_bytes()[i - 1], byte);
+                }
+                Err(SnapshotError::Corrupt(_)) => {
+                    assert!(!byte.is_ascii_graphic(), "byte {i} = {byte:#04x} refused")
+                }
+                Err(other) => panic!("byte {i} = {byte:#04x}: {other:?}"),
+            }
+        }
+    }
+}
+
 static WALL: AtomicU64 = AtomicU64::new(1_800_000_000_000_000);
 
 fn wall() -> SystemTime {
@@ -245,6 +284,8 @@ fn a_foreign_file_or_a_later_version_is_refused_by_name() {
     let refused = read_bytes(&later).unwrap_err();
     assert!(matches!(refused, SnapshotError::UnsupportedVersion(3)));
     assert!(refused.to_string().contains("version 3"));
+    // It names every version this build reads, the earlier one too.
+    assert!(refused.to_string().contains("reads versions 1 and 2"), "{refused}");
     // A missing file: an error when strict, an empty start when quiet.
     let missing = scratch("missing");
     let (cache, _clock) = manual();
