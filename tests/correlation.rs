@@ -241,3 +241,43 @@ fn an_id_is_never_why_a_claim_is_refused_or_a_mark_is_left_out() {
 fn an_ids_overhead_is_25_bytes_on_a_64_bit_target() {
     assert_eq!(CORRELATION_ID_OVERHEAD, 25);
 }
+
+/// Threads racing on a few keys, each claim with an id of its own: whoever
+/// holds a key sees its own id on the entry, however often the slot changed hands
+/// before; a completed key keeps its completer's id; the charge ends at the entries'.
+#[test]
+fn racing_claims_each_see_their_own_id_while_they_hold_the_key() {
+    let (cache, _clock) = cache();
+    let keys: Vec<Key> = (0..6).map(|i| key(&format!("k{i}"))).collect();
+    let completed = std::sync::Mutex::new(std::collections::HashMap::new());
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (cache, keys, completed) = (&cache, &keys, &completed);
+            s.spawn(move || {
+                for i in 0..3000 {
+                    let k = &keys[(i * 7 + t) % keys.len()];
+                    let mine = id(&format!("t{t}-{i}"));
+                    let Ok(Claim::Acquired(guard)) =
+                        cache.claim_correlated(k, fp("r"), Some(&mine))
+                    else {
+                        continue;
+                    };
+                    assert_eq!(cache.peek(k).unwrap().correlation_id.as_ref(), Some(&mine));
+                    if i % 500 == 499 {
+                        guard.complete(&b"r"[..]).unwrap();
+                        completed.lock().unwrap().insert(k.clone(), mine);
+                    } else {
+                        guard.release().unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let completed = completed.into_inner().unwrap();
+    for (k, by) in &completed {
+        assert_eq!(cache.peek(k).unwrap().correlation_id.as_ref(), Some(by));
+    }
+    let expected: u64 = completed.iter().map(|(k, by)| charge(k, 1, Some(by))).sum();
+    assert_eq!(cache.stats().bytes, expected);
+    cache.debug_validate();
+}

@@ -211,6 +211,42 @@ fn every_sealed_change_to_a_correlation_id_is_corrupt_or_a_well_formed_id() {
     }
 }
 
+/// A snapshot of nothing is its header and trailer alone (45 bytes); any start of it is
+/// `Truncated`, as documented, even sealed with a checksum that matches: never read
+/// into a `Corrupt`, a `NotASnapshot` or a snapshot. Its count must be its entries'.
+#[test]
+fn a_file_shorter_than_a_header_and_trailer_is_truncated_even_sealed() {
+    let path = scratch("empty");
+    let (cache, _clock) = manual();
+    SnapshotFile::new(&path).save(&cache).unwrap();
+    let empty = std::fs::read(&path).unwrap();
+    assert_eq!(empty.len(), 8 + 2 + 2 + 8 + 8 + 1 + 8 + 8);
+    assert_eq!(read_bytes(&empty).unwrap().entries, vec![]);
+    for len in 0..empty.len() {
+        // Sealed wherever there is room for a checksum after the magic and version.
+        let short = match len.checked_sub(8).filter(|&body| body >= 10) {
+            Some(body) => with_checksum(empty[..body].to_vec()),
+            None => empty[..len].to_vec(),
+        };
+        assert_eq!(short.len(), len);
+        let read = read_bytes(&short);
+        assert!(matches!(read, Err(SnapshotError::Truncated)), "{len} bytes: {read:?}");
+    }
+    // Short, but not the start of a snapshot; and a version named before the rest.
+    assert!(matches!(read_bytes(b"{}"), Err(SnapshotError::NotASnapshot)));
+    assert!(matches!(read_bytes(b"IDEMSNAP\x00\x03"), Err(SnapshotError::UnsupportedVersion(3))));
+    // A count that is not the entries', or a byte after it: corrupt, even sealed.
+    let body = &empty[..empty.len() - 8];
+    let mut miscounted = body.to_vec();
+    *miscounted.last_mut().unwrap() = 1;
+    let mut trailing = body.to_vec();
+    trailing.push(0);
+    for garbage in [miscounted, trailing] {
+        let read = read_bytes(&with_checksum(garbage));
+        assert!(matches!(read, Err(SnapshotError::Corrupt(_))), "{read:?}");
+    }
+}
+
 static WALL: AtomicU64 = AtomicU64::new(1_800_000_000_000_000);
 
 fn wall() -> SystemTime {
