@@ -337,7 +337,9 @@ impl Cache {
     /// show it. A claim answered from an entry already there changes nothing.
     ///
     /// Costs nothing when `None`; otherwise the id's length and a few bytes of the
-    /// shard's table, charged against the byte bound with the entry.
+    /// shard's table ([`CORRELATION_ID_OVERHEAD`](crate::CORRELATION_ID_OVERHEAD)),
+    /// charged against the byte bound with the entry. An entry the bound has room for
+    /// only without its id is kept without it: the id is never why a claim is refused.
     ///
     /// ```
     /// use idemcache::{Cache, Claim, CorrelationId, Fingerprint, Key};
@@ -607,7 +609,8 @@ impl Cache {
 
     /// [`insert`](Cache::insert), with the correlation id of the claim the fact came
     /// from (a store's record, a snapshot's entry) kept with the entry, as
-    /// [`claim_correlated`](Cache::claim_correlated) keeps a claim's.
+    /// [`claim_correlated`](Cache::claim_correlated) keeps a claim's (and as it does,
+    /// without the id if only the fact fits: a mark is never left out for its id).
     pub fn insert_correlated(
         &self,
         key: &Key,

@@ -249,8 +249,10 @@ impl CacheBuilder {
     }
 
     /// The most bytes the cache charges: key, result and
-    /// [`ENTRY_OVERHEAD`](crate::ENTRY_OVERHEAD) per entry. Enforced like `max_entries`;
-    /// a result that does not fit even after evicting is kept without its body.
+    /// [`ENTRY_OVERHEAD`](crate::ENTRY_OVERHEAD) per entry, and a kept correlation id's
+    /// length and [`CORRELATION_ID_OVERHEAD`](crate::CORRELATION_ID_OVERHEAD). Enforced
+    /// like `max_entries`; a result that does not fit even after evicting is kept without
+    /// its body, and an entry that fits only without its correlation id without the id.
     pub fn max_bytes(mut self, bytes: usize) -> Self {
         self.max_bytes = bytes;
         self

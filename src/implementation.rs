@@ -124,7 +124,9 @@
 //!
 //! `max_entries` and `max_bytes` are split evenly across shards (as in quick_cache), so
 //! making room is a shard-local step under the one lock. Charged bytes are the key's
-//! stored length, the result's length and [`ENTRY_OVERHEAD`](crate::ENTRY_OVERHEAD).
+//! stored length, the result's length and [`ENTRY_OVERHEAD`](crate::ENTRY_OVERHEAD),
+//! and for an entry that keeps a correlation id, its length and
+//! [`CORRELATION_ID_OVERHEAD`](crate::CORRELATION_ID_OVERHEAD).
 //! When an insert would exceed either bound the shard:
 //!
 //! 1. reclaims every expired entry, including those that died inside the current tick

@@ -77,7 +77,9 @@ pub struct Stats {
     /// Entries currently held, including expired ones not yet reclaimed.
     pub entries: u64,
     /// Bytes currently charged: key, result body and
-    /// [`ENTRY_OVERHEAD`](crate::ENTRY_OVERHEAD) per entry.
+    /// [`ENTRY_OVERHEAD`](crate::ENTRY_OVERHEAD) per entry, and the correlation id's
+    /// length and [`CORRELATION_ID_OVERHEAD`](crate::CORRELATION_ID_OVERHEAD) for an
+    /// entry that keeps one.
     pub bytes: u64,
 }
 

@@ -184,9 +184,11 @@ impl IdempotencyLayer {
     /// [`on_decision`](Self::on_decision) hook, the `tracing` events and span, and the
     /// key's entry in the cache or record in a durable store) to the request's own logs
     /// and trace. Over the cache alone with no hook and neither feature on, it is read only
-    /// for a claim that may acquire the key, so replays do not pay for it. Default: the trace id of a W3C `traceparent` header
-    /// ([`trace_id`](super::trace_id)); none if it has none or a malformed one (a request
-    /// is never refused for its correlation id). A request id header instead:
+    /// for a claim that may acquire the key, so a replay does not pay for it (except the
+    /// first replay of a result just stored, which only a claim can share). Default: the
+    /// trace id of a W3C `traceparent` header ([`trace_id`](super::trace_id)); none if it
+    /// has none or a malformed one (a request is never refused for its correlation id). A
+    /// request id header instead:
     ///
     /// ```
     /// # let layer = idemcache::layer::IdempotencyLayer::new(idemcache::Cache::builder().build()?);

@@ -397,11 +397,13 @@ impl Shard {
         if let Some(dead) = existing {
             self.expire(dead);
         }
-        let charge = Entry::charge_for(key, 0) + correlation_id.map_or(0, correlations::charge_for);
-        if let Err(full) = self.make_room(now, 1, charge) {
-            self.counters.capacity_refusals += 1;
-            return Err(full);
-        }
+        let correlation_id = match self.make_room_for(key, correlation_id, now) {
+            Ok(kept) => kept,
+            Err(full) => {
+                self.counters.capacity_refusals += 1;
+                return Err(full);
+            }
+        };
         let (slot, token) = self.insert_new(
             hash,
             key,
@@ -710,8 +712,9 @@ impl Shard {
             }
             self.expire(slot);
         }
-        let charge = Entry::charge_for(key, 0) + correlation_id.map_or(0, correlations::charge_for);
-        self.make_room(now, 1, charge).map_err(|_| InsertError::CapacityExhausted)?;
+        let correlation_id = self
+            .make_room_for(key, correlation_id, now)
+            .map_err(|_| InsertError::CapacityExhausted)?;
         // UNKNOWN until its body is settled below (`keep_result` may evict, and an
         // UNKNOWN entry is never evicted).
         let (slot, _) = self.insert_new(
@@ -850,6 +853,28 @@ impl Shard {
             self.evict_step();
         }
         Ok(())
+    }
+
+    /// Makes room for a new entry of `key` with its correlation id; returns the id it
+    /// keeps. If the byte bound has room for the entry but not its id, the entry is
+    /// kept without it: an id only joins an entry to its logs, and is never why a claim
+    /// is refused or a fact (an UNKNOWN mark above all) is left out. Refused, as
+    /// `make_room`, only when the entry alone does not fit.
+    fn make_room_for<'i>(
+        &mut self,
+        key: &Key,
+        correlation_id: Option<&'i CorrelationId>,
+        now: Timestamp,
+    ) -> Result<Option<&'i CorrelationId>, ClaimError> {
+        let entry = Entry::charge_for(key, 0);
+        if let Some(id) = correlation_id {
+            // A refusal here evicted nothing (see `make_room`): asking again for less is
+            // as if it had been asked for less at first.
+            if self.make_room(now, 1, entry + correlations::charge_for(id)).is_ok() {
+                return Ok(Some(id));
+            }
+        }
+        self.make_room(now, 1, entry).map(|()| None)
     }
 
     /// Reclaims the entries that died since the current wheel tick began. The wheel

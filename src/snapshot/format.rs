@@ -26,7 +26,7 @@ pub(crate) const MAGIC: &[u8; 8] = b"IDEMSNAP";
 /// The format this crate writes.
 pub(crate) const VERSION: u16 = 2;
 /// The earlier format it still reads: entries without correlation ids.
-const VERSION_WITHOUT_CORRELATION: u16 = 1;
+pub(crate) const VERSION_WITHOUT_CORRELATION: u16 = 1;
 // The correlation id's length is one byte.
 const _: () = assert!(crate::MAX_CORRELATION_ID_LEN <= u8::MAX as usize);
 const HEADER: usize = 8 + 2 + 2 + 8 + 8;

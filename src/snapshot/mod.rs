@@ -144,7 +144,8 @@ impl std::fmt::Display for SnapshotError {
             SnapshotError::NotASnapshot => f.write_str("not an idemcache snapshot"),
             SnapshotError::UnsupportedVersion(v) => write!(
                 f,
-                "a snapshot of format version {v}; this build reads version {}",
+                "a snapshot of format version {v}; this build reads versions {} and {}",
+                format::VERSION_WITHOUT_CORRELATION,
                 format::VERSION
             ),
             SnapshotError::Truncated => f.write_str("the snapshot is truncated"),

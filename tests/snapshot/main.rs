@@ -172,6 +172,81 @@ fn a_correlation_id_that_is_not_one_is_corrupt_and_loads_nothing() {
     assert!(matches!(read_bytes(&with_checksum(long)), Err(SnapshotError::Corrupt(_))));
 }
 
+/// Every value of the id's length byte and of each of its bytes, sealed with a valid
+/// checksum (as a writer that knew the format would): never a panic, and nothing read
+/// but the one entry with a well-formed id of the length written. A length that does
+/// not match the bytes that follow is corrupt, whatever those bytes happen to be.
+#[test]
+fn every_sealed_change_to_a_correlation_id_is_corrupt_or_a_well_formed_id() {
+    let (good, at) = one_correlated_entry();
+    for len in 0..=u8::MAX {
+        let mut changed = good.clone();
+        changed[at] = len;
+        let read = read_bytes(&with_checksum(changed));
+        match len {
+            5 => {
+                let id = read.unwrap().entries[0].correlation_id.clone();
+                assert_eq!(id.unwrap().as_str(), "req-1");
+            }
+            _ => assert!(matches!(read, Err(SnapshotError::Corrupt(_))), "length {len}: {read:?}"),
+        }
+    }
+    for i in 1..=5 {
+        for byte in 0..=u8::MAX {
+            let mut changed = good.clone();
+            changed[at + i] = byte;
+            match read_bytes(&with_checksum(changed)) {
+                Ok(snapshot) => {
+                    assert!(byte.is_ascii_graphic(), "byte {i} = {byte:#04x} read as an id");
+                    assert_eq!(snapshot.entries.len(), 1);
+                    let id = snapshot.entries[0].correlation_id.clone().unwrap();
+                    assert_eq!(id.as_str().as_bytes()[i - 1], byte);
+                }
+                Err(SnapshotError::Corrupt(_)) => {
+                    assert!(!byte.is_ascii_graphic(), "byte {i} = {byte:#04x} refused")
+                }
+                Err(other) => panic!("byte {i} = {byte:#04x}: {other:?}"),
+            }
+        }
+    }
+}
+
+/// A snapshot of nothing is its header and trailer alone (45 bytes); any start of it is
+/// `Truncated`, as documented, even sealed with a checksum that matches: never read
+/// into a `Corrupt`, a `NotASnapshot` or a snapshot. Its count must be its entries'.
+#[test]
+fn a_file_shorter_than_a_header_and_trailer_is_truncated_even_sealed() {
+    let path = scratch("empty");
+    let (cache, _clock) = manual();
+    SnapshotFile::new(&path).save(&cache).unwrap();
+    let empty = std::fs::read(&path).unwrap();
+    assert_eq!(empty.len(), 8 + 2 + 2 + 8 + 8 + 1 + 8 + 8);
+    assert_eq!(read_bytes(&empty).unwrap().entries, vec![]);
+    for len in 0..empty.len() {
+        // Sealed wherever there is room for a checksum after the magic and version.
+        let short = match len.checked_sub(8).filter(|&body| body >= 10) {
+            Some(body) => with_checksum(empty[..body].to_vec()),
+            None => empty[..len].to_vec(),
+        };
+        assert_eq!(short.len(), len);
+        let read = read_bytes(&short);
+        assert!(matches!(read, Err(SnapshotError::Truncated)), "{len} bytes: {read:?}");
+    }
+    // Short, but not the start of a snapshot; and a version named before the rest.
+    assert!(matches!(read_bytes(b"{}"), Err(SnapshotError::NotASnapshot)));
+    assert!(matches!(read_bytes(b"IDEMSNAP\x00\x03"), Err(SnapshotError::UnsupportedVersion(3))));
+    // A count that is not the entries', or a byte after it: corrupt, even sealed.
+    let body = &empty[..empty.len() - 8];
+    let mut miscounted = body.to_vec();
+    *miscounted.last_mut().unwrap() = 1;
+    let mut trailing = body.to_vec();
+    trailing.push(0);
+    for garbage in [miscounted, trailing] {
+        let read = read_bytes(&with_checksum(garbage));
+        assert!(matches!(read, Err(SnapshotError::Corrupt(_))), "{read:?}");
+    }
+}
+
 static WALL: AtomicU64 = AtomicU64::new(1_800_000_000_000_000);
 
 fn wall() -> SystemTime {
@@ -245,6 +320,8 @@ fn a_foreign_file_or_a_later_version_is_refused_by_name() {
     let refused = read_bytes(&later).unwrap_err();
     assert!(matches!(refused, SnapshotError::UnsupportedVersion(3)));
     assert!(refused.to_string().contains("version 3"));
+    // It names every version this build reads, the earlier one too.
+    assert!(refused.to_string().contains("reads versions 1 and 2"), "{refused}");
     // A missing file: an error when strict, an empty start when quiet.
     let missing = scratch("missing");
     let (cache, _clock) = manual();
