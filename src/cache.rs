@@ -360,10 +360,11 @@ impl Cache {
         fingerprint: Fingerprint,
         correlation_id: Option<&CorrelationId>,
     ) -> Result<Claim, ClaimError> {
-        if let Some(replay) = self.replay_hit(key, fingerprint) {
+        let (hash, shard) = self.locate(key);
+        if let Some(replay) = self.replay_at(hash, shard, key, fingerprint) {
             return Ok(Claim::Completed(replay));
         }
-        self.claim_locked(key, fingerprint, correlation_id)
+        self.claim_at(hash, shard, key, fingerprint, correlation_id)
     }
 
     /// [`claim_correlated`](Cache::claim_correlated) without asking the read lock first:
@@ -375,6 +376,18 @@ impl Cache {
         correlation_id: Option<&CorrelationId>,
     ) -> Result<Claim, ClaimError> {
         let (hash, shard) = self.locate(key);
+        self.claim_at(hash, shard, key, fingerprint, correlation_id)
+    }
+
+    /// The write lock's part of a claim of `key`, located at `hash` in `shard`.
+    fn claim_at(
+        &self,
+        hash: u64,
+        shard: usize,
+        key: &Key,
+        fingerprint: Fingerprint,
+        correlation_id: Option<&CorrelationId>,
+    ) -> Result<Claim, ClaimError> {
         self.with_shard(shard, |s, now, cfg| {
             s.claim(
                 hash,
@@ -395,6 +408,18 @@ impl Cache {
     #[inline]
     pub(crate) fn replay_hit(&self, key: &Key, fingerprint: Fingerprint) -> Option<Replay> {
         let (hash, shard) = self.locate(key);
+        self.replay_at(hash, shard, key, fingerprint)
+    }
+
+    /// [`replay_hit`](Cache::replay_hit) of `key`, located at `hash` in `shard`.
+    #[inline]
+    fn replay_at(
+        &self,
+        hash: u64,
+        shard: usize,
+        key: &Key,
+        fingerprint: Fingerprint,
+    ) -> Option<Replay> {
         let cell = &self.inner.shards[shard];
         let s = cell.shard.read();
         let replay = s.replay(hash, key, fingerprint, || self.now())?;
