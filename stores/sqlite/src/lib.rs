@@ -38,6 +38,7 @@ use idemcache::LapsePolicy;
 pub use rusqlite;
 
 pub mod inbox;
+pub mod outbox;
 mod transition;
 
 mod errors;
