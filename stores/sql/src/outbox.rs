@@ -40,6 +40,9 @@ pub mod decode;
 pub mod mysql;
 pub mod postgres;
 pub mod relay;
+#[cfg(feature = "test-utils")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
+pub mod testing;
 
 pub use relay::{
     relay_batch, relay_loop, BatchReport, OutboxStorage, PublishError, Publisher, RelaySettings,

@@ -10,15 +10,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, SystemTime};
 
+use idemcache_sql::outbox::testing::{FlakyBroker, HandClock};
 use idemcache_sqlite::outbox::{
     self, claim_due, enqueue, inspect, list_dead, mark_delivered, mark_failed, purge_delivered,
-    relay_loop, requeue, Mark, OutboxError, OutboxMessage, PublishError, Publisher, RelaySettings,
-    Retry, Storage,
+    relay_loop, requeue, Mark, OutboxError, OutboxMessage, RelaySettings, Retry, Storage,
 };
 use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
 
@@ -270,42 +269,6 @@ fn two_relays_claiming_at_once_never_lease_one_row() {
     assert!(got.iter().all(|g| !g.is_empty()) || got.iter().any(|g| g.len() == 400));
 }
 
-/// A broker that fails every `fail_every`th publish, hangs forever on publish number
-/// `hang_at` (the relay's process is then killed: its future dropped), and records every
-/// message it confirmed.
-struct Fake {
-    calls: AtomicUsize,
-    fail_every: usize,
-    hang_at: Option<usize>,
-    confirmed: Arc<Mutex<Vec<String>>>,
-}
-
-impl Publisher for Fake {
-    fn publish(
-        &self,
-        message: &OutboxMessage,
-    ) -> impl Future<Output = Result<(), PublishError>> + Send {
-        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        let hang = self.hang_at == Some(n);
-        let answer = if n.is_multiple_of(self.fail_every) {
-            Err(PublishError::new(format!("publish {n} not confirmed")))
-        } else {
-            Ok(())
-        };
-        let confirmed = self.confirmed.clone();
-        let id = message.id().to_owned();
-        async move {
-            if hang {
-                std::future::pending::<()>().await;
-            }
-            if answer.is_ok() {
-                confirmed.lock().unwrap().push(id);
-            }
-            answer
-        }
-    }
-}
-
 struct Nobody;
 impl Wake for Nobody {
     fn wake(self: Arc<Self>) {}
@@ -335,8 +298,8 @@ fn a_relay_killed_mid_batch_loses_nothing_and_failures_are_retried() {
         all.push(if i % 3 == 0 { m.with_aggregate_key(format!("order-{}", i % 2)) } else { m });
     }
     put(&mut db, &all);
-    let clock = Arc::new(Mutex::new(t0()));
-    let confirmed = Arc::new(Mutex::new(Vec::new()));
+    let clock = HandClock::at(t0());
+    let broker = FlakyBroker::new(0, None);
     let settings = RelaySettings::default()
         .with_batch(8)
         .unwrap()
@@ -346,23 +309,16 @@ fn a_relay_killed_mid_batch_loses_nothing_and_failures_are_retried() {
         .unwrap()
         .with_retry(Retry::new(secs(1), secs(4), 50).unwrap());
     let waker = Waker::from(Arc::new(Nobody));
-    let run = |hang_at: Option<usize>, polls: usize| {
-        let fake = Fake {
-            calls: AtomicUsize::new(0),
-            fail_every: 3,
-            hang_at,
-            confirmed: confirmed.clone(),
-        };
-        let now = clock.clone();
-        let tick = clock.clone();
+    let run = |publisher: FlakyBroker, polls: usize| {
+        let (now, tick) = (clock.clone(), clock.clone());
         let relay = relay_loop(
             Storage::new(file.open("wal", secs(5))),
-            fake,
+            publisher,
             settings,
-            move || *now.lock().unwrap(),
+            move || now.now(),
             // Each wait is a tick of the manual clock, over by the next poll.
             move |pause| {
-                *tick.lock().unwrap() += pause;
+                tick.advance(pause);
                 Tick(false)
             },
             |report| {
@@ -376,18 +332,20 @@ fn a_relay_killed_mid_batch_loses_nothing_and_failures_are_retried() {
         // Dropped here: killed, whatever it was doing.
     };
     // The first relay hangs in its second batch's fourth publish, then is killed.
-    run(Some(12), 50);
+    let first = broker.sharing(3, Some(12));
+    run(first.clone(), 50);
+    assert_eq!(first.calls(), 12, "killed while publishing");
     let leased: i64 = db
         .query_row("SELECT count(*) FROM idemcache_outbox WHERE state = 1", [], |r| r.get(0))
         .unwrap();
     assert!(leased > 0, "the killed relay left rows leased");
     // A second relay: the leases lapse on its clock, and it delivers everything.
-    run(None, 400);
+    run(broker.sharing(3, None), 400);
     let delivered: i64 = db
         .query_row("SELECT count(*) FROM idemcache_outbox WHERE state = 2", [], |r| r.get(0))
         .unwrap();
     assert_eq!(delivered, 40, "every row delivered");
-    let confirmed = confirmed.lock().unwrap().clone();
+    let confirmed = broker.confirmed();
     let unique: BTreeSet<&String> = confirmed.iter().collect();
     assert_eq!(unique.len(), 40, "every message confirmed by the broker");
     // Rows of one aggregate key were first confirmed in enqueue order.
