@@ -136,6 +136,7 @@ pub use {deadpool_postgres, tokio_postgres};
 
 mod in_transaction;
 pub mod inbox;
+pub mod outbox;
 mod store;
 mod transition;
 
