@@ -69,6 +69,7 @@ pub use store::PgStore;
 
 mod in_transaction;
 pub mod inbox;
+pub mod outbox;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod store;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
