@@ -180,6 +180,30 @@ fn failures_back_off_then_die_and_a_requeued_row_starts_over() {
 }
 
 #[test]
+fn a_row_whose_relays_keep_dying_runs_out_of_attempts_unpublished() {
+    let mut db = memory();
+    put(&mut db, &[message("poison")]);
+    // Two claims whose relays died before marking anything: their leases lapse.
+    for n in 0..2 {
+        let batch = claim_due(&db, 10, MIN, t0() + n * MIN).unwrap();
+        assert_eq!(ids(&batch), ["poison"]);
+    }
+    let settings = RelaySettings::default()
+        .with_lease(MIN)
+        .unwrap()
+        .with_retry(Retry::new(secs(1), secs(1), 2).unwrap());
+    let broker = FlakyBroker::new(0, None);
+    let storage = Storage::new(db);
+    let mut clock = || t0() + 2 * MIN;
+    let report =
+        idemcache::store::block_on(outbox::relay_batch(&storage, &broker, &settings, &mut clock))
+            .unwrap();
+    assert_eq!((report.claimed, report.dead, broker.calls()), (1, 1, 0));
+    let dead = list_dead(&storage.connection(), 10).unwrap();
+    assert_eq!(dead[0].last_error.as_deref(), Some("2 claims lapsed unmarked, out of attempts"));
+}
+
+#[test]
 fn a_dead_row_holds_back_its_key_until_requeued_and_delivered() {
     let mut db = memory();
     put(&mut db, &[message("k1").with_aggregate_key("K"), message("k2").with_aggregate_key("K")]);

@@ -221,6 +221,18 @@ where
     };
     for claimed in batch.claimed {
         let lease = &claimed.lease;
+        if lease.attempts > settings.retry.max_attempts() {
+            // Its earlier leases lapsed unmarked (a relay died publishing it, every
+            // time): a poison message runs out of attempts too, without a publish.
+            let why = format!("{} claims lapsed unmarked, out of attempts", lease.attempts - 1);
+            let now = clock();
+            match storage.mark_failed(lease, &why, now, &settings.retry).await {
+                Ok(Mark::Applied) => report.dead += 1,
+                Ok(Mark::Stale) => report.stale += 1,
+                Err(e) => report.errors.push(e),
+            }
+            continue;
+        }
         let (marked, failed_as) = match publisher.publish(&claimed.message).await {
             Ok(()) => (storage.mark_delivered(lease, clock()).await, None),
             Err(error) => {
