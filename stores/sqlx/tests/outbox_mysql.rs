@@ -253,6 +253,27 @@ async fn concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue() {
     db.drop().await;
 }
 
+#[tokio::test]
+async fn a_claim_skips_a_row_another_transaction_holds_instead_of_waiting() {
+    let Some(db) = Db::new("held").await else { return };
+    let mut c = db.conn().await;
+    let k = |id: &str| message(id).with_aggregate_key("K");
+    put(&mut c, &[k("held"), k("after-held"), message("free")]).await;
+    let mut holder = db.conn().await;
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM idemcache_outbox WHERE message_id = 'held' FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // A bound on a hang, not a timing: the claim answers at once or the test fails.
+    let claim = claim_due(&mut c, 10, MIN, t0());
+    let batch = tokio::time::timeout(secs(10), claim).await.expect("the claim waited").unwrap();
+    assert_eq!(ids(&batch), ["free"], "the held row skipped, its key's later row waits");
+    tx.rollback().await.unwrap();
+    assert_eq!(ids(&claim_due(&mut c, 10, MIN, t0()).await.unwrap()), ["held"]);
+    db.drop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_killed_mid_batch_loses_nothing() {
     let Some(db) = Db::new("killed").await else { return };

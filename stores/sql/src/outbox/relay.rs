@@ -316,6 +316,130 @@ mod tests {
         assert_eq!(s.with_batch(7).unwrap().batch(), 7);
     }
 
+    use std::cell::RefCell;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Wake, Waker};
+
+    use crate::outbox::Claimed;
+
+    /// Storage in memory: claims hand out the queued batches in turn (then nothing, or
+    /// an error when told to), and every call is logged.
+    #[derive(Default)]
+    struct Memory {
+        batches: Mutex<Vec<Result<Vec<&'static str>, ()>>>,
+        log: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl OutboxStorage for Memory {
+        fn claim_due(
+            &self,
+            batch: usize,
+            _: Duration,
+            _: SystemTime,
+        ) -> impl Future<Output = Result<Batch, OutboxError>> + Send {
+            let mut batches = self.batches.lock().unwrap();
+            let next = if batches.is_empty() { Ok(Vec::new()) } else { batches.remove(0) };
+            self.log.lock().unwrap().push(format!("claim {batch}"));
+            std::future::ready(match next {
+                Err(()) => Err(OutboxError::Corrupt("claim".into())),
+                Ok(ids) => Ok(Batch {
+                    claimed: ids
+                        .into_iter()
+                        .map(|id| Claimed {
+                            message: OutboxMessage::new(id, "t", &b""[..]),
+                            lease: Lease { message_id: id.into(), token: 1, attempts: 1 },
+                        })
+                        .collect(),
+                    unreadable: Vec::new(),
+                }),
+            })
+        }
+        fn mark_delivered(
+            &self,
+            lease: &Lease,
+            _: SystemTime,
+        ) -> impl Future<Output = Result<Mark, OutboxError>> + Send {
+            self.log.lock().unwrap().push(format!("delivered {}", lease.message_id));
+            std::future::ready(Ok(Mark::Applied))
+        }
+        fn mark_failed(
+            &self,
+            lease: &Lease,
+            error: &str,
+            _: SystemTime,
+            _: &Retry,
+        ) -> impl Future<Output = Result<Mark, OutboxError>> + Send {
+            self.log.lock().unwrap().push(format!("failed {}: {error}", lease.message_id));
+            std::future::ready(Ok(Mark::Applied))
+        }
+    }
+
+    /// Confirms every message but `"bad"`, logging each publish into the storage's log.
+    struct Broker(Arc<Mutex<Vec<String>>>);
+    impl Publisher for Broker {
+        fn publish(
+            &self,
+            message: &OutboxMessage,
+        ) -> impl Future<Output = Result<(), PublishError>> + Send {
+            self.0.lock().unwrap().push(format!("publish {}", message.id()));
+            std::future::ready(if message.id() == "bad" {
+                Err(PublishError::new("nack"))
+            } else {
+                Ok(())
+            })
+        }
+    }
+
+    struct Nobody;
+    impl Wake for Nobody {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    #[test]
+    fn marks_follow_the_brokers_answer_and_only_a_short_batch_waits() {
+        let storage = Memory::default();
+        *storage.batches.lock().unwrap() =
+            vec![Ok(vec!["a", "bad"]), Ok(vec!["c"]), Err(()), Ok(vec![])];
+        let log = storage.log.clone();
+        let broker = Broker(log.clone());
+        let settings = RelaySettings::default().with_batch(2).unwrap();
+        let reports = RefCell::new(Vec::new());
+        let waits = RefCell::new(Vec::new());
+        let relay = relay_loop(
+            storage,
+            broker,
+            settings,
+            || SystemTime::UNIX_EPOCH,
+            |pause| {
+                waits.borrow_mut().push(pause);
+                YieldNow(false) // pending once: one wait per poll
+            },
+            |report: Result<BatchReport, OutboxError>| {
+                reports.borrow_mut().push(match report {
+                    Ok(r) => format!("{}/{}/{}", r.claimed, r.delivered, r.retried),
+                    Err(e) => e.to_string(),
+                })
+            },
+        );
+        let mut relay = std::pin::pin!(relay);
+        let waker = Waker::from(Arc::new(Nobody));
+        let mut cx = Context::from_waker(&waker);
+        assert!(relay.as_mut().poll(&mut cx).is_pending(), "a full batch yields");
+        assert_eq!(*reports.borrow(), ["2/1/1"]);
+        assert!(waits.borrow().is_empty(), "no wait after a full batch");
+        let logged = log.lock().unwrap().clone();
+        let published = ["claim 2", "publish a", "delivered a", "publish bad"];
+        assert_eq!(logged[..4], published, "delivered only after the broker confirmed");
+        assert_eq!(logged[4], "failed bad: publishing failed: nack");
+        for _ in 0..3 {
+            assert!(relay.as_mut().poll(&mut cx).is_pending());
+        }
+        let failed = "an outbox row cannot be read: claim";
+        assert_eq!(*reports.borrow(), ["2/1/1", "1/1/0", failed, "0/0/0"]);
+        let poll = settings.poll();
+        assert_eq!(*waits.borrow(), [poll, poll, poll], "a short or failed batch waits");
+    }
+
     #[test]
     fn a_publish_error_says_the_brokers_reason() {
         let e = PublishError::new("no confirm within 5s");
