@@ -79,8 +79,8 @@ use idemcache_sql::outbox::{check_claim, clip_error, Next, State};
 // imports the whole outbox of this driver.
 pub use idemcache_sql::outbox::postgres::SCHEMA;
 pub use idemcache_sql::outbox::{
-    relay_batch, relay_loop, Batch, BatchReport, Claimed, Lease, Mark, OutboxError, OutboxMessage,
-    OutboxRow, OutboxStorage, PublishError, Publisher, RelaySettings, Retry,
+    purge_loop, relay_batch, relay_loop, Batch, BatchReport, Claimed, Lease, Mark, OutboxError,
+    OutboxMessage, OutboxRow, OutboxStorage, PublishError, Publisher, RelaySettings, Retry,
 };
 
 /// Creates the outbox's table and indexes if they do not exist, under an advisory lock

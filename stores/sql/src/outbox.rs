@@ -39,11 +39,13 @@ use bytes::Bytes;
 pub mod decode;
 pub mod mysql;
 pub mod postgres;
+mod purge_loop;
 pub mod relay;
 #[cfg(feature = "test-utils")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod testing;
 
+pub use purge_loop::purge_loop;
 pub use relay::{
     relay_batch, relay_loop, BatchReport, OutboxStorage, PublishError, Publisher, RelaySettings,
 };

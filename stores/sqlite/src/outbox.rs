@@ -53,8 +53,8 @@ use idemcache_sql::outbox::{check_claim, clip_error, Next, State};
 // The outbox's vocabulary and relay (`idemcache-sql`'s), re-exported so that one path
 // imports the whole outbox of this driver.
 pub use idemcache_sql::outbox::{
-    relay_batch, relay_loop, Batch, BatchReport, Claimed, Lease, Mark, OutboxError, OutboxMessage,
-    OutboxRow, OutboxStorage, PublishError, Publisher, RelaySettings, Retry,
+    purge_loop, relay_batch, relay_loop, Batch, BatchReport, Claimed, Lease, Mark, OutboxError,
+    OutboxMessage, OutboxRow, OutboxStorage, PublishError, Publisher, RelaySettings, Retry,
 };
 
 /// The outbox's table, created by [`ensure_schema`] (idempotent): PostgreSQL's columns

@@ -13,8 +13,8 @@
 // The outbox's vocabulary and relay (`idemcache-sql`'s), re-exported so that one path
 // imports the whole outbox of this driver.
 pub use idemcache_sql::outbox::{
-    relay_batch, relay_loop, Batch, BatchReport, Claimed, Lease, Mark, OutboxError, OutboxMessage,
-    OutboxRow, OutboxStorage, PublishError, Publisher, RelaySettings, Retry,
+    purge_loop, relay_batch, relay_loop, Batch, BatchReport, Claimed, Lease, Mark, OutboxError,
+    OutboxMessage, OutboxRow, OutboxStorage, PublishError, Publisher, RelaySettings, Retry,
 };
 
 #[cfg(feature = "mysql")]
