@@ -9,4 +9,6 @@ mod guides {
     pub struct DurableTiers;
     #[doc = include_str!("../../docs/commit-boundary.md")]
     pub struct CommitBoundary;
+    #[doc = include_str!("../../docs/outbox.md")]
+    pub struct Outbox;
 }

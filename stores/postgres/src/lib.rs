@@ -1,6 +1,7 @@
 //! [`PostgresStore`]: idemcache's durable records in PostgreSQL, through a pool of
 //! tokio-postgres connections (deadpool); and [`is_unique_violation`], tokio-postgres's
-//! classifier for your own tables.
+//! classifier for your own tables; and, on your own transaction, the consumer [`inbox`]
+//! and the transactional [`outbox`] (with its relay woken by `LISTEN/NOTIFY`).
 //!
 //! This crate tracks tokio-postgres's and deadpool-postgres's current releases and
 //! re-exports them ([`tokio_postgres`], [`deadpool_postgres`]), so that the pool you
@@ -136,6 +137,7 @@ pub use {deadpool_postgres, tokio_postgres};
 
 mod in_transaction;
 pub mod inbox;
+pub mod outbox;
 mod store;
 mod transition;
 

@@ -194,6 +194,13 @@ pub fn check(consumer: &str, message_id: &str) -> Result<(), InboxError> {
     check_part("message id", message_id, MAX_MESSAGE_ID_LEN)
 }
 
+/// Checks a message id alone by [`check`]'s rules: non-empty, at most
+/// [`MAX_MESSAGE_ID_LEN`] bytes, no NUL. The outbox checks its message ids with it, so
+/// that every id a producer enqueues is one the consumers' inbox accepts.
+pub fn check_message_id(message_id: &str) -> Result<(), InboxError> {
+    check_part("message id", message_id, MAX_MESSAGE_ID_LEN)
+}
+
 fn check_part(what: &str, value: &str, max: usize) -> Result<(), InboxError> {
     if value.is_empty() {
         return Err(InboxError::InvalidInput(format!("the {what} is empty")));

@@ -3,6 +3,9 @@
 //!
 //! - [`inbox`]: a message consumer's record, received in the transaction that applies
 //!   the message (its vocabulary, retention and purge loop, and the cache in front).
+//! - [`outbox`]: a producer's messages written in the transaction of the change they
+//!   announce, and the relay that publishes them (its vocabulary, statements per
+//!   dialect, and a broker-agnostic loop).
 //! - [`transition`]: a row's status moved only from allowed sources, so that a
 //!   callback's duplicate is told apart from its first delivery.
 //! - [`records`]: the durable store's records table, its statements per dialect
@@ -52,5 +55,6 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod inbox;
+pub mod outbox;
 pub mod records;
 pub mod transition;

@@ -1,5 +1,6 @@
 //! [`SqliteStore`]: idemcache's durable records in SQLite (bundled), a file or in
-//! memory; and [`is_unique_violation`], rusqlite's classifier for your own tables.
+//! memory; [`is_unique_violation`], rusqlite's classifier for your own tables; and, on
+//! your own transaction, the consumer [`inbox`] and the transactional [`outbox`].
 //!
 //! This crate tracks rusqlite's current release and re-exports it ([`rusqlite`]), so
 //! that your application and the store link one SQLite.
@@ -38,6 +39,7 @@ use idemcache::LapsePolicy;
 pub use rusqlite;
 
 pub mod inbox;
+pub mod outbox;
 mod transition;
 
 mod errors;

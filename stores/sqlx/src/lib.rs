@@ -3,12 +3,12 @@
 //! unique-violation classifier (is this database error "that row already exists"? for
 //! your own business tables, whose `UNIQUE` constraint is the backstop behind the
 //! cache: see [`idemcache::store::unique`]), and on your own sqlx transaction the
-//! consumer [`inbox`] and conditional status `transition`s.
+//! consumer [`inbox`], the transactional [`outbox`] and conditional status `transition`s.
 //!
 //! This crate tracks sqlx's current release and re-exports it ([`sqlx`]) with no
 //! default features. Enable the databases and runtime you use on your own `sqlx`
 //! dependency (one version, so they unify). The features `postgres` and `mysql` add
-//! the stores, the inbox and the transitions for those databases (they enable sqlx's
+//! the stores, the inbox, the outbox and the transitions for those databases (they enable sqlx's
 //! drivers of those names).
 //!
 //! # The stores
@@ -69,6 +69,7 @@ pub use store::PgStore;
 
 mod in_transaction;
 pub mod inbox;
+pub mod outbox;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod store;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

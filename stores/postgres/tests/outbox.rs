@@ -1,0 +1,355 @@
+//! The PostgreSQL outbox (tokio-postgres) against a real server
+//! (`IDEMCACHE_POSTGRES_URL`; skipped with a printed reason when unset): a rolled-back
+//! enqueue leaves nothing and sends no wake-up, a committed one is claimed once and
+//! wakes a listening relay, a duplicate id is a typed error, concurrent relays never
+//! lease one row (`SKIP LOCKED`), a lapsed lease is claimed again under a higher token
+//! and the old token's marks are refused, rows of one key go in order, failures back off
+//! and die, dead rows are listed and requeued, delivered rows are purged in batches,
+//! unreadable rows are `Corrupt`, and a relay killed mid-batch loses nothing. Each test
+//! works in a schema of its own, dropped at its end; time is a clock moved by hand.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime};
+
+use idemcache::store::conformance::service_url;
+use idemcache_postgres::deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use idemcache_postgres::outbox::{
+    self, claim_due, enqueue, inspect, list_dead, mark_delivered, mark_failed, purge_delivered,
+    relay_loop, requeue, Batch, Mark, OutboxError, OutboxMessage, RelaySettings, Retry, Storage,
+};
+use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
+use idemcache_sql::outbox::testing::{FlakyBroker, HandClock};
+use idemcache_sql::outbox::State;
+
+const MIN: Duration = Duration::from_secs(60);
+
+struct Db {
+    url: String,
+    schema: String,
+}
+
+impl Db {
+    async fn new(name: &str) -> Option<Db> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let url = service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")?;
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let schema = format!("idemcache_outbox_{name}_{}_{n}", std::process::id());
+        let db = Db { url, schema };
+        db.raw().await.batch_execute(&format!("CREATE SCHEMA {}", db.schema)).await.unwrap();
+        outbox::ensure_schema(&db.client().await).await.unwrap();
+        Some(db)
+    }
+
+    async fn raw(&self) -> Client {
+        let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+    }
+
+    async fn client(&self) -> Client {
+        let client = self.raw().await;
+        client.batch_execute(&format!("SET search_path TO {}", self.schema)).await.unwrap();
+        client
+    }
+
+    fn pool(&self) -> Pool {
+        let mut config: tokio_postgres::Config = self.url.parse().unwrap();
+        config.options(format!("-c search_path={}", self.schema));
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig { recycling_method: RecyclingMethod::Fast },
+        );
+        Pool::builder(manager).max_size(4).build().unwrap()
+    }
+
+    async fn drop(self) {
+        let admin = self.raw().await;
+        admin.batch_execute(&format!("DROP SCHEMA {} CASCADE", self.schema)).await.unwrap();
+    }
+}
+
+fn t0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn message(id: &str) -> OutboxMessage {
+    OutboxMessage::new(id, "orders", id.as_bytes().to_vec()).with_header("kind", "created")
+}
+
+async fn put(c: &mut Client, messages: &[OutboxMessage]) {
+    let tx = c.transaction().await.unwrap();
+    for m in messages {
+        enqueue(&tx, m).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+}
+
+fn ids(batch: &Batch) -> Vec<&str> {
+    batch.claimed.iter().map(|c| c.message.id()).collect()
+}
+
+async fn count(c: &Client, state: State) -> i64 {
+    let sql = "SELECT count(*) FROM idemcache_outbox WHERE state = $1";
+    c.query_one(sql, &[&state.code()]).await.unwrap().get(0)
+}
+
+#[tokio::test]
+async fn enqueue_commits_with_the_change_is_claimed_once_and_wakes_a_listener() {
+    let Some(db) = Db::new("basic").await else { return };
+    let mut c = db.client().await;
+    outbox::ensure_schema(&c).await.unwrap(); // idempotent
+    let (listener, connection) = tokio_postgres::connect(&db.url, NoTls).await.unwrap();
+    let (wakeup, notifications) = outbox::wakeup(connection);
+    tokio::spawn(notifications);
+    outbox::listen(&listener).await.unwrap();
+
+    let tx = c.transaction().await.unwrap();
+    enqueue(&tx, &message("lost")).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert!(claim_due(&c, 10, MIN, t0()).await.unwrap().claimed.is_empty());
+    assert!(inspect(&c, "lost").await.unwrap().is_none());
+
+    put(&mut c, &[message("m-1")]).await;
+    // The commit's notification ends a wait whose timer never fires.
+    wakeup.wait(std::future::pending()).await;
+    let first = claim_due(&c, 10, MIN, t0()).await.unwrap();
+    assert_eq!(ids(&first), ["m-1"]);
+    assert_eq!(first.claimed[0].message, message("m-1"), "read back as enqueued");
+    assert!(claim_due(&c, 10, MIN, t0() + secs(59)).await.unwrap().claimed.is_empty());
+    let lease = &first.claimed[0].lease;
+    assert_eq!(mark_delivered(&c, lease, t0()).await.unwrap(), Mark::Applied);
+    assert_eq!(mark_delivered(&c, lease, t0()).await.unwrap(), Mark::Stale);
+
+    // A duplicate id: typed, and the transaction is aborted (PostgreSQL's rule).
+    let tx = c.transaction().await.unwrap();
+    let e = enqueue(&tx, &message("m-1")).await.unwrap_err();
+    assert!(matches!(&e, OutboxError::Duplicate(id) if id == "m-1"), "{e:?}");
+    tx.rollback().await.unwrap();
+    let tx = c.transaction().await.unwrap();
+    let refused = OutboxMessage::new("m\0", "orders", Vec::new());
+    assert!(matches!(enqueue(&tx, &refused).await, Err(OutboxError::InvalidInput(_))));
+    drop(tx);
+    drop(listener);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn leases_lapse_to_a_higher_token_keys_keep_order_failures_die_and_purge() {
+    let Some(db) = Db::new("life").await else { return };
+    let mut c = db.client().await;
+    let k = |id: &str| message(id).with_aggregate_key("K");
+    put(&mut c, &[k("k1"), k("k2"), message("n1")]).await;
+
+    // Lapse and fencing.
+    let first = claim_due(&c, 10, MIN, t0()).await.unwrap();
+    assert_eq!(ids(&first), ["k1", "n1"], "k2 waits behind k1");
+    let old = first.claimed[0].lease.clone();
+    assert!(claim_due(&c, 10, MIN, t0() + MIN - secs(1)).await.unwrap().claimed.is_empty());
+    let again = claim_due(&c, 10, MIN, t0() + MIN).await.unwrap();
+    assert_eq!(ids(&again), ["k1", "n1"]);
+    let new = again.claimed[0].lease.clone();
+    assert_eq!((new.token, new.attempts), (2, 2));
+    assert_eq!(mark_delivered(&c, &old, t0() + MIN).await.unwrap(), Mark::Stale);
+    let retry = Retry::new(secs(10), secs(15), 3).unwrap();
+    assert_eq!(mark_failed(&c, &old, "late", t0(), &retry).await.unwrap(), Mark::Stale);
+
+    // k1 fails its third attempt: dead, and k2 still waits behind it.
+    assert_eq!(mark_failed(&c, &new, "down", t0() + MIN, &retry).await.unwrap(), Mark::Applied);
+    let row = inspect(&c, "k1").await.unwrap().unwrap();
+    assert_eq!(row.next_attempt_at, t0() + MIN + secs(15), "10 s doubled, capped at 15");
+    let third = claim_due(&c, 10, MIN, t0() + MIN + secs(15)).await.unwrap();
+    assert_eq!(ids(&third), ["k1"], "n1 is still leased");
+    let lease = &third.claimed[0].lease;
+    assert_eq!(lease.attempts, 3);
+    assert_eq!(mark_failed(&c, lease, "still down", t0(), &retry).await.unwrap(), Mark::Applied);
+    let dead = list_dead(&c, 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!((dead[0].state, dead[0].last_error.as_deref()), (State::Dead, Some("still down")));
+    assert!(claim_due(&c, 10, MIN, t0() + 1000 * MIN)
+        .await
+        .unwrap()
+        .claimed
+        .iter()
+        .all(|c| c.message.id() == "n1"));
+
+    // Requeued, it is delivered, and k2 follows.
+    assert!(requeue(&c, "k1").await.unwrap());
+    assert!(!requeue(&c, "k1").await.unwrap());
+    let back = claim_due(&c, 10, MIN, t0()).await.unwrap();
+    assert_eq!(ids(&back), ["k1"]);
+    assert_eq!(back.claimed[0].lease.attempts, 1);
+    assert_eq!(mark_delivered(&c, &back.claimed[0].lease, t0()).await.unwrap(), Mark::Applied);
+    let k2 = claim_due(&c, 10, MIN, t0()).await.unwrap();
+    assert_eq!(ids(&k2), ["k2"]);
+    assert_eq!(
+        mark_delivered(&c, &k2.claimed[0].lease, t0() + secs(20)).await.unwrap(),
+        Mark::Applied
+    );
+
+    // Purge: delivered before the cutoff, oldest first, in batches.
+    assert_eq!(purge_delivered(&c, t0() + secs(30), 0).await.unwrap(), 0);
+    assert_eq!(purge_delivered(&c, t0() + secs(30), 1).await.unwrap(), 1);
+    assert!(inspect(&c, "k1").await.unwrap().is_none(), "oldest first");
+    assert_eq!(purge_delivered(&c, t0() + secs(10), 5).await.unwrap(), 0);
+    assert_eq!(purge_delivered(&c, t0() + secs(30), 5).await.unwrap(), 1);
+    assert!(inspect(&c, "n1").await.unwrap().is_some(), "undelivered rows stay");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn unreadable_rows_are_corrupt_and_do_not_block_the_others() {
+    let Some(db) = Db::new("corrupt").await else { return };
+    let mut c = db.client().await;
+    put(&mut c, &[message("bad-headers"), message("bad-state"), message("good")]).await;
+    c.batch_execute(
+        "UPDATE idemcache_outbox SET headers = '\\x0009' WHERE message_id = 'bad-headers';
+         UPDATE idemcache_outbox SET state = 9 WHERE message_id = 'bad-state';",
+    )
+    .await
+    .unwrap();
+    let e = inspect(&c, "bad-state").await.unwrap_err();
+    assert!(matches!(e, OutboxError::Corrupt(_)) && e.to_string().contains("state 9"), "{e}");
+    let batch = claim_due(&c, 10, MIN, t0()).await.unwrap();
+    assert_eq!(ids(&batch), ["good"]);
+    assert_eq!(batch.unreadable.len(), 1);
+    assert!(batch.unreadable[0].to_string().contains("bad-headers"));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn concurrent_relays_never_lease_one_row() {
+    let Some(db) = Db::new("skip").await else { return };
+    let mut c = db.client().await;
+    let all: Vec<OutboxMessage> = (0..300).map(|i| message(&format!("m-{i}"))).collect();
+    put(&mut c, &all).await;
+    let mut relays = Vec::new();
+    for _ in 0..4 {
+        let client = db.client().await;
+        relays.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let batch = claim_due(&client, 5, 100 * MIN, t0()).await.unwrap();
+                if batch.claimed.is_empty() {
+                    return got;
+                }
+                got.extend(batch.claimed.into_iter().map(|c| c.message.id().to_owned()));
+            }
+        }));
+    }
+    let mut seen = BTreeSet::new();
+    for relay in relays {
+        for id in relay.await.unwrap() {
+            assert!(seen.insert(id.clone()), "{id} leased twice");
+        }
+    }
+    assert_eq!(seen.len(), 300);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_claim_skips_a_row_another_transaction_holds_instead_of_waiting() {
+    let Some(db) = Db::new("held").await else { return };
+    let mut c = db.client().await;
+    let k = |id: &str| message(id).with_aggregate_key("K");
+    put(&mut c, &[k("held"), k("after-held"), message("free")]).await;
+    let mut holder = db.client().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM idemcache_outbox WHERE message_id = 'held' FOR UPDATE", &[])
+        .await
+        .unwrap();
+    // A bound on a hang, not a timing: the claim answers at once or the test fails.
+    let claim = claim_due(&c, 10, MIN, t0());
+    let batch = tokio::time::timeout(secs(10), claim).await.expect("the claim waited").unwrap();
+    assert_eq!(ids(&batch), ["free"], "the held row skipped, its key's later row waits");
+    tx.rollback().await.unwrap();
+    assert_eq!(ids(&claim_due(&c, 10, MIN, t0()).await.unwrap()), ["held"]);
+    db.drop().await;
+}
+
+/// Runs `relay` until `done()` or `bound` yields; the relay is then dropped (killed).
+async fn run_until(
+    relay: impl Future<Output = std::convert::Infallible> + Send + 'static,
+    mut done: impl FnMut() -> bool,
+) {
+    let task = tokio::spawn(relay);
+    for _ in 0..200_000 {
+        if done() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    task.abort();
+    let _ = task.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_mid_batch_loses_nothing() {
+    let Some(db) = Db::new("killed").await else { return };
+    let mut c = db.client().await;
+    let all: Vec<OutboxMessage> = (0..40)
+        .map(|i| {
+            let m = message(&format!("m-{i:02}"));
+            if i % 3 == 0 {
+                m.with_aggregate_key(format!("order-{}", i % 2))
+            } else {
+                m
+            }
+        })
+        .collect();
+    put(&mut c, &all).await;
+    let clock = HandClock::at(t0());
+    let broker = FlakyBroker::new(0, None);
+    let settings = RelaySettings::default()
+        .with_batch(8)
+        .unwrap()
+        .with_lease(secs(30))
+        .unwrap()
+        .with_retry(Retry::new(secs(1), secs(4), 50).unwrap());
+    let relay = |publisher: FlakyBroker| {
+        let (now, tick) = (clock.clone(), clock.clone());
+        relay_loop(
+            Storage::new(db.pool()),
+            publisher,
+            settings,
+            move || now.now(),
+            move |pause| {
+                tick.advance(pause);
+                tokio::task::yield_now()
+            },
+            |report| {
+                report.unwrap();
+            },
+        )
+    };
+    let first = broker.sharing(3, Some(12));
+    let watched = first.clone();
+    run_until(relay(first), move || watched.calls() >= 12).await;
+    assert!(count(&c, State::Leased).await > 0, "the killed relay left rows leased");
+    let second = broker.sharing(3, None);
+    let delivered = {
+        let c = db.client().await;
+        let relay = tokio::spawn(relay(second));
+        let mut delivered = 0;
+        for _ in 0..20_000 {
+            delivered = count(&c, State::Delivered).await;
+            if delivered == 40 {
+                break;
+            }
+        }
+        relay.abort();
+        delivered
+    };
+    assert_eq!(delivered, 40, "every row delivered");
+    let unique: BTreeSet<String> = broker.confirmed().into_iter().collect();
+    assert_eq!(unique.len(), 40, "every message confirmed by the broker");
+    assert!(list_dead(&c, 10).await.unwrap().is_empty());
+    let _ = &mut c;
+    db.drop().await;
+}

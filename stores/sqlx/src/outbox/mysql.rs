@@ -1,0 +1,272 @@
+//! The outbox on a sqlx MySQL or MariaDB transaction (InnoDB; MySQL 8.0+ or MariaDB
+//! 10.6+ for `SKIP LOCKED`).
+//!
+//! Invariant: the one of [`idemcache_sql::outbox::mysql`], whose statements this module
+//! runs: a claim is a short READ COMMITTED transaction that picks due rows
+//! `FOR UPDATE SKIP LOCKED`, leases them under a new token each and reads them back, so
+//! two relays never lease one row and never wait on each other; every mark is fenced by
+//! the token. MySQL has no notification: relays poll.
+
+use std::time::{Duration, SystemTime};
+
+use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
+use sqlx::{AssertSqlSafe, Connection, Executor, MySql, MySqlConnection, MySqlPool, Transaction};
+
+use idemcache::store::encoding::{micros, to_micros};
+use idemcache_sql::outbox::decode::{self, RawRow};
+use idemcache_sql::outbox::mysql::{
+    claim_lease, claim_read, CLAIM_ISOLATION, CLAIM_PICK, DELIVERED, ENQUEUE, FAILED, INSPECT,
+    LIST_DEAD, PURGE, REQUEUE,
+};
+use idemcache_sql::outbox::{check_claim, clip_error};
+
+use idemcache::store::unique::MYSQL_DUP_ENTRY;
+
+use super::{
+    database, failed_as, mark, raw_row, token, Batch, Lease, Mark, OutboxError, OutboxMessage,
+    OutboxRow, OutboxStorage, Retry,
+};
+
+pub use idemcache_sql::outbox::mysql::SCHEMA;
+
+/// Creates the outbox's table (and its indexes) if it does not exist: one statement,
+/// safe to run on every start and from several processes.
+pub async fn ensure_schema<'e, E>(executor: E) -> Result<(), OutboxError>
+where
+    E: Executor<'e, Database = MySql>,
+{
+    executor.execute(sqlx::raw_sql(SCHEMA)).await.map(drop).map_err(database)
+}
+
+/// Writes `message` inside `tx`, the transaction of the change it announces. A row with
+/// the same message id is [`OutboxError::Duplicate`] (error 1062 fails the statement
+/// only: `tx` stays usable).
+pub async fn enqueue(
+    tx: &mut Transaction<'_, MySql>,
+    message: &OutboxMessage,
+) -> Result<(), OutboxError> {
+    message.check()?;
+    let done = sqlx::query(ENQUEUE)
+        .bind(message.id().as_bytes())
+        .bind(message.topic().as_bytes())
+        .bind(&message.payload()[..])
+        .bind(message.encoded_headers())
+        .bind(message.aggregate_key().map(str::as_bytes))
+        .execute(&mut **tx)
+        .await;
+    match done {
+        Ok(_) => Ok(()),
+        Err(e) if number(&e) == Some(MYSQL_DUP_ENTRY) => {
+            Err(OutboxError::Duplicate(message.id().to_owned()))
+        }
+        Err(e) => Err(database(e)),
+    }
+}
+
+/// Leases up to `batch` due rows until `now + lease`, oldest first, each under a new
+/// fencing token, skipping rows another claim holds: a READ COMMITTED transaction of its
+/// own on `conn` (which must not be in one). Four round trips, three with nothing due.
+pub async fn claim_due(
+    conn: &mut MySqlConnection,
+    batch: usize,
+    lease: Duration,
+    now: SystemTime,
+) -> Result<Batch, OutboxError> {
+    check_claim(batch, lease)?;
+    let now_us = to_micros(now);
+    let until = now_us.saturating_add(micros(lease));
+    conn.execute(CLAIM_ISOLATION).await.map_err(database)?;
+    let mut tx = conn.begin().await.map_err(database)?;
+    let picked: Vec<i64> = sqlx::query_scalar(CLAIM_PICK)
+        .bind(now_us)
+        .bind(u64::try_from(batch).unwrap_or(u64::MAX))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(database)?;
+    if picked.is_empty() {
+        tx.commit().await.map_err(database)?;
+        return Ok(Batch::default());
+    }
+    let mut leasing = sqlx::query(AssertSqlSafe(claim_lease(picked.len()))).bind(until).bind(until);
+    for seq in &picked {
+        leasing = leasing.bind(seq);
+    }
+    leasing.execute(&mut *tx).await.map_err(database)?;
+    let mut reading = sqlx::query(AssertSqlSafe(claim_read(picked.len())));
+    for seq in &picked {
+        reading = reading.bind(seq);
+    }
+    let rows = reading.fetch_all(&mut *tx).await.map_err(database)?;
+    tx.commit().await.map_err(database)?;
+    let mut raws = Vec::with_capacity(rows.len());
+    let mut unreadable = Vec::new();
+    for row in &rows {
+        match raw(row) {
+            Ok(r) => raws.push(r),
+            Err(e) => unreadable.push(e),
+        }
+    }
+    let mut decoded = decode::batch(raws);
+    decoded.unreadable.extend(unreadable);
+    Ok(decoded)
+}
+
+/// Marks the row delivered at `now`, if `lease` is still its lease.
+pub async fn mark_delivered<'e, E>(
+    executor: E,
+    lease: &Lease,
+    now: SystemTime,
+) -> Result<Mark, OutboxError>
+where
+    E: Executor<'e, Database = MySql>,
+{
+    let done = sqlx::query(DELIVERED)
+        .bind(to_micros(now))
+        .bind(lease.message_id.as_bytes())
+        .bind(token(lease)?)
+        .execute(executor)
+        .await
+        .map_err(database)?;
+    Ok(mark(done.rows_affected()))
+}
+
+/// Marks the row failed with `error` (clipped), if `lease` is still its lease: pending
+/// after `retry`'s backoff, or dead after its last attempt.
+pub async fn mark_failed<'e, E>(
+    executor: E,
+    lease: &Lease,
+    error: &str,
+    now: SystemTime,
+    retry: &Retry,
+) -> Result<Mark, OutboxError>
+where
+    E: Executor<'e, Database = MySql>,
+{
+    let (state, due) = failed_as(lease, now, retry);
+    let done = sqlx::query(FAILED)
+        .bind(state)
+        .bind(due)
+        .bind(clip_error(error).as_bytes())
+        .bind(lease.message_id.as_bytes())
+        .bind(token(lease)?)
+        .execute(executor)
+        .await
+        .map_err(database)?;
+    Ok(mark(done.rows_affected()))
+}
+
+/// Up to `limit` dead rows, oldest first.
+pub async fn list_dead<'e, E>(executor: E, limit: usize) -> Result<Vec<OutboxRow>, OutboxError>
+where
+    E: Executor<'e, Database = MySql>,
+{
+    let rows = sqlx::query(LIST_DEAD)
+        .bind(u64::try_from(limit).unwrap_or(u64::MAX))
+        .fetch_all(executor)
+        .await
+        .map_err(database)?;
+    rows.iter().map(|r| decode::row(raw(r)?).map(|(_, row)| row)).collect()
+}
+
+/// The row of `message_id`, in any state, or `None`.
+pub async fn inspect<'e, E>(executor: E, message_id: &str) -> Result<Option<OutboxRow>, OutboxError>
+where
+    E: Executor<'e, Database = MySql>,
+{
+    let found = sqlx::query(INSPECT)
+        .bind(message_id.as_bytes())
+        .fetch_optional(executor)
+        .await
+        .map_err(database)?;
+    found.map(|r| decode::row(raw(&r)?).map(|(_, row)| row)).transpose()
+}
+
+/// Makes a dead row pending again, due at once, its attempts reset: `true` if it was
+/// dead.
+pub async fn requeue<'e, E>(executor: E, message_id: &str) -> Result<bool, OutboxError>
+where
+    E: Executor<'e, Database = MySql>,
+{
+    let done = sqlx::query(REQUEUE)
+        .bind(message_id.as_bytes())
+        .execute(executor)
+        .await
+        .map_err(database)?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Deletes up to `limit` rows delivered before `cutoff` (oldest first) and returns how
+/// many. `limit` 0 deletes nothing.
+pub async fn purge_delivered<'e, E>(
+    executor: E,
+    cutoff: SystemTime,
+    limit: usize,
+) -> Result<usize, OutboxError>
+where
+    E: Executor<'e, Database = MySql>,
+{
+    if limit == 0 {
+        return Ok(0);
+    }
+    let done = sqlx::query(PURGE)
+        .bind(to_micros(cutoff))
+        .bind(u64::try_from(limit).unwrap_or(u64::MAX))
+        .execute(executor)
+        .await
+        .map_err(database)?;
+    Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+}
+
+/// A relay's storage over a sqlx MySQL pool: a claim takes a connection for its
+/// transaction, a mark one for its statement.
+#[derive(Debug, Clone)]
+pub struct Storage {
+    pool: MySqlPool,
+}
+
+impl Storage {
+    /// The storage over `pool` (the schema is not created: [`ensure_schema`]).
+    pub fn new(pool: MySqlPool) -> Storage {
+        Storage { pool }
+    }
+
+    /// The pool, for the operations a relay does not run.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+}
+
+impl OutboxStorage for Storage {
+    async fn claim_due(
+        &self,
+        batch: usize,
+        lease: Duration,
+        now: SystemTime,
+    ) -> Result<Batch, OutboxError> {
+        let mut conn = self.pool.acquire().await.map_err(database)?;
+        claim_due(&mut conn, batch, lease, now).await
+    }
+
+    async fn mark_delivered(&self, lease: &Lease, now: SystemTime) -> Result<Mark, OutboxError> {
+        mark_delivered(&self.pool, lease, now).await
+    }
+
+    async fn mark_failed(
+        &self,
+        lease: &Lease,
+        error: &str,
+        now: SystemTime,
+        retry: &Retry,
+    ) -> Result<Mark, OutboxError> {
+        mark_failed(&self.pool, lease, error, now, retry).await
+    }
+}
+
+fn raw(row: &MySqlRow) -> Result<RawRow, OutboxError> {
+    raw_row!(row, Vec<u8>, std::convert::identity)
+}
+
+/// The server's error number of a sqlx error, if it is one.
+fn number(e: &sqlx::Error) -> Option<u16> {
+    e.as_database_error()?.try_downcast_ref::<MySqlDatabaseError>().map(|m| m.number())
+}

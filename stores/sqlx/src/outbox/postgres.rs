@@ -1,0 +1,242 @@
+//! The outbox on a sqlx PostgreSQL transaction: the same table and statements as
+//! `idemcache_postgres::outbox` ([`idemcache_sql::outbox::postgres`]), so both crates
+//! may share one table.
+//!
+//! Invariant: the one of [`idemcache_sql::outbox::postgres`], whose statements this
+//! module runs: one claim leases a row at a time (`FOR UPDATE SKIP LOCKED`), under a new
+//! token, and every mark is fenced by it. Its docs explain the per-key order, the times
+//! and the notification [`enqueue`] sends (listen with sqlx's `PgListener` on
+//! [`CHANNEL`], and end the relay's wait on its `recv`).
+
+use std::time::{Duration, SystemTime};
+
+use sqlx::postgres::PgRow;
+use sqlx::{Executor, PgPool, Postgres, Transaction};
+
+use idemcache::store::encoding::{micros, to_micros};
+use idemcache_sql::outbox::decode::{self, RawRow};
+use idemcache_sql::outbox::postgres::{
+    CLAIM, DELIVERED, ENQUEUE, ENSURE_SCHEMA, FAILED, INSPECT, LIST_DEAD, PURGE, REQUEUE,
+};
+use idemcache_sql::outbox::{check_claim, clip_error};
+
+use super::{
+    database, failed_as, mark, raw_row, token, Batch, Lease, Mark, OutboxError, OutboxMessage,
+    OutboxRow, OutboxStorage, Retry,
+};
+
+pub use idemcache_sql::outbox::postgres::{CHANNEL, SCHEMA};
+
+/// Creates the outbox's table and indexes if they do not exist, under an advisory lock
+/// so that several processes may run it at once.
+pub async fn ensure_schema<'e, E>(executor: E) -> Result<(), OutboxError>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    executor.execute(sqlx::raw_sql(ENSURE_SCHEMA)).await.map(drop).map_err(database)
+}
+
+/// Writes `message` inside `tx`, the transaction of the change it announces, and
+/// notifies [`CHANNEL`] at the commit. A row with the same message id is
+/// [`OutboxError::Duplicate`], and **`tx` is then aborted**: roll it back.
+pub async fn enqueue(
+    tx: &mut Transaction<'_, Postgres>,
+    message: &OutboxMessage,
+) -> Result<(), OutboxError> {
+    message.check()?;
+    let done = sqlx::query(ENQUEUE)
+        .bind(message.id())
+        .bind(message.topic())
+        .bind(&message.payload()[..])
+        .bind(message.encoded_headers())
+        .bind(message.aggregate_key())
+        .execute(&mut **tx)
+        .await;
+    match done {
+        Ok(_) => Ok(()),
+        Err(e) if crate::is_unique_violation(&e) => {
+            Err(OutboxError::Duplicate(message.id().to_owned()))
+        }
+        Err(e) => Err(database(e)),
+    }
+}
+
+/// Leases up to `batch` due rows until `now + lease`, oldest first, each under a new
+/// fencing token, skipping rows another claim holds: one statement (outside a
+/// transaction of yours, so that its leases commit at once).
+pub async fn claim_due<'e, E>(
+    executor: E,
+    batch: usize,
+    lease: Duration,
+    now: SystemTime,
+) -> Result<Batch, OutboxError>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    check_claim(batch, lease)?;
+    let now_us = to_micros(now);
+    let rows = sqlx::query(CLAIM)
+        .bind(now_us)
+        .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+        .bind(now_us.saturating_add(micros(lease)))
+        .fetch_all(executor)
+        .await
+        .map_err(database)?;
+    let mut raws = Vec::with_capacity(rows.len());
+    let mut unreadable = Vec::new();
+    for row in &rows {
+        match raw(row) {
+            Ok(r) => raws.push(r),
+            Err(e) => unreadable.push(e),
+        }
+    }
+    let mut decoded = decode::batch(raws);
+    decoded.unreadable.extend(unreadable);
+    Ok(decoded)
+}
+
+/// Marks the row delivered at `now`, if `lease` is still its lease.
+pub async fn mark_delivered<'e, E>(
+    executor: E,
+    lease: &Lease,
+    now: SystemTime,
+) -> Result<Mark, OutboxError>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    let done = sqlx::query(DELIVERED)
+        .bind(&lease.message_id)
+        .bind(token(lease)?)
+        .bind(to_micros(now))
+        .execute(executor)
+        .await
+        .map_err(database)?;
+    Ok(mark(done.rows_affected()))
+}
+
+/// Marks the row failed with `error` (clipped), if `lease` is still its lease: pending
+/// after `retry`'s backoff, or dead after its last attempt.
+pub async fn mark_failed<'e, E>(
+    executor: E,
+    lease: &Lease,
+    error: &str,
+    now: SystemTime,
+    retry: &Retry,
+) -> Result<Mark, OutboxError>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    let (state, due) = failed_as(lease, now, retry);
+    let done = sqlx::query(FAILED)
+        .bind(&lease.message_id)
+        .bind(token(lease)?)
+        .bind(state)
+        .bind(due)
+        .bind(clip_error(error))
+        .execute(executor)
+        .await
+        .map_err(database)?;
+    Ok(mark(done.rows_affected()))
+}
+
+/// Up to `limit` dead rows, oldest first.
+pub async fn list_dead<'e, E>(executor: E, limit: usize) -> Result<Vec<OutboxRow>, OutboxError>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    let rows = sqlx::query(LIST_DEAD)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(executor)
+        .await
+        .map_err(database)?;
+    rows.iter().map(|r| decode::row(raw(r)?).map(|(_, row)| row)).collect()
+}
+
+/// The row of `message_id`, in any state, or `None`.
+pub async fn inspect<'e, E>(executor: E, message_id: &str) -> Result<Option<OutboxRow>, OutboxError>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    let found =
+        sqlx::query(INSPECT).bind(message_id).fetch_optional(executor).await.map_err(database)?;
+    found.map(|r| decode::row(raw(&r)?).map(|(_, row)| row)).transpose()
+}
+
+/// Makes a dead row pending again, due at once, its attempts reset: `true` if it was
+/// dead.
+pub async fn requeue<'e, E>(executor: E, message_id: &str) -> Result<bool, OutboxError>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    let done = sqlx::query(REQUEUE).bind(message_id).execute(executor).await.map_err(database)?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Deletes up to `limit` rows delivered before `cutoff` (oldest first) and returns how
+/// many. `limit` 0 deletes nothing.
+pub async fn purge_delivered<'e, E>(
+    executor: E,
+    cutoff: SystemTime,
+    limit: usize,
+) -> Result<usize, OutboxError>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    if limit == 0 {
+        return Ok(0);
+    }
+    let done = sqlx::query(PURGE)
+        .bind(to_micros(cutoff))
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(executor)
+        .await
+        .map_err(database)?;
+    Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+}
+
+/// A relay's storage over a sqlx PostgreSQL pool.
+#[derive(Debug, Clone)]
+pub struct Storage {
+    pool: PgPool,
+}
+
+impl Storage {
+    /// The storage over `pool` (the schema is not created: [`ensure_schema`]).
+    pub fn new(pool: PgPool) -> Storage {
+        Storage { pool }
+    }
+
+    /// The pool, for the operations a relay does not run.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+impl OutboxStorage for Storage {
+    async fn claim_due(
+        &self,
+        batch: usize,
+        lease: Duration,
+        now: SystemTime,
+    ) -> Result<Batch, OutboxError> {
+        claim_due(&self.pool, batch, lease, now).await
+    }
+
+    async fn mark_delivered(&self, lease: &Lease, now: SystemTime) -> Result<Mark, OutboxError> {
+        mark_delivered(&self.pool, lease, now).await
+    }
+
+    async fn mark_failed(
+        &self,
+        lease: &Lease,
+        error: &str,
+        now: SystemTime,
+        retry: &Retry,
+    ) -> Result<Mark, OutboxError> {
+        mark_failed(&self.pool, lease, error, now, retry).await
+    }
+}
+
+fn raw(row: &PgRow) -> Result<RawRow, OutboxError> {
+    raw_row!(row, String, String::into_bytes)
+}

@@ -1,0 +1,339 @@
+//! The sqlx MySQL/MariaDB outbox against a real server (`IDEMCACHE_MYSQL_URL`; skipped
+//! with a printed reason when unset): a rolled-back enqueue leaves nothing, a committed
+//! one is claimed once, a duplicate id is a typed error that leaves the transaction
+//! usable, concurrent relays never lease one row (`SKIP LOCKED`) and never make an
+//! enqueue wait, a lapsed lease is claimed again under a higher token and the old
+//! token's marks are refused, rows of one key go in order, failures back off and die,
+//! dead rows are listed and requeued, delivered rows are purged in batches, unreadable
+//! rows are `Corrupt`, and a relay killed mid-batch loses nothing. Each test works in a
+//! database of its own, dropped at its end; time is a clock moved by hand.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime};
+
+use idemcache::store::conformance::service_url;
+use idemcache_sql::outbox::testing::{FlakyBroker, HandClock};
+use idemcache_sql::outbox::State;
+use idemcache_sqlx::outbox::mysql::{
+    self, claim_due, enqueue, inspect, list_dead, mark_delivered, mark_failed, purge_delivered,
+    requeue, Storage,
+};
+use idemcache_sqlx::outbox::{
+    relay_loop, Batch, Mark, OutboxError, OutboxMessage, RelaySettings, Retry,
+};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, MySqlPool};
+
+const MIN: Duration = Duration::from_secs(60);
+
+struct Db {
+    url: String,
+    name: String,
+}
+
+impl Db {
+    async fn new(test: &str) -> Option<Db> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let url = service_url("IDEMCACHE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")?;
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let name = format!("idemcache_outbox_{test}_{}_{n}", std::process::id());
+        let db = Db { url, name };
+        let mut admin = MySqlConnection::connect(&db.url).await.unwrap();
+        let create = format!("CREATE DATABASE {}", db.name);
+        admin.execute(sqlx::raw_sql(AssertSqlSafe(create))).await.unwrap();
+        mysql::ensure_schema(&mut db.conn().await).await.unwrap();
+        Some(db)
+    }
+
+    async fn conn(&self) -> MySqlConnection {
+        let mut c = MySqlConnection::connect(&self.url).await.unwrap();
+        c.execute(sqlx::raw_sql(AssertSqlSafe(format!("USE {}", self.name)))).await.unwrap();
+        c
+    }
+
+    async fn pool(&self) -> MySqlPool {
+        let options: MySqlConnectOptions = self.url.parse().unwrap();
+        MySqlPoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.database(&self.name))
+            .await
+            .unwrap()
+    }
+
+    async fn drop(self) {
+        let mut admin = MySqlConnection::connect(&self.url).await.unwrap();
+        let drop = format!("DROP DATABASE {}", self.name);
+        admin.execute(sqlx::raw_sql(AssertSqlSafe(drop))).await.unwrap();
+    }
+}
+
+fn t0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+fn message(id: &str) -> OutboxMessage {
+    OutboxMessage::new(id, "orders", id.as_bytes().to_vec()).with_header("kind", "created")
+}
+
+async fn put(c: &mut MySqlConnection, messages: &[OutboxMessage]) {
+    let mut tx = c.begin().await.unwrap();
+    for m in messages {
+        enqueue(&mut tx, m).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+}
+
+fn ids(batch: &Batch) -> Vec<&str> {
+    batch.claimed.iter().map(|c| c.message.id()).collect()
+}
+
+async fn count(c: &mut MySqlConnection, state: State) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM idemcache_outbox WHERE state = ?")
+        .bind(state.code())
+        .fetch_one(c)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn enqueue_commits_with_the_change_and_is_claimed_once() {
+    let Some(db) = Db::new("basic").await else { return };
+    let mut c = db.conn().await;
+    mysql::ensure_schema(&mut c).await.unwrap(); // idempotent
+    let mut tx = c.begin().await.unwrap();
+    enqueue(&mut tx, &message("lost")).await.unwrap();
+    tx.rollback().await.unwrap();
+    assert!(claim_due(&mut c, 10, MIN, t0()).await.unwrap().claimed.is_empty());
+    assert!(inspect(&mut c, "lost").await.unwrap().is_none());
+
+    // Byte for byte: ids differing in case or a trailing space are other messages.
+    put(&mut c, &[message("m-1"), message("M-1"), message("m-1 ")]).await;
+    let first = claim_due(&mut c, 10, MIN, t0()).await.unwrap();
+    assert_eq!(ids(&first), ["m-1", "M-1", "m-1 "]);
+    assert_eq!(first.claimed[0].message, message("m-1"), "read back as enqueued");
+    assert!(claim_due(&mut c, 10, MIN, t0() + secs(59)).await.unwrap().claimed.is_empty());
+    let lease = &first.claimed[0].lease;
+    assert_eq!(mark_delivered(&mut c, lease, t0()).await.unwrap(), Mark::Applied);
+    assert_eq!(mark_delivered(&mut c, lease, t0()).await.unwrap(), Mark::Stale);
+
+    // A duplicate id: typed, and the transaction goes on.
+    let mut tx = c.begin().await.unwrap();
+    let e = enqueue(&mut tx, &message("m-1")).await.unwrap_err();
+    assert!(matches!(&e, OutboxError::Duplicate(id) if id == "m-1"), "{e:?}");
+    enqueue(&mut tx, &message("m-2")).await.unwrap();
+    tx.commit().await.unwrap();
+    assert!(inspect(&mut c, "m-2").await.unwrap().is_some());
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn leases_lapse_to_a_higher_token_keys_keep_order_failures_die_and_purge() {
+    let Some(db) = Db::new("life").await else { return };
+    let mut c = db.conn().await;
+    let k = |id: &str| message(id).with_aggregate_key("K");
+    put(&mut c, &[k("k1"), k("k2"), message("n1")]).await;
+
+    let first = claim_due(&mut c, 10, MIN, t0()).await.unwrap();
+    assert_eq!(ids(&first), ["k1", "n1"], "k2 waits behind k1");
+    let old = first.claimed[0].lease.clone();
+    assert!(claim_due(&mut c, 10, MIN, t0() + MIN - secs(1)).await.unwrap().claimed.is_empty());
+    let again = claim_due(&mut c, 10, MIN, t0() + MIN).await.unwrap();
+    assert_eq!(ids(&again), ["k1", "n1"]);
+    let new = again.claimed[0].lease.clone();
+    assert_eq!((new.token, new.attempts), (2, 2));
+    assert_eq!(mark_delivered(&mut c, &old, t0() + MIN).await.unwrap(), Mark::Stale);
+    let retry = Retry::new(secs(10), secs(15), 3).unwrap();
+    assert_eq!(mark_failed(&mut c, &old, "late", t0(), &retry).await.unwrap(), Mark::Stale);
+
+    assert_eq!(mark_failed(&mut c, &new, "down", t0() + MIN, &retry).await.unwrap(), Mark::Applied);
+    let row = inspect(&mut c, "k1").await.unwrap().unwrap();
+    assert_eq!(row.next_attempt_at, t0() + MIN + secs(15), "10 s doubled, capped at 15");
+    let third = claim_due(&mut c, 10, MIN, t0() + MIN + secs(15)).await.unwrap();
+    assert_eq!(ids(&third), ["k1"]);
+    let lease = &third.claimed[0].lease;
+    assert_eq!(
+        mark_failed(&mut c, lease, "still down", t0(), &retry).await.unwrap(),
+        Mark::Applied
+    );
+    let dead = list_dead(&mut c, 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!((dead[0].state, dead[0].last_error.as_deref()), (State::Dead, Some("still down")));
+    let later = claim_due(&mut c, 10, MIN, t0() + 1000 * MIN).await.unwrap();
+    assert_eq!(ids(&later), ["n1"], "k2 waits behind dead k1");
+    assert_eq!(
+        mark_delivered(&mut c, &later.claimed[0].lease, t0() + secs(5)).await.unwrap(),
+        Mark::Applied
+    );
+
+    assert!(requeue(&mut c, "k1").await.unwrap());
+    assert!(!requeue(&mut c, "k1").await.unwrap());
+    let back = claim_due(&mut c, 10, MIN, t0()).await.unwrap();
+    assert_eq!(ids(&back), ["k1"]);
+    assert_eq!(back.claimed[0].lease.attempts, 1);
+    assert_eq!(
+        mark_delivered(&mut c, &back.claimed[0].lease, t0() + secs(10)).await.unwrap(),
+        Mark::Applied
+    );
+    let k2 = claim_due(&mut c, 10, MIN, t0()).await.unwrap();
+    assert_eq!(ids(&k2), ["k2"]);
+
+    assert_eq!(purge_delivered(&mut c, t0() + secs(30), 0).await.unwrap(), 0);
+    assert_eq!(purge_delivered(&mut c, t0() + secs(30), 1).await.unwrap(), 1);
+    assert!(inspect(&mut c, "n1").await.unwrap().is_none(), "oldest first");
+    assert_eq!(purge_delivered(&mut c, t0() + secs(30), 5).await.unwrap(), 1);
+    assert!(inspect(&mut c, "k2").await.unwrap().is_some(), "undelivered rows stay");
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn unreadable_rows_are_corrupt_and_do_not_block_the_others() {
+    let Some(db) = Db::new("corrupt").await else { return };
+    let mut c = db.conn().await;
+    put(&mut c, &[message("bad-headers"), message("bad-state"), message("good")]).await;
+    c.execute(sqlx::raw_sql(
+        "UPDATE idemcache_outbox SET headers = x'0009' WHERE message_id = 'bad-headers';
+         UPDATE idemcache_outbox SET state = 9 WHERE message_id = 'bad-state';",
+    ))
+    .await
+    .unwrap();
+    let e = inspect(&mut c, "bad-state").await.unwrap_err();
+    assert!(matches!(e, OutboxError::Corrupt(_)) && e.to_string().contains("state 9"), "{e}");
+    let batch = claim_due(&mut c, 10, MIN, t0()).await.unwrap();
+    assert_eq!(ids(&batch), ["good"]);
+    assert_eq!(batch.unreadable.len(), 1);
+    assert!(batch.unreadable[0].to_string().contains("bad-headers"));
+    c.execute(sqlx::raw_sql("UPDATE idemcache_outbox SET topic = x'ff' WHERE message_id = 'good'"))
+        .await
+        .unwrap();
+    let e = inspect(&mut c, "good").await.unwrap_err();
+    assert!(e.to_string().contains("topic is not UTF-8"), "{e}");
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue() {
+    let Some(db) = Db::new("skip").await else { return };
+    let mut c = db.conn().await;
+    let all: Vec<OutboxMessage> = (0..300).map(|i| message(&format!("m-{i}"))).collect();
+    put(&mut c, &all).await;
+    let mut relays = Vec::new();
+    for _ in 0..4 {
+        let mut conn = db.conn().await;
+        relays.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let batch = claim_due(&mut conn, 5, 100 * MIN, t0()).await.unwrap();
+                if batch.claimed.is_empty() {
+                    return got;
+                }
+                got.extend(batch.claimed.into_iter().map(|c| c.message.id().to_owned()));
+            }
+        }));
+    }
+    // Enqueues meanwhile: none waits on a claim's locks (READ COMMITTED: no gap locks).
+    for i in 0..20 {
+        put(&mut c, &[message(&format!("late-{i}"))]).await;
+    }
+    let mut seen = BTreeSet::new();
+    for relay in relays {
+        for id in relay.await.unwrap() {
+            assert!(seen.insert(id.clone()), "{id} leased twice");
+        }
+    }
+    let rest = claim_due(&mut c, 1000, 100 * MIN, t0()).await.unwrap();
+    for claimed in rest.claimed {
+        assert!(seen.insert(claimed.message.id().to_owned()), "leased twice");
+    }
+    assert_eq!(seen.len(), 320);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_claim_skips_a_row_another_transaction_holds_instead_of_waiting() {
+    let Some(db) = Db::new("held").await else { return };
+    let mut c = db.conn().await;
+    let k = |id: &str| message(id).with_aggregate_key("K");
+    put(&mut c, &[k("held"), k("after-held"), message("free")]).await;
+    let mut holder = db.conn().await;
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM idemcache_outbox WHERE message_id = 'held' FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // A bound on a hang, not a timing: the claim answers at once or the test fails.
+    let claim = claim_due(&mut c, 10, MIN, t0());
+    let batch = tokio::time::timeout(secs(10), claim).await.expect("the claim waited").unwrap();
+    assert_eq!(ids(&batch), ["free"], "the held row skipped, its key's later row waits");
+    tx.rollback().await.unwrap();
+    assert_eq!(ids(&claim_due(&mut c, 10, MIN, t0()).await.unwrap()), ["held"]);
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_killed_mid_batch_loses_nothing() {
+    let Some(db) = Db::new("killed").await else { return };
+    let mut c = db.conn().await;
+    let all: Vec<OutboxMessage> = (0..40)
+        .map(|i| {
+            let m = message(&format!("m-{i:02}"));
+            if i % 3 == 0 {
+                m.with_aggregate_key(format!("order-{}", i % 2))
+            } else {
+                m
+            }
+        })
+        .collect();
+    put(&mut c, &all).await;
+    let clock = HandClock::at(t0());
+    let broker = FlakyBroker::new(0, None);
+    let settings = RelaySettings::default()
+        .with_batch(8)
+        .unwrap()
+        .with_lease(secs(30))
+        .unwrap()
+        .with_retry(Retry::new(secs(1), secs(4), 50).unwrap());
+    let pool = db.pool().await;
+    let relay = |publisher: FlakyBroker| {
+        let (now, tick) = (clock.clone(), clock.clone());
+        tokio::spawn(relay_loop(
+            Storage::new(pool.clone()),
+            publisher,
+            settings,
+            move || now.now(),
+            move |pause| {
+                tick.advance(pause);
+                tokio::task::yield_now()
+            },
+            |report| {
+                report.unwrap();
+            },
+        ))
+    };
+    let first = broker.sharing(3, Some(12));
+    let task = relay(first.clone());
+    while first.calls() < 12 {
+        tokio::task::yield_now().await;
+    }
+    task.abort();
+    let _ = task.await;
+    assert!(count(&mut c, State::Leased).await > 0, "the killed relay left rows leased");
+    let task = relay(broker.sharing(3, None));
+    let mut delivered = 0;
+    for _ in 0..20_000 {
+        delivered = count(&mut c, State::Delivered).await;
+        if delivered == 40 {
+            break;
+        }
+    }
+    task.abort();
+    assert_eq!(delivered, 40, "every row delivered");
+    let unique: BTreeSet<String> = broker.confirmed().into_iter().collect();
+    assert_eq!(unique.len(), 40, "every message confirmed by the broker");
+    pool.close().await;
+    db.drop().await;
+}
