@@ -226,6 +226,10 @@ pub struct UnknownEntry<At = Timestamp> {
     pub marked_at: At,
     /// When the mark expires and the key becomes claimable again.
     pub expires_at: At,
+    /// The correlation id of the claim whose outcome is unknown: whose request it was,
+    /// for the reconciler's log line. The cache lists it; a durable store's listing
+    /// leaves it `None` (its record has it: `Store::record`).
+    pub correlation_id: Option<CorrelationId>,
 }
 
 impl<At> UnknownEntry<At> {
@@ -238,6 +242,6 @@ impl<At> UnknownEntry<At> {
         marked_at: At,
         expires_at: At,
     ) -> Self {
-        UnknownEntry { key, fingerprint, token, marked_at, expires_at }
+        UnknownEntry { key, fingerprint, token, marked_at, expires_at, correlation_id: None }
     }
 }

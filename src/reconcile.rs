@@ -14,7 +14,10 @@ use crate::{Cache, ResolveError, UnknownEntry};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// The effect happened: resolve the entry with this result (`None`: completed
-    /// without a body), so repeats replay it.
+    /// without a body), so repeats replay it. For a key the HTTP layer claimed, the
+    /// bytes must be `layer::stored_response`'s (feature `tower`): any other bytes make
+    /// its retries answer 500
+    /// `idempotency_record_corrupt` until the key is forgotten or expires.
     Happened(Option<Bytes>),
     /// The effect did not happen: forget the entry, so a retry executes again.
     DidNotHappen,

@@ -56,6 +56,14 @@ impl IdempotencyLayer {
     /// A layer over `cache` with the defaults: POST and PATCH require a key; 1 MiB
     /// request bodies; `Content-Type` in the fingerprint; no waiting (409 at once); scope
     /// = method + path; one tenant; 2xx and 4xx stored; `Set-Cookie` never replayed.
+    ///
+    /// A request's entry is filed under `Key::new(scope, tenant, client_key)`
+    /// ([`Key::without_tenant`](crate::Key::without_tenant) with one tenant), the scope
+    /// being `"POST /orders"` by default: the method, one space, and the path as this
+    /// service sees it (under a router nested at a prefix, the path after it: two nests
+    /// with the same inner paths share keys unless [`scope`](Self::scope) names them
+    /// apart). So `Cache::peek(&Key::without_tenant("POST /orders", "k1")?)` shows what
+    /// the layer holds for a client's `Idempotency-Key: k1`.
     pub fn new(cache: Cache) -> Self {
         Self::over(Records::Memory(cache))
     }

@@ -1,6 +1,6 @@
 //! An HTTP layer ([`tower`](https://docs.rs/tower) `Layer`) that makes unsafe requests
 //! idempotent by their `Idempotency-Key` header, on top of a [`Cache`](crate::Cache) (one process) or of
-//! a [`Tiered`](crate::store::Tiered) durable store (several processes, restarts).
+//! a `store::Tiered` durable store (feature `store`) (several processes, restarts).
 //! Feature `tower`.
 //!
 //! It follows the IETF httpapi draft "The Idempotency-Key HTTP Header Field" and payment
@@ -20,8 +20,8 @@
 //! | a repeat of a request whose response was too large to keep | 409 `response_not_kept` (never a second execution) |
 //! | a repeat of a request whose outcome is unknown (its response carried [`OutcomeUnknown`], or its body failed mid-way) | 409 `outcome_unknown` |
 //! | the cache full of in-flight work | 503 `idempotency_cache_full` with `Retry-After` (never executed unguarded) |
-//! | over a durable store ([`IdempotencyLayer::tiered`]): the store unreachable | 503 `idempotency_store_unavailable` with `Retry-After` (never executed unguarded) |
-//! | over a durable store: the key's record unreadable ([`StoreError::Corrupt`](crate::store::StoreError::Corrupt)) | 500 `idempotency_record_corrupt` (never executed; retrying will not help) |
+//! | over a durable store (`IdempotencyLayer::tiered`, feature `store`): the store unreachable | 503 `idempotency_store_unavailable` with `Retry-After` (never executed unguarded) |
+//! | over a durable store: the key's record unreadable (`store::StoreError::Corrupt`) | 500 `idempotency_record_corrupt` (never executed; retrying will not help) |
 //!
 //! Refusals are `application/problem+json` (RFC 9457) with a `code` member.
 //!
@@ -89,7 +89,7 @@
 //! the exporter you use (`metrics-exporter-prometheus`, ...) and they appear; with none
 //! installed they cost a lookup. Labels never name a key or a tenant: a `scope` label is
 //! kept for the first 256 scopes seen and the rest share `other` (name scopes by route,
-//! not by raw path), and `store` is the store's [`name`](crate::store::Store::name), or
+//! not by raw path), and `store` is the store's name (`store::Store::name`), or
 //! `cache` over the cache alone.
 //!
 //! | metric | kind | labels |
@@ -101,7 +101,7 @@
 //! | `idemcache_entries`, `idemcache_bytes` | gauge | `store`: the cache's [`Stats`](crate::Stats) |
 //! | `idemcache_unknown` | gauge | `store`: live UNKNOWN records (in the store, over a durable one), counted up to 10,000 |
 //!
-//! The gauges are set by [`IdempotencyLayer::report_gauges`], a loop the application spawns: reading them costs locks and (over a store) a query,
+//! The gauges are set by `IdempotencyLayer::report_gauges` (feature `metrics`), a loop the application spawns: reading them costs locks and (over a store) a query,
 //! which no request should pay.
 //!
 //! This module uses the core's public API only, like any user of the crate.

@@ -28,8 +28,8 @@ use http::{HeaderMap, StatusCode};
 /// ```
 ///
 /// A reconciler then asks the authority and settles the key
-/// ([`Tiered::reconcile`](crate::store::Tiered::reconcile),
-/// [`Cache::reconcile`](crate::Cache::reconcile)): with [`stored_response`]'s bytes, so
+/// (`store::Tiered::reconcile` over a store,
+/// [`Cache::reconcile`](crate::Cache::reconcile) over the cache): with [`stored_response`]'s bytes, so
 /// that retries replay a response, or by forgetting it, so that a retry runs again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct OutcomeUnknown;
@@ -37,10 +37,8 @@ pub struct OutcomeUnknown;
 /// The record the layer replays for a response with `status`, `headers` and `body`
 /// (the fields never replayed, such as `Set-Cookie`, left out): the bytes a reconciler
 /// resolves a key the layer claimed with (`Verdict::Happened(Some(bytes))`), so that
-/// its retries get that response. Inside a handler, [`InTransaction::record`] makes the
-/// same bytes under the layer's own settings.
-///
-/// [`InTransaction::record`]: crate::layer::InTransaction::record
+/// its retries get that response. Inside a handler, `InTransaction::record` (feature
+/// `store`) makes the same bytes under the layer's own settings.
 pub fn stored_response(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Bytes {
     super::stored_response::encode(status, headers, false, body, None)
 }

@@ -752,21 +752,22 @@ impl Shard {
     pub(crate) fn list_unknown(&self, limit: usize, now: Timestamp) -> Vec<UnknownEntry> {
         // The list is in arrival order, which is not mark order (an inserted fact, a
         // lapse turned late, keep older marks): pick the oldest marks of all of them.
-        let mut live: Vec<&Entry> = self
+        let mut live: Vec<(u32, &Entry)> = self
             .unknown
             .iter(&self.wheel)
-            .map(|slot| self.entry(slot))
-            .filter(|e| e.is_live(now))
+            .map(|slot| (slot, self.entry(slot)))
+            .filter(|(_, e)| e.is_live(now))
             .collect();
-        live.sort_by_key(|e| e.since);
+        live.sort_by_key(|(_, e)| e.since);
         live.truncate(limit);
         live.into_iter()
-            .map(|e| UnknownEntry {
+            .map(|(slot, e)| UnknownEntry {
                 key: e.key.clone(),
                 fingerprint: e.fingerprint,
                 token: FencingToken(e.token),
                 marked_at: e.since,
                 expires_at: e.deadline,
+                correlation_id: self.correlations.get(slot).cloned(),
             })
             .collect()
     }

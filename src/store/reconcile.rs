@@ -45,8 +45,10 @@ impl std::error::Error for ReconcileError {
 
 /// Checks up to `limit` UNKNOWN records of `store`, oldest mark first (as
 /// [`Store::list_unknown`] lists them), with `check`, and settles each as it says:
-/// [`Store::resolve`] (kept `result_ttl`) on [`Verdict::Happened`], [`Store::forget`] on
-/// [`Verdict::DidNotHappen`], nothing on [`Verdict::Undecided`].
+/// [`Store::resolve_listed`] (kept `result_ttl`) on [`Verdict::Happened`],
+/// [`Store::forget_listed`] on [`Verdict::DidNotHappen`], nothing on
+/// [`Verdict::Undecided`]: each conditional on the listed execution's fencing token, so
+/// a verdict never settles a later execution of the same key.
 ///
 /// A record no longer UNKNOWN when its verdict is written ([`StoreError::NotUnknown`]:
 /// settled by another reconciler, expired) counts as left. Any other store error stops

@@ -615,6 +615,11 @@ impl Harness {
             }
             Op::ListUnknown { limit } => {
                 let actual = self.cache.list_unknown(limit.into());
+                for entry in &actual {
+                    let key = self.keys.iter().position(|k| *k == entry.key).unwrap() as u8;
+                    let listed = entry.correlation_id.as_ref().map(|c| c.as_str().to_owned());
+                    assert_eq!(listed, self.model.entries[&key].corr, "{op:?}: {key}'s id");
+                }
                 let actual = self.listed(&actual);
                 assert_listing(&actual, &self.model.list_unknown(), limit.into(), op);
             }
