@@ -130,6 +130,7 @@ mod claim;
 mod clock;
 mod config;
 mod correlation;
+mod downstream;
 mod error;
 mod fingerprint;
 mod guard;
@@ -165,6 +166,7 @@ pub use config::{
     CacheBuilder, DropPolicy, MAX_DURATION, MAX_RESULT_SIZE_LIMIT, MAX_SHARDS, MAX_TICK, MIN_TICK,
 };
 pub use correlation::{CorrelationId, CorrelationIdError, MAX_CORRELATION_ID_LEN};
+pub use downstream::{DownstreamKey, PurposeError, MAX_PURPOSE_LEN};
 pub use error::{
     BuildError, ClaimError, ExtendLeaseError, InsertError, LeaseLost, ResolveError,
     SetResultTtlError,

@@ -124,6 +124,7 @@
 
 mod backend;
 mod body;
+mod claimed;
 mod decision;
 mod detached;
 mod header;
@@ -141,6 +142,7 @@ mod stored_response;
 mod timing;
 
 pub use body::LayerBody;
+pub use claimed::Claimed;
 pub use decision::{Decision, DecisionEvent};
 pub use header::{client_key, KeyHeaderError, IDEMPOTENCY_KEY};
 #[cfg(feature = "store")]

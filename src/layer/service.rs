@@ -25,6 +25,7 @@ use tower_service::Service;
 
 use super::backend::{Found, Held, Records, Settled};
 use super::body::LayerBody;
+use super::claimed::Claimed;
 use super::decision::{Asked, Decision};
 use super::detached::Detached;
 #[cfg(feature = "store")]
@@ -305,6 +306,10 @@ where
     asked.waited = waited;
     let decision = match found {
         Found::Acquired(held) => {
+            let mut request = request;
+            let claimed =
+                Claimed::new(asked.key.clone(), fingerprint, asked.correlation_id.clone());
+            request.extensions_mut().insert(claimed);
             // Reported when the execution settles its claim.
             // In the request's span (this future runs in it), carried along if the
             // execution moves to a task of its own.
@@ -705,6 +710,77 @@ mod tests {
     }
 
     const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    /// A handler that answers with the status it is told, after noting the `charge`
+    /// downstream key of the claim it runs under; the 3rd answer carries OutcomeUnknown.
+    #[derive(Clone)]
+    struct Charging {
+        statuses: Arc<std::sync::Mutex<Vec<u16>>>,
+        seen: Arc<std::sync::Mutex<Vec<String>>>,
+    }
+
+    impl<B> Service<Request<B>> for Charging {
+        type Response = Response<Full<Bytes>>;
+        type Error = Infallible;
+        type Future = Ready<Result<Self::Response, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: Request<B>) -> Self::Future {
+            let claimed = request.extensions().get::<Claimed>().expect("behind the layer");
+            let charge = claimed.downstream_key("charge").unwrap();
+            let mut seen = self.seen.lock().unwrap();
+            seen.push(charge.as_str().to_owned());
+            let status = self.statuses.lock().unwrap().remove(0);
+            let response = Response::builder().status(status).body(Full::new(Bytes::new()));
+            let mut response = response.expect("a valid response");
+            if seen.len() == 3 {
+                response.extensions_mut().insert(crate::layer::OutcomeUnknown);
+            }
+            std::future::ready(Ok(response))
+        }
+    }
+
+    /// Each execution of one intent hands the provider the same `charge` key: the first
+    /// and each retry after a 503 released the key; and the reconciler asks about that
+    /// same key for the UNKNOWN entry the last one left.
+    #[test]
+    fn every_execution_of_an_intent_and_its_reconciler_name_one_downstream_key() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let cache = Cache::builder().build().unwrap();
+        let handler = Charging {
+            statuses: Arc::new(std::sync::Mutex::new(vec![503, 503, 201])),
+            seen: Arc::new(std::sync::Mutex::new(Vec::new())),
+        };
+        let mut service = IdempotencyLayer::new(cache.clone()).layer(handler.clone());
+        let mut send = |key: &str, body: &'static str| {
+            let request = Request::post("/orders")
+                .header("idempotency-key", key)
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            runtime.block_on(service.call(request)).unwrap().status().as_u16()
+        };
+        assert_eq!(send("k1", "{\"amount\":100}"), 503);
+        assert_eq!(send("k1", "{\"amount\":100}"), 503);
+        assert_eq!(send("k1", "{\"amount\":100}"), 201);
+        let seen = handler.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 3);
+        assert!(seen.iter().all(|k| *k == seen[0]), "{seen:?}");
+        assert!(seen[0].starts_with("charge-"));
+        let unknown = cache.list_unknown(10);
+        assert_eq!(unknown.len(), 1, "the third answer's outcome is unknown");
+        assert_eq!(unknown[0].downstream_key("charge").unwrap().as_str(), seen[0]);
+        // Another request under another key, or another body under a reused one after the
+        // first is forgotten, is another call.
+        cache.forget(&unknown[0].key).unwrap();
+        handler.statuses.lock().unwrap().extend([201, 201]);
+        assert_eq!(send("k2", "{\"amount\":100}"), 201);
+        assert_eq!(send("k1", "{\"amount\":200}"), 201);
+        let seen = handler.seen.lock().unwrap().clone();
+        assert!(seen[3] != seen[0] && seen[4] != seen[0] && seen[3] != seen[4], "{seen:?}");
+    }
 
     /// Over the cache alone the key's entry keeps the request's trace id, through the
     /// completion, whichever way the claim acquires; with nothing reporting it (no hook,
