@@ -369,6 +369,7 @@ impl Cache {
 
     /// [`claim_correlated`](Cache::claim_correlated) without asking the read lock first:
     /// for a caller that just did ([`Cache::replay_hit`]) and had no replay.
+    #[cfg(feature = "tower")]
     pub(crate) fn claim_locked(
         &self,
         key: &Key,
@@ -405,6 +406,7 @@ impl Cache {
     /// live COMPLETED entry for this request and it can be shared under the read lock
     /// (counted as a replay); `None` leaves the answer to a claim. The layer asks this
     /// first when it would read a correlation id only for a claim that may acquire.
+    #[cfg(feature = "tower")]
     #[inline]
     pub(crate) fn replay_hit(&self, key: &Key, fingerprint: Fingerprint) -> Option<Replay> {
         let (hash, shard) = self.locate(key);
