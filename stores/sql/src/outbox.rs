@@ -392,12 +392,14 @@ impl Default for Retry {
 }
 
 impl Retry {
-    /// A policy; refuses a zero `first`, a `cap` below `first`, or zero attempts.
+    /// A policy; refuses a zero `first`, a `cap` below `first` or above
+    /// [`MAX_DURATION`](idemcache::MAX_DURATION), or zero attempts. (A cap the clock
+    /// cannot add to `now` would leave no backoff at all: the row retried at once.)
     pub fn new(first: Duration, cap: Duration, max_attempts: u32) -> Result<Retry, OutboxError> {
-        if first.is_zero() || cap < first || max_attempts == 0 {
+        if first.is_zero() || cap < first || cap > idemcache::MAX_DURATION || max_attempts == 0 {
             return Err(OutboxError::InvalidInput(format!(
-                "a retry policy needs 0 < first <= cap and at least one attempt \
-                 (first {first:?}, cap {cap:?}, {max_attempts} attempts)"
+                "a retry policy needs 0 < first <= cap <= MAX_DURATION and at least one \
+                 attempt (first {first:?}, cap {cap:?}, {max_attempts} attempts)"
             )));
         }
         Ok(Retry { first, cap, max_attempts })
@@ -570,6 +572,10 @@ mod tests {
         assert!(Retry::new(Duration::ZERO, s(1), 1).is_err());
         assert!(Retry::new(s(2), s(1), 1).is_err());
         assert!(Retry::new(s(1), s(1), 0).is_err());
+        // A cap past what a clock can add is refused; the longest one taken still waits.
+        assert!(Retry::new(s(1), Duration::MAX, 3).is_err());
+        let longest = Retry::new(idemcache::MAX_DURATION, idemcache::MAX_DURATION, 3).unwrap();
+        assert_eq!(longest.after(1, now), Next::At(now + idemcache::MAX_DURATION));
     }
 
     #[test]
