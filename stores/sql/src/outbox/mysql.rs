@@ -13,14 +13,16 @@
 //! [`postgres`](super::postgres) describes; MySQL has no notification, so relays poll.
 
 /// The outbox's table: as PostgreSQL's, with `VARBINARY` text columns so that ids compare
-/// byte for byte (the server's default collations ignore case and trailing spaces).
+/// byte for byte (the server's default collations ignore case and trailing spaces), and
+/// `headers` a `MEDIUMBLOB`: the most headers a message may carry encode to 278,848
+/// bytes, past a `BLOB`'s 65,535.
 pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idemcache_outbox (
     seq             BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
     message_id      VARBINARY(255) NOT NULL,
     topic           VARBINARY(255) NOT NULL,
     payload         LONGBLOB NOT NULL,
-    headers         BLOB NOT NULL,
+    headers         MEDIUMBLOB NOT NULL,
     aggregate_key   VARBINARY(255) NULL,
     state           BIGINT NOT NULL,
     attempts        BIGINT NOT NULL,
