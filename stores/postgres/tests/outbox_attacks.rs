@@ -9,9 +9,11 @@ use std::time::{Duration, SystemTime};
 
 use idemcache::store::conformance::service_url;
 use idemcache_postgres::outbox::{
-    self, claim_due, enqueue, mark_delivered, Batch, Mark, OutboxMessage,
+    self, claim_due, enqueue, inspect, mark_delivered, mark_failed, Batch, Mark, OutboxMessage,
+    Retry,
 };
 use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
+use idemcache_sql::outbox::State;
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -127,5 +129,27 @@ async fn a_row_at_the_top_of_its_counters_does_not_stall_the_claim() {
         let again = claim_due(&c, 10, MIN, t0() + MIN).await.unwrap();
         assert!(again.claimed.is_empty() && again.unreadable.len() == 1, "{column}");
     }
+    db.drop().await;
+}
+
+/// A broker's error is free text, and may hold a NUL (a binary protocol's reason, a
+/// message quoted raw). PostgreSQL's `TEXT` refuses NUL: the failure must still be
+/// marked (the row backs off), not fail the mark and leave the row to be re-published
+/// at each lapse of its lease instead of its backoff.
+#[tokio::test]
+async fn a_publish_error_holding_nul_is_marked_and_backs_off() {
+    let Some(db) = Db::new("nul_error").await else { return };
+    let mut c = db.client().await;
+    let tx = c.transaction().await.unwrap();
+    enqueue(&tx, &message("m")).await.unwrap();
+    tx.commit().await.unwrap();
+    let lease = claim_due(&c, 1, MIN, t0()).await.unwrap().claimed.remove(0).lease;
+    let retry = Retry::new(10 * MIN, 10 * MIN, 5).unwrap();
+    let marked = mark_failed(&c, &lease, "broker said \0 no", t0(), &retry).await;
+    assert_eq!(marked.unwrap(), Mark::Applied);
+    let row = inspect(&c, "m").await.unwrap().unwrap();
+    assert_eq!(row.state, State::Pending);
+    assert!(row.last_error.unwrap().contains("broker said"), "the reason is kept");
+    assert!(claim_due(&c, 1, MIN, t0() + 2 * MIN).await.unwrap().claimed.is_empty());
     db.drop().await;
 }
