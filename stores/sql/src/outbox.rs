@@ -29,6 +29,7 @@
 //! handed in by the caller, and every row, whatever it holds, decodes to a value or to
 //! [`OutboxError::Corrupt`] naming its message id, never a panic.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::fmt;
@@ -479,16 +480,26 @@ impl OutboxError {
     }
 }
 
-/// `error` cut to at most [`MAX_ERROR_LEN`] bytes at a character boundary, as stored.
-pub fn clip_error(error: &str) -> &str {
-    if error.len() <= MAX_ERROR_LEN {
-        return error;
+/// `error` as stored: each NUL (which PostgreSQL's `TEXT` refuses, failing the mark)
+/// written as U+FFFD, then cut to at most [`MAX_ERROR_LEN`] bytes at a character
+/// boundary.
+pub fn clip_error(error: &str) -> Cow<'_, str> {
+    let mut error = if error.contains('\0') {
+        Cow::Owned(error.replace('\0', "\u{FFFD}"))
+    } else {
+        error.into()
+    };
+    if error.len() > MAX_ERROR_LEN {
+        let mut end = MAX_ERROR_LEN;
+        while !error.is_char_boundary(end) {
+            end -= 1;
+        }
+        match &mut error {
+            Cow::Borrowed(text) => *text = &text[..end],
+            Cow::Owned(text) => text.truncate(end),
+        }
     }
-    let mut end = MAX_ERROR_LEN;
-    while !error.is_char_boundary(end) {
-        end -= 1;
-    }
-    &error[..end]
+    error
 }
 
 /// Checks a claim's batch size and lease as every driver does before claiming.
@@ -593,5 +604,9 @@ mod tests {
         let clipped = clip_error(&long);
         assert!(clipped.len() <= MAX_ERROR_LEN && clipped.len() >= MAX_ERROR_LEN - 1);
         assert_eq!(clip_error("short"), "short");
+        assert_eq!(clip_error("a\0b"), "a\u{FFFD}b", "NUL, which PostgreSQL refuses, replaced");
+        let nuls = "\0".repeat(MAX_ERROR_LEN);
+        let nuls = clip_error(&nuls);
+        assert!(nuls.len() <= MAX_ERROR_LEN && nuls.chars().all(|c| c == '\u{FFFD}'));
     }
 }

@@ -146,7 +146,7 @@ where
     let done = sqlx::query(FAILED)
         .bind(state)
         .bind(due)
-        .bind(clip_error(error).as_bytes())
+        .bind(clip_error(error).into_owned().into_bytes())
         .bind(lease.message_id.as_bytes())
         .bind(token(lease)?)
         .execute(executor)
