@@ -70,7 +70,7 @@ fn ids(batch: &Batch) -> Vec<&str> {
 /// published ahead of the first's, yet the claim cannot see an uncommitted row.
 #[tokio::test]
 #[ignore = "seq is taken at the insert, not the commit: a later enqueue of a key that \
-            commits first is published before an earlier one still in flight"]
+            commits first is published first; the guide says to serialize a key's producers"]
 async fn crossing_commits_of_one_key_are_published_in_enqueue_order() {
     let Some(db) = Db::new("crossing").await else { return };
     let mut first = db.client().await;
@@ -151,5 +151,47 @@ async fn a_publish_error_holding_nul_is_marked_and_backs_off() {
     assert_eq!(row.state, State::Pending);
     assert!(row.last_error.unwrap().contains("broker said"), "the reason is kept");
     assert!(claim_due(&c, 1, MIN, t0() + 2 * MIN).await.unwrap().claimed.is_empty());
+    db.drop().await;
+}
+
+/// The guide's remedy for crossing commits: producers of one key that lock the
+/// aggregate's row before they enqueue are serialized, and the key's order holds.
+#[tokio::test]
+async fn producers_that_lock_the_aggregate_first_keep_the_keys_order() {
+    let Some(db) = Db::new("locked").await else { return };
+    let mut first = db.client().await;
+    let relay = db.client().await;
+    relay.batch_execute("CREATE TABLE orders (id BIGINT PRIMARY KEY, state TEXT)").await.unwrap();
+    relay.batch_execute("INSERT INTO orders VALUES (42, 'new')").await.unwrap();
+    // Tagged so that the wait below finds this test's own blocked statement.
+    let lock = format!("SELECT 1 FROM orders WHERE id = 42 FOR UPDATE /* {} */", db.schema);
+    let tx1 = first.transaction().await.unwrap();
+    tx1.execute(lock.as_str(), &[]).await.unwrap();
+    enqueue(&tx1, &message("created").with_aggregate_key("order-42")).await.unwrap();
+    let mut second = db.client().await;
+    let lock2 = lock.clone();
+    let producer = tokio::spawn(async move {
+        let tx2 = second.transaction().await.unwrap();
+        tx2.execute(lock2.as_str(), &[]).await.unwrap();
+        enqueue(&tx2, &message("paid").with_aggregate_key("order-42")).await.unwrap();
+        tx2.commit().await.unwrap();
+    });
+    // Wait (by asking the server, not by sleeping) until the second producer is blocked
+    // on the lock, so that its enqueue comes after the first one's commit.
+    let blocked = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE wait_event_type = 'Lock' AND query = $1";
+    while relay.query_one(blocked, &[&lock]).await.unwrap().get::<_, i64>(0) == 0 {
+        tokio::task::yield_now().await;
+    }
+    tx1.commit().await.unwrap();
+    producer.await.unwrap();
+    let mut order = Vec::new();
+    for _ in 0..2 {
+        for c in claim_due(&relay, 10, MIN, t0()).await.unwrap().claimed {
+            order.push(c.message.id().to_owned());
+            assert_eq!(mark_delivered(&relay, &c.lease, t0()).await.unwrap(), Mark::Applied);
+        }
+    }
+    assert_eq!(order, ["created", "paid"]);
     db.drop().await;
 }

@@ -85,7 +85,7 @@ async fn the_largest_headers_check_accepts_are_stored_and_read_back() {
 /// published ahead of the earlier one still in flight.
 #[tokio::test]
 #[ignore = "seq is taken at the insert, not the commit: a later enqueue of a key that \
-            commits first is published before an earlier one still in flight"]
+            commits first is published first; the guide says to serialize a key's producers"]
 async fn crossing_commits_of_one_key_are_published_in_enqueue_order() {
     let Some(db) = Db::new("crossing").await else { return };
     let mut first = db.conn().await;
