@@ -150,3 +150,29 @@ async fn a_row_at_the_top_of_its_counters_does_not_stall_the_claim() {
     }
     db.drop().await;
 }
+
+/// `RelaySettings::with_batch` takes any batch above zero, and MySQL's claim binds one
+/// placeholder per picked row: a batch past the protocol's 65,535 placeholders must still
+/// claim, not fail every claim while that many rows are due.
+#[tokio::test]
+async fn a_batch_past_the_placeholder_limit_still_claims() {
+    let Some(db) = Db::new("wide").await else { return };
+    let mut c = db.conn().await;
+    let rows = 70_000;
+    // Ten digits crossed five times: 100,000 numbers, the first `rows` of them enqueued.
+    let fill = format!(
+        "INSERT INTO idemcache_outbox (message_id, topic, payload, headers, state, attempts, \
+         next_attempt_at, token, created_at) \
+         SELECT CONCAT('m-', n), 'orders', '', '', 0, 0, 0, 0, 0 FROM ( \
+           SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS n \
+           FROM {d} a, {d} b, {d} c, {d} e, {d} f) AS numbers WHERE n < {rows}",
+        d = "(SELECT 0 d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+              UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+              UNION ALL SELECT 8 UNION ALL SELECT 9)"
+    );
+    c.execute(sqlx::raw_sql(AssertSqlSafe(fill))).await.unwrap();
+    let batch = claim_due(&mut c, rows, MIN, t0()).await.unwrap();
+    assert_eq!(batch.claimed.len(), rows);
+    assert!(batch.unreadable.is_empty());
+    db.drop().await;
+}
