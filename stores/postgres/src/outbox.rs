@@ -171,8 +171,9 @@ pub async fn mark_failed<C: GenericClient + Sync>(
         Next::At(at) => (State::Pending, to_micros(at)),
         Next::Dead => (State::Dead, to_micros(now)),
     };
+    let why = clip_error(error);
     let changed = client
-        .execute(FAILED, &[&lease.message_id, &token, &state.code(), &due, &clip_error(error)])
+        .execute(FAILED, &[&lease.message_id, &token, &state.code(), &due, &&*why])
         .await
         .map_err(database)?;
     Ok(mark(changed))

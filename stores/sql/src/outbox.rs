@@ -29,6 +29,7 @@
 //! handed in by the caller, and every row, whatever it holds, decodes to a value or to
 //! [`OutboxError::Corrupt`] naming its message id, never a panic.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::fmt;
@@ -392,12 +393,14 @@ impl Default for Retry {
 }
 
 impl Retry {
-    /// A policy; refuses a zero `first`, a `cap` below `first`, or zero attempts.
+    /// A policy; refuses a zero `first`, a `cap` below `first` or above
+    /// [`MAX_DURATION`](idemcache::MAX_DURATION), or zero attempts. (A cap the clock
+    /// cannot add to `now` would leave no backoff at all: the row retried at once.)
     pub fn new(first: Duration, cap: Duration, max_attempts: u32) -> Result<Retry, OutboxError> {
-        if first.is_zero() || cap < first || max_attempts == 0 {
+        if first.is_zero() || cap < first || cap > idemcache::MAX_DURATION || max_attempts == 0 {
             return Err(OutboxError::InvalidInput(format!(
-                "a retry policy needs 0 < first <= cap and at least one attempt \
-                 (first {first:?}, cap {cap:?}, {max_attempts} attempts)"
+                "a retry policy needs 0 < first <= cap <= MAX_DURATION and at least one \
+                 attempt (first {first:?}, cap {cap:?}, {max_attempts} attempts)"
             )));
         }
         Ok(Retry { first, cap, max_attempts })
@@ -477,16 +480,26 @@ impl OutboxError {
     }
 }
 
-/// `error` cut to at most [`MAX_ERROR_LEN`] bytes at a character boundary, as stored.
-pub fn clip_error(error: &str) -> &str {
-    if error.len() <= MAX_ERROR_LEN {
-        return error;
+/// `error` as stored: each NUL (which PostgreSQL's `TEXT` refuses, failing the mark)
+/// written as U+FFFD, then cut to at most [`MAX_ERROR_LEN`] bytes at a character
+/// boundary.
+pub fn clip_error(error: &str) -> Cow<'_, str> {
+    let mut error = if error.contains('\0') {
+        Cow::Owned(error.replace('\0', "\u{FFFD}"))
+    } else {
+        error.into()
+    };
+    if error.len() > MAX_ERROR_LEN {
+        let mut end = MAX_ERROR_LEN;
+        while !error.is_char_boundary(end) {
+            end -= 1;
+        }
+        match &mut error {
+            Cow::Borrowed(text) => *text = &text[..end],
+            Cow::Owned(text) => text.truncate(end),
+        }
     }
-    let mut end = MAX_ERROR_LEN;
-    while !error.is_char_boundary(end) {
-        end -= 1;
-    }
-    &error[..end]
+    error
 }
 
 /// Checks a claim's batch size and lease as every driver does before claiming.
@@ -570,6 +583,10 @@ mod tests {
         assert!(Retry::new(Duration::ZERO, s(1), 1).is_err());
         assert!(Retry::new(s(2), s(1), 1).is_err());
         assert!(Retry::new(s(1), s(1), 0).is_err());
+        // A cap past what a clock can add is refused; the longest one taken still waits.
+        assert!(Retry::new(s(1), Duration::MAX, 3).is_err());
+        let longest = Retry::new(idemcache::MAX_DURATION, idemcache::MAX_DURATION, 3).unwrap();
+        assert_eq!(longest.after(1, now), Next::At(now + idemcache::MAX_DURATION));
     }
 
     #[test]
@@ -587,5 +604,9 @@ mod tests {
         let clipped = clip_error(&long);
         assert!(clipped.len() <= MAX_ERROR_LEN && clipped.len() >= MAX_ERROR_LEN - 1);
         assert_eq!(clip_error("short"), "short");
+        assert_eq!(clip_error("a\0b"), "a\u{FFFD}b", "NUL, which PostgreSQL refuses, replaced");
+        let nuls = "\0".repeat(MAX_ERROR_LEN);
+        let nuls = clip_error(&nuls);
+        assert!(nuls.len() <= MAX_ERROR_LEN && nuls.chars().all(|c| c == '\u{FFFD}'));
     }
 }

@@ -210,7 +210,7 @@ pub fn mark_failed(
         Next::Dead => (State::Dead, to_micros(now)),
     };
     let changed = conn
-        .execute(FAILED, params![lease.message_id, token, state.code(), due, clip_error(error)])
+        .execute(FAILED, params![lease.message_id, token, state.code(), due, &*clip_error(error)])
         .map_err(database)?;
     Ok(mark(changed))
 }

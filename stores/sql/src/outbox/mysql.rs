@@ -13,14 +13,16 @@
 //! [`postgres`](super::postgres) describes; MySQL has no notification, so relays poll.
 
 /// The outbox's table: as PostgreSQL's, with `VARBINARY` text columns so that ids compare
-/// byte for byte (the server's default collations ignore case and trailing spaces).
+/// byte for byte (the server's default collations ignore case and trailing spaces), and
+/// `headers` a `MEDIUMBLOB`: the most headers a message may carry encode to 278,848
+/// bytes, past a `BLOB`'s 65,535.
 pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idemcache_outbox (
     seq             BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
     message_id      VARBINARY(255) NOT NULL,
     topic           VARBINARY(255) NOT NULL,
     payload         LONGBLOB NOT NULL,
-    headers         BLOB NOT NULL,
+    headers         MEDIUMBLOB NOT NULL,
     aggregate_key   VARBINARY(255) NULL,
     state           BIGINT NOT NULL,
     attempts        BIGINT NOT NULL,
@@ -63,10 +65,15 @@ WHERE c.state IN (0, 1) AND c.next_attempt_at <= ?
 ORDER BY c.seq LIMIT ?
 FOR UPDATE SKIP LOCKED";
 
-/// Leases `n` picked rows: parameters the lease end (twice), then the `n` seqs.
+/// Leases `n` picked rows: parameters the lease end (twice), then the `n` seqs. A counter
+/// that is negative or at `i64::MAX` becomes -1, as in PostgreSQL's
+/// [`CLAIM`](super::postgres::CLAIM): an overflow would fail every claim.
 pub fn claim_lease(n: usize) -> String {
     format!(
-        "UPDATE idemcache_outbox SET state = 1, token = token + 1, attempts = attempts + 1, \
+        "UPDATE idemcache_outbox SET state = 1, \
+         token = CASE WHEN token BETWEEN 0 AND 9223372036854775806 THEN token + 1 ELSE -1 END, \
+         attempts = CASE WHEN attempts BETWEEN 0 AND 9223372036854775806 \
+                         THEN attempts + 1 ELSE -1 END, \
          lease_until = ?, next_attempt_at = ? WHERE seq IN ({})",
         placeholders(n)
     )

@@ -15,6 +15,11 @@
 //! a time, in enqueue order. A dead row holds back the later rows of its key until it is
 //! requeued and delivered (or deleted by hand): the order is kept, not skipped.
 //!
+//! `seq` is taken at the insert, so enqueue order is insert order, not commit order: two
+//! transactions enqueuing for one key at once may commit in the other order, and a claim
+//! then leases the later row (the earlier is not yet visible). Producers of one key must
+//! be serialized, e.g. by locking the aggregate's row before they enqueue.
+//!
 //! # Wake-up
 //!
 //! [`ENQUEUE`] also runs `pg_notify('idemcache_outbox', '')`. PostgreSQL delivers the
@@ -133,11 +138,16 @@ SELECT pg_notify('idemcache_outbox', '') FROM ins";
 /// Leases up to `$2` due rows, oldest first, skipping rows another claim holds: a row is
 /// due when pending or leased with `next_attempt_at <= $1` (now) and no earlier row of
 /// its aggregate key is undelivered. Each gets `token + 1`, `attempts + 1` and a lease to
-/// `$3`. Returns the leased rows' columns (in no particular order).
+/// `$3`. Returns the leased rows' columns (in no particular order). A counter that is
+/// negative or at `i64::MAX` (written by hand) becomes -1 rather than overflow, which
+/// would fail every claim: the row reads as corrupt, and is reported at each claim.
 pub const CLAIM: &str = concat!(
     "
 UPDATE idemcache_outbox AS o
-SET state = 1, token = o.token + 1, attempts = o.attempts + 1,
+SET state = 1,
+    token = CASE WHEN o.token BETWEEN 0 AND 9223372036854775806 THEN o.token + 1 ELSE -1 END,
+    attempts = CASE WHEN o.attempts BETWEEN 0 AND 9223372036854775806
+                    THEN o.attempts + 1 ELSE -1 END,
     lease_until = $3::bigint, next_attempt_at = $3::bigint
 FROM (
     SELECT c.seq FROM idemcache_outbox AS c

@@ -63,9 +63,14 @@ pub async fn enqueue(
     }
 }
 
+/// Most rows leased (and read back) by one statement of a claim: well under the 65,535
+/// placeholders a MySQL statement takes.
+const CLAIM_CHUNK: usize = 10_000;
+
 /// Leases up to `batch` due rows until `now + lease`, oldest first, each under a new
 /// fencing token, skipping rows another claim holds: a READ COMMITTED transaction of its
-/// own on `conn` (which must not be in one). Four round trips, three with nothing due.
+/// own on `conn` (which must not be in one). Four round trips (two more for each further
+/// 10,000 rows), three with nothing due.
 pub async fn claim_due(
     conn: &mut MySqlConnection,
     batch: usize,
@@ -87,16 +92,22 @@ pub async fn claim_due(
         tx.commit().await.map_err(database)?;
         return Ok(Batch::default());
     }
-    let mut leasing = sqlx::query(AssertSqlSafe(claim_lease(picked.len()))).bind(until).bind(until);
-    for seq in &picked {
-        leasing = leasing.bind(seq);
+    // A statement takes at most 65,535 placeholders: lease and read in chunks, all in the
+    // one transaction, so that any batch `RelaySettings` takes can be claimed.
+    let mut rows = Vec::with_capacity(picked.len());
+    for chunk in picked.chunks(CLAIM_CHUNK) {
+        let mut leasing =
+            sqlx::query(AssertSqlSafe(claim_lease(chunk.len()))).bind(until).bind(until);
+        for seq in chunk {
+            leasing = leasing.bind(seq);
+        }
+        leasing.execute(&mut *tx).await.map_err(database)?;
+        let mut reading = sqlx::query(AssertSqlSafe(claim_read(chunk.len())));
+        for seq in chunk {
+            reading = reading.bind(seq);
+        }
+        rows.extend(reading.fetch_all(&mut *tx).await.map_err(database)?);
     }
-    leasing.execute(&mut *tx).await.map_err(database)?;
-    let mut reading = sqlx::query(AssertSqlSafe(claim_read(picked.len())));
-    for seq in &picked {
-        reading = reading.bind(seq);
-    }
-    let rows = reading.fetch_all(&mut *tx).await.map_err(database)?;
     tx.commit().await.map_err(database)?;
     let mut raws = Vec::with_capacity(rows.len());
     let mut unreadable = Vec::new();
@@ -146,7 +157,7 @@ where
     let done = sqlx::query(FAILED)
         .bind(state)
         .bind(due)
-        .bind(clip_error(error).as_bytes())
+        .bind(clip_error(error).into_owned().into_bytes())
         .bind(lease.message_id.as_bytes())
         .bind(token(lease)?)
         .execute(executor)

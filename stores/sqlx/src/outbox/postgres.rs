@@ -132,7 +132,7 @@ where
         .bind(token(lease)?)
         .bind(state)
         .bind(due)
-        .bind(clip_error(error))
+        .bind(clip_error(error).into_owned())
         .execute(executor)
         .await
         .map_err(database)?;
