@@ -1,29 +1,35 @@
-//! An outbox relay to RabbitMQ: publishes each committed outbox row with publisher
-//! confirms, and marks it delivered only after the broker confirmed it.
+//! An outbox relay to RabbitMQ or NATS JetStream: publishes each committed outbox row,
+//! and marks it delivered only after the broker confirmed it.
 //!
 //! ```sh
 //! DATABASE_URL=sqlite:/tmp/orders.db cargo run -p idemcache-consumer --example relay
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run -p idemcache-consumer --example relay
+//! NATS_URL=nats://127.0.0.1:4222 DATABASE_URL=sqlite:/tmp/orders.db cargo run -p idemcache-consumer --example relay
 //! ```
 //!
-//! A row's message id is published as the AMQP `message_id` property, its topic as the
-//! routing key (through the default exchange: the queue of that name), its headers as
-//! the message's headers, persistent. The consumer example (`--example consumer`) takes
-//! the `message_id` as its inbox's dedup key, so outbox → broker → inbox applies each
-//! committed row once: a row published again after a relay died before marking it is
-//! a `Duplicate` there.
+//! To RabbitMQ (the default), a row's message id is published as the AMQP `message_id`
+//! property, its topic as the routing key (through the default exchange: the queue of
+//! that name), its headers as the message's headers, persistent. The consumer example
+//! (`--example consumer`) takes the `message_id` as its inbox's dedup key, so outbox →
+//! broker → inbox applies each committed row once: a row published again after a relay
+//! died before marking it is a `Duplicate` there. To JetStream (`NATS_URL` set), the
+//! topic is the subject (a stream must hold it) and the message id the `Nats-Msg-Id`
+//! header, so the stream's own duplicate window drops a row published again within it;
+//! the consumer's inbox absorbs one published again later.
 //!
-//! Invariant: a row is marked delivered only after the broker confirmed its publish
-//! (`basic.ack` in confirm mode, and routed: published `mandatory`, so a message no
-//! queue took comes back and is an error, retried later). Everything else leaves the row
-//! due again: a nack, an unroutable message, a lost connection (each publish fails and
-//! its row is retried with backoff), or the relay's death at any instant (its lease
-//! lapses).
+//! Invariant: a row is marked delivered only after the broker confirmed its publish:
+//! RabbitMQ's `basic.ack` in confirm mode, and routed (published `mandatory`, so a
+//! message no queue took comes back and is an error, retried later); JetStream's ack,
+//! a duplicate's included (the stream has the first copy). Everything else leaves the
+//! row due again: a nack, an unroutable message, no stream for the subject, a lost
+//! connection (each publish fails and its row is retried with backoff), or the relay's
+//! death at any instant (its lease lapses).
 //!
 //! Environment:
 //! - `DATABASE_URL` (required): `sqlite:PATH` or `postgres://user@host:port/db`; the
 //!   outbox's schema is created at start if absent.
-//! - `AMQP_URL`: the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
+//! - `AMQP_URL`: the RabbitMQ broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
+//! - `NATS_URL`: publish to NATS JetStream at this server instead (`nats://host:port`).
 //! - `BATCH`: rows leased per round (default 100); `LEASE_MS`: how long a relay holds
 //!   them (default 30000); `POLL_MS`: the pause after a round that found fewer than a
 //!   batch (default 200).
@@ -88,6 +94,34 @@ impl Publisher for Amqp {
     }
 }
 
+/// Publishes outbox rows to NATS JetStream, the message id as `Nats-Msg-Id`.
+pub(crate) struct JetStream {
+    /// The JetStream context of a connected client.
+    pub(crate) context: async_nats::jetstream::Context,
+}
+
+impl Publisher for JetStream {
+    fn publish(
+        &self,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<(), PublishError>> + Send {
+        let context = self.context.clone();
+        let subject = message.topic().to_owned();
+        let mut publish = async_nats::jetstream::message::PublishMessage::build()
+            .payload(message.payload().clone())
+            .message_id(message.id());
+        for (name, value) in message.headers() {
+            publish = publish.header(name.as_str(), value.as_str());
+        }
+        async move {
+            let acked = context.send_publish(subject, publish).await.map_err(PublishError::new)?;
+            // A duplicate within the stream's window is acked too: the stream holds it.
+            acked.await.map_err(PublishError::new)?;
+            Ok(())
+        }
+    }
+}
+
 /// Runs the relay until it is stopped (see the module docs).
 pub fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -124,16 +158,38 @@ async fn run() -> Result<std::convert::Infallible, String> {
         .and_then(|s| s.with_lease(lease))
         .and_then(|s| s.with_poll(poll))
         .map_err(|e| e.to_string())?;
-    let connection = Connection::connect(&amqp, ConnectionProperties::default())
-        .await
-        .map_err(|e| format!("connecting to the broker: {e}"))?;
-    let channel =
-        connection.create_channel().await.map_err(|e| format!("opening a channel: {e}"))?;
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .map_err(|e| format!("turning on publisher confirms: {e}"))?;
-    let publisher = Amqp { channel };
+    match std::env::var("NATS_URL") {
+        Ok(nats) => {
+            let client = async_nats::connect(&nats)
+                .await
+                .map_err(|e| format!("connecting to NATS at {nats}: {e}"))?;
+            let publisher = JetStream { context: async_nats::jetstream::new(client) };
+            with_storage(&database, publisher, settings).await
+        }
+        Err(_) => {
+            let connection = Connection::connect(&amqp, ConnectionProperties::default())
+                .await
+                .map_err(|e| format!("connecting to the broker: {e}"))?;
+            let channel =
+                connection.create_channel().await.map_err(|e| format!("opening a channel: {e}"))?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(|e| format!("turning on publisher confirms: {e}"))?;
+            // The connection lives as long as the relay: `relay_loop` never returns.
+            let relayed = with_storage(&database, Amqp { channel }, settings).await;
+            drop(connection);
+            relayed
+        }
+    }
+}
+
+/// Relays the outbox at `database` through `publisher`.
+async fn with_storage<P: Publisher>(
+    database: &str,
+    publisher: P,
+    settings: RelaySettings,
+) -> Result<std::convert::Infallible, String> {
     if let Some(path) = database.strip_prefix("sqlite:") {
         let conn = idemcache_sqlite::rusqlite::Connection::open(path)
             .map_err(|e| format!("opening {path}: {e}"))?;
@@ -156,9 +212,9 @@ async fn run() -> Result<std::convert::Infallible, String> {
     }
 }
 
-async fn relay<S: OutboxStorage>(
+async fn relay<S: OutboxStorage, P: Publisher>(
     storage: S,
-    publisher: Amqp,
+    publisher: P,
     settings: RelaySettings,
 ) -> Result<std::convert::Infallible, String> {
     println!("relaying");
