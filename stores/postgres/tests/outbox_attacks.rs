@@ -1,6 +1,6 @@
 //! Attacks on the PostgreSQL outbox's promises (`IDEMCACHE_POSTGRES_URL`; skipped with
 //! a printed reason when unset): two transactions enqueuing for one aggregate key whose
-//! commits cross, and rows whose counters sit at the top of their range, which must be
+//! commits would cross (the second waits for the first), and rows whose counters sit at the top of their range, which must be
 //! reported rather than fail every claim. Each test works in a schema of its own,
 //! dropped at its end; time is a clock moved by hand.
 
@@ -66,11 +66,10 @@ fn ids(batch: &Batch) -> Vec<&str> {
 
 /// "A message with an aggregate key is not due while an earlier message (in enqueue
 /// order) of the same key is undelivered." Two producers of one key: the first enqueues,
-/// the second enqueues after it and commits first. The second's row must not be
-/// published ahead of the first's, yet the claim cannot see an uncommitted row.
+/// the second enqueues after it. Were the second to commit first, a relay would publish
+/// it ahead of the first's row, which it cannot see yet; so the second's enqueue must
+/// wait until the first's transaction ends, and the two are published in enqueue order.
 #[tokio::test]
-#[ignore = "seq is taken at the insert, not the commit: a later enqueue of a key that \
-            commits first is published first; the guide says to serialize a key's producers"]
 async fn crossing_commits_of_one_key_are_published_in_enqueue_order() {
     let Some(db) = Db::new("crossing").await else { return };
     let mut first = db.client().await;
@@ -79,20 +78,37 @@ async fn crossing_commits_of_one_key_are_published_in_enqueue_order() {
     let keyed = |id: &str| message(id).with_aggregate_key("order-42");
     let tx1 = first.transaction().await.unwrap();
     enqueue(&tx1, &keyed("created")).await.unwrap();
-    let tx2 = second.transaction().await.unwrap();
-    // A bound on a hang, not a timing: an enqueue that waits for the first to commit
-    // keeps the order too (then the first commits while it waits).
+    let second_pid: i32 = second.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
     let paid = keyed("paid");
-    match tokio::time::timeout(Duration::from_secs(2), enqueue(&tx2, &paid)).await {
-        Ok(done) => {
-            done.unwrap();
-            tx2.commit().await.unwrap();
-            let early = claim_due(&relay, 10, MIN, t0()).await.unwrap();
-            assert!(ids(&early).is_empty(), "published {:?} ahead of `created`", ids(&early));
-            tx1.commit().await.unwrap();
+    let second_done = tokio::spawn(async move {
+        let tx2 = second.transaction().await.unwrap();
+        enqueue(&tx2, &paid).await.unwrap();
+        tx2.commit().await.unwrap();
+    });
+    // The second enqueue waits on the key's lock while the first is open (a deadline on
+    // a hang, not a timing: the wait is seen in pg_locks).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = relay
+            .query_one(
+                "SELECT count(*) FROM pg_locks
+                 WHERE pid = $1 AND locktype = 'advisory' AND NOT granted",
+                &[&second_pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting == 1 {
+            break;
         }
-        Err(_) => panic!("the second enqueue waits on the first: commit the first, retry"),
+        assert!(!second_done.is_finished(), "the second enqueue of the key did not wait");
+        assert!(std::time::Instant::now() < deadline, "the second enqueue never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let early = claim_due(&relay, 10, MIN, t0()).await.unwrap();
+    assert!(ids(&early).is_empty(), "published {:?} before any commit", ids(&early));
+    tx1.commit().await.unwrap();
+    second_done.await.unwrap();
     let mut order = Vec::new();
     for _ in 0..2 {
         let batch = claim_due(&relay, 10, MIN, t0()).await.unwrap();
@@ -102,6 +118,23 @@ async fn crossing_commits_of_one_key_are_published_in_enqueue_order() {
         }
     }
     assert_eq!(order, ["created", "paid"]);
+    db.drop().await;
+}
+
+/// Messages without a key, and of other keys, never wait on a key's lock.
+#[tokio::test]
+async fn an_open_enqueue_of_a_key_holds_back_no_other_key() {
+    let Some(db) = Db::new("other_keys").await else { return };
+    let mut first = db.client().await;
+    let mut second = db.client().await;
+    let tx1 = first.transaction().await.unwrap();
+    enqueue(&tx1, &message("a-1").with_aggregate_key("a")).await.unwrap();
+    let tx2 = second.transaction().await.unwrap();
+    // Each returns while the first is open: a wait would hang here (the test's timeout).
+    enqueue(&tx2, &message("b-1").with_aggregate_key("b")).await.unwrap();
+    enqueue(&tx2, &message("none-1")).await.unwrap();
+    tx2.commit().await.unwrap();
+    tx1.commit().await.unwrap();
     db.drop().await;
 }
 

@@ -1,7 +1,7 @@
 //! Attacks on the MySQL/MariaDB outbox's promises (`IDEMCACHE_MYSQL_URL`; skipped with a
 //! printed reason when unset): the largest message `OutboxMessage::check` accepts must
 //! be stored and read back as it was, two transactions enqueuing for one aggregate key
-//! whose commits cross, and rows whose counters sit at the top of their range, which
+//! whose commits would cross (the second waits for the first), and rows whose counters sit at the top of their range, which
 //! must be reported rather than fail every claim. Each test works in a database of its
 //! own, dropped at its end; time is a clock moved by hand.
 
@@ -81,11 +81,9 @@ async fn the_largest_headers_check_accepts_are_stored_and_read_back() {
     db.drop().await;
 }
 
-/// As on PostgreSQL: the later enqueue of a key commits first, and must not be
-/// published ahead of the earlier one still in flight.
+/// As on PostgreSQL: a second transaction enqueueing a key waits until the first ends,
+/// so the later message cannot commit first and be published ahead of the earlier one.
 #[tokio::test]
-#[ignore = "seq is taken at the insert, not the commit: a later enqueue of a key that \
-            commits first is published first; the guide says to serialize a key's producers"]
 async fn crossing_commits_of_one_key_are_published_in_enqueue_order() {
     let Some(db) = Db::new("crossing").await else { return };
     let mut first = db.conn().await;
@@ -94,20 +92,37 @@ async fn crossing_commits_of_one_key_are_published_in_enqueue_order() {
     let keyed = |id: &str| message(id).with_aggregate_key("order-42");
     let mut tx1 = first.begin().await.unwrap();
     enqueue(&mut tx1, &keyed("created")).await.unwrap();
-    let mut tx2 = second.begin().await.unwrap();
+    let second_id: u64 =
+        sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(&mut second).await.unwrap();
     let paid = keyed("paid");
-    // A bound on a hang, not a timing: an enqueue that waits for the first to commit
-    // would keep the order.
-    match tokio::time::timeout(Duration::from_secs(2), enqueue(&mut tx2, &paid)).await {
-        Ok(done) => {
-            done.unwrap();
-            tx2.commit().await.unwrap();
-            let early = claim_due(&mut relay, 10, MIN, t0()).await.unwrap();
-            assert!(ids(&early).is_empty(), "published {:?} ahead of `created`", ids(&early));
-            tx1.commit().await.unwrap();
+    let second_done = tokio::spawn(async move {
+        let mut tx2 = second.begin().await.unwrap();
+        enqueue(&mut tx2, &paid).await.unwrap();
+        tx2.commit().await.unwrap();
+    });
+    // The second enqueue waits on the key's row lock while the first is open (a deadline
+    // on a hang, not a timing: the wait is seen in INNODB_TRX).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM information_schema.INNODB_TRX
+             WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'",
+        )
+        .bind(second_id)
+        .fetch_one(&mut relay)
+        .await
+        .unwrap();
+        if waiting == 1 {
+            break;
         }
-        Err(_) => panic!("the second enqueue waits on the first: commit the first, retry"),
+        assert!(!second_done.is_finished(), "the second enqueue of the key did not wait");
+        assert!(std::time::Instant::now() < deadline, "the second enqueue never waited");
+        // Slower than InnoDB's 100 ms: INNODB_TRX is a cache refreshed only when it has
+        // not been read for that long, so faster polling reads a stale one forever.
+        tokio::time::sleep(Duration::from_millis(150)).await;
     }
+    tx1.commit().await.unwrap();
+    second_done.await.unwrap();
     let mut order = Vec::new();
     for _ in 0..2 {
         let batch = claim_due(&mut relay, 10, MIN, t0()).await.unwrap();
@@ -118,6 +133,23 @@ async fn crossing_commits_of_one_key_are_published_in_enqueue_order() {
         }
     }
     assert_eq!(order, ["created", "paid"]);
+    db.drop().await;
+}
+
+/// Messages without a key, and of other keys, never wait on a key's lock.
+#[tokio::test]
+async fn an_open_enqueue_of_a_key_holds_back_no_other_key() {
+    let Some(db) = Db::new("other_keys").await else { return };
+    let mut first = db.conn().await;
+    let mut second = db.conn().await;
+    let mut tx1 = first.begin().await.unwrap();
+    enqueue(&mut tx1, &message("a-1").with_aggregate_key("a")).await.unwrap();
+    let mut tx2 = second.begin().await.unwrap();
+    // Each returns while the first is open: a wait would end in a lock wait timeout.
+    enqueue(&mut tx2, &message("b-1").with_aggregate_key("b")).await.unwrap();
+    enqueue(&mut tx2, &message("none-1")).await.unwrap();
+    tx2.commit().await.unwrap();
+    tx1.commit().await.unwrap();
     db.drop().await;
 }
 

@@ -12,10 +12,11 @@
 //! Ordering per aggregate key, the times and the dead rows are as
 //! [`postgres`](super::postgres) describes; MySQL has no notification, so relays poll.
 
-/// The outbox's table: as PostgreSQL's, with `VARBINARY` text columns so that ids compare
+/// The outbox's tables: `idemcache_outbox` as PostgreSQL's, with `VARBINARY` text columns so that ids compare
 /// byte for byte (the server's default collations ignore case and trailing spaces), and
 /// `headers` a `MEDIUMBLOB`: the most headers a message may carry encode to 278,848
-/// bytes, past a `BLOB`'s 65,535.
+/// bytes, past a `BLOB`'s 65,535. `idemcache_outbox_keys` holds one row per aggregate
+/// key ever enqueued, the row [`KEY_LOCK`] locks.
 pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idemcache_outbox (
     seq             BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
@@ -36,6 +37,9 @@ CREATE TABLE IF NOT EXISTS idemcache_outbox (
     KEY idemcache_outbox_due (state, next_attempt_at),
     KEY idemcache_outbox_key (aggregate_key, seq),
     KEY idemcache_outbox_delivered (state, delivered_at)
+) ENGINE=InnoDB;
+CREATE TABLE IF NOT EXISTS idemcache_outbox_keys (
+    aggregate_key VARBINARY(255) NOT NULL PRIMARY KEY
 ) ENGINE=InnoDB";
 
 const COLUMNS: &str = "seq, message_id, topic, payload, headers, aggregate_key, state, \
@@ -49,6 +53,16 @@ INSERT INTO idemcache_outbox (message_id, topic, payload, headers, aggregate_key
                               attempts, next_attempt_at, token, created_at)
 VALUES (?, ?, ?, ?, ?, 0, 0, 0, 0,
         TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))";
+
+/// Locks an aggregate key until the transaction ends, before a keyed row is enqueued
+/// (parameter: the key). MySQL has no transaction-scoped advisory lock, so the lock is
+/// the key's row in `idemcache_outbox_keys`: inserted the first time, and otherwise
+/// updated to itself, which takes the same exclusive row lock. A second transaction
+/// enqueueing the key waits until the first ends, so `seq` order is commit order
+/// within a key (see [`postgres::ENQUEUE`](super::postgres::ENQUEUE)).
+pub const KEY_LOCK: &str = "
+INSERT INTO idemcache_outbox_keys (aggregate_key) VALUES (?)
+ON DUPLICATE KEY UPDATE aggregate_key = aggregate_key";
 
 /// Sets the next transaction's isolation to READ COMMITTED (run before the claim's
 /// `BEGIN`).

@@ -126,14 +126,30 @@ macro_rules! columns {
 /// Inserts a pending row, due at once, and notifies [`CHANNEL`] (at the commit).
 /// Parameters: `$1` message id, `$2` topic, `$3` payload, `$4` encoded headers, `$5`
 /// aggregate key (or NULL). A row with the same id fails with SQLSTATE 23505.
+///
+/// A keyed row first takes the key's transaction-scoped advisory lock
+/// ([`KEY_LOCK_CLASS`], the key's `hashtext`), and only then draws its `seq`: a second
+/// transaction enqueueing the same key waits until the first commits or rolls back, so
+/// `seq` order is commit order within a key and a relay never sees a later message of a
+/// key committed while an earlier one is still invisible to it. (The aggregate holds
+/// every row before the insert runs: the lock comes first.) Keys whose hashes collide
+/// only wait for each other.
 pub const ENQUEUE: &str = "
-WITH ins AS (
+WITH key_lock AS (
+    SELECT pg_advisory_xact_lock(1768189794, hashtext($5::text)) WHERE $5::text IS NOT NULL),
+ins AS (
     INSERT INTO idemcache_outbox (message_id, topic, payload, headers, aggregate_key, state,
                                   attempts, next_attempt_at, token, created_at)
-    VALUES ($1::text, $2::text, $3::bytea, $4::bytea, $5::text, 0, 0, 0, 0,
-            (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)
+    SELECT $1::text, $2::text, $3::bytea, $4::bytea, $5::text, 0, 0, 0, 0,
+           (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+    FROM (SELECT count(*) FROM key_lock) AS locked
     RETURNING 1)
 SELECT pg_notify('idemcache_outbox', '') FROM ins";
+
+/// The first key of the advisory locks [`ENQUEUE`] takes per aggregate key
+/// (`0x69646f62`, "idob"): the two-key form keeps them apart from an application's
+/// one-key (`bigint`) advisory locks.
+pub const KEY_LOCK_CLASS: i32 = 0x6964_6f62;
 
 /// Leases up to `$2` due rows, oldest first, skipping rows another claim holds: a row is
 /// due when pending or leased with `next_attempt_at <= $1` (now) and no earlier row of
@@ -213,5 +229,6 @@ mod tests {
             assert!(read.contains("o.seq, o.message_id") && read.contains("o.delivered_at"));
         }
         assert!(ENQUEUE.contains(CHANNEL) && LISTEN.ends_with(CHANNEL));
+        assert!(ENQUEUE.contains(&format!("pg_advisory_xact_lock({KEY_LOCK_CLASS}, ")));
     }
 }

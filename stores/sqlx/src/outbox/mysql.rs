@@ -16,7 +16,7 @@ use idemcache::store::encoding::{micros, to_micros};
 use idemcache_sql::outbox::decode::{self, RawRow};
 use idemcache_sql::outbox::mysql::{
     claim_lease, claim_read, CLAIM_ISOLATION, CLAIM_PICK, DELIVERED, ENQUEUE, FAILED, INSPECT,
-    LIST_DEAD, PURGE, REQUEUE,
+    KEY_LOCK, LIST_DEAD, PURGE, REQUEUE,
 };
 use idemcache_sql::outbox::{check_claim, clip_error};
 
@@ -29,8 +29,8 @@ use super::{
 
 pub use idemcache_sql::outbox::mysql::SCHEMA;
 
-/// Creates the outbox's table (and its indexes) if it does not exist: one statement,
-/// safe to run on every start and from several processes.
+/// Creates the outbox's tables (and their indexes) if they do not exist: safe to run on
+/// every start and from several processes.
 pub async fn ensure_schema<'e, E>(executor: E) -> Result<(), OutboxError>
 where
     E: Executor<'e, Database = MySql>,
@@ -46,6 +46,10 @@ pub async fn enqueue(
     message: &OutboxMessage,
 ) -> Result<(), OutboxError> {
     message.check()?;
+    if let Some(key) = message.aggregate_key() {
+        // Waits while another open transaction enqueues this key (see KEY_LOCK).
+        sqlx::query(KEY_LOCK).bind(key.as_bytes()).execute(&mut **tx).await.map_err(database)?;
+    }
     let done = sqlx::query(ENQUEUE)
         .bind(message.id().as_bytes())
         .bind(message.topic().as_bytes())
