@@ -1,11 +1,14 @@
-//! A RabbitMQ consumer that applies payment messages exactly once, through the inbox.
+//! A RabbitMQ or NATS JetStream consumer that applies payment messages exactly once,
+//! through the inbox.
 //!
 //! ```sh
 //! DATABASE_URL=sqlite:/tmp/ledger.db cargo run -p idemcache-consumer --example consumer
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run -p idemcache-consumer --example consumer
+//! NATS_URL=nats://127.0.0.1:4222 DATABASE_URL=sqlite:/tmp/ledger.db cargo run -p idemcache-consumer --example consumer
 //! ```
 //!
-//! Each message is a payment: its id is the AMQP `message_id` property, its body the JSON
+//! Each message is a payment: its id is the AMQP `message_id` property (JetStream: the
+//! `Nats-Msg-Id` header, which the outbox relay sets to the row's id), its body the JSON
 //! `{"account": "a1", "amount": 5}`, and its effect `balance = balance + amount` on the
 //! account's row of `accounts(id TEXT PRIMARY KEY, balance BIGINT NOT NULL)` (the row is
 //! created at the first payment). The effect is deliberately not idempotent: only the
@@ -27,10 +30,11 @@
 //!
 //! | failure | what happens |
 //! |---|---|
-//! | the process dies before the commit (`kill -9`, a crash, a lost database) | nothing was committed; the broker redelivers the unacknowledged message and it is applied once |
+//! | the process dies before the commit (`kill -9`, a crash, a lost database) | nothing was committed; the broker redelivers the unacknowledged message (RabbitMQ when the connection drops, JetStream once `ACK_WAIT_MS` passed) and it is applied once |
 //! | it dies between the commit and the ack | the broker redelivers; the inbox answers `Duplicate`: acknowledged, not applied again |
 //! | it dies after the ack | the message is gone from the queue; nothing to redo |
 //! | the publisher sends a message twice (a retry after a lost confirm) | the second copy is a `Duplicate` |
+//! | a transaction outlives JetStream's `ACK_WAIT_MS` | the server redelivers the message to another instance (or this one) while the first transaction is open: answered as the next row says, then applied once |
 //! | two consumers (processes) on one queue over one database get copies of one message | one applies it; the other gets `Duplicate` after its commit; while the first's transaction is open, PostgreSQL answers the other `InFlight` at once (rolled back, requeued) and SQLite makes it wait for the write lock (up to its 10 s busy timeout; past it, a database error: requeued) |
 //! | the same id arrives with another body | `Mismatch`: never applied, acknowledged, logged |
 //!
@@ -45,20 +49,35 @@
 //! Environment:
 //! - `AMQP_URL`: the broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`); plain
 //!   `amqp://` only, as this example is built without a TLS stack.
-//! - `QUEUE`: the queue consumed (default `payments`), declared durable if absent.
+//! - `NATS_URL`: consume NATS JetStream at this server (`nats://host:port`) instead of
+//!   RabbitMQ.
+//! - `QUEUE`: the queue consumed (default `payments`), declared durable if absent; over
+//!   JetStream, the subject consumed.
+//! - `STREAM` (JetStream only): the stream that holds the subject (default `PAYMENTS`),
+//!   created holding `QUEUE` if absent (file storage, the server's default duplicate
+//!   window of 2 minutes).
 //! - `CONSUMER`: this consumer's name in the inbox (default `ledger`). Instances of one
-//!   program share it, so that they apply each message once between them.
+//!   program share it, so that they apply each message once between them. Over
+//!   JetStream it also names the durable pull consumer (explicit acks) they share, so it
+//!   may not hold `.`, `*`, `>` or white space there.
+//! - `ACK_WAIT_MS` (JetStream only): how long the server waits for a delivery's ack
+//!   before it redelivers it (default 30000), set when the durable consumer is created.
+//!   A process that died holds its deliveries that long; keep it above the longest
+//!   transaction, or a delivery still being applied is redelivered (and answered by the
+//!   inbox, as the table says).
 //! - `DATABASE_URL` (required): `sqlite:PATH` or `postgres://user@host:port/db`. The
 //!   `accounts` table and the inbox's schema are created at start if absent.
 //! - `PREFETCH`: how many unacknowledged deliveries the broker may hand this consumer
-//!   at once (default 10, 1..=65535). Deliveries are handled one at a time, in order.
+//!   at once (default 10, 1..=65535): RabbitMQ's prefetch, JetStream's pull batch.
+//!   Deliveries are handled one at a time, in order.
 //! - `APPLY_DELAY_MS`: sleep this long inside the transaction, after the payment is
 //!   applied and before the commit (default 0): a window to kill it before the commit.
 //! - `ACK_DELAY_MS`: sleep this long after the commit (and the `applied` line), before the
 //!   ack (default 0): a window to kill it between the commit and the ack.
 //!
 //! Output. Standard output, one line each, flushed at once: `consuming QUEUE as CONSUMER`
-//! once the queue is declared and the consumer registered; then per delivery `applied ID`
+//! once the queue (JetStream: the stream and the durable consumer) is declared and the
+//! consumer registered; then per delivery `applied ID`
 //! (committed; acknowledged next), `duplicate ID` or `mismatch ID` (acknowledged).
 //! Standard error: `applying ID` when a new message's transaction has claimed it (the
 //! payment is uncommitted until `applied ID`), `rejected (no message id)` and
@@ -68,8 +87,13 @@
 //! rolled back and requeued after a short pause) and `error ID: ...` (a database error:
 //! rolled back and requeued after a short pause, never acknowledged).
 //!
+//! An acknowledgement is sent and, over JetStream, confirmed by the server (a double ack)
+//! before the next delivery is handled: one whose confirmation fails is logged as
+//! `error ID: ...` and comes back after `ACK_WAIT_MS` as a duplicate.
+//!
 //! Exit status: 1, with one line `error: ...` on standard error, when the broker or the
-//! database cannot be reached or configured at start, the broker connection is lost, or
+//! database cannot be reached or configured at start, the broker connection is lost
+//! (JetStream: a pull request fails), or
 //! the database connection is lost (the unacknowledged deliveries go back to the queue).
 //! Stopping it at any instant (Ctrl-C, `kill -9`) is one of the failures above: it needs
 //! no graceful shutdown.
@@ -80,12 +104,12 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use async_nats::jetstream;
 use futures_util::StreamExt;
 use idemcache::Fingerprint;
 use idemcache_postgres::tokio_postgres::{self, error::SqlState, NoTls};
 use idemcache_sql::inbox::{InboxError, Receipt};
 use idemcache_sqlite::rusqlite::{self, TransactionBehavior};
-use lapin::message::Delivery;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
     QueueDeclareOptions,
@@ -99,15 +123,24 @@ use serde::Deserialize;
 /// would take it straight back and spin while the other transaction is open.
 const REQUEUE_PAUSE: Duration = Duration::from_millis(100);
 
+/// How long a JetStream pull request waits for deliveries before the next is sent.
+const JETSTREAM_PULL_EXPIRES: Duration = Duration::from_secs(5);
+
 /// The consumer's settings, read once from the environment.
 struct Config {
     amqp_url: String,
+    /// Consume JetStream at this server instead of RabbitMQ.
+    nats_url: Option<String>,
     queue: String,
+    /// The JetStream stream holding `queue`.
+    stream: String,
     consumer: String,
     database_url: String,
     prefetch: u16,
     apply_delay: Duration,
     ack_delay: Duration,
+    /// JetStream's wait for an ack before it redelivers.
+    ack_wait: Duration,
 }
 
 impl Config {
@@ -117,8 +150,8 @@ impl Config {
             Ok(_) | Err(std::env::VarError::NotPresent) => Ok(default.to_owned()),
             Err(std::env::VarError::NotUnicode(_)) => Err(format!("{name} is not UTF-8")),
         };
-        let millis = |name: &str| -> Result<Duration, String> {
-            let value = text(name, "0")?;
+        let millis = |name: &str, default: &str| -> Result<Duration, String> {
+            let value = text(name, default)?;
             value.parse().map(Duration::from_millis).map_err(|_| {
                 format!("{name} must be a whole number of milliseconds, got {value:?}")
             })
@@ -140,14 +173,23 @@ impl Config {
         if database_url.is_empty() {
             return Err("set DATABASE_URL: sqlite:PATH or postgres://user@host:port/db".into());
         }
+        let nats_url = text("NATS_URL", "")?;
+        let ack_wait = millis("ACK_WAIT_MS", "30000")?;
+        if ack_wait.is_zero() {
+            // Zero would be the server's default (30 s), not "redeliver at once".
+            return Err("ACK_WAIT_MS must be at least 1".into());
+        }
         Ok(Config {
             amqp_url: text("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")?,
+            nats_url: (!nats_url.is_empty()).then_some(nats_url),
             queue: text("QUEUE", "payments")?,
+            stream: text("STREAM", "PAYMENTS")?,
             consumer,
             database_url,
             prefetch,
-            apply_delay: millis("APPLY_DELAY_MS")?,
-            ack_delay: millis("ACK_DELAY_MS")?,
+            apply_delay: millis("APPLY_DELAY_MS", "0")?,
+            ack_delay: millis("ACK_DELAY_MS", "0")?,
+            ack_wait,
         })
     }
 }
@@ -437,21 +479,41 @@ fn one_line(e: &dyn std::error::Error) -> String {
     line
 }
 
-/// The delivery's message id, if it has a non-empty one.
-fn message_id(delivery: &Delivery) -> Option<String> {
-    let id = delivery.properties.message_id().as_ref()?.as_str();
-    (!id.is_empty()).then(|| id.to_owned())
+/// A delivery from either broker, settled with the one it came from.
+enum Delivery {
+    Amqp(lapin::message::Delivery),
+    JetStream(jetstream::Message),
+}
+
+impl Delivery {
+    /// The message id, if it has a non-empty one: AMQP's `message_id` property,
+    /// JetStream's `Nats-Msg-Id` header.
+    fn message_id(&self) -> Option<String> {
+        let id = match self {
+            Delivery::Amqp(delivery) => delivery.properties.message_id().as_ref()?.as_str(),
+            Delivery::JetStream(message) => jetstream_id(message)?,
+        };
+        (!id.is_empty()).then(|| id.to_owned())
+    }
+
+    /// The message's body.
+    fn body(&self) -> &[u8] {
+        match self {
+            Delivery::Amqp(delivery) => &delivery.data,
+            Delivery::JetStream(message) => &message.payload,
+        }
+    }
 }
 
 /// Handles one delivery to the end: applied and acknowledged, acknowledged, rejected or
 /// requeued. An `Err` is the broker lost (or the database lost): the caller exits, and
 /// the broker requeues whatever was not acknowledged.
 async fn handle(config: &Config, ledger: &mut Ledger, delivery: Delivery) -> Result<(), String> {
-    let Some(id) = message_id(&delivery) else {
+    let Some(id) = delivery.message_id() else {
         log("rejected (no message id)");
         return settle(&delivery, Settle::Reject).await;
     };
-    let payment = match serde_json::from_slice::<Payment>(&delivery.data) {
+    let payment = match serde_json::from_slice::<Payment>(delivery.body()) {
         Ok(payment) if !payment.account.is_empty() => payment,
         Ok(_) => {
             log(&format!("rejected {id}: the account is empty"));
@@ -464,7 +526,7 @@ async fn handle(config: &Config, ledger: &mut Ledger, delivery: Delivery) -> Res
             return settle(&delivery, Settle::Reject).await;
         }
     };
-    let fingerprint = Fingerprint::of(&delivery.data);
+    let fingerprint = Fingerprint::of(delivery.body());
     match ledger.apply(config, &id, payment, fingerprint).await {
         Ok(Outcome::Applied) => {
             say(&format!("applied {id}"));
@@ -513,6 +575,13 @@ enum Settle {
 }
 
 async fn settle(delivery: &Delivery, how: Settle) -> Result<(), String> {
+    let delivery = match delivery {
+        Delivery::Amqp(delivery) => delivery,
+        Delivery::JetStream(message) => {
+            settle_jetstream(message, how).await;
+            return Ok(());
+        }
+    };
     let sent = match how {
         Settle::Ack => delivery.ack(BasicAckOptions::default()).await,
         Settle::Reject => delivery.reject(BasicRejectOptions { requeue: false }).await,
@@ -526,11 +595,93 @@ async fn settle(delivery: &Delivery, how: Settle) -> Result<(), String> {
     }
 }
 
+/// A JetStream message's `Nats-Msg-Id` header.
+fn jetstream_id(message: &jetstream::Message) -> Option<&str> {
+    Some(message.headers.as_ref()?.get(async_nats::header::NATS_MESSAGE_ID)?.as_str())
+}
+
+/// Answers a JetStream delivery. An ack waits for the server's confirmation, so the
+/// next delivery is handled only once this one is settled; a failed one is logged, not
+/// fatal: the client reconnects by itself, and the server redelivers what it did not
+/// take after the ack wait (a duplicate to the inbox).
+async fn settle_jetstream(message: &jetstream::Message, how: Settle) {
+    use jetstream::AckKind;
+    let sent = match how {
+        Settle::Ack => message.double_ack().await,
+        // Term: never redelivered (JetStream's reject).
+        Settle::Reject => message.ack_with(AckKind::Term).await,
+        Settle::Requeue => message.ack_with(AckKind::Nak(None)).await,
+    };
+    if let Err(e) = sent {
+        let id = jetstream_id(message).unwrap_or("(no message id)");
+        log(&format!("error {id}: the {how:?} was not confirmed: {}", one_line(&*e)));
+    }
+}
+
 /// Consumes until something fails: it never returns but with the reason.
 async fn run() -> Result<Infallible, String> {
     let config = Config::from_env()?;
     let mut ledger = Ledger::open(&config.database_url).await?;
+    match config.nats_url.clone() {
+        Some(url) => consume_jetstream(&config, &mut ledger, &url).await,
+        None => consume_amqp(&config, &mut ledger).await,
+    }
+}
 
+/// Consumes JetStream through a durable pull consumer: a batch of at most `PREFETCH`
+/// deliveries at a time, each handled to the end before the next.
+async fn consume_jetstream(
+    config: &Config,
+    ledger: &mut Ledger,
+    url: &str,
+) -> Result<Infallible, String> {
+    let client = async_nats::connect(url)
+        .await
+        .map_err(|e| format!("cannot connect to NATS (NATS_URL): {}", one_line(&e)))?;
+    let context = jetstream::new(client);
+    let stream = context
+        .get_or_create_stream(jetstream::stream::Config {
+            name: config.stream.clone(),
+            subjects: vec![config.queue.clone()],
+            ..jetstream::stream::Config::default()
+        })
+        .await
+        .map_err(|e| format!("cannot declare the stream {:?}: {}", config.stream, one_line(&e)))?;
+    let consumer: jetstream::consumer::PullConsumer = stream
+        .get_or_create_consumer(
+            &config.consumer,
+            jetstream::consumer::pull::Config {
+                durable_name: Some(config.consumer.clone()),
+                filter_subject: config.queue.clone(),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: config.ack_wait,
+                ..jetstream::consumer::pull::Config::default()
+            },
+        )
+        .await
+        .map_err(|e| {
+            format!("cannot create the consumer {:?}: {}", config.consumer, one_line(&e))
+        })?;
+    say(&format!("consuming {} as {}", config.queue, config.consumer));
+    loop {
+        // A pull request for up to PREFETCH deliveries, answered as they arrive; it ends
+        // when that many came or it expired, and the next one is sent.
+        let mut batch = consumer
+            .batch()
+            .max_messages(usize::from(config.prefetch))
+            .expires(JETSTREAM_PULL_EXPIRES)
+            .messages()
+            .await
+            .map_err(|e| format!("lost the broker: {}", one_line(&e)))?;
+        while let Some(message) = batch.next().await {
+            let message = message.map_err(|e| format!("lost the broker: {}", one_line(&*e)))?;
+            handle(config, ledger, Delivery::JetStream(message)).await?;
+        }
+    }
+}
+
+/// Consumes a RabbitMQ queue with manual acknowledgements.
+async fn consume_amqp(config: &Config, ledger: &mut Ledger) -> Result<Infallible, String> {
     let broker = Connection::connect(&config.amqp_url, ConnectionProperties::default())
         .await
         .map_err(|e| format!("cannot connect to the broker (AMQP_URL): {}", one_line(&e)))?;
@@ -561,7 +712,7 @@ async fn run() -> Result<Infallible, String> {
 
     while let Some(delivery) = deliveries.next().await {
         let delivery = delivery.map_err(|e| format!("lost the broker: {}", one_line(&e)))?;
-        handle(&config, &mut ledger, delivery).await?;
+        handle(config, ledger, Delivery::Amqp(delivery)).await?;
     }
     Err("the broker cancelled the consumer".into())
 }

@@ -12,7 +12,7 @@
 
 mod support;
 
-use support::{amqp_url, env, payment, unique, Broker, Consumer, Ledger, Stream};
+use support::{amqp_url, payment, unique, Broker, Consumer, Ledger, Stream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_without_an_id_or_a_payment_body_are_rejected_and_never_come_back() {
@@ -38,7 +38,7 @@ async fn messages_without_an_id_or_a_payment_body_are_rejected_and_never_come_ba
     broker.pay(&queue, "good", "a1", 5).await;
 
     let one = [("PREFETCH", "1")];
-    let mut c = Consumer::start("consumer", &env(&amqp, &queue, &ledger, &consumer, &one)).await;
+    let mut c = Consumer::start("consumer", &broker.env(&queue, &ledger, &consumer, &one)).await;
     c.wait_for(Stream::Out, "applied good").await;
     c.kill();
     let said = c.transcript();
@@ -69,7 +69,7 @@ async fn a_reused_id_with_another_body_is_a_mismatch_acknowledged_and_never_appl
         broker.pay(&queue, "after", "a1", 1).await;
         let one = [("PREFETCH", "1")];
         let label = format!("consumer over {}", ledger.engine());
-        let mut c = Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &one)).await;
+        let mut c = Consumer::start(&label, &broker.env(&queue, &ledger, &consumer, &one)).await;
         c.wait_for(Stream::Out, "applied after").await;
         c.kill();
         let said = c.transcript();
@@ -95,7 +95,7 @@ async fn a_payment_that_would_overflow_the_balance_is_rejected_and_the_balance_k
         broker.pay(&queue, "under", "a1", -1).await;
         let one = [("PREFETCH", "1")];
         let label = format!("consumer over {}", ledger.engine());
-        let mut c = Consumer::start(&label, &env(&amqp, &queue, &ledger, &consumer, &one)).await;
+        let mut c = Consumer::start(&label, &broker.env(&queue, &ledger, &consumer, &one)).await;
         c.wait_for(Stream::Out, "applied under").await;
         c.kill();
         let said = c.transcript();

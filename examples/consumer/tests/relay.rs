@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use idemcache_sql::outbox::OutboxMessage;
 use idemcache_sqlite::outbox;
 use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
-use support::{amqp_url, env, payment, unique, wait_until, Broker, Consumer, Ledger};
+use support::{amqp_url, payment, unique, wait_until, Broker, Consumer, Ledger};
 
 const PAYMENTS: usize = 10;
 
@@ -100,7 +100,7 @@ async fn committed_rows_are_applied_once_downstream_and_republished_ones_are_dup
 
     let name = unique("ledger");
     let mut consumers =
-        [Consumer::start("consumer", &env(&amqp, &queue, &ledger, &name, &[])).await];
+        [Consumer::start("consumer", &broker.env(&queue, &ledger, &name, &[])).await];
     let relay = Relay::start(&amqp, &outbox_path);
     wait_until(&mut consumers, "every payment applied", |c| c[0].ids("applied").len() >= PAYMENTS)
         .await;

@@ -1,5 +1,5 @@
-//! What the consumer's tests share: the broker (a queue of their own, persistent
-//! messages published with confirms), the ledger's database (a SQLite file or a
+//! What the consumer's tests share: the broker (RabbitMQ or NATS JetStream: a queue or
+//! stream of their own, persistent messages published with confirms), the ledger's database (a SQLite file or a
 //! PostgreSQL schema of their own), and the consumer as a real process whose output is
 //! read line by line.
 //!
@@ -15,9 +15,10 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use async_nats::jetstream;
 use idemcache::store::conformance::service_url;
 use idemcache_postgres::tokio_postgres::{self, NoTls};
 use idemcache_sqlite::rusqlite;
@@ -52,56 +53,141 @@ pub fn postgres_url() -> Option<String> {
     service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
 }
 
-/// A connection to the broker with a publishing channel in confirm mode.
-pub struct Broker {
-    url: String,
-    _connection: Connection,
-    channel: Channel,
+/// NATS's URL, or `None` (the JetStream half is skipped, and says why).
+pub fn nats_url() -> Option<String> {
+    service_url("IDEMCACHE_NATS_URL", "nats://127.0.0.1:4222")
+}
+
+/// A broker the tests publish to: RabbitMQ through a channel in confirm mode, or NATS
+/// JetStream (each publish waits for the stream's ack).
+pub enum Broker {
+    Amqp { url: String, _connection: Connection, channel: Channel },
+    JetStream { url: String, context: jetstream::Context },
 }
 
 impl Broker {
+    /// RabbitMQ at `url`.
     pub async fn connect(url: &str) -> Broker {
         let connection = Connection::connect(url, ConnectionProperties::default())
             .await
             .unwrap_or_else(|e| panic!("connecting to the broker at {url}: {e}"));
         let channel = connection.create_channel().await.expect("a channel");
         channel.confirm_select(ConfirmSelectOptions::default()).await.expect("confirm mode");
-        Broker { url: url.to_owned(), _connection: connection, channel }
+        Broker::Amqp { url: url.to_owned(), _connection: connection, channel }
     }
 
-    /// Declares a durable queue of this test's own (as the consumer declares it), deleted
-    /// when the returned guard drops.
+    /// NATS JetStream at `url`.
+    pub async fn jetstream(url: &str) -> Broker {
+        let client = async_nats::connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to NATS at {url}: {e}"));
+        Broker::JetStream { url: url.to_owned(), context: jetstream::new(client) }
+    }
+
+    /// Every broker whose URL is set: RabbitMQ, NATS JetStream.
+    pub async fn every() -> Vec<Broker> {
+        let mut brokers = Vec::new();
+        if let Some(url) = amqp_url() {
+            brokers.push(Broker::connect(&url).await);
+        }
+        if let Some(url) = nats_url() {
+            brokers.push(Broker::jetstream(&url).await);
+        }
+        brokers
+    }
+
+    /// Its name, for a failure's message.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Broker::Amqp { .. } => "RabbitMQ",
+            Broker::JetStream { .. } => "JetStream",
+        }
+    }
+
+    /// A queue of this test's own, removed when the returned guard drops: a durable
+    /// RabbitMQ queue (as the consumer declares it), or a JetStream stream holding one
+    /// subject. The stream's duplicate window is the server's least, 100 ms, not the
+    /// default 2 minutes: these tests are about the inbox, which must absorb the copies a
+    /// window lets through (one published again after it), so the stream must not drop
+    /// them first (see [`Broker::publish`]).
     pub async fn queue(&self) -> TestQueue {
         let name = unique("idemcache-consumer-test");
-        let durable = QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
-        self.channel
-            .queue_declare(name.as_str().into(), durable, FieldTable::default())
-            .await
-            .expect("declaring the test's queue");
-        TestQueue { name, url: self.url.clone() }
+        match self {
+            Broker::Amqp { url, channel, .. } => {
+                let durable =
+                    QueueDeclareOptions { durable: true, ..QueueDeclareOptions::default() };
+                channel
+                    .queue_declare(name.as_str().into(), durable, FieldTable::default())
+                    .await
+                    .expect("declaring the test's queue");
+                TestQueue { name, broker: BrokerUrl::Amqp(url.clone()) }
+            }
+            Broker::JetStream { url, context } => {
+                context
+                    .create_stream(jetstream::stream::Config {
+                        name: name.clone(),
+                        subjects: vec![name.clone()],
+                        duplicate_window: Duration::from_millis(100),
+                        ..jetstream::stream::Config::default()
+                    })
+                    .await
+                    .expect("creating the test's stream");
+                TestQueue { name, broker: BrokerUrl::JetStream(url.clone()) }
+            }
+        }
     }
 
     /// Publishes a persistent message to `queue` and waits for the broker's confirm.
+    /// Over JetStream, a copy the stream drops as a duplicate (its id published less
+    /// than the 100 ms window ago) is published again until the window let it through:
+    /// the copy must reach the consumer, as one published after the window would.
     pub async fn publish(&self, queue: &TestQueue, id: Option<&str>, body: &[u8]) {
-        let mut properties = BasicProperties::default().with_delivery_mode(2);
-        if let Some(id) = id {
-            properties = properties.with_message_id(id.into());
+        match self {
+            Broker::Amqp { channel, .. } => {
+                let mut properties = BasicProperties::default().with_delivery_mode(2);
+                if let Some(id) = id {
+                    properties = properties.with_message_id(id.into());
+                }
+                let confirm = channel
+                    .basic_publish(
+                        "".into(),
+                        queue.name.as_str().into(),
+                        BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() },
+                        body,
+                        properties,
+                    )
+                    .await
+                    .expect("publishing")
+                    .await
+                    .expect("the publisher confirm");
+                assert!(confirm.is_ack(), "the broker did not take message {id:?}: {confirm:?}");
+                assert!(
+                    confirm.take_message().is_none(),
+                    "message {id:?} was not routed to {queue:?}"
+                );
+            }
+            Broker::JetStream { context, .. } => {
+                let deadline = Instant::now() + DEADLINE;
+                loop {
+                    let mut message =
+                        jetstream::message::PublishMessage::build().payload(body.to_vec().into());
+                    if let Some(id) = id {
+                        message = message.message_id(id);
+                    }
+                    let ack = context
+                        .send_publish(queue.name.clone(), message)
+                        .await
+                        .expect("publishing")
+                        .await
+                        .expect("the stream's ack");
+                    if !ack.duplicate {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "the stream kept dropping {id:?}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
         }
-        let confirm = self
-            .channel
-            .basic_publish(
-                "".into(),
-                queue.name.as_str().into(),
-                BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() },
-                body,
-                properties,
-            )
-            .await
-            .expect("publishing")
-            .await
-            .expect("the publisher confirm");
-        assert!(confirm.is_ack(), "the broker did not take message {id:?}: {confirm:?}");
-        assert!(confirm.take_message().is_none(), "message {id:?} was not routed to {queue:?}");
     }
 
     /// A payment `{"account": account, "amount": amount}` with id `id`.
@@ -109,12 +195,14 @@ impl Broker {
         self.publish(queue, Some(id), payment(account, amount).as_bytes()).await;
     }
 
-    /// Takes every message left in `queue` (none may be consumed meanwhile): each one's
-    /// id (if any) and body.
+    /// Takes every message left in a RabbitMQ `queue` (none may be consumed meanwhile):
+    /// each one's id (if any) and body.
     pub async fn drain(&self, queue: &TestQueue) -> Vec<(Option<String>, Vec<u8>)> {
+        let Broker::Amqp { channel, .. } = self else {
+            panic!("drain reads RabbitMQ queues only");
+        };
         let mut left = Vec::new();
-        while let Some(message) = self
-            .channel
+        while let Some(message) = channel
             .basic_get(queue.name.as_str().into(), BasicGetOptions { no_ack: true })
             .await
             .expect("basic.get")
@@ -124,6 +212,32 @@ impl Broker {
         }
         left
     }
+
+    /// The consumer's environment for `queue` over `ledger` as `consumer`, plus `extra`.
+    /// Over JetStream, a delivery a killed consumer held comes back after 1 s.
+    pub fn env(
+        &self,
+        queue: &TestQueue,
+        ledger: &Ledger,
+        consumer: &str,
+        extra: &[(&'static str, &str)],
+    ) -> Vec<(&'static str, String)> {
+        let mut env = match self {
+            Broker::Amqp { url, .. } => vec![("AMQP_URL", url.clone())],
+            Broker::JetStream { url, .. } => vec![
+                ("NATS_URL", url.clone()),
+                ("STREAM", queue.name.clone()),
+                ("ACK_WAIT_MS", "1000".to_owned()),
+            ],
+        };
+        env.extend([
+            ("QUEUE", queue.name.clone()),
+            ("CONSUMER", consumer.to_owned()),
+            ("DATABASE_URL", ledger.database_url()),
+        ]);
+        env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        env
+    }
 }
 
 /// A payment's body.
@@ -131,23 +245,45 @@ pub fn payment(account: &str, amount: i64) -> String {
     format!(r#"{{"account": "{account}", "amount": {amount}}}"#)
 }
 
-/// A queue of one test, deleted when dropped (from a thread of its own, so that it also
-/// runs while a failing test unwinds inside its runtime).
+/// Where a test's queue lives, to remove it.
+#[derive(Debug)]
+enum BrokerUrl {
+    Amqp(String),
+    JetStream(String),
+}
+
+/// A queue (or stream) of one test, removed when dropped (from a thread of its own, so
+/// that it also runs while a failing test unwinds inside its runtime).
 #[derive(Debug)]
 pub struct TestQueue {
     pub name: String,
-    url: String,
+    broker: BrokerUrl,
 }
 
 impl Drop for TestQueue {
     fn drop(&mut self) {
-        let (name, url) = (self.name.clone(), self.url.clone());
+        let name = self.name.clone();
+        let broker = match &self.broker {
+            BrokerUrl::Amqp(url) => BrokerUrl::Amqp(url.clone()),
+            BrokerUrl::JetStream(url) => BrokerUrl::JetStream(url.clone()),
+        };
         let deleted = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             runtime.block_on(async {
-                let connection = Connection::connect(&url, ConnectionProperties::default()).await?;
-                let channel = connection.create_channel().await?;
-                channel.queue_delete(name.as_str().into(), QueueDeleteOptions::default()).await?;
+                match broker {
+                    BrokerUrl::Amqp(url) => {
+                        let connection =
+                            Connection::connect(&url, ConnectionProperties::default()).await?;
+                        let channel = connection.create_channel().await?;
+                        channel
+                            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                            .await?;
+                    }
+                    BrokerUrl::JetStream(url) => {
+                        let context = jetstream::new(async_nats::connect(&url).await?);
+                        context.delete_stream(&name).await?;
+                    }
+                }
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
             })?;
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
@@ -157,6 +293,19 @@ impl Drop for TestQueue {
             eprintln!("could not delete the test queue {}: {deleted:?}", self.name);
         }
     }
+}
+
+/// Every pair of a broker whose URL is set and a ledger engine: what a test that should
+/// hold over each runs once per pair.
+pub async fn every_broker_and_ledger() -> Vec<(Arc<Broker>, Ledger)> {
+    let mut pairs = Vec::new();
+    for broker in Broker::every().await {
+        let broker = Arc::new(broker);
+        for ledger in Ledger::every().await {
+            pairs.push((Arc::clone(&broker), ledger));
+        }
+    }
+    pairs
 }
 
 /// Where the consumer keeps balances and its inbox: a SQLite file or a PostgreSQL
@@ -323,6 +472,9 @@ impl Consumer {
         let mut command = Command::new(CONSUMER);
         for var in [
             "AMQP_URL",
+            "NATS_URL",
+            "STREAM",
+            "ACK_WAIT_MS",
             "QUEUE",
             "CONSUMER",
             "DATABASE_URL",
@@ -448,22 +600,4 @@ pub async fn wait_until(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-}
-
-/// The consumer's environment for `queue` over `ledger` as `consumer`, plus `extra`.
-pub fn env(
-    amqp: &str,
-    queue: &TestQueue,
-    ledger: &Ledger,
-    consumer: &str,
-    extra: &[(&'static str, &str)],
-) -> Vec<(&'static str, String)> {
-    let mut env = vec![
-        ("AMQP_URL", amqp.to_owned()),
-        ("QUEUE", queue.name.clone()),
-        ("CONSUMER", consumer.to_owned()),
-        ("DATABASE_URL", ledger.database_url()),
-    ];
-    env.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
-    env
 }
