@@ -32,6 +32,15 @@
 //!   backstop caught a second execution of KEY` on stderr when it does.
 //! - `IDEMPOTENCY_LEASE_MS`: the lease a claim takes (default 60000); a lease held by an
 //!   instance that died lapses after it, and a retry may then run the request.
+//! - `ORDERS_OUTBOX`: a topic; when set, each new order also writes one message to the
+//!   transactional outbox (`idemcache_outbox`, created at start in the orders database)
+//!   in the order's own transaction, beside its idempotency record when they commit
+//!   together: message id `order-{id}`, this topic, payload `{"account": <user>,
+//!   "amount": <qty>, "order": <id>, "item": <item>}` (a payment the consumer example
+//!   applies). The order, its record and its message commit together or not at all, so a
+//!   relay (`idemcache-relay`) publishes exactly the orders that exist. An answer from
+//!   the backstop (the key's row already there) enqueues nothing: its order's message
+//!   committed with it.
 //!
 //! Two instances over one PostgreSQL holding both the orders and their records:
 //!
@@ -64,6 +73,7 @@ use idemcache::store::{Store, Tiered};
 use idemcache::Cache;
 use idemcache_any::redacted;
 use idemcache_postgres::{deadpool_postgres, tokio_postgres};
+use idemcache_sql::outbox::OutboxMessage;
 use idemcache_sqlite::rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
@@ -76,6 +86,8 @@ struct App {
     /// The orders live in the idempotency store's database: record in the same
     /// transaction.
     together: bool,
+    /// `ORDERS_OUTBOX`: the topic each new order's outbox message goes to, if any.
+    outbox: Option<Arc<str>>,
 }
 
 /// Where the orders table lives.
@@ -172,6 +184,21 @@ async fn open_orders(spec: &str) -> Result<Orders, Box<dyn std::error::Error>> {
     Ok(Orders::Sqlite(Arc::new(Mutex::new(db))))
 }
 
+/// Creates the outbox's table in the orders database if absent (`ORDERS_OUTBOX`).
+async fn outbox_schema(orders: &Orders) -> Result<(), Box<dyn std::error::Error>> {
+    match orders {
+        Orders::Sqlite(db) => {
+            let db = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            idemcache_sqlite::outbox::ensure_schema(&db)?;
+        }
+        // Its DDL takes an advisory lock: instances starting together do not collide.
+        Orders::Postgres(pool) => {
+            idemcache_postgres::outbox::ensure_schema(&**pool.get().await?).await?
+        }
+    }
+    Ok(())
+}
+
 /// Whether the idempotency store `store` names the database `orders` names: the same
 /// SQLite file, or the same PostgreSQL host (as spelled: `localhost` is not
 /// `127.0.0.1`), port, database, user and options (a `search_path` option names other
@@ -264,10 +291,15 @@ async fn create_order(
     let created = match &app.orders {
         Orders::Sqlite(db) => {
             let db = db.clone();
-            let task = move || sqlite_order(&db, &user, &key, &order, held.as_ref());
+            let outbox = app.outbox.clone();
+            let task =
+                move || sqlite_order(&db, &user, &key, &order, held.as_ref(), outbox.as_deref());
             tokio::task::spawn_blocking(task).await.map_err(Failure::from).and_then(|r| r)
         }
-        Orders::Postgres(pool) => postgres_order(pool, &user, &key, &order, held.as_ref()).await,
+        Orders::Postgres(pool) => {
+            let outbox = app.outbox.as_deref();
+            postgres_order(pool, &user, &key, &order, held.as_ref(), outbox).await
+        }
     };
     match created {
         Ok(answer) => answer.into_response(),
@@ -279,14 +311,23 @@ async fn create_order(
     }
 }
 
+/// The outbox message announcing the new order `id`: a payment of `qty` to the user's
+/// account, keyed by the order so that a republished copy is a duplicate downstream.
+fn order_message(topic: &str, id: i64, user: &str, order: &NewOrder) -> OutboxMessage {
+    let payload = json!({ "account": user, "amount": order.qty, "order": id, "item": order.item });
+    OutboxMessage::new(format!("order-{id}"), topic, payload.to_string().into_bytes())
+}
+
 /// The order in SQLite: inserted, or (the backstop) the key's existing row answered;
-/// with its record in the same transaction when `held`.
+/// with its record in the same transaction when `held`, and a new order's outbox
+/// message too when `outbox` names a topic.
 fn sqlite_order(
     db: &Mutex<Connection>,
     user: &str,
     key: &str,
     order: &NewOrder,
     held: Option<&InTransaction>,
+    outbox: Option<&str>,
 ) -> Result<Answer, Failure> {
     let mut db = db.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -299,7 +340,12 @@ fn sqlite_order(
         )
         .optional()?;
     let answer = match inserted {
-        Some(id) => Answer::created(id, &order.item, order.qty),
+        Some(id) => {
+            if let Some(topic) = outbox {
+                idemcache_sqlite::outbox::enqueue(&tx, &order_message(topic, id, user, order))?;
+            }
+            Answer::created(id, &order.item, order.qty)
+        }
         None => {
             let found = tx.query_row(
                 "SELECT id, item, qty FROM orders WHERE user = ?1 AND idempotency_key = ?2",
@@ -327,6 +373,7 @@ async fn postgres_order(
     key: &str,
     order: &NewOrder,
     held: Option<&InTransaction>,
+    outbox: Option<&str>,
 ) -> Result<Answer, Failure> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
@@ -338,7 +385,14 @@ async fn postgres_order(
         )
         .await?;
     let answer = match inserted {
-        Some(row) => Answer::created(row.try_get(0)?, &order.item, order.qty),
+        Some(row) => {
+            let id = row.try_get(0)?;
+            if let Some(topic) = outbox {
+                let message = order_message(topic, id, user, order);
+                idemcache_postgres::outbox::enqueue(&tx, &message).await?;
+            }
+            Answer::created(id, &order.item, order.qty)
+        }
         None => {
             let row = tx
                 .query_one(
@@ -477,7 +531,16 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
     if together {
         println!("records commit with the orders");
     }
-    let app = App { orders, delay, together };
+    let outbox = match std::env::var("ORDERS_OUTBOX") {
+        Ok(topic) if !topic.is_empty() => {
+            doing(outbox_schema(&orders).await, || {
+                "could not create the outbox in the orders database".to_owned()
+            })?;
+            Some(Arc::from(topic))
+        }
+        _ => None,
+    };
+    let app = App { orders, delay, together, outbox };
     // ANCHOR: prometheus
     let prometheus = doing(PrometheusBuilder::new().install_recorder(), || {
         "could not install the metrics recorder".to_owned()
