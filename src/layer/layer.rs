@@ -15,6 +15,7 @@ use http::{Method, StatusCode};
 
 use super::backend::Records;
 use super::decision::DecisionEvent;
+use super::grpc::Grpc;
 use super::service::Idempotency;
 use super::DEFAULT_MAX_REQUEST_BODY;
 use crate::{Cache, CorrelationId};
@@ -45,6 +46,8 @@ pub(crate) struct Settings {
     pub(crate) replay_set_cookie: bool,
     pub(crate) correlation_id: Arc<CorrelationFn>,
     pub(crate) on_decision: Option<Arc<DecisionFn>>,
+    /// Speaks gRPC: keeps answers by gRPC status, refuses with gRPC statuses.
+    pub(crate) grpc: Option<Grpc>,
     /// Shared by every clone: the scopes' recent execution times, for `Retry-After`.
     pub(crate) times: Arc<super::timing::ExecutionTimes>,
     /// Shared by every clone: the scopes' registered metrics.
@@ -106,6 +109,7 @@ impl IdempotencyLayer {
                 replay_set_cookie: false,
                 correlation_id: Arc::new(|parts: &Parts| super::trace_id(&parts.headers)),
                 on_decision: None,
+                grpc: None,
                 times: Arc::default(),
                 #[cfg(feature = "metrics")]
                 metrics,
@@ -178,6 +182,28 @@ impl IdempotencyLayer {
         store: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
     ) -> Self {
         self.settings().store = Arc::new(store);
+        self
+    }
+
+    /// Speak gRPC (a tonic server, or any gRPC service over tower): keep answers by their
+    /// gRPC status, not their HTTP status (always 200), and answer refusals as gRPC
+    /// statuses a client can act on (see [`Grpc`] for both, and which methods stream).
+    /// The key is the `idempotency-key` metadata; the fingerprint covers the request
+    /// message's bytes.
+    ///
+    /// ```
+    /// use idemcache::layer::{Grpc, GrpcCode, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::new(idemcache::Cache::builder().build()?).grpc(
+    ///     Grpc::new()
+    ///         .streaming(["/orders.v1.Orders/Watch"])
+    ///         .store_when(|code| code.is_deterministic() && code != GrpcCode::NotFound),
+    /// );
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn grpc(mut self, grpc: Grpc) -> Self {
+        self.settings().grpc = Some(grpc);
         self
     }
 
@@ -323,6 +349,7 @@ impl fmt::Debug for Settings {
             .field("tenant", &self.tenant.is_some())
             .field("replay_set_cookie", &self.replay_set_cookie)
             .field("on_decision", &self.on_decision.is_some())
+            .field("grpc", &self.grpc)
             .finish_non_exhaustive()
     }
 }

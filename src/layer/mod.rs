@@ -25,6 +25,13 @@
 //!
 //! Refusals are `application/problem+json` (RFC 9457) with a `code` member.
 //!
+//! **gRPC** (a tonic server, or any gRPC service over tower): tell the layer with
+//! [`IdempotencyLayer::grpc`]. A gRPC answer is HTTP 200 whatever its outcome, so the
+//! layer then keeps answers by their `grpc-status` (the deterministic ones; a transient
+//! `UNAVAILABLE` releases the key as a 5xx does), answers its refusals as gRPC statuses
+//! (`ABORTED` while in progress, `FAILED_PRECONDITION` for a reused key, ...), and passes
+//! the streaming methods through unguarded: [`Grpc`] has the table.
+//!
 //! The request fingerprint is method, path and query, selected headers (default
 //! `Content-Type`) and the body; the body is buffered (up to
 //! [`IdempotencyLayer::max_request_body`]) to be hashed and handed whole to the handler.
@@ -127,6 +134,7 @@ mod body;
 mod claimed;
 mod decision;
 mod detached;
+mod grpc;
 mod header;
 #[cfg(feature = "store")]
 mod in_transaction;
@@ -144,6 +152,7 @@ mod timing;
 pub use body::LayerBody;
 pub use claimed::Claimed;
 pub use decision::{Decision, DecisionEvent};
+pub use grpc::{Grpc, GrpcCode};
 pub use header::{client_key, KeyHeaderError, IDEMPOTENCY_KEY};
 #[cfg(feature = "store")]
 #[cfg_attr(docsrs, doc(cfg(feature = "store")))]

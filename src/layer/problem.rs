@@ -29,7 +29,21 @@ pub(crate) enum Refusal {
     Internal,
 }
 
+/// A refusal's parts, carried in the extensions of the layer's answer: a layer speaking
+/// gRPC answers it as a gRPC status instead (`grpc::refusal`).
+#[derive(Debug, Clone)]
+pub(crate) struct Refused {
+    pub(crate) refusal: Refusal,
+    pub(crate) detail: Box<str>,
+    pub(crate) retry_after: Option<Duration>,
+}
+
 impl Refusal {
+    /// Its machine-readable code (the problem body's `code` member).
+    pub(crate) fn code(self) -> &'static str {
+        self.status_and_code().1
+    }
+
     fn status_and_code(self) -> (StatusCode, &'static str) {
         match self {
             Refusal::MissingKey => (StatusCode::BAD_REQUEST, "missing_idempotency_key"),

@@ -28,11 +28,12 @@ use super::body::LayerBody;
 use super::claimed::Claimed;
 use super::decision::{Asked, Decision};
 use super::detached::Detached;
+use super::grpc;
 #[cfg(feature = "store")]
 use super::in_transaction::InTransaction;
 use super::layer::Settings;
 use super::outcome::OutcomeUnknown;
-use super::problem::Refusal;
+use super::problem::{Refusal, Refused};
 use super::renewal::{Panicked, Read, Renewing};
 use super::{header, stored_response, IDEMPOTENCY_EXPIRES, IDEMPOTENT_REPLAYED};
 use crate::{CorrelationId, Fingerprint, Key, KeyError};
@@ -86,7 +87,11 @@ where
         // The instance polled ready serves this request; a clone waits for the next.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(guarded(self.settings.clone(), inner, request))
+        let answer = guarded(self.settings.clone(), inner, request);
+        if self.settings.grpc.is_some() {
+            return Box::pin(async move { answer.await.map(as_grpc) });
+        }
+        Box::pin(answer)
     }
 }
 
@@ -96,7 +101,20 @@ fn refuse<ResB, E>(
     detail: &str,
     retry_after: Option<std::time::Duration>,
 ) -> Result<Response<LayerBody<ResB>>, E> {
-    Ok(refusal.answer(detail, retry_after).map(|body| LayerBody::buffered(body, None)))
+    let mut answer = refusal.answer(detail, retry_after);
+    // For a layer speaking gRPC, which answers it as a gRPC status instead (`call`).
+    answer.extensions_mut().insert(Refused { refusal, detail: detail.into(), retry_after });
+    Ok(answer.map(|body| LayerBody::buffered(body, None)))
+}
+
+/// A refusal answered as a gRPC status (the layer speaks gRPC); any other answer as it is.
+fn as_grpc<ResB>(mut response: Response<LayerBody<ResB>>) -> Response<LayerBody<ResB>> {
+    match response.extensions_mut().remove::<Refused>() {
+        Some(Refused { refusal, detail, retry_after }) => {
+            grpc::refusal(refusal, &detail, retry_after).map(|body| LayerBody::buffered(body, None))
+        }
+        None => response,
+    }
 }
 
 /// The handler's answer to a request the layer does not guard: its body passed on
@@ -124,7 +142,8 @@ where
     ReqB::Error: Into<BoxError>,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
-    if !settings.methods.contains(request.method()) {
+    let streaming = settings.grpc.as_ref().is_some_and(|g| g.passes(request.uri().path()));
+    if streaming || !settings.methods.contains(request.method()) {
         return passed(inner, request).await;
     }
     let (parts, body) = request.into_parts();
@@ -519,7 +538,15 @@ where
     }
     // `store_when` is the application's code: a panic in it is caught as a handler's is,
     // so that the claim is settled by the drop policy and the request still reported.
-    let asked_store = std::panic::AssertUnwindSafe(|| (settings.store)(parts.status));
+    let asked_store = std::panic::AssertUnwindSafe(|| match (&settings.grpc, &read) {
+        // A gRPC answer's outcome is its status (a 200 whatever it is), read whole. One
+        // whose body failed is kept or not by its HTTP status, as any other: its effect
+        // may have happened.
+        (Some(grpc), Read::Whole(_, trailers)) if parts.status == http::StatusCode::OK => {
+            grpc.keeps(&parts.headers, trailers.as_ref())
+        }
+        _ => (settings.store)(parts.status),
+    });
     let Ok(stored) = std::panic::catch_unwind(asked_store) else {
         let settled = held.abandon().await;
         asked.report(&settings, settled, took);
@@ -826,5 +853,206 @@ mod tests {
                 assert_eq!(read, 2, "wait: {wait:?}");
             }
         }
+    }
+
+    /// A gRPC answer's body: a message, then the trailers (none in a trailers-only one).
+    struct GrpcBody {
+        data: Option<Bytes>,
+        trailers: Option<http::HeaderMap>,
+    }
+
+    impl Body for GrpcBody {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+            if let Some(data) = self.data.take() {
+                return Poll::Ready(Some(Ok(http_body::Frame::data(data))));
+            }
+            Poll::Ready(self.trailers.take().map(|t| Ok(http_body::Frame::trailers(t))))
+        }
+    }
+
+    /// How a gRPC handler answers: a status in the trailers, in the headers
+    /// (trailers-only), or none at all.
+    #[derive(Clone, Copy)]
+    enum GrpcAnswer {
+        Trailers(u32),
+        TrailersOnly(u32),
+        NoStatus,
+    }
+
+    /// A gRPC handler: HTTP 200 with the answers it is given in turn, counting its runs.
+    #[derive(Clone)]
+    struct GrpcHandler {
+        answers: Arc<std::sync::Mutex<Vec<GrpcAnswer>>>,
+        runs: Arc<AtomicUsize>,
+    }
+
+    impl GrpcHandler {
+        fn new(answers: &[GrpcAnswer]) -> GrpcHandler {
+            GrpcHandler {
+                answers: Arc::new(std::sync::Mutex::new(answers.to_vec())),
+                runs: Arc::new(AtomicUsize::new(0)),
+            }
+        }
+    }
+
+    impl<B> Service<Request<B>> for GrpcHandler {
+        type Response = Response<GrpcBody>;
+        type Error = Infallible;
+        type Future = Ready<Result<Self::Response, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<B>) -> Self::Future {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            let status = |code: u32| {
+                let mut map = http::HeaderMap::new();
+                map.insert("grpc-status", HeaderValue::from(code));
+                map
+            };
+            let message = Bytes::from_static(b"\0\0\0\0\x02ok");
+            let (data, trailers, headers) = match self.answers.lock().unwrap().remove(0) {
+                GrpcAnswer::Trailers(code) => (Some(message), Some(status(code)), None),
+                GrpcAnswer::TrailersOnly(code) => (None, None, Some(status(code))),
+                GrpcAnswer::NoStatus => (Some(message), None, None),
+            };
+            let mut response = Response::new(GrpcBody { data, trailers });
+            let content_type = HeaderValue::from_static("application/grpc");
+            response.headers_mut().insert(http::header::CONTENT_TYPE, content_type);
+            response.headers_mut().extend(headers.unwrap_or_default());
+            std::future::ready(Ok(response))
+        }
+    }
+
+    /// A unary call's answer through `service`: its headers, body and trailers.
+    fn grpc_call<S>(
+        runtime: &tokio::runtime::Runtime,
+        service: &mut S,
+        path: &str,
+        key: Option<&str>,
+        message: &'static str,
+    ) -> (http::HeaderMap, Bytes, Option<http::HeaderMap>)
+    where
+        S: Service<Request<Full<Bytes>>, Response = Response<LayerBody<GrpcBody>>>,
+        S::Error: std::fmt::Debug,
+    {
+        let mut request = Request::post(path).header("content-type", "application/grpc");
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let request = request.body(Full::new(Bytes::from(message))).unwrap();
+        let response = runtime.block_on(service.call(request)).unwrap();
+        assert_eq!(response.status(), 200, "gRPC answers are HTTP 200");
+        let (parts, body) = response.into_parts();
+        let collected = runtime.block_on(body.collect()).unwrap();
+        let trailers = collected.trailers().cloned();
+        (parts.headers, collected.to_bytes(), trailers)
+    }
+
+    /// The `grpc-status` of an answer: its trailers', or its headers'.
+    fn grpc_status(headers: &http::HeaderMap, trailers: &Option<http::HeaderMap>) -> String {
+        let value = trailers.as_ref().and_then(|t| t.get("grpc-status"));
+        let value = value.or_else(|| headers.get("grpc-status")).expect("a grpc-status");
+        value.to_str().unwrap().to_owned()
+    }
+
+    const CREATE: &str = "/orders.v1.Orders/Create";
+
+    /// A transient status releases the key (the retry runs again) though it is HTTP 200;
+    /// a deterministic one is kept and replayed with its trailers, byte for byte, whether
+    /// it came in the trailers or alone in the headers; an answer with no status is not
+    /// kept.
+    #[test]
+    fn over_grpc_the_status_decides_what_is_kept() {
+        use GrpcAnswer::*;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let handler = GrpcHandler::new(&[
+            Trailers(14),
+            Trailers(0),
+            TrailersOnly(3),
+            NoStatus,
+            Trailers(13),
+            Trailers(5),
+        ]);
+        let layer =
+            IdempotencyLayer::new(Cache::builder().build().unwrap()).grpc(super::grpc::Grpc::new());
+        let mut service = layer.layer(handler.clone());
+        let mut call = |key: &str| grpc_call(&runtime, &mut service, CREATE, Some(key), "m");
+        let runs = || handler.runs.load(Ordering::SeqCst);
+
+        let (h, _, t) = call("k1");
+        assert_eq!((grpc_status(&h, &t), runs()), ("14".to_owned(), 1), "UNAVAILABLE answered");
+        let (h, body, t) = call("k1");
+        assert_eq!((grpc_status(&h, &t), runs()), ("0".to_owned(), 2), "released: ran again");
+        let (h2, body2, t2) = call("k1");
+        assert_eq!(runs(), 2, "OK kept");
+        assert_eq!(h2["idempotent-replayed"], "true");
+        assert_eq!((body2, t2.clone()), (body, t), "replayed byte for byte, trailers too");
+
+        let (h, _, t) = call("k2");
+        assert_eq!((grpc_status(&h, &t), runs()), ("3".to_owned(), 3));
+        let (h, body, t) = call("k2");
+        assert_eq!((grpc_status(&h, &t), runs()), ("3".to_owned(), 3), "trailers-only kept");
+        assert_eq!(h["idempotent-replayed"], "true");
+        assert!(body.is_empty() && t.is_none());
+
+        call("k3");
+        let (h, _, t) = call("k3");
+        assert_eq!((grpc_status(&h, &t), runs()), ("13".to_owned(), 5), "no status: ran again");
+        let (h, _, t) = call("k3");
+        assert_eq!((grpc_status(&h, &t), runs()), ("5".to_owned(), 6), "INTERNAL released");
+        let (_, _, _) = call("k3");
+        assert_eq!(runs(), 6, "NOT_FOUND kept");
+    }
+
+    /// Refusals are gRPC statuses, with the refusal's code as metadata; a streaming
+    /// method is passed through unguarded, with no key.
+    #[test]
+    fn over_grpc_refusals_are_statuses_and_streams_pass() {
+        use GrpcAnswer::*;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let handler = GrpcHandler::new(&[Trailers(0), Trailers(0), Trailers(0)]);
+        let grpc = super::grpc::Grpc::new().streaming(["/orders.v1.Orders/Watch"]);
+        let layer = IdempotencyLayer::new(Cache::builder().build().unwrap()).grpc(grpc);
+        let mut service = layer.layer(handler.clone());
+
+        let (h, body, t) = grpc_call(&runtime, &mut service, CREATE, None, "m");
+        assert_eq!(grpc_status(&h, &t), "3", "no key: INVALID_ARGUMENT");
+        assert_eq!(h["idempotency-refusal"], "missing_idempotency_key");
+        assert_eq!(h["content-type"], "application/grpc");
+        assert!(body.is_empty() && t.is_none(), "trailers-only");
+        assert!(h.contains_key("grpc-message"));
+
+        grpc_call(&runtime, &mut service, CREATE, Some("k1"), "one");
+        let (h, _, t) = grpc_call(&runtime, &mut service, CREATE, Some("k1"), "another");
+        assert_eq!(grpc_status(&h, &t), "9", "reused key: FAILED_PRECONDITION");
+        assert_eq!(h["idempotency-refusal"], "idempotency_key_reused");
+
+        for _ in 0..2 {
+            let (h, _, t) = grpc_call(&runtime, &mut service, "/orders.v1.Orders/Watch", None, "w");
+            assert_eq!(grpc_status(&h, &t), "0");
+            assert!(!h.contains_key("idempotent-replayed"));
+        }
+        assert_eq!(handler.runs.load(Ordering::SeqCst), 3, "k1 once, the stream twice");
+    }
+
+    /// Without `grpc`, HTTP 200 is kept whatever its `grpc-status` (what the layer did
+    /// before it spoke gRPC, and why it must be told).
+    #[test]
+    fn over_http_a_grpc_status_is_not_read() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let handler = GrpcHandler::new(&[GrpcAnswer::Trailers(14)]);
+        let mut service =
+            IdempotencyLayer::new(Cache::builder().build().unwrap()).layer(handler.clone());
+        grpc_call(&runtime, &mut service, CREATE, Some("k1"), "m");
+        let (h, _, _) = grpc_call(&runtime, &mut service, CREATE, Some("k1"), "m");
+        assert_eq!(h["idempotent-replayed"], "true");
     }
 }
