@@ -23,6 +23,8 @@ use crate::{Cache, CorrelationId};
 type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
 type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
 type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+type KeyFromFn = dyn Fn(&Parts, &[u8]) -> Result<Option<Vec<u8>>, String> + Send + Sync;
+type FingerprintBodyFn = dyn Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync;
 type CorrelationFn = dyn Fn(&Parts) -> Option<CorrelationId> + Send + Sync;
 type DecisionFn = dyn Fn(&DecisionEvent<'_>) + Send + Sync;
 
@@ -48,6 +50,10 @@ pub(crate) struct Settings {
     pub(crate) on_decision: Option<Arc<DecisionFn>>,
     /// Speaks gRPC: keeps answers by gRPC status, refuses with gRPC statuses.
     pub(crate) grpc: Option<Grpc>,
+    /// Reads the client's key from the request instead of the `Idempotency-Key` header.
+    pub(crate) key_from: Option<Arc<KeyFromFn>>,
+    /// Selects what of the body the fingerprint covers.
+    pub(crate) fingerprint_body: Option<Arc<FingerprintBodyFn>>,
     /// Shared by every clone: the scopes' recent execution times, for `Retry-After`.
     pub(crate) times: Arc<super::timing::ExecutionTimes>,
     /// Shared by every clone: the scopes' registered metrics.
@@ -110,6 +116,8 @@ impl IdempotencyLayer {
                 correlation_id: Arc::new(|parts: &Parts| super::trace_id(&parts.headers)),
                 on_decision: None,
                 grpc: None,
+                key_from: None,
+                fingerprint_body: None,
                 times: Arc::default(),
                 #[cfg(feature = "metrics")]
                 metrics,
@@ -204,6 +212,68 @@ impl IdempotencyLayer {
     /// ```
     pub fn grpc(mut self, grpc: Grpc) -> Self {
         self.settings().grpc = Some(grpc);
+        self
+    }
+
+    /// Where the client's key comes from, when it is not the `Idempotency-Key` header (or
+    /// `idempotency-key` gRPC metadata): a field of the request, read from its head and
+    /// its body (read whole first, up to [`max_request_body`](Self::max_request_body)).
+    /// `Ok(None)`: the request has none (refused, or passed on unguarded without
+    /// [`require_key`](Self::require_key)); `Err(why)`: a malformed one (refused as an
+    /// invalid key, with `why` as the detail). The header is then not read: fall back to it
+    /// in the closure ([`client_key`](super::client_key)) if both may carry it. A JSON
+    /// field, with the application's own `serde_json`:
+    ///
+    /// ```ignore
+    /// layer.key_from(|_, body| {
+    ///     let request: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    ///     Ok(request["request_id"].as_str().map(|id| id.as_bytes().to_vec()))
+    /// })
+    /// ```
+    ///
+    /// A gRPC message's field (AEP-155's `request_id`), with the application's `prost`
+    /// message: a unary request is one gRPC frame, a 5-byte prefix and the message:
+    ///
+    /// ```ignore
+    /// layer.key_from(|_, body| {
+    ///     let message = body.get(5..).ok_or("not a gRPC message")?;
+    ///     let request = CreateOrder::decode(message).map_err(|e| e.to_string())?;
+    ///     Ok(Some(request.request_id.into_bytes()).filter(|id| !id.is_empty()))
+    /// })
+    /// ```
+    ///
+    /// It runs before the key is claimed: a panic in it fails the request and holds
+    /// nothing.
+    pub fn key_from(
+        mut self,
+        key: impl Fn(&Parts, &[u8]) -> Result<Option<Vec<u8>>, String> + Send + Sync + 'static,
+    ) -> Self {
+        self.settings().key_from = Some(Arc::new(key));
+        self
+    }
+
+    /// What of the body the fingerprint covers (default: all of it). A request sent
+    /// again with the same key must match the first one's fingerprint, or it is refused as
+    /// a reused key: when harmless differences (a client timestamp, a field's order, the
+    /// key itself in the body) must not count, return only what must match, in a
+    /// canonical form. Method, path, query and the
+    /// [`fingerprint_headers`](Self::fingerprint_headers) are still covered. It runs
+    /// before the key is claimed: a panic in it fails the request and holds nothing.
+    ///
+    /// ```
+    /// # let layer = idemcache::layer::IdempotencyLayer::new(idemcache::Cache::builder().build()?);
+    /// // The first line of the body alone (say the rest is a client's trace).
+    /// let layer = layer.fingerprint_body(|_, body| {
+    ///     body.split(|&b| b == b'\n').next().unwrap_or_default().to_vec()
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fingerprint_body(
+        mut self,
+        select: impl Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Self {
+        self.settings().fingerprint_body = Some(Arc::new(select));
         self
     }
 

@@ -9,6 +9,7 @@
 //! claim run in one [`Detached`] execution, which finishes in a task of its own if the
 //! request future is dropped (a client gone), so that changes neither.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -107,6 +108,26 @@ fn refuse<ResB, E>(
     Ok(answer.map(|body| LayerBody::buffered(body, None)))
 }
 
+/// The refusal of a request body that is too large or could not be read.
+fn refuse_body<ResB, E>(
+    settings: &Settings,
+    refusal: Refusal,
+) -> Result<Response<LayerBody<ResB>>, E> {
+    let detail = match refusal {
+        Refusal::BodyTooLarge => {
+            format!("the request body exceeds {} bytes", settings.max_request_body)
+        }
+        _ => "the request body could not be read".to_owned(),
+    };
+    refuse(refusal, &detail, None)
+}
+
+/// A request's body before the claim: read already (a key read from it), or not yet.
+enum Pending<B> {
+    Unread(B),
+    Read(Bytes),
+}
+
 /// A refusal answered as a gRPC status (the layer speaks gRPC); any other answer as it is.
 fn as_grpc<ResB>(mut response: Response<LayerBody<ResB>>) -> Response<LayerBody<ResB>> {
     match response.extensions_mut().remove::<Refused>() {
@@ -131,7 +152,7 @@ where
 
 async fn guarded<S, ReqB, ResB>(
     settings: Arc<Settings>,
-    inner: S,
+    mut inner: S,
     request: Request<ReqB>,
 ) -> Result<Response<LayerBody<ResB>>, S::Error>
 where
@@ -147,10 +168,33 @@ where
         return passed(inner, request).await;
     }
     let (parts, body) = request.into_parts();
-    let client_key = header::borrowed_key(&parts.headers);
+    // A key the application reads from the request (`key_from`) needs the body first.
+    let body = match &settings.key_from {
+        None => Pending::Unread(body),
+        Some(_) => match read_body(&parts, body, settings.max_request_body).await {
+            Ok(read) => Pending::Read(read),
+            Err(refusal) => return refuse_body(&settings, refusal),
+        },
+    };
+    let client_key: Result<Option<Cow<'_, [u8]>>, String> = match (&settings.key_from, &body) {
+        (Some(key_from), Pending::Read(read)) => key_from(&parts, read).map(|k| k.map(Cow::Owned)),
+        _ => match header::borrowed_key(&parts.headers) {
+            Ok(Some(Cow::Borrowed(k))) => Ok(Some(Cow::Borrowed(k.as_bytes()))),
+            Ok(Some(Cow::Owned(k))) => Ok(Some(Cow::Owned(k.into_bytes()))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        },
+    };
     // Unguarded (no key, none required): passed on before anything else is asked of it.
     if matches!(client_key, Ok(None)) && !settings.require_key {
-        return passed(inner, Request::from_parts(parts, body)).await;
+        drop(client_key);
+        return match body {
+            Pending::Unread(body) => passed(inner, Request::from_parts(parts, body)).await,
+            Pending::Read(read) => {
+                let request = Request::from_parts(parts, LayerBody::buffered(read, None));
+                Ok(inner.call(request).await?.map(LayerBody::passed))
+            }
+        };
     }
     let tenant = match &settings.tenant {
         // An empty tenant names nobody: unauthenticated, like none.
@@ -162,16 +206,19 @@ where
     };
     let client_key = match client_key {
         Ok(Some(k)) => k,
+        Ok(None) if settings.key_from.is_some() => {
+            return refuse(Refusal::MissingKey, "this request carries no idempotency key", None);
+        }
         Ok(None) => {
             let missing = header::KeyHeaderError::Missing.to_string();
             return refuse(Refusal::MissingKey, &missing, None);
         }
-        Err(e) => return refuse(Refusal::InvalidKey, &e.to_string(), None),
+        Err(e) => return refuse(Refusal::InvalidKey, &e, None),
     };
     let scope = (settings.scope)(&parts);
     let key = match &tenant {
-        Some(tenant) => Key::new(&scope, tenant, client_key.as_bytes()),
-        None => Key::without_tenant(&scope, client_key.as_bytes()),
+        Some(tenant) => Key::new(&scope, tenant, &client_key),
+        None => Key::without_tenant(&scope, &client_key),
     };
     // The key owns its bytes now: the header's borrow ends here.
     drop(client_key);
@@ -190,17 +237,13 @@ where
         Err(e @ KeyError::EmptyScope) => return refuse(Refusal::Internal, &e.to_string(), None),
         Err(e) => return refuse(Refusal::InvalidKey, &e.to_string(), None),
     };
-    let body = match read_body(&parts, body, settings.max_request_body).await {
-        Ok(body) => body,
-        Err(refusal) => {
-            let detail = match refusal {
-                Refusal::BodyTooLarge => {
-                    format!("the request body exceeds {} bytes", settings.max_request_body)
-                }
-                _ => "the request body could not be read".to_owned(),
-            };
-            return refuse(refusal, &detail, None);
-        }
+    let body = match body {
+        Pending::Read(read) => read,
+        Pending::Unread(unread) => match read_body(&parts, unread, settings.max_request_body).await
+        {
+            Ok(body) => body,
+            Err(refusal) => return refuse_body(&settings, refusal),
+        },
     };
     let fingerprint = fingerprint(&settings, &parts, &body);
     let (correlation_id, probed) = match probe(&settings, &parts, &key, fingerprint) {
@@ -453,7 +496,8 @@ where
     })
 }
 
-/// Method, path and query, the selected headers (every value, in order) and the body.
+/// Method, path and query, the selected headers (every value, in order) and the body (or
+/// what `fingerprint_body` selects of it).
 fn fingerprint(settings: &Settings, parts: &Parts, body: &[u8]) -> Fingerprint {
     let target = parts.uri.path_and_query().map_or(parts.uri.path(), |pq| pq.as_str());
     let mut builder = Fingerprint::builder().method(parts.method.as_str()).path(target);
@@ -462,7 +506,10 @@ fn fingerprint(settings: &Settings, parts: &Parts, body: &[u8]) -> Fingerprint {
             builder = builder.header(name.as_str(), value.as_bytes());
         }
     }
-    builder.body(body).finish()
+    match &settings.fingerprint_body {
+        Some(select) => builder.body(&select(parts, body)).finish(),
+        None => builder.body(body).finish(),
+    }
 }
 
 /// Runs the handler holding `held` and settles the claim by the response; [`Detached`],
@@ -1054,5 +1101,93 @@ mod tests {
         grpc_call(&runtime, &mut service, CREATE, Some("k1"), "m");
         let (h, _, _) = grpc_call(&runtime, &mut service, CREATE, Some("k1"), "m");
         assert_eq!(h["idempotent-replayed"], "true");
+    }
+
+    /// A handler that answers 201, counting its runs and the body sizes it was handed.
+    #[derive(Clone, Default)]
+    struct Counting {
+        bodies: Arc<std::sync::Mutex<Vec<u64>>>,
+    }
+
+    impl<B: Body> Service<Request<B>> for Counting {
+        type Response = Response<Full<Bytes>>;
+        type Error = Infallible;
+        type Future = Ready<Result<Self::Response, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: Request<B>) -> Self::Future {
+            let size = request.body().size_hint().exact().unwrap_or(u64::MAX);
+            self.bodies.lock().unwrap().push(size);
+            let created = Response::builder().status(201).body(Full::new(Bytes::new()));
+            std::future::ready(Ok(created.expect("a valid response")))
+        }
+    }
+
+    /// `key=K;rest`: the key is what follows `key=` up to `;`.
+    fn key_field(_: &Parts, body: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        let Some(rest) = body.strip_prefix(b"key=") else { return Ok(None) };
+        let key = rest.split(|&b| b == b';').next().unwrap_or_default();
+        if key.is_empty() {
+            return Err("an empty key field".into());
+        }
+        Ok(Some(key.to_vec()))
+    }
+
+    /// The key read from a body field instead of the header: a repeat is replayed, the
+    /// header is not read, no key is refused (or passed on, body whole, when not
+    /// required), a malformed one refused with the closure's reason.
+    #[test]
+    fn a_key_read_from_the_body_guards_as_the_header_does() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        for required in [true, false] {
+            let handler = Counting::default();
+            let layer = IdempotencyLayer::new(Cache::builder().build().unwrap())
+                .key_from(key_field)
+                .require_key(required);
+            let mut service = layer.layer(handler.clone());
+            let mut send = |body: &'static str| {
+                let request = Request::post("/orders")
+                    .header("idempotency-key", "from-the-header")
+                    .body(Full::new(Bytes::from(body)))
+                    .unwrap();
+                let response = runtime.block_on(service.call(request)).unwrap();
+                let detail = runtime.block_on(response.into_body().collect()).unwrap().to_bytes();
+                String::from_utf8(detail.to_vec()).unwrap()
+            };
+            assert_eq!(send("key=k1;a"), "");
+            assert_eq!(send("key=k1;a"), "", "replayed");
+            assert_eq!(send("key=k2;a"), "", "another key from the body, same header");
+            assert!(send("key=;a").contains("an empty key field"), "invalid, with the reason");
+            let missing = send("no key here");
+            assert_eq!(missing.contains("missing_idempotency_key"), required, "{missing}");
+            let bodies = handler.bodies.lock().unwrap().clone();
+            let expected: &[u64] = if required { &[8, 8] } else { &[8, 8, 11] };
+            assert_eq!(bodies, expected, "k1 once, k2 once (and the unguarded one, whole)");
+        }
+    }
+
+    /// The fingerprint over a selection of the body: a repeat differing elsewhere is a
+    /// replay, one differing in the selection a reused key.
+    #[test]
+    fn the_fingerprint_covers_what_fingerprint_body_selects() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let handler = Counting::default();
+        let layer = IdempotencyLayer::new(Cache::builder().build().unwrap())
+            .fingerprint_body(|_, body| body.split(|&b| b == b'\n').next().unwrap().to_vec());
+        let mut service = layer.layer(handler.clone());
+        let mut send = |body: &'static str| {
+            let request = Request::post("/orders")
+                .header("idempotency-key", "k1")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            runtime.block_on(service.call(request)).unwrap().status().as_u16()
+        };
+        assert_eq!(send("amount=5\nsent-at=1"), 201);
+        assert_eq!(send("amount=5\nsent-at=2"), 201, "the same selection: replayed");
+        assert_eq!(send("amount=6\nsent-at=1"), 422, "another selection: a reused key");
+        assert_eq!(handler.bodies.lock().unwrap().len(), 1);
     }
 }
