@@ -33,8 +33,10 @@
 //! the streaming methods through unguarded: [`Grpc`] has the table.
 //!
 //! The request fingerprint is method, path and query, selected headers (default
-//! `Content-Type`) and the body; the body is buffered (up to
-//! [`IdempotencyLayer::max_request_body`]) to be hashed and handed whole to the handler.
+//! `Content-Type`) and the body (or what [`IdempotencyLayer::fingerprint_body`] selects of
+//! it); the body is buffered (up to [`IdempotencyLayer::max_request_body`]) to be hashed
+//! and handed whole to the handler. The key is the `Idempotency-Key` header, or what
+//! [`IdempotencyLayer::key_from`] reads from the request.
 //! The key is scoped by method and route ([`IdempotencyLayer::scope`]) and by tenant
 //! ([`IdempotencyLayer::tenant`]), so two users' equal keys never meet.
 //!
