@@ -59,7 +59,9 @@
 //! - `CONSUMER`: this consumer's name in the inbox (default `ledger`). Instances of one
 //!   program share it, so that they apply each message once between them. Over
 //!   JetStream it also names the durable pull consumer (explicit acks) they share, so it
-//!   may not hold `.`, `*`, `>` or white space there.
+//!   may not hold `.`, `*`, `>`, `/`, `\` or white space there (refused at start). A
+//!   durable consumer of that name that exists for another subject, or without explicit
+//!   acks, is refused too (exit status 1), never consumed.
 //! - `ACK_WAIT_MS` (JetStream only): how long the server waits for a delivery's ack
 //!   before it redelivers it (default 30000), set when the durable consumer is created.
 //!   A process that died holds its deliveries that long; keep it above the longest
@@ -174,6 +176,18 @@ impl Config {
             return Err("set DATABASE_URL: sqlite:PATH or postgres://user@host:port/db".into());
         }
         let nats_url = text("NATS_URL", "")?;
+        // JetStream refuses these in a consumer's name, but says so only as a timeout.
+        if !nats_url.is_empty() {
+            if let Some(c) = consumer
+                .chars()
+                .find(|c| matches!(c, '.' | '*' | '>' | '/' | '\\') || c.is_whitespace())
+            {
+                return Err(format!(
+                    "CONSUMER {consumer:?} is refused: it names the JetStream consumer, \
+                     which may not hold {c:?}"
+                ));
+            }
+        }
         let ack_wait = millis("ACK_WAIT_MS", "30000")?;
         if ack_wait.is_zero() {
             // Zero would be the server's default (30 s), not "redeliver at once".
@@ -660,8 +674,31 @@ async fn consume_jetstream(
         )
         .await
         .map_err(|e| {
-            format!("cannot create the consumer {:?}: {}", config.consumer, one_line(&e))
+            format!(
+                "cannot create the consumer {:?} of {:?} in the stream {:?}: {}",
+                config.consumer,
+                config.queue,
+                config.stream,
+                one_line(&e)
+            )
         })?;
+    // A durable consumer of that name that already existed is taken as it is: one made
+    // for another subject would consume other messages than QUEUE's while this says
+    // otherwise, and one without explicit acks would lose a delivery at a crash.
+    let existing = &consumer.cached_info().config;
+    if existing.filter_subject != config.queue
+        || existing.ack_policy != jetstream::consumer::AckPolicy::Explicit
+    {
+        return Err(format!(
+            "the consumer {:?} of the stream {:?} exists for {:?} ({:?} acks), not {:?} \
+             (explicit acks): delete it, or name another CONSUMER",
+            config.consumer,
+            config.stream,
+            existing.filter_subject,
+            existing.ack_policy,
+            config.queue
+        ));
+    }
     say(&format!("consuming {} as {}", config.queue, config.consumer));
     loop {
         // A pull request for up to PREFETCH deliveries, answered as they arrive; it ends

@@ -1,8 +1,10 @@
 //! Attacks on the PostgreSQL outbox's promises (`IDEMCACHE_POSTGRES_URL`; skipped with
 //! a printed reason when unset): two transactions enqueuing for one aggregate key whose
-//! commits would cross (the second waits for the first), and rows whose counters sit at the top of their range, which must be
-//! reported rather than fail every claim. Each test works in a schema of its own,
-//! dropped at its end; time is a clock moved by hand.
+//! commits would cross (the second waits for the first), many such producers at once
+//! (every committed state of the key a prefix in `seq` order), and rows whose counters
+//! sit at the top of their range, which must be reported rather than fail every claim.
+//! Each test works in a schema of its own, dropped at its end; time is a clock moved by
+//! hand.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
@@ -226,5 +228,57 @@ async fn producers_that_lock_the_aggregate_first_keep_the_keys_order() {
         }
     }
     assert_eq!(order, ["created", "paid"]);
+    db.drop().await;
+}
+
+/// Many producers of one key at once, from several connections, some enqueueing the key
+/// twice or beside an unkeyed message, some rolling back; an observer reads the key's
+/// committed rows all along. `seq` order must be commit order within the key: every
+/// snapshot of the key's rows is a prefix (in `seq` order) of the final rows, never a
+/// later row visible while an earlier one of the key is still uncommitted.
+#[tokio::test]
+async fn many_concurrent_enqueues_of_one_key_commit_in_seq_order() {
+    let Some(db) = Db::new("hot_key").await else { return };
+    let producers = 6;
+    let per_producer = 30;
+    let mut tasks = Vec::new();
+    for p in 0..producers {
+        let mut client = db.client().await;
+        tasks.push(tokio::spawn(async move {
+            for i in 0..per_producer {
+                let tx = client.transaction().await.unwrap();
+                let hot = |n: u32| message(&format!("hot-{p}-{i}-{n}")).with_aggregate_key("hot");
+                enqueue(&tx, &hot(0)).await.unwrap();
+                if i % 3 == 0 {
+                    enqueue(&tx, &message(&format!("free-{p}-{i}"))).await.unwrap();
+                    enqueue(&tx, &hot(1)).await.unwrap();
+                }
+                // Work after the enqueue, inside the transaction: the window in which a
+                // later producer of the key would commit first, were it not waiting.
+                tx.batch_execute("SELECT pg_sleep(0.001)").await.unwrap();
+                if i % 7 == 3 {
+                    tx.rollback().await.unwrap();
+                } else {
+                    tx.commit().await.unwrap();
+                }
+            }
+        }));
+    }
+    let observer = db.client().await;
+    let read = "SELECT seq FROM idemcache_outbox WHERE aggregate_key = 'hot' ORDER BY seq";
+    let mut snapshots = Vec::new();
+    while tasks.iter().any(|t| !t.is_finished()) {
+        let rows = observer.query(read, &[]).await.unwrap();
+        snapshots.push(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>());
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let last: Vec<i64> =
+        observer.query(read, &[]).await.unwrap().iter().map(|r| r.get(0)).collect();
+    assert!(snapshots.len() > 10, "the observer saw the producers at work");
+    for seen in &snapshots {
+        assert_eq!(seen[..], last[..seen.len()], "a later row of the key committed first");
+    }
     db.drop().await;
 }

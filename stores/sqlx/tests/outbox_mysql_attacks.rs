@@ -1,9 +1,11 @@
 //! Attacks on the MySQL/MariaDB outbox's promises (`IDEMCACHE_MYSQL_URL`; skipped with a
 //! printed reason when unset): the largest message `OutboxMessage::check` accepts must
-//! be stored and read back as it was, two transactions enqueuing for one aggregate key
-//! whose commits would cross (the second waits for the first), and rows whose counters sit at the top of their range, which
-//! must be reported rather than fail every claim. Each test works in a database of its
-//! own, dropped at its end; time is a clock moved by hand.
+//! be stored and read back as it was; two transactions enqueuing for one aggregate key
+//! whose commits would cross (the second waits for the first), many such producers at
+//! once, and a key new to the table whose first enqueue rolls back while others wait;
+//! rows whose counters sit at the top of their range, which must be reported rather
+//! than fail every claim. Each test works in a database of its own, dropped at its end;
+//! time is a clock moved by hand.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
@@ -207,4 +209,167 @@ async fn a_batch_past_the_placeholder_limit_still_claims() {
     assert_eq!(batch.claimed.len(), rows);
     assert!(batch.unreadable.is_empty());
     db.drop().await;
+}
+
+/// Waits (a deadline on a hang, not a timing) until the connection `id` waits on a lock.
+async fn until_waiting(watch: &mut MySqlConnection, id: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM information_schema.INNODB_TRX
+             WHERE trx_mysql_thread_id = ? AND trx_state = 'LOCK WAIT'",
+        )
+        .bind(id)
+        .fetch_one(&mut *watch)
+        .await
+        .unwrap();
+        if waiting == 1 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the enqueue never waited");
+        // INNODB_TRX is a cache refreshed only when unread for 100 ms (see above).
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+}
+
+/// A key new to the table, enqueued by two transactions: the first rolls back while the
+/// second waits on its uncommitted key row. The second then goes on (the key's order
+/// holds), but InnoDB hands it the rolled-back row's lock as a gap lock (at READ
+/// COMMITTED too): every key never used before that sorts into the gap (the table being
+/// empty, every new key) waits for the second transaction. "Other keys never wait" holds
+/// only for keys used before (the guide now says so).
+#[tokio::test]
+#[ignore = "InnoDB gap lock inherited on rollback: other new keys wait (see docs/outbox.md)"]
+async fn a_rolled_back_first_enqueue_of_a_new_key_holds_back_no_other_new_key() {
+    let Some(db) = Db::new("rollback_gap").await else { return };
+    let mut first = db.conn().await;
+    let mut second = db.conn().await;
+    let mut third = db.conn().await;
+    let mut watch = db.conn().await;
+    // A wait on a lock fails in 2 s instead of the server's 50 s: the test's only timing,
+    // and a generous one, for a statement that should not wait at all.
+    third.execute("SET SESSION innodb_lock_wait_timeout = 2").await.unwrap();
+    let mut tx1 = first.begin().await.unwrap();
+    enqueue(&mut tx1, &message("k-1").with_aggregate_key("k")).await.unwrap();
+    let second_id: u64 =
+        sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(&mut second).await.unwrap();
+    let (enqueued, mut on_enqueued) = tokio::sync::mpsc::channel(1);
+    let (end, on_end) = tokio::sync::oneshot::channel::<()>();
+    let second_done = tokio::spawn(async move {
+        let mut tx2 = second.begin().await.unwrap();
+        enqueue(&mut tx2, &message("k-2").with_aggregate_key("k")).await.unwrap();
+        enqueued.send(()).await.unwrap();
+        on_end.await.unwrap();
+        tx2.commit().await.unwrap();
+    });
+    until_waiting(&mut watch, second_id).await;
+    tx1.rollback().await.unwrap();
+    on_enqueued.recv().await.unwrap();
+    // The second transaction is open, its key locked. Keys it never touched:
+    let mut blocked = Vec::new();
+    for key in ["j", "ka", "kz", "zz"] {
+        let mut tx3 = third.begin().await.unwrap();
+        if let Err(e) =
+            enqueue(&mut tx3, &message(&format!("{key}-1")).with_aggregate_key(key)).await
+        {
+            blocked.push(format!("{key}: {e}"));
+        }
+        tx3.rollback().await.unwrap();
+    }
+    end.send(()).unwrap();
+    second_done.await.unwrap();
+    db.drop().await;
+    assert!(blocked.is_empty(), "other keys waited for the open one: {blocked:?}");
+}
+
+/// Many producers of one key at once, from several connections, some enqueueing the key
+/// twice or beside an unkeyed message, some rolling back; an observer reads the key's
+/// committed rows all along. Every snapshot of them must be a prefix (in `seq` order) of
+/// the final rows: `seq` order is commit order within a key. (The key is enqueued once
+/// before: a new key's first enqueue rolled back is the next test's.)
+#[tokio::test]
+async fn many_concurrent_enqueues_of_one_key_commit_in_seq_order() {
+    let Some(db) = Db::new("hot_key").await else { return };
+    let mut observer = db.conn().await;
+    let mut tx = observer.begin().await.unwrap();
+    enqueue(&mut tx, &message("first").with_aggregate_key("hot")).await.unwrap();
+    tx.commit().await.unwrap();
+    let producers = 6;
+    let per_producer = 20;
+    let mut tasks = Vec::new();
+    for p in 0..producers {
+        let mut conn = db.conn().await;
+        tasks.push(tokio::spawn(async move {
+            for i in 0..per_producer {
+                let mut tx = conn.begin().await.unwrap();
+                let hot = |n: u32| message(&format!("hot-{p}-{i}-{n}")).with_aggregate_key("hot");
+                enqueue(&mut tx, &hot(0)).await.unwrap();
+                if i % 3 == 0 {
+                    enqueue(&mut tx, &message(&format!("free-{p}-{i}"))).await.unwrap();
+                    enqueue(&mut tx, &hot(1)).await.unwrap();
+                }
+                // Work inside the transaction after the enqueue: the window in which a
+                // later producer of the key would commit first, were it not waiting.
+                tx.execute("DO SLEEP(0.001)").await.unwrap();
+                if i % 7 == 0 {
+                    tx.rollback().await.unwrap();
+                } else {
+                    tx.commit().await.unwrap();
+                }
+            }
+        }));
+    }
+    let read = "SELECT seq FROM idemcache_outbox WHERE aggregate_key = 'hot' ORDER BY seq";
+    let mut snapshots = Vec::new();
+    while tasks.iter().any(|t| !t.is_finished()) {
+        let seen: Vec<i64> = sqlx::query_scalar(read).fetch_all(&mut observer).await.unwrap();
+        snapshots.push(seen);
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let last: Vec<i64> = sqlx::query_scalar(read).fetch_all(&mut observer).await.unwrap();
+    assert!(snapshots.len() > 10, "the observer saw the producers at work");
+    for seen in &snapshots {
+        assert_eq!(seen[..], last[..seen.len()], "a later row of the key committed first");
+    }
+    db.drop().await;
+}
+
+/// A key new to the table: the first transaction to enqueue it rolls back while two
+/// others wait on its uncommitted key row. The guide names one way to deadlock (two keys
+/// taken in opposite orders); one key must not: both waiting enqueues go on, one after
+/// the other. InnoDB instead hands both the rolled-back row's lock and fails one of them
+/// with a deadlock (1213); the guide now says so.
+#[tokio::test]
+#[ignore = "InnoDB: waiters on a rolled-back new key row deadlock (see docs/outbox.md)"]
+async fn a_rolled_back_first_enqueue_of_a_new_key_deadlocks_no_waiter() {
+    let Some(db) = Db::new("rollback_deadlock").await else { return };
+    let mut first = db.conn().await;
+    let mut watch = db.conn().await;
+    let mut tx1 = first.begin().await.unwrap();
+    enqueue(&mut tx1, &message("k-0").with_aggregate_key("k")).await.unwrap();
+    let mut waiters = Vec::new();
+    for n in 1..=2 {
+        let mut conn = db.conn().await;
+        let id: u64 =
+            sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(&mut conn).await.unwrap();
+        waiters.push(tokio::spawn(async move {
+            let mut tx = conn.begin().await.unwrap();
+            let done = enqueue(&mut tx, &message(&format!("k-{n}")).with_aggregate_key("k")).await;
+            let done = done.map(drop).map_err(|e| e.to_string());
+            tx.commit().await.unwrap();
+            done
+        }));
+        until_waiting(&mut watch, id).await;
+    }
+    tx1.rollback().await.unwrap();
+    let mut failed = Vec::new();
+    for w in waiters {
+        if let Err(e) = w.await.unwrap() {
+            failed.push(e);
+        }
+    }
+    db.drop().await;
+    assert!(failed.is_empty(), "a waiting enqueue of the key failed: {failed:?}");
 }

@@ -15,10 +15,11 @@
 //! a time, in enqueue order. A dead row holds back the later rows of its key until it is
 //! requeued and delivered (or deleted by hand): the order is kept, not skipped.
 //!
-//! `seq` is taken at the insert, so enqueue order is insert order, not commit order: two
-//! transactions enqueuing for one key at once may commit in the other order, and a claim
-//! then leases the later row (the earlier is not yet visible). Producers of one key must
-//! be serialized, e.g. by locking the aggregate's row before they enqueue.
+//! `seq` is taken at the insert, so enqueue order would be insert order, not commit
+//! order: two transactions enqueuing for one key at once could commit in the other order,
+//! and a claim then lease the later row (the earlier not yet visible). So [`ENQUEUE`]
+//! locks the key until its transaction ends before it draws `seq`: the producers of one
+//! key are serialized from their enqueue to their commit.
 //!
 //! # Wake-up
 //!
