@@ -35,8 +35,7 @@
 //!   batch (default 200).
 //!
 //! Output, one line each on standard output: `relaying` once connected; then per round
-//! that leased anything `batch: C claimed, D delivered, R retried, X dead, L lapsed`
-//! (lapsed: left unpublished because the lease ran out first). Errors of a
+//! that leased anything `batch: C claimed, D delivered, R retried, X dead`. Errors of a
 //! round (a row the store cannot read, a database error) on standard error, `error: ...`;
 //! the relay goes on. Exit status 1, `error: ...` on standard error, when the broker or
 //! the database cannot be reached or configured at start.
@@ -223,8 +222,8 @@ async fn relay<S: OutboxStorage, P: Publisher>(
         Ok(r) => {
             if r.claimed > 0 {
                 println!(
-                    "batch: {} claimed, {} delivered, {} retried, {} dead, {} lapsed",
-                    r.claimed, r.delivered, r.retried, r.dead, r.lapsed
+                    "batch: {} claimed, {} delivered, {} retried, {} dead",
+                    r.claimed, r.delivered, r.retried, r.dead
                 );
             }
             for e in r.errors {

@@ -239,7 +239,6 @@ async fn until_waiting(watch: &mut MySqlConnection, id: u64) {
 /// empty, every new key) waits for the second transaction. "Other keys never wait" holds
 /// only for keys used before (the guide now says so).
 #[tokio::test]
-#[ignore = "InnoDB gap lock inherited on rollback: other new keys wait (see docs/outbox.md)"]
 async fn a_rolled_back_first_enqueue_of_a_new_key_holds_back_no_other_new_key() {
     let Some(db) = Db::new("rollback_gap").await else { return };
     let mut first = db.conn().await;
@@ -342,7 +341,6 @@ async fn many_concurrent_enqueues_of_one_key_commit_in_seq_order() {
 /// the other. InnoDB instead hands both the rolled-back row's lock and fails one of them
 /// with a deadlock (1213); the guide now says so.
 #[tokio::test]
-#[ignore = "InnoDB: waiters on a rolled-back new key row deadlock (see docs/outbox.md)"]
 async fn a_rolled_back_first_enqueue_of_a_new_key_deadlocks_no_waiter() {
     let Some(db) = Db::new("rollback_deadlock").await else { return };
     let mut first = db.conn().await;

@@ -15,8 +15,8 @@
 /// The outbox's tables: `idemcache_outbox` as PostgreSQL's, with `VARBINARY` text columns so that ids compare
 /// byte for byte (the server's default collations ignore case and trailing spaces), and
 /// `headers` a `MEDIUMBLOB`: the most headers a message may carry encode to 278,848
-/// bytes, past a `BLOB`'s 65,535. `idemcache_outbox_keys` holds one row per aggregate
-/// key ever enqueued, the row [`KEY_LOCK`] locks.
+/// bytes, past a `BLOB`'s 65,535. `idemcache_outbox_keys` holds the [`KEY_BUCKETS`] rows
+/// [`KEY_LOCK`] locks, made once, here.
 pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idemcache_outbox (
     seq             BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
@@ -39,8 +39,19 @@ CREATE TABLE IF NOT EXISTS idemcache_outbox (
     KEY idemcache_outbox_delivered (state, delivered_at)
 ) ENGINE=InnoDB;
 CREATE TABLE IF NOT EXISTS idemcache_outbox_keys (
-    aggregate_key VARBINARY(255) NOT NULL PRIMARY KEY
-) ENGINE=InnoDB";
+    bucket INT NOT NULL PRIMARY KEY
+) ENGINE=InnoDB;
+INSERT IGNORE INTO idemcache_outbox_keys (bucket)
+SELECT a.d + 4 * b.d + 16 * c.d + 64 * e.d + 256 * f.d
+FROM (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3) AS a,
+     (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3) AS b,
+     (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3) AS c,
+     (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3) AS e,
+     (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3) AS f";
+
+/// How many rows [`KEY_LOCK`] spreads the aggregate keys over (the `bucket`s 0 to
+/// 1023 that [`SCHEMA`] creates).
+pub const KEY_BUCKETS: u32 = 1024;
 
 const COLUMNS: &str = "seq, message_id, topic, payload, headers, aggregate_key, state, \
                        attempts, next_attempt_at, lease_until, token, last_error, \
@@ -55,14 +66,18 @@ VALUES (?, ?, ?, ?, ?, 0, 0, 0, 0,
         TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))";
 
 /// Locks an aggregate key until the transaction ends, before a keyed row is enqueued
-/// (parameter: the key). MySQL has no transaction-scoped advisory lock, so the lock is
-/// the key's row in `idemcache_outbox_keys`: inserted the first time, and otherwise
-/// updated to itself, which takes the same exclusive row lock. A second transaction
-/// enqueueing the key waits until the first ends, so `seq` order is commit order
-/// within a key (see [`postgres::ENQUEUE`](super::postgres::ENQUEUE)).
+/// (parameter: the key); returns the locked bucket, or no row when the buckets were never
+/// made (the driver refuses to enqueue then: with no row to lock, nothing would wait).
+/// MySQL has no transaction-scoped advisory lock, so the lock is one of the
+/// [`KEY_BUCKETS`] rows of `idemcache_outbox_keys`, chosen by the key's CRC-32, locked
+/// `FOR UPDATE`. A second transaction enqueueing the key waits until the first ends, so
+/// `seq` order is commit order within a key (see
+/// [`postgres::ENQUEUE`](super::postgres::ENQUEUE)); keys sharing a bucket wait for each
+/// other too. The rows exist before any producer: a row a producer inserted itself and
+/// rolled back would leave its waiters holding a gap lock that stops other keys' first
+/// enqueues, and can fail a waiter as a deadlock.
 pub const KEY_LOCK: &str = "
-INSERT INTO idemcache_outbox_keys (aggregate_key) VALUES (?)
-ON DUPLICATE KEY UPDATE aggregate_key = aggregate_key";
+SELECT bucket FROM idemcache_outbox_keys WHERE bucket = CRC32(?) % 1024 FOR UPDATE";
 
 /// Sets the next transaction's isolation to READ COMMITTED (run before the claim's
 /// `BEGIN`).

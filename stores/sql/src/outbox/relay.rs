@@ -19,9 +19,10 @@
 //! the batch's publishing (batch size times a publish's worst latency): a lease that
 //! lapses mid-batch lets another relay claim and publish the same rows meanwhile (the
 //! first relay's marks are then refused as stale), which is safe but wasteful. The
-//! relay reads its clock before each publish and leaves the rest of a batch whose lease
-//! has lapsed unpublished ([`BatchReport::lapsed`]), so only the row in flight at the
-//! lapse can be published twice.
+//! relay publishes the rest of such a batch all the same, late: leaving a row
+//! unpublished would not give back the attempt its claim counted, and a slow broker
+//! would then make rows dead that were never published (worse than a duplicate, which
+//! the inbox absorbs).
 
 use std::convert::Infallible;
 use std::error::Error;
@@ -197,19 +198,13 @@ pub struct BatchReport {
     pub dead: usize,
     /// Rows whose mark was refused: their lease lapsed and another claim took them.
     pub stale: usize,
-    /// Rows left unpublished because their lease had lapsed (on the relay's clock) when
-    /// their turn came: another relay may hold them now, and publishing them would only
-    /// be a duplicate. Due again; the next claim takes them.
-    pub lapsed: usize,
     /// The rows that could not be read, and the marks the database failed (their rows
     /// stay leased, and are due again when the lease lapses).
     pub errors: Vec<OutboxError>,
 }
 
 /// Claims one batch and publishes it: each row is marked delivered once `publisher`
-/// confirmed it, failed otherwise. `clock` is read for the claim, before each publish
-/// (a row whose lease has lapsed by then is left to the next claim, unpublished) and for
-/// each mark.
+/// confirmed it, failed otherwise. `clock` is read for the claim and for each mark.
 /// An `Err` is the claim's (nothing was leased); a mark's failure is in the report.
 pub async fn relay_batch<S, P, C>(
     storage: &S,
@@ -222,12 +217,7 @@ where
     P: Publisher,
     C: FnMut() -> SystemTime,
 {
-    let claimed_at = clock();
-    let batch = storage.claim_due(settings.batch, settings.lease, claimed_at).await?;
-    // The claim leased every row until `claimed_at + lease`; past it, a row may be
-    // another relay's. (A lease that lapses during a publish still costs a duplicate:
-    // the inbox absorbs it.)
-    let lapses_at = claimed_at.checked_add(settings.lease);
+    let batch = storage.claim_due(settings.batch, settings.lease, clock()).await?;
     let mut report = BatchReport {
         claimed: batch.claimed.len() + batch.unreadable.len(),
         errors: batch.unreadable,
@@ -245,10 +235,6 @@ where
                 Ok(Mark::Stale) => report.stale += 1,
                 Err(e) => report.errors.push(e),
             }
-            continue;
-        }
-        if lapses_at.is_some_and(|at| clock() >= at) {
-            report.lapsed += 1;
             continue;
         }
         let (marked, failed_as) = match publisher.publish(&claimed.message).await {

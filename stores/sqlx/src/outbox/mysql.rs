@@ -48,7 +48,16 @@ pub async fn enqueue(
     message.check()?;
     if let Some(key) = message.aggregate_key() {
         // Waits while another open transaction enqueues this key (see KEY_LOCK).
-        sqlx::query(KEY_LOCK).bind(key.as_bytes()).execute(&mut **tx).await.map_err(database)?;
+        let locked = sqlx::query(KEY_LOCK)
+            .bind(key.as_bytes())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(database)?;
+        if locked.is_none() {
+            return Err(OutboxError::Database(
+                "idemcache_outbox_keys has no rows to lock a key with: run ensure_schema".into(),
+            ));
+        }
     }
     let done = sqlx::query(ENQUEUE)
         .bind(message.id().as_bytes())
