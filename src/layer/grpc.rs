@@ -117,7 +117,8 @@ impl GrpcCode {
 type GrpcStoreFn = dyn Fn(GrpcCode) -> bool + Send + Sync;
 
 /// How the layer speaks gRPC ([`IdempotencyLayer::grpc`](super::IdempotencyLayer::grpc)):
-/// which statuses are kept, and which methods are streaming (passed through unguarded).
+/// which statuses are kept, and which methods pass through unguarded (streaming ones, and
+/// unary ones that change nothing).
 ///
 /// The key is the `idempotency-key` metadata (the `Idempotency-Key` header: HTTP/2
 /// header names are lowercase); a replay carries the `idempotent-replayed: true`
@@ -147,7 +148,7 @@ type GrpcStoreFn = dyn Fn(GrpcCode) -> bool + Send + Sync;
 #[derive(Clone)]
 pub struct Grpc {
     store: Arc<GrpcStoreFn>,
-    streaming: Vec<String>,
+    unguarded: Vec<String>,
 }
 
 impl Default for Grpc {
@@ -158,7 +159,7 @@ impl Default for Grpc {
 
 impl fmt::Debug for Grpc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Grpc").field("streaming", &self.streaming).finish_non_exhaustive()
+        f.debug_struct("Grpc").field("unguarded", &self.unguarded).finish_non_exhaustive()
     }
 }
 
@@ -166,7 +167,7 @@ impl Grpc {
     /// The defaults: the deterministic statuses kept ([`GrpcCode::is_deterministic`]),
     /// every method guarded.
     pub fn new() -> Grpc {
-        Grpc { store: Arc::new(GrpcCode::is_deterministic), streaming: Vec::new() }
+        Grpc { store: Arc::new(GrpcCode::is_deterministic), unguarded: Vec::new() }
     }
 
     /// Which gRPC statuses of an HTTP 200 answer are kept for replay; the rest release the
@@ -179,19 +180,20 @@ impl Grpc {
         self
     }
 
-    /// The streaming methods, by path (`/orders.v1.Orders/Watch`): passed through
-    /// unguarded, with no key asked and nothing buffered. The layer guards a call by
+    /// Methods passed through unguarded, by path (`/orders.v1.Orders/Watch`), with no
+    /// key asked and nothing buffered: every streaming method (the layer guards a call by
     /// buffering its request and its answer whole, which a stream's are not meant to be,
-    /// and replaying one answer, where a stream has many. Every method not listed is
-    /// guarded as a unary one.
-    pub fn streaming(mut self, paths: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        self.streaming.extend(paths.into_iter().map(Into::into));
+    /// and replaying one answer, where a stream has many), and the unary ones that change
+    /// nothing and are called without a key (`/grpc.health.v1.Health/Check`). Every
+    /// method not listed is guarded as a unary one.
+    pub fn unguarded(mut self, paths: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.unguarded.extend(paths.into_iter().map(Into::into));
         self
     }
 
     /// Whether the method at `path` is passed through unguarded.
     pub(crate) fn passes(&self, path: &str) -> bool {
-        self.streaming.iter().any(|p| p == path)
+        self.unguarded.iter().any(|p| p == path)
     }
 
     /// Whether an HTTP 200 answer with these headers and trailers is kept.

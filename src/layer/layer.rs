@@ -204,7 +204,7 @@ impl IdempotencyLayer {
     ///
     /// let layer = IdempotencyLayer::new(idemcache::Cache::builder().build()?).grpc(
     ///     Grpc::new()
-    ///         .streaming(["/orders.v1.Orders/Watch"])
+    ///         .unguarded(["/orders.v1.Orders/Watch", "/grpc.health.v1.Health/Check"])
     ///         .store_when(|code| code.is_deterministic() && code != GrpcCode::NotFound),
     /// );
     /// # let _ = layer;

@@ -30,7 +30,7 @@
 //! layer then keeps answers by their `grpc-status` (the deterministic ones; a transient
 //! `UNAVAILABLE` releases the key as a 5xx does), answers its refusals as gRPC statuses
 //! (`ABORTED` while in progress, `FAILED_PRECONDITION` for a reused key, ...), and passes
-//! the streaming methods through unguarded: [`Grpc`] has the table.
+//! the streaming methods (and those you name) through unguarded: [`Grpc`] has the table.
 //!
 //! The request fingerprint is method, path and query, selected headers (default
 //! `Content-Type`) and the body (or what [`IdempotencyLayer::fingerprint_body`] selects of

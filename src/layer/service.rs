@@ -1066,7 +1066,7 @@ mod tests {
         use GrpcAnswer::*;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         let handler = GrpcHandler::new(&[Trailers(0), Trailers(0), Trailers(0)]);
-        let grpc = super::grpc::Grpc::new().streaming(["/orders.v1.Orders/Watch"]);
+        let grpc = super::grpc::Grpc::new().unguarded(["/orders.v1.Orders/Watch"]);
         let layer = IdempotencyLayer::new(Cache::builder().build().unwrap()).grpc(grpc);
         let mut service = layer.layer(handler.clone());
 
