@@ -35,19 +35,20 @@
 //! `IDEMCACHE_REDIS_CLUSTER_URL` (`redis-cluster://h1:p1,...`, once `idemcache-any`
 //! opens that scheme).
 
-use std::io::{BufRead, BufReader};
+#[path = "support/load.rs"]
+mod load;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hdrhistogram::Histogram;
 use http::header::{CONTENT_TYPE, COOKIE, HOST, SET_COOKIE};
 use http::{HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use load::{cells, histogram, median, rounds_line, Measured, ServerProcess};
 
 /// The request body: 64 bytes of JSON, as the layer bench sends.
 const BODY: &[u8] = br#"{"item":"book","qty":2,"note":"deliver to the front desk please"}"#;
@@ -63,23 +64,21 @@ struct Args {
     rounds: usize,
     connections: usize,
     server_threads: usize,
-    rows: Option<Vec<String>>,
+    /// The rows `--rows` names; empty: every row.
+    rows: Vec<String>,
 }
 
 fn args() -> Args {
-    let all: Vec<String> = std::env::args().skip(1).collect();
-    let value = |name: &str| {
-        all.iter().position(|a| a == name).and_then(|i| all.get(i + 1)).map(String::as_str)
-    };
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     Args {
-        duration: Duration::from_secs_f64(
-            value("--duration").and_then(|v| v.parse().ok()).unwrap_or(2.0),
-        ),
-        rounds: value("--rounds").and_then(|v| v.parse().ok()).unwrap_or(3).max(1),
-        connections: value("--connections").and_then(|v| v.parse().ok()).unwrap_or(32).max(1),
-        server_threads: value("--server-threads").and_then(|v| v.parse().ok()).unwrap_or(cores),
-        rows: value("--rows").map(|v| v.split(',').map(str::to_owned).collect()),
+        duration: Duration::from_secs_f64(load::flag("--duration", 2.0)),
+        rounds: load::flag("--rounds", 3).max(1),
+        connections: load::flag("--connections", 32).max(1),
+        server_threads: load::flag("--server-threads", load::cores()),
+        rows: load::flag("--rows", String::new())
+            .split(',')
+            .filter(|r| !r.is_empty())
+            .map(str::to_owned)
+            .collect(),
     }
 }
 
@@ -206,44 +205,11 @@ fn rows(run: &str) -> Vec<Result<Row, (String, String)>> {
     ]
 }
 
-/// A server child process; it exits when its stdin (held here) closes.
-struct Server {
-    child: Child,
-    _stdin: ChildStdin,
-    addr: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.child.kill());
-        drop(self.child.wait());
-    }
-}
-
-fn start(row: &Row, threads: usize) -> Result<Server, String> {
-    let mut child = Command::new(&row.program)
-        .args(&row.args)
-        .args(["--threads", &threads.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", row.program.display()))?;
-    let stdin = child.stdin.take().ok_or("no stdin")?;
-    let mut line = String::new();
-    let stdout = child.stdout.take().ok_or("no stdout")?;
-    BufReader::new(stdout).read_line(&mut line).map_err(|e| e.to_string())?;
-    let line = line.trim();
-    match line.strip_prefix("listening ") {
-        Some(addr) => {
-            let addr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
-            Ok(Server { child, _stdin: stdin, addr })
-        }
-        None => {
-            drop(child.kill());
-            drop(child.wait());
-            Err(line.strip_prefix("unavailable ").unwrap_or(line).to_owned())
-        }
-    }
+/// Starts `row`'s server with `threads` workers.
+fn start(row: &Row, threads: usize) -> Result<ServerProcess, String> {
+    let mut args = row.args.clone();
+    args.extend(["--threads".to_owned(), threads.to_string()]);
+    load::start(&row.program, &args)
 }
 
 /// One keep-alive connection, with the session cookie its server gave it (if any).
@@ -314,16 +280,6 @@ enum Phase {
     Replay,
 }
 
-/// One phase of one round of one row.
-struct Measured {
-    requests: u64,
-    per_second: f64,
-    histogram: Histogram<u64>,
-    /// Answers that were not what the phase expects (201, replayed or not).
-    unexpected: u64,
-    first_unexpected: Option<String>,
-}
-
 async fn measure(
     bare: bool,
     conns: Vec<Conn>,
@@ -391,24 +347,15 @@ async fn measure(
         })
         .collect();
     let mut conns = Vec::new();
-    let mut total = Measured {
-        requests: 0,
-        per_second: 0.0,
-        histogram: histogram(),
-        unexpected: 0,
-        first_unexpected: None,
-    };
+    let mut total = Measured::empty();
+    let mut total_requests = 0;
     for task in tasks {
         let (conn, requests, histogram, unexpected, first) = task.await.expect("a connection");
         conns.push(conn);
-        total.requests += requests;
-        total.histogram.add(&histogram).expect("histograms of one shape");
-        total.unexpected += unexpected;
-        if total.first_unexpected.is_none() {
-            total.first_unexpected = first;
-        }
+        total_requests += requests;
+        total.add(&histogram, unexpected, first);
     }
-    total.per_second = total.requests as f64 / duration.as_secs_f64();
+    total.per_second = total_requests as f64 / duration.as_secs_f64();
     (conns, total)
 }
 
@@ -510,35 +457,9 @@ fn flush_redis(url: &str) {
     }
 }
 
-/// Latencies in nanoseconds, 1 ns to a minute, three significant digits.
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
-}
-
-fn median(rounds: &[Measured]) -> &Measured {
-    let mut order: Vec<usize> = (0..rounds.len()).collect();
-    order.sort_by(|&a, &b| rounds[a].per_second.total_cmp(&rounds[b].per_second));
-    &rounds[order[order.len() / 2]]
-}
-
-fn kilo(per_second: f64) -> String {
-    format!("{:.1}k", per_second / 1000.0)
-}
-
-fn micros(histogram: &Histogram<u64>, quantile: f64) -> String {
-    let ns = histogram.value_at_quantile(quantile) as f64;
-    if ns >= 10_000_000.0 {
-        format!("{:.0} ms", ns / 1e6)
-    } else if ns >= 1_000_000.0 {
-        format!("{:.1} ms", ns / 1e6)
-    } else {
-        format!("{:.0} µs", ns / 1e3)
-    }
-}
-
 struct Running {
     row: Row,
-    server: Server,
+    server: ServerProcess,
     conns: Option<Vec<Conn>>,
     first: Vec<Measured>,
     replay: Vec<Measured>,
@@ -570,7 +491,7 @@ fn main() {
                 continue;
             }
         };
-        if args.rows.as_ref().is_some_and(|only| !only.iter().any(|o| o == row.id)) {
+        if !args.rows.is_empty() && !args.rows.iter().any(|o| o == row.id) {
             continue;
         }
         let server = match start(&row, args.server_threads) {
@@ -614,18 +535,10 @@ fn main() {
                 let (conns, measured) =
                     runtime.block_on(measure(r.row.id == "bare", conns, phase, tag, args.duration));
                 eprintln!(
-                    "round {round} {:>16} {:>6}: {:>9.0} req/s p50 {} p99 {} unexpected {}{}",
+                    "round {round} {:>16} {:>6}: req {}",
                     r.row.id,
                     if phase == Phase::First { "first" } else { "replay" },
-                    measured.per_second,
-                    micros(&measured.histogram, 0.5),
-                    micros(&measured.histogram, 0.99),
-                    measured.unexpected,
-                    measured
-                        .first_unexpected
-                        .as_deref()
-                        .map(|s| format!(" (first: {s})"))
-                        .unwrap_or_default(),
+                    measured.progress(),
                 );
                 r.conns = Some(conns);
                 match phase {
@@ -651,11 +564,18 @@ fn main() {
     }
 }
 
+impl Running {
+    /// This row's rounds of `phase`.
+    fn rounds(&self, phase: Phase) -> &[Measured] {
+        match phase {
+            Phase::First => &self.first,
+            Phase::Replay => &self.replay,
+        }
+    }
+}
+
 fn report(args: &Args, running: &[Running], skipped: &[(String, String)]) {
     let bare = running.iter().find(|r| r.row.id == "bare");
-    let bare_rate = |phase: Phase| {
-        bare.map(|b| median(if phase == Phase::First { &b.first } else { &b.replay }).per_second)
-    };
     println!(
         "\n{} keep-alive connections, closed loop, {} s per phase after {} ms not measured, \
          medians of {} interleaved rounds; server: a child process, {} tokio workers; client: \
@@ -672,24 +592,7 @@ fn report(args: &Args, running: &[Running], skipped: &[(String, String)]) {
     println!("|---|---|---|---|---|");
     for r in running {
         let cell = |phase: Phase| {
-            let m = median(if phase == Phase::First { &r.first } else { &r.replay });
-            let ratio = match (bare_rate(phase), r.row.id) {
-                (_, "bare") | (None, _) => String::new(),
-                (Some(b), _) => format!(" ({:.2}x bare)", m.per_second / b),
-            };
-            let odd = match m.unexpected {
-                0 => String::new(),
-                n => format!(" [{n} unexpected]"),
-            };
-            (
-                format!("{}{ratio}{odd}", kilo(m.per_second)),
-                format!(
-                    "{} / {} / {}",
-                    micros(&m.histogram, 0.5),
-                    micros(&m.histogram, 0.99),
-                    micros(&m.histogram, 0.999)
-                ),
-            )
+            cells(r.rounds(phase), bare.filter(|_| r.row.id != "bare").map(|b| b.rounds(phase)))
         };
         let (first, first_lat) = cell(Phase::First);
         let (replay, replay_lat) = cell(Phase::Replay);
@@ -728,12 +631,6 @@ fn report(args: &Args, running: &[Running], skipped: &[(String, String)]) {
     }
     println!("\nEach round's req/s (first / replay):\n");
     for r in running {
-        let rounds: Vec<String> = r
-            .first
-            .iter()
-            .zip(&r.replay)
-            .map(|(f, p)| format!("{} / {}", kilo(f.per_second), kilo(p.per_second)))
-            .collect();
-        println!("- {}: {}", r.row.id, rounds.join("; "));
+        println!("- {}: {}", r.row.id, rounds_line(&r.first, &r.replay));
     }
 }

@@ -100,7 +100,7 @@ struct Orders {
 
 /// The user named by `authorization: Bearer NAME` (metadata are HTTP/2 headers: the
 /// layer reads them as headers, the service as metadata).
-fn bearer(headers: &http::HeaderMap) -> Option<String> {
+pub fn bearer(headers: &http::HeaderMap) -> Option<String> {
     user_of(headers.get(http::header::AUTHORIZATION)?.to_str().ok()?)
 }
 
