@@ -1,5 +1,7 @@
 //! [`complete_in`]: a claim's completion written in the caller's own transaction, so
-//! that it commits with the business change it records, or not at all.
+//! that it commits with the business change it records, or not at all; and
+//! [`PostgresStore::claim_in`], the claim itself made in that transaction, so that a
+//! first execution is one commit.
 //!
 //! Invariant: the write is the store's own completion (the same statement,
 //! `idemcache-sql`'s `COMPLETE`, judged by the server's clock), fenced by the claim's
@@ -10,17 +12,91 @@
 //! the winner's row (a takeover finds it COMPLETED and replays; this write finds a new
 //! token and is refused).
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
 
-use idemcache::store::encoding::{check_duration, micros};
-use idemcache::store::{OpenClaim, StoreError};
-use idemcache::{Bytes, Replay};
+use idemcache::store::encoding::{check_duration, lapse_ttl_micros, micros};
+use idemcache::store::{OpenClaim, StoreClaim, StoreError};
+use idemcache::{Bytes, Fingerprint, Key, Replay};
 use idemcache_sql::records::{decode, postgres::COMPLETE};
 
-use crate::{backend, column};
+use crate::store::{claim_on, Statements};
+use crate::{backend, column, PostgresStore};
+
+impl Statements for Transaction<'_> {
+    async fn rows(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+        self.query(sql, params).await.map_err(backend)
+    }
+}
+
+impl PostgresStore {
+    /// Claims `key` for a request whose fingerprint is `fp` inside `tx`, your own
+    /// transaction on the database this store keeps its records in: with
+    /// [`complete_in`] and your business writes in the same `tx`, a first execution is
+    /// one commit, the seeds' design (get or create the record, check the fingerprint,
+    /// write the order, mark the record succeeded, commit).
+    ///
+    /// Answers as [`Store::claim`](idemcache::store::Store::claim) does, by the same
+    /// statement. On [`StoreClaim::Acquired`], make the claim
+    /// (`OpenClaim::new(key, token, result_ttl)`), write your change, [`complete_in`],
+    /// commit. On any other answer, roll `tx` back and answer it (a replay of
+    /// `Completed`, a refusal of the rest).
+    ///
+    /// What it changes about failures and duplicates:
+    /// - **A rollback, or a crash before the commit, leaves nothing behind**: the
+    ///   PROCESSING record was never committed, so nothing lapses, is taken over or needs
+    ///   reconciling; a retry runs again.
+    /// - **A concurrent duplicate waits on the record's row** (its claim statement blocks
+    ///   on the uncommitted key until `tx` ends), then replays what `tx` committed (or
+    ///   acquires, if `tx` rolled back). It holds a connection while it waits. Bound the
+    ///   wait with `SET LOCAL lock_timeout = '2s'` in its transaction before the claim: a
+    ///   wait that runs out answers [`StoreClaim::InProgress`] (`lease_ends_at` now), and
+    ///   that transaction is aborted: roll it back.
+    /// - **`lease` bounds the transaction**: [`complete_in`] after the lease's end is
+    ///   refused ([`StoreError::LeaseLost`]), so a transaction that ran too long commits
+    ///   nothing. Nobody else can take the key over meanwhile (the record is not
+    ///   visible to them), so choose it long enough for the slowest transaction.
+    /// - **Records other processes made** (this store's own claims, each its own
+    ///   commit) meet this claim as they meet any: a live PROCESSING one is `InProgress`,
+    ///   and fencing by token holds.
+    ///
+    /// Choose it when the effects live in this database; not when the transaction
+    /// would hold a call to another service: the row lock and the connection are held
+    /// for that call's duration, and duplicates queue on them (use the store's own
+    /// claim and [`complete_in`] then). Call it first in `tx`: a lock wait that times
+    /// out aborts `tx`. Under READ COMMITTED (the default); under REPEATABLE READ or
+    /// SERIALIZABLE a duplicate's wait ends in a serialization error instead of a
+    /// replay.
+    pub async fn claim_in(
+        &self,
+        tx: &Transaction<'_>,
+        key: &Key,
+        fp: Fingerprint,
+        lease: Duration,
+    ) -> Result<StoreClaim, StoreError> {
+        let lapse_ttl = lapse_ttl_micros(self.lapse);
+        match claim_on(tx, key.as_bytes(), fp, lease, lapse_ttl, None).await {
+            Err(StoreError::Backend(e)) if lock_wait_ran_out(&*e) => {
+                Ok(StoreClaim::InProgress { lease_ends_at: SystemTime::now() })
+            }
+            answer => answer,
+        }
+    }
+}
+
+/// Whether `e` is PostgreSQL's `lock_not_available` (a `lock_timeout` that ran out).
+fn lock_wait_ran_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<tokio_postgres::Error>()
+        .and_then(tokio_postgres::Error::code)
+        .is_some_and(|code| *code == SqlState::LOCK_NOT_AVAILABLE)
+}
 
 /// Completes `claim` with `body` inside `tx`, a transaction on the database the
 /// [`PostgresStore`](crate::PostgresStore) keeps its records in, so that the record

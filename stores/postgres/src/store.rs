@@ -83,6 +83,64 @@ fn stored_row(row: &tokio_postgres::Row) -> Result<(i64, StoredRecord), StoreErr
     Ok((column(row, 0, &stored.key)?, stored))
 }
 
+/// Where the claim's statements run: the store's pool (each statement a transaction of
+/// its own) or a caller's transaction ([`PostgresStore::claim_in`]).
+pub(crate) trait Statements: Sync {
+    /// Runs `sql` with `params` and returns its rows.
+    fn rows(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> impl Future<Output = Result<Vec<tokio_postgres::Row>, StoreError>> + Send;
+}
+
+impl Statements for PostgresStore {
+    fn rows(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> impl Future<Output = Result<Vec<tokio_postgres::Row>, StoreError>> + Send {
+        PostgresStore::rows(self, sql, params)
+    }
+}
+
+/// The claim of `key`: [`sql::CLAIM`], and under `MarkUnknown` the turn of a lapsed
+/// lease, each run again when a concurrent writer got between the statement's look and
+/// its write (no row, or a dead record not taken).
+pub(crate) async fn claim_on(
+    statements: &impl Statements,
+    key: &[u8],
+    fp: Fingerprint,
+    lease: Duration,
+    lapse_ttl: i64,
+    correlation_id: Option<&str>,
+) -> Result<StoreClaim, StoreError> {
+    check_duration("lease", lease)?;
+    let fp_bytes = fp.to_bytes().to_vec();
+    for _ in 0..16 {
+        let params: [&(dyn ToSql + Sync); 5] =
+            [&key, &fp_bytes, &micros(lease), &lapse_ttl, &correlation_id];
+        let rows = statements.rows(sql::CLAIM, &params).await?;
+        let Some(row) = rows.first() else { continue };
+        match decode::claim(key, fp, &claim_row(row, key)?)? {
+            ClaimStep::Answer(answer) => return Ok(answer),
+            // Dead, yet not taken: a concurrent writer got between.
+            ClaimStep::Dead => continue,
+            ClaimStep::TurnUnknown { token } => {
+                let turned =
+                    statements.rows(sql::TURN_UNKNOWN, &[&key, &token, &lapse_ttl]).await?;
+                // None: the record moved on since (settled, turned by another claim's
+                // statement): look again.
+                let Some(turned) = turned.first() else { continue };
+                let stored: Option<Vec<u8>> = column(turned, 0, key)?;
+                let marked_at = column(turned, 1, key)?;
+                return decode::turned_unknown(key, fp, stored.as_deref(), marked_at);
+            }
+        }
+    }
+    Err(StoreError::Backend("the claim kept racing a concurrent writer".into()))
+}
+
 impl Store for PostgresStore {
     /// Creates the sequence, table and index of [`POSTGRES_SCHEMA`](crate::POSTGRES_SCHEMA)
     /// if missing.
@@ -101,33 +159,8 @@ impl Store for PostgresStore {
         let key = key.as_bytes().to_vec();
         let correlation_id = correlation_id.map(CorrelationId::as_str).map(str::to_owned);
         async move {
-            check_duration("lease", lease)?;
-            let fp_bytes = fp.to_bytes().to_vec();
             let lapse_ttl = lapse_ttl_micros(self.lapse);
-            // No row, or a dead record not taken: a concurrent writer got between. Look
-            // again.
-            for _ in 0..16 {
-                let params: [&(dyn ToSql + Sync); 5] =
-                    [&key, &fp_bytes, &micros(lease), &lapse_ttl, &correlation_id];
-                let rows = self.rows(sql::CLAIM, &params).await?;
-                let Some(row) = rows.first() else { continue };
-                match decode::claim(&key, fp, &claim_row(row, &key)?)? {
-                    ClaimStep::Answer(answer) => return Ok(answer),
-                    // Dead, yet not taken: a concurrent writer got between.
-                    ClaimStep::Dead => continue,
-                    ClaimStep::TurnUnknown { token } => {
-                        let turned =
-                            self.rows(sql::TURN_UNKNOWN, &[&key, &token, &lapse_ttl]).await?;
-                        // None: the record moved on since (settled, turned by another
-                        // claim's statement): look again.
-                        let Some(turned) = turned.first() else { continue };
-                        let stored: Option<Vec<u8>> = column(turned, 0, &key)?;
-                        let marked_at = column(turned, 1, &key)?;
-                        return decode::turned_unknown(&key, fp, stored.as_deref(), marked_at);
-                    }
-                }
-            }
-            Err(StoreError::Backend("the claim kept racing a concurrent writer".into()))
+            claim_on(self, &key, fp, lease, lapse_ttl, correlation_id.as_deref()).await
         }
     }
 

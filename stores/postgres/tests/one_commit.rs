@@ -1,0 +1,321 @@
+//! One commit per first execution: `PostgresStore::claim_in`, the business write and
+//! `complete_in` in the caller's one transaction. Against a real PostgreSQL
+//! (`IDEMCACHE_POSTGRES_URL`; skipped with a printed reason when unset).
+//!
+//! What is checked: the claim, the order and the record commit together; a rollback, or
+//! a process killed with SIGKILL between the claim and the commit, leaves no record (a
+//! retry acquires); a concurrent duplicate waits on the record's row and replays what
+//! the first committed (or acquires once it rolled back); a `lock_timeout` bounds that
+//! wait with `InProgress`; a reused key is `Mismatch`; a record the store's own claim
+//! holds is `InProgress` to it, and fencing holds against it.
+//!
+//! No test waits on a clock: a waiting duplicate is seen waiting in `pg_stat_activity`
+//! (its backend waits on a lock) before the first transaction ends.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idemcache::store::conformance::service_url;
+use idemcache::store::{OpenClaim, Store, StoreClaim, StoreError};
+use idemcache::{Fingerprint, Key};
+use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
+use idemcache_postgres::{complete_in, PostgresStore};
+
+const LEASE: Duration = Duration::from_secs(30);
+const KEPT: Duration = Duration::from_secs(600);
+
+/// The child process of the kill test: set to the key it claims.
+const CHILD_KEY: &str = "IDEMCACHE_ONE_COMMIT_CHILD_KEY";
+/// The child process of the kill test: its orders table.
+const CHILD_TABLE: &str = "IDEMCACHE_ONE_COMMIT_CHILD_TABLE";
+
+async fn connect(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// A store over the test database, a table of this test's own for its orders, and a
+/// key no other run has used.
+struct Db {
+    url: String,
+    store: PostgresStore,
+    orders: String,
+}
+
+impl Db {
+    async fn new(name: &str) -> Option<Db> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let url = service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")?;
+        let store = PostgresStore::connect(&url).await.unwrap();
+        store.ensure_schema().await.unwrap();
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let orders = format!("idemcache_one_commit_{name}_{}_{n}", std::process::id());
+        let sql = format!("CREATE TABLE {orders} (key TEXT PRIMARY KEY, item TEXT NOT NULL)");
+        connect(&url).await.batch_execute(&sql).await.unwrap();
+        Some(Db { url, store, orders })
+    }
+
+    fn key(&self) -> Key {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+        Key::new("POST /orders", "one-commit", format!("{}-{nanos}", self.orders)).unwrap()
+    }
+
+    async fn orders_of(&self, key: &Key) -> i64 {
+        let sql = format!("SELECT count(*) FROM {} WHERE key = $1", self.orders);
+        let client = connect(&self.url).await;
+        client.query_one(&sql, &[&key.client_key()]).await.unwrap().get(0)
+    }
+
+    async fn drop_table(self) {
+        let sql = format!("DROP TABLE {}", self.orders);
+        connect(&self.url).await.batch_execute(&sql).await.unwrap();
+    }
+}
+
+/// The first execution as a handler writes it: the claim, the order, the record, in
+/// `tx`; the claim's answer if it was not acquired.
+async fn execute(
+    db: &Db,
+    tx: &tokio_postgres::Transaction<'_>,
+    key: &Key,
+    body: &[u8],
+) -> Result<(), StoreClaim> {
+    match db.store.claim_in(tx, key, Fingerprint::of(b"order"), LEASE).await.unwrap() {
+        StoreClaim::Acquired { token, .. } => {
+            let claim = OpenClaim::new(key.clone(), token, KEPT);
+            let sql = format!("INSERT INTO {} VALUES ($1, 'book')", db.orders);
+            tx.execute(&sql, &[&key.client_key()]).await.unwrap();
+            complete_in(tx, &claim, Some(body)).await.unwrap();
+            Ok(())
+        }
+        other => Err(other),
+    }
+}
+
+fn replayed(answer: &StoreClaim) -> Option<&[u8]> {
+    match answer {
+        StoreClaim::Completed(replay) => replay.body.as_deref(),
+        _ => None,
+    }
+}
+
+/// Waits until the backend `pid` waits on a lock: the duplicate is queued on the first
+/// transaction's row. Polls `pg_stat_activity`, one query after another.
+async fn until_waiting_on_lock(url: &str, pid: i32) {
+    let watcher = connect(url).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30); // against a hang
+    while std::time::Instant::now() < deadline {
+        let waiting: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+                &[&pid],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            return;
+        }
+    }
+    panic!("the duplicate never waited on the first transaction's row");
+}
+
+/// A duplicate's claim of `key` in a transaction of its own, on a task; its backend's
+/// pid, to watch it wait.
+async fn duplicate(db: &Db, key: &Key) -> (i32, tokio::task::JoinHandle<StoreClaim>) {
+    let mut client = connect(&db.url).await;
+    let pid: i32 = client.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0);
+    let (store, key) = (db.store.clone(), key.clone());
+    let task = tokio::spawn(async move {
+        let tx = client.transaction().await.unwrap();
+        let answer = store.claim_in(&tx, &key, Fingerprint::of(b"order"), LEASE).await;
+        tx.rollback().await.unwrap();
+        answer.unwrap()
+    });
+    (pid, task)
+}
+
+#[tokio::test]
+async fn the_claim_the_order_and_the_record_commit_together() {
+    let Some(db) = Db::new("together").await else { return };
+    let key = db.key();
+    let mut client = connect(&db.url).await;
+    let tx = client.transaction().await.unwrap();
+    execute(&db, &tx, &key, b"201 order 1").await.unwrap();
+    // Before the commit, nobody else sees a record: the store's own read finds none.
+    assert!(db.store.record(&key).await.unwrap().is_none());
+    tx.commit().await.unwrap();
+    let again = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
+    assert_eq!(replayed(&again), Some(&b"201 order 1"[..]));
+    assert_eq!(db.orders_of(&key).await, 1);
+    // A retry in one-commit mode replays too, and writes nothing.
+    let tx = client.transaction().await.unwrap();
+    let answer = execute(&db, &tx, &key, b"never").await.unwrap_err();
+    assert_eq!(replayed(&answer), Some(&b"201 order 1"[..]));
+    tx.rollback().await.unwrap();
+    assert_eq!(db.orders_of(&key).await, 1);
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_rollback_leaves_no_record_and_the_retry_runs() {
+    let Some(db) = Db::new("rollback").await else { return };
+    let key = db.key();
+    let mut client = connect(&db.url).await;
+    let tx = client.transaction().await.unwrap();
+    execute(&db, &tx, &key, b"lost").await.unwrap();
+    tx.rollback().await.unwrap();
+    assert!(db.store.record(&key).await.unwrap().is_none(), "nothing left PROCESSING");
+    let tx = client.transaction().await.unwrap();
+    execute(&db, &tx, &key, b"201 again").await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.orders_of(&key).await, 1);
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_duplicate_waits_on_the_row_and_replays_what_committed() {
+    let Some(db) = Db::new("waits").await else { return };
+    let key = db.key();
+    let mut first = connect(&db.url).await;
+    let tx = first.transaction().await.unwrap();
+    execute(&db, &tx, &key, b"201 first").await.unwrap();
+
+    let (pid, duplicate) = duplicate(&db, &key).await;
+    until_waiting_on_lock(&db.url, pid).await;
+    assert!(!duplicate.is_finished(), "the duplicate answers only once the first ends");
+    tx.commit().await.unwrap();
+    let answer = duplicate.await.unwrap();
+    assert_eq!(replayed(&answer), Some(&b"201 first"[..]));
+    assert_eq!(db.orders_of(&key).await, 1);
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_duplicate_of_a_rolled_back_first_acquires() {
+    let Some(db) = Db::new("acquires").await else { return };
+    let key = db.key();
+    let mut first = connect(&db.url).await;
+    let tx = first.transaction().await.unwrap();
+    execute(&db, &tx, &key, b"rolled back").await.unwrap();
+
+    let (pid, duplicate) = duplicate(&db, &key).await;
+    until_waiting_on_lock(&db.url, pid).await;
+    tx.rollback().await.unwrap();
+    assert!(matches!(duplicate.await.unwrap(), StoreClaim::Acquired { .. }));
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_lock_timeout_bounds_the_wait_with_in_progress() {
+    let Some(db) = Db::new("timeout").await else { return };
+    let key = db.key();
+    let mut first = connect(&db.url).await;
+    let tx = first.transaction().await.unwrap();
+    execute(&db, &tx, &key, b"201 first").await.unwrap();
+
+    // The first transaction stays open until the duplicate answered: its wait can only
+    // end by the timeout.
+    let mut client = connect(&db.url).await;
+    let dup = client.transaction().await.unwrap();
+    dup.batch_execute("SET LOCAL lock_timeout = '100ms'").await.unwrap();
+    let answer = db.store.claim_in(&dup, &key, Fingerprint::of(b"order"), LEASE).await.unwrap();
+    assert!(matches!(answer, StoreClaim::InProgress { .. }), "{answer:?}");
+    dup.rollback().await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.orders_of(&key).await, 1);
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_reused_key_is_a_mismatch_and_writes_nothing() {
+    let Some(db) = Db::new("mismatch").await else { return };
+    let key = db.key();
+    let mut client = connect(&db.url).await;
+    let tx = client.transaction().await.unwrap();
+    execute(&db, &tx, &key, b"201 first").await.unwrap();
+    tx.commit().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let answer = db.store.claim_in(&tx, &key, Fingerprint::of(b"another"), LEASE).await.unwrap();
+    assert!(matches!(answer, StoreClaim::Mismatch), "{answer:?}");
+    tx.rollback().await.unwrap();
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_record_the_stores_own_claim_holds_is_in_progress_and_fenced() {
+    let Some(db) = Db::new("fenced").await else { return };
+    let key = db.key();
+    // Another process's claim, committed on its own (the three-commit path).
+    let held = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
+    let StoreClaim::Acquired { token, .. } = held else { panic!("acquired: {held:?}") };
+    let mut client = connect(&db.url).await;
+    let tx = client.transaction().await.unwrap();
+    let answer = db.store.claim_in(&tx, &key, Fingerprint::of(b"order"), LEASE).await.unwrap();
+    assert!(matches!(answer, StoreClaim::InProgress { .. }), "{answer:?}");
+    // A completion in this transaction under a token that is not the holder's is refused.
+    let stale = OpenClaim::new(key.clone(), idemcache::FencingToken::new(token.get() + 1), KEPT);
+    let refused = complete_in(&tx, &stale, Some(b"stale")).await;
+    assert!(matches!(refused, Err(StoreError::LeaseLost(_))), "{refused:?}");
+    tx.rollback().await.unwrap();
+    db.drop_table().await;
+}
+
+/// The kill test's child: claims `CHILD_KEY` and writes its order in one transaction,
+/// says `claimed`, and waits for its parent to kill it, never committing. A no-op when
+/// run as a test of its own.
+#[tokio::test]
+async fn child_claims_and_waits_to_be_killed() {
+    let (Ok(key), Ok(orders)) = (std::env::var(CHILD_KEY), std::env::var(CHILD_TABLE)) else {
+        return;
+    };
+    let url = std::env::var("IDEMCACHE_POSTGRES_URL").unwrap();
+    let store = PostgresStore::connect(&url).await.unwrap();
+    let key = Key::new("POST /orders", "one-commit", key).unwrap();
+    let db = Db { url: url.clone(), store, orders };
+    let mut client = connect(&url).await;
+    let tx = client.transaction().await.unwrap();
+    execute(&db, &tx, &key, b"never committed").await.unwrap();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "claimed").unwrap();
+    out.flush().unwrap();
+    drop(out);
+    // Until killed: stdin stays open while the parent lives.
+    let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await;
+    panic!("the parent should have killed this process");
+}
+
+#[tokio::test]
+async fn a_process_killed_between_claim_and_commit_leaves_no_record() {
+    let Some(db) = Db::new("killed").await else { return };
+    let key = db.key();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_claims_and_waits_to_be_killed", "--nocapture", "--test-threads=1"])
+        .env(CHILD_KEY, key.client_key())
+        .env(CHILD_TABLE, &db.orders)
+        .env("IDEMCACHE_POSTGRES_URL", &db.url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let claimed = stdout.lines().map_while(Result::ok).any(|line| line.contains("claimed"));
+    assert!(claimed, "the child claimed before it was killed");
+    // SIGKILL: no destructor, no rollback sent; the server sees the connection drop.
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // The retry waits on the dead transaction's row until the server has rolled it
+    // back, then acquires: nothing was left PROCESSING to lapse or take over.
+    let mut client = connect(&db.url).await;
+    let tx = client.transaction().await.unwrap();
+    execute(&db, &tx, &key, b"201 the retry").await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.orders_of(&key).await, 1);
+    let again = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
+    assert_eq!(replayed(&again), Some(&b"201 the retry"[..]));
+    db.drop_table().await;
+}
