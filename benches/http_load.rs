@@ -140,6 +140,16 @@ fn rows(run: &str) -> Vec<Result<Row, (String, String)>> {
                 &["layer-tiered", url],
             )
         }),
+        needs("one-commit", &env("IDEMCACHE_POSTGRES_URL"), "IDEMCACHE_POSTGRES_URL", &|url| {
+            row(
+                "one-commit",
+                "one commit over PostgreSQL (`claim_in` + `complete_in` in one transaction, no cache)",
+                "PostgreSQL",
+                true,
+                &serve,
+                &["one-commit", url],
+            )
+        }),
         needs("redis", &redis, "IDEMCACHE_REDIS_URL", &|url| {
             row(
                 "redis",

@@ -8,7 +8,9 @@
 //! `bare`; `layer-cache` (`idemcache::layer` over a `Cache`); `layer-tiered URL`
 //! (the layer over `Tiered`, the store opened from `URL` with `idemcache_any`:
 //! `sqlite:PATH`, `postgres://...`, `redis://...`, and `redis-cluster://...` once that
-//! scheme lands there); `axum-idempotent` (its README's setup: a `ruts` session over its
+//! scheme lands there); `one-commit URL` (PostgreSQL: the claim, the handler's response
+//! and the record in one transaction per request, with `idemcache-postgres`'s
+//! `claim_in` and `complete_in`); `axum-idempotent` (its README's setup: a `ruts` session over its
 //! in-memory `MokaStore`, the `Idempotency-Key` header required); `setnx URL` (the
 //! hand-written Redis middleware of payment blogs: `SET key processing NX EX`, then the
 //! response `SET ... EX`; a refused `SET` reads the key and replays it, or answers 409).
@@ -69,6 +71,7 @@ async fn app(row: String, url: Option<String>) -> Result<Router, String> {
                 .route_layer(IdempotencyLayer::tiered(tiered))
                 .merge(http_app::open_routes())
         }
+        "one-commit" => one_commit_app(&url()?).await?,
         "axum-idempotent" => axum_idempotent_app(),
         "setnx" => setnx_app(&url()?).await?,
         other => return Err(format!("no row named {other:?}")),
@@ -105,6 +108,85 @@ fn axum_idempotent_app() -> Router {
         .route("/login", login)
         .layer(SessionLayer::new(store).with_cookie_options(cookie))
         .layer(CookieManagerLayer::new())
+}
+
+/// One commit per first execution over PostgreSQL, as a middleware writes it with
+/// `idemcache-postgres`'s plain functions: a transaction per request, the claim in it
+/// (`PostgresStore::claim_in`), the handler, its response recorded in it
+/// (`complete_in`), one commit. No cache in front: a replay is the claim statement's
+/// read. A duplicate waits on the first one's row, then replays.
+async fn one_commit_app(url: &str) -> Result<Router, String> {
+    let store = idemcache_postgres::PostgresStore::connect(url).await.map_err(|e| e.to_string())?;
+    // A connection per request in flight: each holds one for its transaction.
+    store.pool().resize(ONE_COMMIT_CONNECTIONS);
+    store.ensure_schema().await.map_err(|e| format!("creating the schema: {e}"))?;
+    Ok(http_app::guarded_routes()
+        .route_layer(axum::middleware::from_fn_with_state(store, one_commit))
+        .merge(http_app::open_routes()))
+}
+
+/// The one-commit row's pool: one connection per request the load generator keeps in
+/// flight (32), since each request holds one from its claim to its commit.
+const ONE_COMMIT_CONNECTIONS: usize = 32;
+
+async fn one_commit(
+    State(store): State<idemcache_postgres::PostgresStore>,
+    request: Request,
+    next: Next,
+) -> Response {
+    use idemcache::store::{OpenClaim, StoreClaim};
+    use idemcache::{Fingerprint, Key};
+    let failed = |e: &dyn std::fmt::Display| {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("store: {e}")).into_response()
+    };
+    let Some(key) = request.headers().get("idempotency-key").and_then(|v| v.to_str().ok()) else {
+        return (StatusCode::BAD_REQUEST, "Idempotency-Key required").into_response();
+    };
+    let key = match Key::new("POST /orders", "bench", key) {
+        Ok(key) => key,
+        Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+    };
+    let (parts, body) = request.into_parts();
+    let Ok(body) = to_bytes(body, 1 << 20).await else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let fingerprint = Fingerprint::of(&body);
+    let mut client = match store.pool().get().await {
+        Ok(client) => client,
+        Err(e) => return failed(&e),
+    };
+    let tx = match client.transaction().await {
+        Ok(tx) => tx,
+        Err(e) => return failed(&e),
+    };
+    let lease = std::time::Duration::from_secs(30);
+    let token = match store.claim_in(&tx, &key, fingerprint, lease).await {
+        Ok(StoreClaim::Acquired { token, .. }) => token,
+        Ok(StoreClaim::Completed(replay)) => {
+            let replayed = replay.body.as_deref().and_then(setnx_decode);
+            return replayed.unwrap_or_else(|| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+        }
+        Ok(StoreClaim::Mismatch) => return StatusCode::UNPROCESSABLE_ENTITY.into_response(),
+        Ok(_) => return (StatusCode::CONFLICT, "request in progress").into_response(),
+        Err(e) => return failed(&e),
+    };
+    let response = next.run(Request::from_parts(parts, Body::from(body))).await;
+    let (parts, body) = response.into_parts();
+    let Ok(body) = to_bytes(body, 1 << 20).await else {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response(); // rolled back on drop
+    };
+    if parts.status.is_server_error() {
+        return Response::from_parts(parts, Body::from(body)); // rolled back on drop
+    }
+    let claim = OpenClaim::new(key, token, std::time::Duration::from_secs(SETNX_TTL_SECS));
+    let record = setnx_encode(parts.status, &body);
+    if let Err(e) = idemcache_postgres::complete_in(&tx, &claim, Some(&record)).await {
+        return failed(&e);
+    }
+    if let Err(e) = tx.commit().await {
+        return failed(&e);
+    }
+    Response::from_parts(parts, Body::from(body))
 }
 
 /// How long the hand-written middleware keeps a key (processing marker and response).

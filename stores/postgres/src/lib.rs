@@ -141,7 +141,7 @@ pub mod outbox;
 mod store;
 mod transition;
 
-pub use in_transaction::complete_in;
+pub use in_transaction::{complete_in, Transaction};
 pub use transition::transition;
 
 /// The schema [`ensure_schema`](Store::ensure_schema) creates (idempotent, and safe to

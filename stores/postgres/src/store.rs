@@ -11,7 +11,7 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 
 use idemcache::store::encoding::{check_duration, lapse_ttl_micros, micros};
 use idemcache::store::record::{judge, StoredRecord};
@@ -85,24 +85,33 @@ fn stored_row(row: &tokio_postgres::Row) -> Result<(i64, StoredRecord), StoreErr
 
 /// Where the claim's statements run: the store's pool (each statement a transaction of
 /// its own) or a caller's transaction ([`PostgresStore::claim_in`]).
-pub(crate) trait Statements: Sync {
-    /// Runs `sql` with `params` and returns its rows.
+pub trait Statements: Sync {
+    /// Runs `sql` with `params`, of the PostgreSQL `types` (for a connection that does
+    /// not keep the statement prepared: one round trip), and returns its rows.
     fn rows(
         &self,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
+        types: &'static [Type],
     ) -> impl Future<Output = Result<Vec<tokio_postgres::Row>, StoreError>> + Send;
 }
 
 impl Statements for PostgresStore {
+    /// Prepared once per pooled connection: the types are the server's.
     fn rows(
         &self,
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
+        _: &'static [Type],
     ) -> impl Future<Output = Result<Vec<tokio_postgres::Row>, StoreError>> + Send {
         PostgresStore::rows(self, sql, params)
     }
 }
+
+/// The types of [`sql::CLAIM`]'s parameters.
+const CLAIM_TYPES: &[Type] = &[Type::BYTEA, Type::BYTEA, Type::INT8, Type::INT8, Type::TEXT];
+/// The types of [`sql::TURN_UNKNOWN`]'s parameters.
+const TURN_UNKNOWN_TYPES: &[Type] = &[Type::BYTEA, Type::INT8, Type::INT8];
 
 /// The claim of `key`: [`sql::CLAIM`], and under `MarkUnknown` the turn of a lapsed
 /// lease, each run again when a concurrent writer got between the statement's look and
@@ -120,15 +129,16 @@ pub(crate) async fn claim_on(
     for _ in 0..16 {
         let params: [&(dyn ToSql + Sync); 5] =
             [&key, &fp_bytes, &micros(lease), &lapse_ttl, &correlation_id];
-        let rows = statements.rows(sql::CLAIM, &params).await?;
+        let rows = statements.rows(sql::CLAIM, &params, CLAIM_TYPES).await?;
         let Some(row) = rows.first() else { continue };
         match decode::claim(key, fp, &claim_row(row, key)?)? {
             ClaimStep::Answer(answer) => return Ok(answer),
             // Dead, yet not taken: a concurrent writer got between.
             ClaimStep::Dead => continue,
             ClaimStep::TurnUnknown { token } => {
-                let turned =
-                    statements.rows(sql::TURN_UNKNOWN, &[&key, &token, &lapse_ttl]).await?;
+                let turned = statements
+                    .rows(sql::TURN_UNKNOWN, &[&key, &token, &lapse_ttl], TURN_UNKNOWN_TYPES)
+                    .await?;
                 // None: the record moved on since (settled, turned by another claim's
                 // statement): look again.
                 let Some(turned) = turned.first() else { continue };

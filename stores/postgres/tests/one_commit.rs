@@ -319,3 +319,32 @@ async fn a_process_killed_between_claim_and_commit_leaves_no_record() {
     assert_eq!(replayed(&again), Some(&b"201 the retry"[..]));
     db.drop_table().await;
 }
+
+#[tokio::test]
+async fn a_transaction_from_the_stores_pool_runs_the_same_one_commit() {
+    let Some(db) = Db::new("pooled").await else { return };
+    let key = db.key();
+    let mut object = db.store.pool().get().await.unwrap();
+    // Twice on one pooled connection: the second runs the statements it prepared.
+    for (round, body) in [(0, &b"201 pooled"[..]), (1, &b"never"[..])] {
+        let tx = object.transaction().await.unwrap();
+        let answer = db.store.claim_in(&tx, &key, Fingerprint::of(b"order"), LEASE).await;
+        match (round, answer.unwrap()) {
+            (0, StoreClaim::Acquired { token, .. }) => {
+                let sql = format!("INSERT INTO {} VALUES ($1, 'book')", db.orders);
+                tx.execute(&sql, &[&key.client_key()]).await.unwrap();
+                let claim = OpenClaim::new(key.clone(), token, KEPT);
+                complete_in(&tx, &claim, Some(body)).await.unwrap();
+                tx.commit().await.unwrap();
+            }
+            (1, answer) => {
+                assert_eq!(replayed(&answer), Some(&b"201 pooled"[..]));
+                tx.rollback().await.unwrap();
+            }
+            (_, answer) => panic!("round {round}: {answer:?}"),
+        }
+    }
+    drop(object);
+    assert_eq!(db.orders_of(&key).await, 1);
+    db.drop_table().await;
+}
