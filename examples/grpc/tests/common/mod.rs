@@ -171,6 +171,14 @@ impl OrdersClient {
             let bearer = format!("Bearer {user}").parse().unwrap();
             request.metadata_mut().insert("authorization", bearer);
         }
+        self.create_request(request).await
+    }
+
+    /// `rpc Create` with the request as given (its metadata, its timeout).
+    pub async fn create_request(
+        &mut self,
+        request: Request<CreateOrder>,
+    ) -> Result<Response<Order>, Status> {
         self.inner.ready().await.map_err(|e| Status::unavailable(e.to_string()))?;
         let codec = ProstCodec::<CreateOrder, Order>::default();
         self.inner.unary(request, PathAndQuery::from_static(CREATE), codec).await
