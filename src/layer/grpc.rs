@@ -170,11 +170,10 @@ impl Grpc {
         Grpc { store: Arc::new(GrpcCode::is_deterministic), unguarded: Vec::new() }
     }
 
-    /// Which gRPC statuses of an HTTP 200 answer are kept for replay; the rest release the
-    /// key, so a retry runs again. An answer with no `grpc-status`, or one past the
-    /// specification's codes, is never kept. (An answer that is not HTTP 200 is a
-    /// transport's or a proxy's, and is kept by
-    /// [`store_when`](super::IdempotencyLayer::store_when), as over HTTP.)
+    /// Which gRPC statuses are kept for replay; the rest release the key, so a retry runs
+    /// again. An answer with no `grpc-status` (whatever its HTTP status: a proxy's 429 or
+    /// 503, which a client reads as `UNAVAILABLE`), one past the specification's codes,
+    /// or one whose headers and trailers name different statuses, is never kept.
     pub fn store_when(mut self, store: impl Fn(GrpcCode) -> bool + Send + Sync + 'static) -> Self {
         self.store = Arc::new(store);
         self
@@ -208,10 +207,24 @@ const GRPC_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-m
 const IDEMPOTENCY_REFUSAL: HeaderName = HeaderName::from_static("idempotency-refusal");
 
 /// The answer's gRPC status: its trailers', or its headers' in a trailers-only answer.
+/// None when neither holds a status, or when both do and disagree: clients differ on
+/// which one they believe (tonic takes the headers' as final), so no one status says
+/// what the client saw.
 pub(crate) fn status_of(headers: &HeaderMap, trailers: Option<&HeaderMap>) -> Option<GrpcCode> {
-    let value = trailers.and_then(|t| t.get(&GRPC_STATUS)).or_else(|| headers.get(&GRPC_STATUS))?;
+    let in_headers = headers.get(&GRPC_STATUS);
+    let in_trailers = trailers.and_then(|t| t.get(&GRPC_STATUS));
+    let value = match (in_headers, in_trailers) {
+        (Some(h), Some(t)) if code(h)? != code(t)? => return None,
+        (_, Some(value)) | (Some(value), None) => value,
+        (None, None) => return None,
+    };
+    code(value)
+}
+
+/// One `grpc-status` value's code: digits only (`u32::from_str` would also take a
+/// leading `+`), and one the specification defines.
+fn code(value: &HeaderValue) -> Option<GrpcCode> {
     let text = value.to_str().ok()?;
-    // Digits only: `u32::from_str` would also take a leading `+`.
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -298,11 +311,16 @@ mod tests {
     }
 
     #[test]
-    fn the_status_is_the_trailers_then_the_headers_and_only_digits() {
+    fn the_status_is_the_trailers_or_the_headers_and_only_digits() {
         let ok = headers(&[("grpc-status", "0")]);
         let unavailable = headers(&[("grpc-status", "14")]);
-        assert_eq!(status_of(&ok, Some(&unavailable)), Some(GrpcCode::Unavailable));
+        assert_eq!(status_of(&HeaderMap::new(), Some(&unavailable)), Some(GrpcCode::Unavailable));
         assert_eq!(status_of(&ok, None), Some(GrpcCode::Ok));
+        assert_eq!(status_of(&ok, Some(&ok)), Some(GrpcCode::Ok), "both, agreeing");
+        assert_eq!(status_of(&ok, Some(&unavailable)), None, "both, disagreeing: no status");
+        assert_eq!(status_of(&unavailable, Some(&ok)), None, "either way round");
+        let bad = headers(&[("grpc-status", "x")]);
+        assert_eq!(status_of(&bad, Some(&ok)), None, "one unreadable: no status");
         assert_eq!(status_of(&HeaderMap::new(), Some(&HeaderMap::new())), None);
         for bad in ["", "+0", "0x0", " 0", "17", "99999999999"] {
             let h: HeaderMap =

