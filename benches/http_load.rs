@@ -150,6 +150,36 @@ fn rows(run: &str) -> Vec<Result<Row, (String, String)>> {
                 &["one-commit", url],
             )
         }),
+        needs(
+            "postgres-orders",
+            &env("IDEMCACHE_POSTGRES_URL"),
+            "IDEMCACHE_POSTGRES_URL",
+            &|url| {
+                row(
+                "postgres-orders",
+                "the layer over PostgreSQL (`Tiered`), the handler writing an order in its own transaction",
+                "PostgreSQL",
+                true,
+                &serve,
+                &["layer-tiered-orders", url],
+            )
+            },
+        ),
+        needs(
+            "one-commit-orders",
+            &env("IDEMCACHE_POSTGRES_URL"),
+            "IDEMCACHE_POSTGRES_URL",
+            &|url| {
+                row(
+                    "one-commit-orders",
+                    "one commit over PostgreSQL, the order written in the same transaction",
+                    "PostgreSQL",
+                    true,
+                    &serve,
+                    &["one-commit-orders", url],
+                )
+            },
+        ),
         needs("redis", &redis, "IDEMCACHE_REDIS_URL", &|url| {
             row(
                 "redis",
@@ -516,7 +546,7 @@ fn main() {
             for _ in 0..args.connections {
                 conns.push(connect(server.addr).await.map_err(|e| e.to_string())?);
             }
-            prepare(&mut conns, &run).await?;
+            prepare(&mut conns, &keys_of(&run, row.id)).await?;
             Ok::<_, String>(conns)
         });
         match conns {
@@ -538,9 +568,11 @@ fn main() {
         for r in running.iter_mut() {
             for phase in [Phase::First, Phase::Replay] {
                 let conns = r.conns.take().expect("connections between phases");
+                // Each row's keys its own: rows over one database share its records.
+                let keys = keys_of(&run, r.row.id);
                 let tag = match phase {
-                    Phase::First => format!("{run}-{round}"),
-                    Phase::Replay => run.clone(),
+                    Phase::First => format!("{keys}-{round}"),
+                    Phase::Replay => keys,
                 };
                 let (conns, measured) =
                     runtime.block_on(measure(r.row.id == "bare", conns, phase, tag, args.duration));
@@ -560,8 +592,11 @@ fn main() {
     }
     for r in running.iter_mut() {
         r.conns = None;
-        r.semantics =
-            Some(runtime.block_on(semantics(r.server.addr, &run)).map_err(|e| e.to_string()));
+        r.semantics = Some(
+            runtime
+                .block_on(semantics(r.server.addr, &keys_of(&run, r.row.id)))
+                .map_err(|e| e.to_string()),
+        );
     }
     report(&args, &running, &skipped);
     drop(running);
@@ -582,6 +617,11 @@ impl Running {
             Phase::Replay => &self.replay,
         }
     }
+}
+
+/// The prefix of a row's keys in this run.
+fn keys_of(run: &str, row: &str) -> String {
+    format!("{run}-{row}")
 }
 
 fn report(args: &Args, running: &[Running], skipped: &[(String, String)]) {

@@ -10,7 +10,10 @@
 //! `sqlite:PATH`, `postgres://...`, `redis://...`, and `redis-cluster://...` once that
 //! scheme lands there); `one-commit URL` (PostgreSQL: the claim, the handler's response
 //! and the record in one transaction per request, with `idemcache-postgres`'s
-//! `claim_in` and `complete_in`); `axum-idempotent` (its README's setup: a `ruts` session over its
+//! `claim_in` and `complete_in`); `layer-tiered-orders URL` and `one-commit-orders
+//! URL` (the same two over PostgreSQL with the business change a handler makes: an
+//! order row, in its own transaction between the layer's claim and completion, or in
+//! the one transaction); `axum-idempotent` (its README's setup: a `ruts` session over its
 //! in-memory `MokaStore`, the `Idempotency-Key` header required); `setnx URL` (the
 //! hand-written Redis middleware of payment blogs: `SET key processing NX EX`, then the
 //! response `SET ... EX`; a refused `SET` reads the key and replays it, or answers 409).
@@ -71,7 +74,20 @@ async fn app(row: String, url: Option<String>) -> Result<Router, String> {
                 .route_layer(IdempotencyLayer::tiered(tiered))
                 .merge(http_app::open_routes())
         }
-        "one-commit" => one_commit_app(&url()?).await?,
+        "one-commit" => one_commit_app(&url()?, false).await?,
+        "one-commit-orders" => one_commit_app(&url()?, true).await?,
+        "layer-tiered-orders" => {
+            // Today's three commits: the claim, the handler's own transaction writing the
+            // order, the completion.
+            let store = orders_store(&url()?).await?;
+            // One pool for the store and the handlers, sized as the one-commit rows'.
+            store.pool().resize(ONE_COMMIT_CONNECTIONS);
+            store.ensure_schema().await.map_err(|e| format!("creating the schema: {e}"))?;
+            http_app::guarded_routes()
+                .route_layer(axum::middleware::from_fn_with_state(store.clone(), insert_order))
+                .route_layer(IdempotencyLayer::tiered(Tiered::new(cache(), store)))
+                .merge(http_app::open_routes())
+        }
         "axum-idempotent" => axum_idempotent_app(),
         "setnx" => setnx_app(&url()?).await?,
         other => return Err(format!("no row named {other:?}")),
@@ -115,22 +131,57 @@ fn axum_idempotent_app() -> Router {
 /// (`PostgresStore::claim_in`), the handler, its response recorded in it
 /// (`complete_in`), one commit. No cache in front: a replay is the claim statement's
 /// read. A duplicate waits on the first one's row, then replays.
-async fn one_commit_app(url: &str) -> Result<Router, String> {
-    let store = idemcache_postgres::PostgresStore::connect(url).await.map_err(|e| e.to_string())?;
+async fn one_commit_app(url: &str, orders: bool) -> Result<Router, String> {
+    let store = orders_store(url).await?;
     // A connection per request in flight: each holds one for its transaction.
     store.pool().resize(ONE_COMMIT_CONNECTIONS);
     store.ensure_schema().await.map_err(|e| format!("creating the schema: {e}"))?;
     Ok(http_app::guarded_routes()
-        .route_layer(axum::middleware::from_fn_with_state(store, one_commit))
+        .route_layer(axum::middleware::from_fn_with_state((store, orders), one_commit))
         .merge(http_app::open_routes()))
 }
 
-/// The one-commit row's pool: one connection per request the load generator keeps in
-/// flight (32), since each request holds one from its claim to its commit.
-const ONE_COMMIT_CONNECTIONS: usize = 32;
+/// The one-commit rows' pool (and the Tiered orders row's, for parity): each request
+/// holds a connection from its claim to its commit, so more than the store's default 16 (the load generator keeps 32 in flight),
+/// and few enough that every PostgreSQL row's server fits in the default
+/// `max_connections` of 100 together.
+const ONE_COMMIT_CONNECTIONS: usize = 24;
+
+/// The orders rows' table: one row per first execution, written in a transaction.
+const ORDERS_TABLE: &str = "idemcache_http_bench_orders";
+
+/// A PostgreSQL store (its pool for the handlers' transactions too) and the orders table.
+async fn orders_store(url: &str) -> Result<idemcache_postgres::PostgresStore, String> {
+    let store = idemcache_postgres::PostgresStore::connect(url).await.map_err(|e| e.to_string())?;
+    let client = store.pool().get().await.map_err(|e| e.to_string())?;
+    let sql = format!("CREATE TABLE IF NOT EXISTS {ORDERS_TABLE} (key TEXT NOT NULL, items INT)");
+    client.batch_execute(&sql).await.map_err(|e| e.to_string())?;
+    Ok(store)
+}
+
+/// The order of the request's key written in a transaction of its own, then the handler.
+async fn insert_order(
+    State(store): State<idemcache_postgres::PostgresStore>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let key = request.headers().get("idempotency-key").and_then(|v| v.to_str().ok());
+    let key = key.unwrap_or_default().to_owned();
+    let written = async {
+        let mut client = store.pool().get().await.map_err(|e| e.to_string())?;
+        let tx = client.transaction().await.map_err(|e| e.to_string())?;
+        let sql = format!("INSERT INTO {ORDERS_TABLE} (key, items) VALUES ($1, 1)");
+        tx.execute(&sql, &[&key]).await.map_err(|e| e.to_string())?;
+        tx.commit().await.map_err(|e| e.to_string())
+    };
+    match written.await {
+        Ok(()) => next.run(request).await,
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
+    }
+}
 
 async fn one_commit(
-    State(store): State<idemcache_postgres::PostgresStore>,
+    State((store, orders)): State<(idemcache_postgres::PostgresStore, bool)>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -170,6 +221,12 @@ async fn one_commit(
         Ok(_) => return (StatusCode::CONFLICT, "request in progress").into_response(),
         Err(e) => return failed(&e),
     };
+    if orders {
+        let sql = format!("INSERT INTO {ORDERS_TABLE} (key, items) VALUES ($1, 1)");
+        if let Err(e) = tx.execute(&sql, &[&key.client_key()]).await {
+            return failed(&e);
+        }
+    }
     let response = next.run(Request::from_parts(parts, Body::from(body))).await;
     let (parts, body) = response.into_parts();
     let Ok(body) = to_bytes(body, 1 << 20).await else {

@@ -206,7 +206,7 @@ impl IdempotencyLayer {
     ///
     /// let layer = IdempotencyLayer::new(idemcache::Cache::builder().build()?).grpc(
     ///     Grpc::new()
-    ///         .unguarded(["/orders.v1.Orders/Watch", "/grpc.health.v1.Health/Check"])
+    ///         .unguarded(["/orders.v1.Orders/Watch", "/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"])
     ///         .store_when(|code| code.is_deterministic() && code != GrpcCode::NotFound),
     /// );
     /// # let _ = layer;
