@@ -96,8 +96,24 @@ fn claim(
         }
     }
     let tx = db.transaction_with_behavior(TransactionBehavior::Immediate).map_err(backend)?;
+    let answer = claim_locked(&tx, &key, fp, lease, lapse_ttl, correlation_id)?;
+    tx.commit().map_err(backend)?;
+    Ok(answer)
+}
+
+/// The claim's look and write in `tx`, which holds the write lock (`BEGIN IMMEDIATE`):
+/// the store's own claim commits it at once, [`SqliteStore::claim_in`] leaves it to the
+/// caller's transaction. Changes nothing unless it acquires or turns a lapse UNKNOWN.
+pub(crate) fn claim_locked(
+    tx: &Connection,
+    key: &[u8],
+    fp: Fingerprint,
+    lease: i64,
+    lapse_ttl: i64,
+    correlation_id: Option<String>,
+) -> Result<StoreClaim, StoreError> {
     let now: i64 = tx.query_row(NOW, [], |r| r.get(0)).map_err(backend)?;
-    let row = record(&tx, &key)?.map(|(_, row)| row);
+    let row = record(tx, key)?.map(|(_, row)| row);
     let lapsed = |row: &Row| {
         row.state == PROCESSING
             && row.expires_at <= now
@@ -108,16 +124,15 @@ fn claim(
         // transaction; nobody acquires it.
         let until = row.expires_at.saturating_add(lapse_ttl);
         tx.execute(TURN_UNKNOWN, params![key, until]).map_err(backend)?;
-        tx.commit().map_err(backend)?;
-        if fingerprint(&row.fingerprint).map_err(|e| corrupt(&key, e))? != fp {
+        if fingerprint(&row.fingerprint).map_err(|e| corrupt(key, e))? != fp {
             return Ok(StoreClaim::Mismatch);
         }
         return Ok(StoreClaim::Unknown { marked_at: from_micros(row.expires_at) });
     }
     if let Some(row) = row.filter(|row| row.expires_at > now) {
         // Live since the first look (another claim's, committed in between): answered
-        // without writing (the transaction ends unchanged).
-        return live_answer(&key, row, fp);
+        // without writing.
+        return live_answer(key, row, fp);
     }
     let token: i64 = tx
         .query_row(NEXT_TOKEN, [], |r| r.get(0))
@@ -127,7 +142,6 @@ fn claim(
     let lease_ends_at = now.saturating_add(lease);
     let acquired = params![key, fp.to_bytes().to_vec(), token, now, lease_ends_at, correlation_id];
     tx.execute(ACQUIRE, acquired).map_err(backend)?;
-    tx.commit().map_err(backend)?;
     Ok(StoreClaim::Acquired {
         token: FencingToken::new(token as u64),
         lease_ends_at: from_micros(lease_ends_at),
