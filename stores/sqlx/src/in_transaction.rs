@@ -10,6 +10,12 @@
 //! (a takeover finds it COMPLETED and replays; this write finds a new token and is
 //! refused).
 
+#[cfg(feature = "postgres")]
+use idemcache::store::StoreClaim;
+#[cfg(feature = "postgres")]
+use idemcache::{Fingerprint, Key};
+#[cfg(feature = "postgres")]
+use std::time::Duration;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use std::time::SystemTime;
 
@@ -26,6 +32,43 @@ use sqlx::Transaction;
 
 #[cfg(feature = "postgres")]
 impl crate::PgStore {
+    /// Claims `key` for a request whose fingerprint is `fp` inside `tx`, your own
+    /// transaction on the database this store keeps its records in: with
+    /// [`complete_in`](Self::complete_in) and your business writes in the same `tx`, a
+    /// first execution is one commit. As `idemcache_postgres`'s `PostgresStore::claim_in`
+    /// (its docs say what changes): answers as the store's claim does; on `Acquired`,
+    /// make the claim (`OpenClaim::new(key, token, result_ttl)`), write, complete, commit;
+    /// on any other answer roll back and answer it. A rollback or a crash before the
+    /// commit leaves no record; a concurrent duplicate waits on the record's row, then
+    /// replays (`SET LOCAL lock_timeout` bounds the wait: `InProgress`, and that
+    /// transaction is aborted); `lease` bounds the transaction.
+    pub async fn claim_in(
+        &self,
+        tx: &mut Transaction<'_, sqlx::Postgres>,
+        key: &Key,
+        fp: Fingerprint,
+        lease: Duration,
+    ) -> Result<StoreClaim, StoreError> {
+        use idemcache::store::encoding::lapse_ttl_micros;
+        let lapse_ttl = lapse_ttl_micros(self.lapse_policy());
+        let mut connection: &mut sqlx::PgConnection = tx;
+        let claimed = crate::store::postgres::claim_on(
+            &mut connection,
+            key.as_bytes(),
+            fp,
+            lease,
+            lapse_ttl,
+            None,
+        )
+        .await;
+        match claimed {
+            Err(StoreError::Backend(e)) if lock_wait_ran_out(&*e) => {
+                Ok(StoreClaim::InProgress { lease_ends_at: SystemTime::now() })
+            }
+            answer => answer,
+        }
+    }
+
     /// Completes `claim` with `body` inside `tx`, a transaction on the database the
     /// store keeps its records in, so that the record commits with your business writes
     /// in `tx`, or neither does; the store's own completion statement, judged by the
@@ -58,6 +101,15 @@ impl crate::PgStore {
         let (at, until) = crate::store::postgres::settled(&row, key)?;
         Ok(decode::replay(body.map(Bytes::copy_from_slice), at, until))
     }
+}
+
+/// Whether `e` is PostgreSQL's `lock_not_available` (a `lock_timeout` that ran out).
+#[cfg(feature = "postgres")]
+fn lock_wait_ran_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<sqlx::Error>()
+        .and_then(|e| e.as_database_error())
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "55P03")
 }
 
 #[cfg(feature = "mysql")]

@@ -208,6 +208,102 @@ fn stored_row(row: &PgRow) -> Result<(i64, StoredRecord), StoreError> {
     Ok((column(row, 0, &stored.key)?, stored))
 }
 
+/// One of the claim's statements with its values: where it runs (the store's pool, or a
+/// caller's transaction) builds its query from it.
+/// (Owned, so that the future running it need not borrow the loop's locals.)
+pub(crate) enum ClaimStatement {
+    /// [`sql::CLAIM`].
+    Claim { key: Vec<u8>, fp: Vec<u8>, lease: i64, lapse_ttl: i64, correlation_id: Option<String> },
+    /// [`sql::TURN_UNKNOWN`].
+    TurnUnknown { key: Vec<u8>, token: i64, lapse_ttl: i64 },
+}
+
+impl ClaimStatement {
+    /// The statement bound to its values.
+    fn query(&self) -> sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments> {
+        match self {
+            ClaimStatement::Claim { key, fp, lease, lapse_ttl, correlation_id } => {
+                sqlx::query(sql::CLAIM)
+                    .bind(&key[..])
+                    .bind(&fp[..])
+                    .bind(*lease)
+                    .bind(*lapse_ttl)
+                    .bind(correlation_id.as_deref())
+            }
+            ClaimStatement::TurnUnknown { key, token, lapse_ttl } => {
+                sqlx::query(sql::TURN_UNKNOWN).bind(&key[..]).bind(*token).bind(*lapse_ttl)
+            }
+        }
+    }
+}
+
+/// Where the claim's statements run: the store's pool (each statement a transaction of
+/// its own, run again after a serialization conflict) or a caller's transaction.
+pub(crate) trait RunsClaim {
+    /// Runs `statement` and returns its rows.
+    fn rows(
+        &mut self,
+        statement: ClaimStatement,
+    ) -> impl Future<Output = Result<Vec<PgRow>, StoreError>> + Send;
+}
+
+impl RunsClaim for &PgStore {
+    fn rows(
+        &mut self,
+        statement: ClaimStatement,
+    ) -> impl Future<Output = Result<Vec<PgRow>, StoreError>> + Send {
+        let store = *self;
+        async move { store.rows(|| statement.query()).await }
+    }
+}
+
+impl RunsClaim for &mut sqlx::PgConnection {
+    async fn rows(&mut self, statement: ClaimStatement) -> Result<Vec<PgRow>, StoreError> {
+        let found = statement.query().fetch_all(&mut **self).await;
+        found.map_err(|e| StoreError::Backend(Box::new(e)))
+    }
+}
+
+/// The claim of `key`: [`sql::CLAIM`], and under `MarkUnknown` the turn of a lapsed
+/// lease, each run (by `rows`) again when a concurrent writer got between the
+/// statement's look and its write (no row, or a dead record not taken).
+pub(crate) async fn claim_on(
+    on: &mut impl RunsClaim,
+    key: &[u8],
+    fp: Fingerprint,
+    lease: Duration,
+    lapse_ttl: i64,
+    correlation_id: Option<&str>,
+) -> Result<StoreClaim, StoreError> {
+    check_duration("lease", lease)?;
+    for _ in 0..16 {
+        let claim = ClaimStatement::Claim {
+            key: key.to_vec(),
+            fp: fp.to_bytes().to_vec(),
+            lease: micros(lease),
+            lapse_ttl,
+            correlation_id: correlation_id.map(str::to_owned),
+        };
+        let found = on.rows(claim).await?;
+        let Some(row) = found.first() else { continue };
+        match decode::claim(key, fp, &claim_row(row, key)?)? {
+            ClaimStep::Answer(answer) => return Ok(answer),
+            // Dead, yet not taken: a concurrent writer got between.
+            ClaimStep::Dead => continue,
+            ClaimStep::TurnUnknown { token } => {
+                let turn = ClaimStatement::TurnUnknown { key: key.to_vec(), token, lapse_ttl };
+                let turned = on.rows(turn).await?;
+                // None: the record moved on since: look again.
+                let Some(turned) = turned.first() else { continue };
+                let stored: Option<Vec<u8>> = column(turned, 0, key)?;
+                let marked_at = column(turned, 1, key)?;
+                return decode::turned_unknown(key, fp, stored.as_deref(), marked_at);
+            }
+        }
+    }
+    Err(StoreError::Backend("the claim kept racing a concurrent writer".into()))
+}
+
 impl Store for PgStore {
     /// Creates the sequence, table and index of [`idemcache_sql::records::postgres::SCHEMA`]
     /// if missing (once per database, under an advisory lock).
@@ -229,42 +325,8 @@ impl Store for PgStore {
         let key = key.as_bytes().to_vec();
         let correlation_id = correlation_id.map(CorrelationId::as_str).map(str::to_owned);
         async move {
-            check_duration("lease", lease)?;
             let lapse_ttl = lapse_ttl_micros(self.lapse);
-            // No row, or a dead record not taken: a concurrent writer got between. Look
-            // again.
-            for _ in 0..16 {
-                let query = || {
-                    sqlx::query(sql::CLAIM)
-                        .bind(&key[..])
-                        .bind(&fp.to_bytes()[..])
-                        .bind(micros(lease))
-                        .bind(lapse_ttl)
-                        .bind(correlation_id.as_deref())
-                };
-                let rows = self.rows(query).await?;
-                let Some(row) = rows.first() else { continue };
-                match decode::claim(&key, fp, &claim_row(row, &key)?)? {
-                    ClaimStep::Answer(answer) => return Ok(answer),
-                    // Dead, yet not taken: a concurrent writer got between.
-                    ClaimStep::Dead => continue,
-                    ClaimStep::TurnUnknown { token } => {
-                        let query = || {
-                            sqlx::query(sql::TURN_UNKNOWN)
-                                .bind(&key[..])
-                                .bind(token)
-                                .bind(lapse_ttl)
-                        };
-                        let turned = self.rows(query).await?;
-                        // None: the record moved on since: look again.
-                        let Some(turned) = turned.first() else { continue };
-                        let stored: Option<Vec<u8>> = column(turned, 0, &key)?;
-                        let marked_at = column(turned, 1, &key)?;
-                        return decode::turned_unknown(&key, fp, stored.as_deref(), marked_at);
-                    }
-                }
-            }
-            Err(StoreError::Backend("the claim kept racing a concurrent writer".into()))
+            claim_on(&mut &*self, &key, fp, lease, lapse_ttl, correlation_id.as_deref()).await
         }
     }
 
