@@ -20,7 +20,8 @@ use tokio_postgres::types::{ToSql, Type};
 use idemcache::store::encoding::{check_duration, lapse_ttl_micros, micros};
 use idemcache::store::{OpenClaim, StoreClaim, StoreError};
 use idemcache::{Bytes, Fingerprint, Key, Replay};
-use idemcache_sql::records::{decode, postgres::COMPLETE};
+use idemcache_sql::records::decode;
+use idemcache_sql::records::postgres::{CLAIM_ABSENT, COMPLETE};
 
 use crate::store::{claim_on, Statements};
 use crate::{backend, column, PostgresStore};
@@ -89,8 +90,12 @@ impl PostgresStore {
     ///   on the uncommitted key until `tx` ends), then replays what `tx` committed (or
     ///   acquires, if `tx` rolled back). It holds a connection while it waits. Bound the
     ///   wait with `SET LOCAL lock_timeout = '2s'` in its transaction before the claim: a
-    ///   wait that runs out answers [`StoreClaim::InProgress`] (`lease_ends_at` now), and
-    ///   that transaction is aborted: roll it back.
+    ///   wait that runs out answers [`StoreClaim::InProgress`] (`lease_ends_at` now, by
+    ///   this process's clock), and that transaction is aborted: roll it back. (Any lock
+    ///   the claim waited for counts: a migration holding the records table answers so
+    ///   too, for as long as it holds it.)
+    /// - **It locks only a row it takes**: answering a replay, `InProgress` or `Mismatch`
+    ///   it holds no lock, so an open transaction that was answered so delays nobody.
     /// - **`lease` bounds the transaction**: [`complete_in`] after the lease's end is
     ///   refused ([`StoreError::LeaseLost`]), so a transaction that ran too long commits
     ///   nothing. Nobody else can take the key over meanwhile (the record is not
@@ -114,7 +119,7 @@ impl PostgresStore {
         lease: Duration,
     ) -> Result<StoreClaim, StoreError> {
         let lapse_ttl = lapse_ttl_micros(self.lapse);
-        match claim_on(tx, key.as_bytes(), fp, lease, lapse_ttl, None).await {
+        match claim_on(tx, CLAIM_ABSENT, key.as_bytes(), fp, lease, lapse_ttl, None).await {
             Err(StoreError::Backend(e)) if lock_wait_ran_out(&*e) => {
                 Ok(StoreClaim::InProgress { lease_ends_at: SystemTime::now() })
             }

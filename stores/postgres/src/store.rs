@@ -108,16 +108,19 @@ impl Statements for PostgresStore {
     }
 }
 
-/// The types of [`sql::CLAIM`]'s parameters.
+/// The types of [`sql::CLAIM`]'s (and [`sql::CLAIM_ABSENT`]'s) parameters.
 const CLAIM_TYPES: &[Type] = &[Type::BYTEA, Type::BYTEA, Type::INT8, Type::INT8, Type::TEXT];
 /// The types of [`sql::TURN_UNKNOWN`]'s parameters.
 const TURN_UNKNOWN_TYPES: &[Type] = &[Type::BYTEA, Type::INT8, Type::INT8];
 
-/// The claim of `key`: [`sql::CLAIM`], and under `MarkUnknown` the turn of a lapsed
-/// lease, each run again when a concurrent writer got between the statement's look and
-/// its write (no row, or a dead record not taken).
+/// The claim of `key`: `first` ([`sql::CLAIM`], or in a caller's transaction
+/// [`sql::CLAIM_ABSENT`], which locks no row it does not take), [`sql::CLAIM`] for a dead
+/// record, and under `MarkUnknown` the turn of a lapsed lease; each run again when a
+/// concurrent writer got between the statement's look and its write (no row, or a dead
+/// record not taken).
 pub(crate) async fn claim_on(
     statements: &impl Statements,
+    first: &'static str,
     key: &[u8],
     fp: Fingerprint,
     lease: Duration,
@@ -126,15 +129,17 @@ pub(crate) async fn claim_on(
 ) -> Result<StoreClaim, StoreError> {
     check_duration("lease", lease)?;
     let fp_bytes = fp.to_bytes().to_vec();
+    let mut statement = first;
     for _ in 0..16 {
         let params: [&(dyn ToSql + Sync); 5] =
             [&key, &fp_bytes, &micros(lease), &lapse_ttl, &correlation_id];
-        let rows = statements.rows(sql::CLAIM, &params, CLAIM_TYPES).await?;
+        let rows = statements.rows(statement, &params, CLAIM_TYPES).await?;
         let Some(row) = rows.first() else { continue };
         match decode::claim(key, fp, &claim_row(row, key)?)? {
             ClaimStep::Answer(answer) => return Ok(answer),
-            // Dead, yet not taken: a concurrent writer got between.
-            ClaimStep::Dead => continue,
+            // Dead: `CLAIM_ABSENT` does not take it; `CLAIM` did not because a concurrent
+            // writer got between. `CLAIM` takes it next.
+            ClaimStep::Dead => statement = sql::CLAIM,
             ClaimStep::TurnUnknown { token } => {
                 let turned = statements
                     .rows(sql::TURN_UNKNOWN, &[&key, &token, &lapse_ttl], TURN_UNKNOWN_TYPES)
@@ -170,7 +175,7 @@ impl Store for PostgresStore {
         let correlation_id = correlation_id.map(CorrelationId::as_str).map(str::to_owned);
         async move {
             let lapse_ttl = lapse_ttl_micros(self.lapse);
-            claim_on(self, &key, fp, lease, lapse_ttl, correlation_id.as_deref()).await
+            claim_on(self, sql::CLAIM, &key, fp, lease, lapse_ttl, correlation_id.as_deref()).await
         }
     }
 

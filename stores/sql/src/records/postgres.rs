@@ -152,6 +152,38 @@ pub const CLAIM: &str = concat!(
          WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
 );
 
+/// [`CLAIM`] for a claim made inside a caller's transaction, which holds what it locks
+/// until that transaction ends: the same parameters and row, but it takes only an absent
+/// key (`ON CONFLICT DO NOTHING`, which locks no existing row, where `DO UPDATE` locks the
+/// conflicting row even when its `WHERE` declines it) and reads any other. A dead record
+/// it reads ([`decode::claim`](super::decode::claim) answers `Dead`) is taken by
+/// [`CLAIM`] next, which locks the row it takes. It waits, as [`CLAIM`] does, for a
+/// concurrent transaction that inserted the key to end; no row then: run it again.
+pub const CLAIM_ABSENT: &str = concat!(
+    "WITH ",
+    now!(),
+    ",
+         taken AS (
+             INSERT INTO idemcache_records AS r
+                 (key, fingerprint, state, token, body, started_at, settled_at, expires_at,
+                  correlation_id)
+             SELECT $1, $2, 1, nextval('idemcache_tokens'), NULL, now.us, NULL, now.us + $3,
+                    $5::text FROM now
+             ON CONFLICT (key) DO NOTHING
+             RETURNING token, expires_at
+         )
+         SELECT 0::smallint AS state, token, NULL::bytea AS fingerprint, NULL::bytea AS body,
+                NULL::bigint AS settled_at, expires_at, true AS live, false AS lapsed
+         FROM taken
+         UNION ALL
+         SELECT r.state, r.token, r.fingerprint, r.body, r.settled_at, r.expires_at,
+                r.expires_at > now.us, ",
+    lapsed_within!("$4"),
+    "
+         FROM idemcache_records r, now
+         WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+);
+
 /// `LapsePolicy::MarkUnknown`: the lapsed lease of `$1` (key) claimed under `$2`
 /// (token) turns UNKNOWN, marked at its end and kept `$3` µs (the unknown TTL) from
 /// there. Returns `fingerprint, settled_at`; no row if the record moved on since the

@@ -212,8 +212,15 @@ fn stored_row(row: &PgRow) -> Result<(i64, StoredRecord), StoreError> {
 /// caller's transaction) builds its query from it.
 /// (Owned, so that the future running it need not borrow the loop's locals.)
 pub(crate) enum ClaimStatement {
-    /// [`sql::CLAIM`].
-    Claim { key: Vec<u8>, fp: Vec<u8>, lease: i64, lapse_ttl: i64, correlation_id: Option<String> },
+    /// [`sql::CLAIM`], or [`sql::CLAIM_ABSENT`] (`statement`: they bind alike).
+    Claim {
+        statement: &'static str,
+        key: Vec<u8>,
+        fp: Vec<u8>,
+        lease: i64,
+        lapse_ttl: i64,
+        correlation_id: Option<String>,
+    },
     /// [`sql::TURN_UNKNOWN`].
     TurnUnknown { key: Vec<u8>, token: i64, lapse_ttl: i64 },
 }
@@ -222,8 +229,8 @@ impl ClaimStatement {
     /// The statement bound to its values.
     fn query(&self) -> sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments> {
         match self {
-            ClaimStatement::Claim { key, fp, lease, lapse_ttl, correlation_id } => {
-                sqlx::query(sql::CLAIM)
+            ClaimStatement::Claim { statement, key, fp, lease, lapse_ttl, correlation_id } => {
+                sqlx::query(*statement)
                     .bind(&key[..])
                     .bind(&fp[..])
                     .bind(*lease)
@@ -264,11 +271,14 @@ impl RunsClaim for &mut sqlx::PgConnection {
     }
 }
 
-/// The claim of `key`: [`sql::CLAIM`], and under `MarkUnknown` the turn of a lapsed
-/// lease, each run (by `rows`) again when a concurrent writer got between the
-/// statement's look and its write (no row, or a dead record not taken).
+/// The claim of `key`: `first` ([`sql::CLAIM`], or in a caller's transaction
+/// [`sql::CLAIM_ABSENT`], which locks no row it does not take), [`sql::CLAIM`] for a dead
+/// record, and under `MarkUnknown` the turn of a lapsed lease; each run again when a
+/// concurrent writer got between the statement's look and its write (no row, or a dead
+/// record not taken).
 pub(crate) async fn claim_on(
     on: &mut impl RunsClaim,
+    first: &'static str,
     key: &[u8],
     fp: Fingerprint,
     lease: Duration,
@@ -276,8 +286,10 @@ pub(crate) async fn claim_on(
     correlation_id: Option<&str>,
 ) -> Result<StoreClaim, StoreError> {
     check_duration("lease", lease)?;
+    let mut statement = first;
     for _ in 0..16 {
         let claim = ClaimStatement::Claim {
+            statement,
             key: key.to_vec(),
             fp: fp.to_bytes().to_vec(),
             lease: micros(lease),
@@ -288,8 +300,9 @@ pub(crate) async fn claim_on(
         let Some(row) = found.first() else { continue };
         match decode::claim(key, fp, &claim_row(row, key)?)? {
             ClaimStep::Answer(answer) => return Ok(answer),
-            // Dead, yet not taken: a concurrent writer got between.
-            ClaimStep::Dead => continue,
+            // Dead: `CLAIM_ABSENT` does not take it; `CLAIM` did not because a concurrent
+            // writer got between. `CLAIM` takes it next.
+            ClaimStep::Dead => statement = sql::CLAIM,
             ClaimStep::TurnUnknown { token } => {
                 let turn = ClaimStatement::TurnUnknown { key: key.to_vec(), token, lapse_ttl };
                 let turned = on.rows(turn).await?;
@@ -326,7 +339,8 @@ impl Store for PgStore {
         let correlation_id = correlation_id.map(CorrelationId::as_str).map(str::to_owned);
         async move {
             let lapse_ttl = lapse_ttl_micros(self.lapse);
-            claim_on(&mut &*self, &key, fp, lease, lapse_ttl, correlation_id.as_deref()).await
+            let correlation_id = correlation_id.as_deref();
+            claim_on(&mut &*self, sql::CLAIM, &key, fp, lease, lapse_ttl, correlation_id).await
         }
     }
 
