@@ -19,7 +19,8 @@
 //! ([`idemcache_sql::records::postgres`], [`idemcache_sql::records::decode`]), which
 //! `idemcache-sqlx` runs too: a table either crate wrote behaves the same under the
 //! other. This crate binds and runs them: the handle and its constructors here, the
-//! [`Store`] implementation in `store.rs`, [`complete_in`] in `in_transaction.rs`.
+//! [`Store`] implementation in `store.rs`, [`complete_in`] and
+//! [`PostgresStore::claim_in`] in `in_transaction.rs`.
 //!
 //! Lapses ([`PostgresStore::lapse_policy`]): under `LapsePolicy::MarkUnknown` the claim
 //! statement never takes over a PROCESSING record whose lease lapsed less than the
@@ -35,7 +36,8 @@
 //! your handlers' connections from the store's ([`PostgresStore::pool`]), or build the
 //! store over yours ([`PostgresStore::from_pool`]). Either way the records and the
 //! orders share the connections, and a handler can complete its claim in its own
-//! transaction ([`complete_in`]):
+//! transaction ([`complete_in`]), or make the claim there too
+//! ([`PostgresStore::claim_in`]: a first execution in one commit):
 //!
 //! ```no_run
 //! use idemcache::purge::{self, Round, Schedule};
