@@ -126,7 +126,7 @@ type GrpcStoreFn = dyn Fn(GrpcCode) -> bool + Send + Sync;
 ///
 /// | refusal | gRPC status | why that one |
 /// |---|---|---|
-/// | no key, a malformed key, an oversized scope | `INVALID_ARGUMENT` | the request is wrong whatever the state |
+/// | no key, a malformed key, an oversized scope, an unreadable body | `INVALID_ARGUMENT` | the request is wrong whatever the state |
 /// | no tenant | `UNAUTHENTICATED` | |
 /// | a request over the size limit | `RESOURCE_EXHAUSTED` | gRPC's status for a message too large |
 /// | in progress (the first execution runs) | `ABORTED`, with `grpc-retry-pushback-ms` | a conflict to retry, after the layer's estimate of when the first ends |
@@ -179,8 +179,8 @@ impl Grpc {
         self
     }
 
-    /// Methods passed through unguarded, by path (`/orders.v1.Orders/Watch`), with no
-    /// key asked and nothing buffered: every streaming method (the layer guards a call by
+    /// Methods passed through unguarded, by exact path (`/orders.v1.Orders/Watch`; not a
+    /// prefix), with no key nor tenant asked and nothing buffered: every streaming method (the layer guards a call by
     /// buffering its request and its answer whole, which a stream's are not meant to be,
     /// and replaying one answer, where a stream has many), and the unary ones that change
     /// nothing and are called without a key (`/grpc.health.v1.Health/Check`). Every

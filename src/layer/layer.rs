@@ -184,7 +184,9 @@ impl IdempotencyLayer {
     }
 
     /// Which responses are stored for replay (the rest release the key so a retry runs
-    /// again). Default: everything but 5xx.
+    /// again). Default: everything but 5xx. In gRPC mode ([`grpc`](Self::grpc)) an answer
+    /// is kept by its gRPC status ([`Grpc::store_when`]); this one decides only for an
+    /// answer whose body failed mid-way.
     pub fn store_when(
         mut self,
         store: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
@@ -199,7 +201,14 @@ impl IdempotencyLayer {
     /// The key is the `idempotency-key` metadata; the fingerprint covers the request
     /// message's bytes. Every call is guarded whatever its HTTP method (a gRPC server
     /// serves a call sent with `PUT` as one sent with `POST`): [`methods`](Self::methods)
-    /// does not apply; [`Grpc::unguarded`] names what passes.
+    /// does not apply; [`Grpc::unguarded`] names what passes. What is kept is
+    /// [`Grpc::store_when`]'s to say, not [`store_when`](Self::store_when)'s. The other
+    /// settings apply as over HTTP, in any order, their refusals answered as gRPC
+    /// statuses ([`Grpc`]'s table: `UNAUTHENTICATED` where [`tenant`](Self::tenant) says
+    /// 401, `INVALID_ARGUMENT` for a missing key, `RESOURCE_EXHAUSTED` over
+    /// [`max_request_body`](Self::max_request_body), `ABORTED` where [`wait`](Self::wait)
+    /// says 409); [`require_key(false)`](Self::require_key) lets a call without a key
+    /// through unguarded.
     ///
     /// ```
     /// use idemcache::layer::{Grpc, GrpcCode, IdempotencyLayer};
