@@ -115,29 +115,23 @@ macro_rules! listed {
     };
 }
 
-/// The claim of `$1` (key) for `$2` (fingerprint) with a lease of `$3` µs, `$4` the
-/// unknown TTL (0 under `TakeOver`), `$5` the correlation id (`text`, or NULL) an
-/// acquired record keeps: take the key if absent or dead, else read its holder; one
-/// statement. Returns at most one row, a
-/// [`ClaimRow`](super::decode::ClaimRow): `state, token, fingerprint, body,
-/// settled_at, expires_at, live, lapsed` (named so, for a driver's error to name). No row: a holder committed after this
-/// statement's snapshot blocked the insert but is not visible to the read: run it again.
-pub const CLAIM: &str = concat!(
-    "WITH ",
-    now!(),
-    ",
+/// The claim statement, taking the key `on conflict` as given ([`CLAIM`] takes a dead
+/// record, [`CLAIM_ABSENT`] none): both bind and return alike.
+macro_rules! claim {
+    ($on_conflict:literal) => {
+        concat!(
+            "WITH ",
+            now!(),
+            ",
          taken AS (
              INSERT INTO idemcache_records AS r
                  (key, fingerprint, state, token, body, started_at, settled_at, expires_at,
                   correlation_id)
              SELECT $1, $2, 1, nextval('idemcache_tokens'), NULL, now.us, NULL, now.us + $3,
                     $5::text FROM now
-             ON CONFLICT (key) DO UPDATE SET
-                 fingerprint = EXCLUDED.fingerprint, state = 1, token = EXCLUDED.token,
-                 body = NULL, started_at = EXCLUDED.started_at, settled_at = NULL,
-                 expires_at = EXCLUDED.expires_at, correlation_id = EXCLUDED.correlation_id
-             WHERE r.expires_at <= EXCLUDED.started_at
-               AND NOT (r.state = 1 AND r.expires_at + $4 > EXCLUDED.started_at)
+             ",
+            $on_conflict,
+            "
              RETURNING token, expires_at
          )
          SELECT 0::smallint AS state, token, NULL::bytea AS fingerprint, NULL::bytea AS body,
@@ -146,10 +140,28 @@ pub const CLAIM: &str = concat!(
          UNION ALL
          SELECT r.state, r.token, r.fingerprint, r.body, r.settled_at, r.expires_at,
                 r.expires_at > now.us, ",
-    lapsed_within!("$4"),
-    "
+            lapsed_within!("$4"),
+            "
          FROM idemcache_records r, now
          WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
+        )
+    };
+}
+
+/// The claim of `$1` (key) for `$2` (fingerprint) with a lease of `$3` µs, `$4` the
+/// unknown TTL (0 under `TakeOver`), `$5` the correlation id (`text`, or NULL) an
+/// acquired record keeps: take the key if absent or dead, else read its holder; one
+/// statement. Returns at most one row, a
+/// [`ClaimRow`](super::decode::ClaimRow): `state, token, fingerprint, body,
+/// settled_at, expires_at, live, lapsed` (named so, for a driver's error to name). No row: a holder committed after this
+/// statement's snapshot blocked the insert but is not visible to the read: run it again.
+pub const CLAIM: &str = claim!(
+    "ON CONFLICT (key) DO UPDATE SET
+                 fingerprint = EXCLUDED.fingerprint, state = 1, token = EXCLUDED.token,
+                 body = NULL, started_at = EXCLUDED.started_at, settled_at = NULL,
+                 expires_at = EXCLUDED.expires_at, correlation_id = EXCLUDED.correlation_id
+             WHERE r.expires_at <= EXCLUDED.started_at
+               AND NOT (r.state = 1 AND r.expires_at + $4 > EXCLUDED.started_at)"
 );
 
 /// [`CLAIM`] for a claim made inside a caller's transaction, which holds what it locks
@@ -159,30 +171,7 @@ pub const CLAIM: &str = concat!(
 /// it reads ([`decode::claim`](super::decode::claim) answers `Dead`) is taken by
 /// [`CLAIM`] next, which locks the row it takes. It waits, as [`CLAIM`] does, for a
 /// concurrent transaction that inserted the key to end; no row then: run it again.
-pub const CLAIM_ABSENT: &str = concat!(
-    "WITH ",
-    now!(),
-    ",
-         taken AS (
-             INSERT INTO idemcache_records AS r
-                 (key, fingerprint, state, token, body, started_at, settled_at, expires_at,
-                  correlation_id)
-             SELECT $1, $2, 1, nextval('idemcache_tokens'), NULL, now.us, NULL, now.us + $3,
-                    $5::text FROM now
-             ON CONFLICT (key) DO NOTHING
-             RETURNING token, expires_at
-         )
-         SELECT 0::smallint AS state, token, NULL::bytea AS fingerprint, NULL::bytea AS body,
-                NULL::bigint AS settled_at, expires_at, true AS live, false AS lapsed
-         FROM taken
-         UNION ALL
-         SELECT r.state, r.token, r.fingerprint, r.body, r.settled_at, r.expires_at,
-                r.expires_at > now.us, ",
-    lapsed_within!("$4"),
-    "
-         FROM idemcache_records r, now
-         WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
-);
+pub const CLAIM_ABSENT: &str = claim!("ON CONFLICT (key) DO NOTHING");
 
 /// `LapsePolicy::MarkUnknown`: the lapsed lease of `$1` (key) claimed under `$2`
 /// (token) turns UNKNOWN, marked at its end and kept `$3` µs (the unknown TTL) from
