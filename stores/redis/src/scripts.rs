@@ -14,10 +14,18 @@ use crate::RedisStore;
 
 /// The time on Redis's clock in µs; `fmt` for writing integers without exponents;
 /// `int` for reading them (`nil` for anything else); `read(key)`: the record at `key`
-/// checked field by field (`nil` if there is none, or `nil` and why it does not read);
-/// `record()`: KEYS[1]'s, stopping the script with an `IDEMCACHE_CORRUPT` error if it
-/// does not read; `owned(token)`: KEYS[1] is live PROCESSING under `token`;
-/// `unknown()`: it is a live UNKNOWN.
+/// but its body, state, token and expiry checked (`nil` if there is none, or `nil` and
+/// why it does not read); `record()`: KEYS[1]'s, stopping the script with an
+/// `IDEMCACHE_CORRUPT` error if it does not read; `owned(token)`: KEYS[1]'s record if
+/// it is live PROCESSING under `token`; `unknown(lapse, token)`: KEYS[1]'s record if it
+/// is a live UNKNOWN (or a lapse less than `lapse` ago) under `token` (empty: any
+/// token); `settle(ends, body)`: writes KEYS[1] COMPLETED until `ends` with `body`
+/// (none: `nil`).
+///
+/// Each `redis.call` costs the server about a microsecond beyond the command's own
+/// work (the command's lookup, its timing, its arguments and reply crossing between
+/// Lua and Redis), so no script reads a record twice or writes it with two `HSET`s:
+/// BENCHMARKS.md has the per-command figures.
 const PRELUDE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -26,14 +34,14 @@ local function int(s)
   if type(s) == 'string' and #s <= 18 and string.match(s, '^%-?%d+$') then return tonumber(s) end
 end
 local function read(key)
-  local r = redis.pcall('HMGET', key, 'state', 'token', 'expires')
+  local r = redis.pcall('HMGET', key, 'state', 'token', 'expires', 'fp', 'settled')
   if r.err then return nil, 'its Redis key holds another type' end
   if not (r[1] or r[2] or r[3]) and redis.call('EXISTS', key) == 0 then return nil end
   local state, token, expires = int(r[1]), int(r[2]), int(r[3])
   if state ~= 1 and state ~= 2 and state ~= 3 then return nil, 'its state is not 1, 2 or 3' end
   if not token then return nil, 'its token is not an integer' end
   if not expires then return nil, 'its expiry is not an integer' end
-  return {state = state, token = token, expires = expires}
+  return {state = state, token = token, expires = expires, fp = r[4], settled = r[5]}
 end
 local function record()
   local rec, bad = read(KEYS[1])
@@ -42,18 +50,23 @@ local function record()
 end
 local function owned(token)
   local rec = record()
-  return rec ~= nil and rec.state == 1 and rec.token == tonumber(token) and rec.expires > now
+  if rec ~= nil and rec.state == 1 and rec.token == tonumber(token) and rec.expires > now then
+    return rec
+  end
 end
-local function unknown(lapse)
+local function unknown(lapse, token)
   local rec = record()
-  if rec == nil then return false end
-  if rec.state == 3 and rec.expires > now then return true end
-  return rec.state == 1 and rec.expires <= now and rec.expires + tonumber(lapse) > now
+  if rec == nil or (token ~= '' and rec.token ~= tonumber(token)) then return nil end
+  if rec.state == 3 and rec.expires > now then return rec end
+  if rec.state == 1 and rec.expires <= now and rec.expires + tonumber(lapse) > now then return rec end
 end
-local function listed(token)
-  if token == '' then return true end
-  local rec = record()
-  return rec ~= nil and rec.token == tonumber(token)
+local function settle(ends, body)
+  if body then
+    redis.call('HSET', KEYS[1], 'state', 2, 'settled', fmt(now), 'expires', fmt(ends), 'body', body)
+  else
+    redis.call('HSET', KEYS[1], 'state', 2, 'settled', fmt(now), 'expires', fmt(ends))
+    redis.call('HDEL', KEYS[1], 'body')
+  end
 end
 ";
 
@@ -72,19 +85,22 @@ if rec and rec.state == 1 and rec.expires <= now and rec.expires + lapse > now t
   local ends = rec.expires + lapse
   redis.call('HSET', KEYS[1], 'state', 3, 'settled', fmt(rec.expires), 'expires', fmt(ends))
   redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
-  return {3, redis.call('HGET', KEYS[1], 'fp') or false, rec.token, false, rec.expires, ends}
+  return {3, rec.fp or false, rec.token, false, rec.expires, ends}
 end
 if rec and rec.expires > now then
-  local r = redis.call('HMGET', KEYS[1], 'fp', 'body', 'settled')
-  if r[3] and not int(r[3]) then error({err = 'IDEMCACHE_CORRUPT its settled time is not an integer'}) end
-  return {rec.state, r[1] or false, rec.token, r[2] or false, int(r[3]) or false, rec.expires}
+  if rec.settled and not int(rec.settled) then error({err = 'IDEMCACHE_CORRUPT its settled time is not an integer'}) end
+  local body = rec.state == 2 and redis.call('HGET', KEYS[1], 'body')
+  return {rec.state, rec.fp or false, rec.token, body or false, int(rec.settled) or false, rec.expires}
 end
 local token = math.max((rec and rec.token or 0) + 1, now)
 local ends = now + tonumber(ARGV[2])
 -- A record left past its expiry goes first; a fresh key has none to delete.
 if rec then redis.call('DEL', KEYS[1]) end
-redis.call('HSET', KEYS[1], 'state', 1, 'fp', ARGV[1], 'token', fmt(token), 'started', fmt(now), 'expires', fmt(ends))
-if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'corr', ARGV[5]) end
+if ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[1], 'state', 1, 'fp', ARGV[1], 'token', fmt(token), 'started', fmt(now), 'expires', fmt(ends), 'corr', ARGV[5])
+else
+  redis.call('HSET', KEYS[1], 'state', 1, 'fp', ARGV[1], 'token', fmt(token), 'started', fmt(now), 'expires', fmt(ends))
+end
 redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil((ends + lapse) / 1000)))
 return {0, false, token, false, false, ends}
 ";
@@ -93,8 +109,7 @@ return {0, false, token, false, false, ends}
 const COMPLETE: &str = r"
 if not owned(ARGV[1]) then return false end
 local ends = now + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], 'state', 2, 'settled', fmt(now), 'expires', fmt(ends))
-if #ARGV >= 3 then redis.call('HSET', KEYS[1], 'body', ARGV[3]) else redis.call('HDEL', KEYS[1], 'body') end
+settle(ends, ARGV[3])
 redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
 return {now, ends}
 ";
@@ -136,17 +151,16 @@ return {now, ends}
 /// ARGV: TTL in µs, the unknown TTL of lapses in µs, the listed token (empty: any
 /// record), then the body if there is one.
 const RESOLVE: &str = r"
-if not (unknown(ARGV[2]) and listed(ARGV[3])) then return false end
+if not unknown(ARGV[2], ARGV[3]) then return false end
 local ends = now + tonumber(ARGV[1])
-redis.call('HSET', KEYS[1], 'state', 2, 'settled', fmt(now), 'expires', fmt(ends))
-if #ARGV >= 4 then redis.call('HSET', KEYS[1], 'body', ARGV[4]) else redis.call('HDEL', KEYS[1], 'body') end
+settle(ends, ARGV[4])
 redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil(ends / 1000)))
 return {now, ends}
 ";
 
 /// ARGV: the unknown TTL of lapses in µs, the listed token (empty: any record).
 const FORGET: &str = r"
-if not (unknown(ARGV[1]) and listed(ARGV[2])) then return false end
+if not unknown(ARGV[1], ARGV[2]) then return false end
 redis.call('DEL', KEYS[1])
 return {now, now}
 ";
@@ -165,11 +179,9 @@ local rec, bad = read(KEYS[1])
 if bad then return {false, false, bad, false, false} end
 if not rec or rec.token ~= tonumber(ARGV[2]) then return false end
 if rec.state == 3 and rec.expires > now then
-  local r = redis.call('HMGET', KEYS[1], 'fp', 'settled')
-  return {r[1] or false, int(r[2]) or false, false, rec.expires, false}
+  return {rec.fp or false, int(rec.settled) or false, false, rec.expires, false}
 elseif rec.state == 1 and rec.expires <= now and rec.expires + lapse > now then
-  local fp = redis.call('HGET', KEYS[1], 'fp')
-  return {fp or false, rec.expires, false, rec.expires + lapse, false}
+  return {rec.fp or false, rec.expires, false, rec.expires + lapse, false}
 elseif rec.state == 1 and rec.expires > now then
   return {false, false, false, false, 1}
 end
@@ -193,11 +205,11 @@ elseif rec.state == 1 and rec.expires + lapse > now then judged = 3 end
 local mask = tonumber(ARGV[2]) or 0
 local deleted = 0
 if judged ~= 0 and math.floor(mask / (2 ^ judged)) % 2 == 1 then deleted = 1 end
-local r = redis.call('HMGET', KEYS[1], 'fp', 'body', 'started', 'settled', 'corr')
-if r[3] and not int(r[3]) then error({err = 'IDEMCACHE_CORRUPT its start time is not an integer'}) end
-if r[4] and not int(r[4]) then error({err = 'IDEMCACHE_CORRUPT its settled time is not an integer'}) end
+local r = redis.call('HMGET', KEYS[1], 'body', 'started', 'corr')
+if r[2] and not int(r[2]) then error({err = 'IDEMCACHE_CORRUPT its start time is not an integer'}) end
+if rec.settled and not int(rec.settled) then error({err = 'IDEMCACHE_CORRUPT its settled time is not an integer'}) end
 if deleted == 1 then redis.call('DEL', KEYS[1]) end
-return {now, rec.state, r[1] or false, rec.token, r[2] or false, int(r[3]) or false, int(r[4]) or false, rec.expires, deleted, r[5] or false}
+return {now, rec.state, rec.fp or false, rec.token, r[1] or false, int(r[2]) or false, int(rec.settled) or false, rec.expires, deleted, r[3] or false}
 ";
 
 /// One Lua script: its source (sent whole with `EVAL` to a server that lacks it) and
