@@ -1,6 +1,8 @@
 //! Completing a claim in your own sqlx transaction, so that the record commits with
 //! the business change it records, or not at all: `PgStore::complete_in` and
-//! `MySqlStore::complete_in` (as `idemcache_postgres::complete_in` for tokio-postgres).
+//! `MySqlStore::complete_in` (as `idemcache_postgres::complete_in` for tokio-postgres);
+//! and `claim_in` of each, the claim made in that transaction too, so that a first
+//! execution is one commit.
 //!
 //! Invariant: the write is the store's own completion (`idemcache-sql`'s `COMPLETE` of
 //! each dialect), fenced by the claim's token and judged by the server's clock when it
@@ -8,13 +10,15 @@
 //! caller's transaction. A concurrent takeover of the key and this write serialize on
 //! the record's row: whichever commits first wins, and the other finds the winner's row
 //! (a takeover finds it COMPLETED and replays; this write finds a new token and is
-//! refused).
+//! refused). A claim made in the caller's transaction decides on the record's row as it
+//! stands there (locked, or inserted uncommitted) and never commits, rolls back or
+//! retries that transaction.
 
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use idemcache::store::StoreClaim;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use idemcache::{Fingerprint, Key};
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use std::time::Duration;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 use std::time::SystemTime;
@@ -115,6 +119,54 @@ fn lock_wait_ran_out(e: &(dyn std::error::Error + 'static)) -> bool {
 
 #[cfg(feature = "mysql")]
 impl crate::MySqlStore {
+    /// Claims `key` for a request whose fingerprint is `fp` inside `tx`, your own
+    /// transaction on the database this store keeps its records in: with
+    /// [`complete_in`](Self::complete_in) and your business writes in the same `tx`, a
+    /// first execution is one commit. As `PgStore::claim_in`:
+    /// answers as the store's claim does; on `Acquired`, make the claim
+    /// (`OpenClaim::new(key, token, result_ttl)`), write, complete, commit; on any other
+    /// answer roll back and answer it. A rollback or a crash before the commit leaves no
+    /// record; `lease` bounds the transaction (a completion after it is refused).
+    ///
+    /// What is MySQL's own:
+    /// - **A duplicate waits on the record's row, for at most the lease**: the session's
+    ///   `innodb_lock_wait_timeout` is lowered to `lease` in whole seconds (at least 1)
+    ///   for the claim's statements, and restored after them (MySQL has no `SET LOCAL`;
+    ///   MariaDB's `SET STATEMENT` is not MySQL's). Set the session's value lower before
+    ///   the claim to wait less. A wait that runs out answers `InProgress`
+    ///   (`lease_ends_at` now, by this process's clock) with only the claim's statement
+    ///   undone (all of `tx`, if the server runs with `innodb_rollback_on_timeout`): roll
+    ///   back. Not cancel-safe in that one respect: a claim future dropped mid-way leaves
+    ///   the lowered bound on the connection, so close it rather than reuse it.
+    /// - **Any answer holds the record's row** locked until `tx` ends (the claim reads
+    ///   it exclusively locked, so that it can take a dead record over): end `tx` at
+    ///   once when not `Acquired`. Locking reads see the latest committed row, so any
+    ///   isolation level works.
+    /// - **The token is minted on a connection of the store's pool**, committed on its
+    ///   own before the claim locks anything (minted in `tx`, the counter's row would
+    ///   stay locked until your commit, and every claim would queue behind it). So the
+    ///   claim needs a second connection for a moment: if `tx` is from the same pool, size
+    ///   it above the transactions claiming at once. A dead record is taken over under a
+    ///   token above its own, so its old holder stays fenced.
+    /// - **A deadlock is an error, never retried here**: InnoDB has rolled back all of
+    ///   `tx` (error 1213, in [`StoreError::Backend`] as the `sqlx::Error`); run the
+    ///   request again in a new transaction. It takes a cycle: two transactions each
+    ///   holding a record's row or one of your rows and waiting for the other's.
+    pub async fn claim_in(
+        &self,
+        tx: &mut Transaction<'_, sqlx::MySql>,
+        key: &Key,
+        fp: Fingerprint,
+        lease: Duration,
+    ) -> Result<StoreClaim, StoreError> {
+        match self.claim_in_conn(tx, key, fp, lease).await {
+            Err(StoreError::Backend(e)) if mysql_lock_wait_ran_out(&*e) => {
+                Ok(StoreClaim::InProgress { lease_ends_at: SystemTime::now() })
+            }
+            answer => answer,
+        }
+    }
+
     /// Completes `claim` with `body` inside `tx`, a transaction on the database the
     /// store keeps its records in, so that the record commits with your business writes
     /// in `tx`, or neither does; the store's own completion, fenced by the claim's
@@ -158,4 +210,14 @@ impl crate::MySqlStore {
             now.saturating_add(values.duration),
         ))
     }
+}
+
+/// Whether `e` is MySQL's `ER_LOCK_WAIT_TIMEOUT` (an `innodb_lock_wait_timeout` that ran
+/// out).
+#[cfg(feature = "mysql")]
+fn mysql_lock_wait_ran_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<sqlx::Error>()
+        .and_then(|e| e.as_database_error())
+        .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .is_some_and(|e| e.number() == idemcache_sql::records::mysql::LOCK_WAIT_TIMEOUT)
 }

@@ -35,6 +35,11 @@
 //!   (A server logging its binary log by statement, `binlog_format = STATEMENT`,
 //!   refuses InnoDB writes at READ COMMITTED, error 1665: use `ROW` or `MIXED`, the
 //!   defaults of MySQL and MariaDB.)
+//! - **The claim in a caller's transaction** (one commit per first execution): the token
+//!   minted as above, then [`TAKE_NEW_OR_LOCK`] inserts the record or locks the key's
+//!   row, and [`LOOK`] reads it; the decision is made on that locked row as above. The
+//!   transaction, its isolation and its end are the caller's; [`bound_claim_wait`]
+//!   bounds the wait on another transaction's row.
 //! - **Every other write** is one statement (in a READ COMMITTED transaction of its own,
 //!   with the read of [`NOW`] before it; a deadlock rolls both back and they run again)
 //!   naming the claim's token in its `WHERE`
@@ -245,6 +250,46 @@ pub const TAKE_NEW: Statement = Statement {
         Param::CorrelationId,
     ],
 };
+
+/// The one-commit claim's first statement, in the caller's transaction: the key's
+/// record inserted as [`TAKE_NEW`] inserts it (the server's now read in the statement),
+/// or, when the key has one, its row left as it is and locked. The no-op update is
+/// what takes an exclusive lock on a duplicate: a plain `INSERT` that meets one takes a
+/// shared lock, and two claims each holding one and wanting the exclusive lock to take a
+/// dead record over would deadlock. Waits for another transaction's uncommitted row of
+/// the key. Either way the row is this transaction's until it ends: [`LOOK`] reads it,
+/// and it holds the bound token only if this statement inserted it (tokens are never
+/// reused). The affected-row count cannot tell (under `CLIENT_FOUND_ROWS` both are 1).
+pub const TAKE_NEW_OR_LOCK: Statement = Statement {
+    sql: concat!(
+        "INSERT INTO idemcache_records
+              (`key`, fingerprint, state, token, body, started_at, settled_at, expires_at,
+               correlation_id)
+          VALUES (?, ?, 1, ?, NULL, ",
+        now!(),
+        ", NULL, ",
+        now!(),
+        " + ?, ?)
+          ON DUPLICATE KEY UPDATE `key` = `key`"
+    ),
+    params: &[Param::Key, Param::Fingerprint, Param::Token, Param::Duration, Param::CorrelationId],
+};
+
+/// The one-commit claim's bound on its wait for another transaction's row: the
+/// session's `innodb_lock_wait_timeout` kept in the session variable
+/// `@idemcache_claim_wait`, then lowered to `seconds` if that is less (MySQL has no
+/// `SET LOCAL`, and MariaDB's `SET STATEMENT` is not MySQL's). Sent as text (a number,
+/// never a caller's string); [`RESTORE_CLAIM_WAIT`] puts the kept value back.
+pub fn bound_claim_wait(seconds: u64) -> String {
+    format!(
+        "SET @idemcache_claim_wait = @@SESSION.innodb_lock_wait_timeout, \
+         SESSION innodb_lock_wait_timeout = LEAST(@@SESSION.innodb_lock_wait_timeout, {seconds})"
+    )
+}
+
+/// The session's `innodb_lock_wait_timeout` as [`bound_claim_wait`] found it. `SET` is
+/// not transactional: it restores even in a transaction a deadlock rolled back.
+pub const RESTORE_CLAIM_WAIT: &str = "SET SESSION innodb_lock_wait_timeout = @idemcache_claim_wait";
 
 /// The claim of a dead record [`LOOK`] locked (expired, or a lapse under `TakeOver`),
 /// in its transaction, fenced by the token it read ([`Param::Held`]). One row matched.
@@ -470,6 +515,10 @@ pub const RECORDS: Statement = Statement {
 pub const DUPLICATE_KEY: u16 = 1062;
 /// MySQL's error number for a deadlock: InnoDB rolled the transaction back.
 pub const DEADLOCK: u16 = 1213;
+/// MySQL's error number for a lock wait that ran past `innodb_lock_wait_timeout`: the
+/// statement was rolled back (the whole transaction only if the server runs with
+/// `innodb_rollback_on_timeout`).
+pub const LOCK_WAIT_TIMEOUT: u16 = 1205;
 
 #[cfg(test)]
 mod tests {
@@ -482,6 +531,7 @@ mod tests {
             MINT,
             LOOK,
             TAKE_NEW,
+            TAKE_NEW_OR_LOCK,
             TAKE_OVER,
             TURN_UNKNOWN,
             COMPLETE,
@@ -503,5 +553,14 @@ mod tests {
             assert_eq!(placeholders, statement.params.len(), "{}", statement.sql);
         }
         assert!(SCHEMA.iter().chain(UPGRADE).all(|ddl| !ddl.contains('?')));
+        assert!(!bound_claim_wait(1).contains('?') && !RESTORE_CLAIM_WAIT.contains('?'));
+    }
+
+    #[test]
+    fn the_claim_wait_is_lowered_never_raised_and_kept() {
+        let set = bound_claim_wait(7);
+        assert!(set.ends_with("LEAST(@@SESSION.innodb_lock_wait_timeout, 7)"), "{set}");
+        assert!(set.starts_with("SET @idemcache_claim_wait = @@SESSION.innodb_lock_wait_timeout"));
+        assert!(RESTORE_CLAIM_WAIT.ends_with("= @idemcache_claim_wait"));
     }
 }

@@ -13,7 +13,9 @@
 //! that it commits whatever the pool's sessions say of `autocommit` (a session at
 //! `autocommit = 0` left a completion uncommitted, holding its row lock, and refused
 //! the next claim's `SET TRANSACTION`). A claim that loses a deadlock or a duplicate-key
-//! race at any of its statements claims again.
+//! race at any of its statements claims again. The one exception is `claim_in`, whose
+//! statements run in the caller's transaction: it commits nothing and retries nothing
+//! there (a deadlock has rolled that transaction back), its token minted as above.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime};
@@ -22,7 +24,7 @@ use bytes::Bytes;
 use sqlx::mysql::{
     MySqlArguments, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions, MySqlRow,
 };
-use sqlx::{Connection, MySql};
+use sqlx::{AssertSqlSafe, Connection, MySql};
 
 use idemcache::store::encoding::{check_duration, check_url, from_micros, micros};
 use idemcache::store::encoding::{check_lapse_policy, lapse_ttl_micros};
@@ -244,20 +246,9 @@ impl MySqlStore {
             Err(e) => return Err(fail(e)),
         };
         let values = Values { now: column(&look, 0, key)?, ..values };
-        let state: Option<i16> = column(&look, 1, key)?;
-        let write = match state {
+        let write = match look_row(&look, key)? {
             None => bind(&sql::TAKE_NEW, &values),
-            Some(state) => {
-                let row = ClaimRow {
-                    state,
-                    token: column(&look, 2, key)?,
-                    fingerprint: column(&look, 3, key)?,
-                    body: column(&look, 4, key)?,
-                    settled_at: column(&look, 5, key)?,
-                    expires_at: column(&look, 6, key)?,
-                    live: column(&look, 7, key)?,
-                    lapsed: column(&look, 8, key)?,
-                };
+            Some(row) => {
                 let held = Values { held: Some(row.token), ..values };
                 match decode::claim(key, asked, &row)? {
                     ClaimStep::Answer(answer) => {
@@ -343,6 +334,139 @@ impl MySqlStore {
             ..Values::default()
         };
         self.settle(&key, &sql::FORGET, values, StoreError::NotUnknown).await.map(drop)
+    }
+}
+
+/// [`LOOK`](sql::LOOK)'s record (the columns after `now`), or `None` for an absent key.
+fn look_row(look: &MySqlRow, key: &[u8]) -> Result<Option<ClaimRow>, StoreError> {
+    let state: Option<i16> = column(look, 1, key)?;
+    let Some(state) = state else { return Ok(None) };
+    Ok(Some(ClaimRow {
+        state,
+        token: column(look, 2, key)?,
+        fingerprint: column(look, 3, key)?,
+        body: column(look, 4, key)?,
+        settled_at: column(look, 5, key)?,
+        expires_at: column(look, 6, key)?,
+        live: column(look, 7, key)?,
+        lapsed: column(look, 8, key)?,
+    }))
+}
+
+/// The least `innodb_lock_wait_timeout` (whole seconds) that covers `lease`, within
+/// what the servers accept (1 to 1,073,741,824).
+fn wait_seconds(lease: Duration) -> u64 {
+    let seconds = lease.as_secs().saturating_add(u64::from(lease.subsec_nanos() > 0));
+    seconds.clamp(1, 1 << 30)
+}
+
+/// `e` as [`StoreError::Backend`] holding the driver's error itself, as the statements
+/// in a caller's transaction answer (so that its number can be read: a deadlock, 1213,
+/// rolled that transaction back).
+fn in_tx(e: sqlx::Error) -> StoreError {
+    StoreError::Backend(Box::new(e))
+}
+
+/// A record the claim's own lock should have kept from changing did change: a server
+/// that does not lock as InnoDB does.
+fn moved_under_lock(key: &Key) -> StoreError {
+    StoreError::Backend(format!("the record of {key:?} changed under the claim's row lock").into())
+}
+
+impl MySqlStore {
+    /// The claim of `key` in a caller's transaction on `conn` (`MySqlStore::claim_in`
+    /// documents the contract): a token minted on a pooled connection of the store's
+    /// own, committed there before this claim takes any lock; then, with the session's
+    /// lock wait bounded by the lease (and restored after, whatever happened), the
+    /// claim under the key's row lock ([`take_locked`](Self::take_locked)). Never
+    /// commits, rolls back or retries: an error of a statement comes back as it is.
+    pub(crate) async fn claim_in_conn(
+        &self,
+        conn: &mut MySqlConnection,
+        key: &Key,
+        fp: Fingerprint,
+        lease: Duration,
+    ) -> Result<StoreClaim, StoreError> {
+        check_duration("lease", lease)?;
+        // Minted before the claim takes the row, on a connection of its own: the
+        // counter's row is then locked for that one statement, not until the caller's
+        // commit (which would queue every claim behind this transaction), and no
+        // transaction waiting on this claim's row holds a connection it needs.
+        let token = self.mint_pooled().await?;
+        let bound = sql::bound_claim_wait(wait_seconds(lease));
+        sqlx::raw_sql(AssertSqlSafe(bound)).execute(&mut *conn).await.map_err(in_tx)?;
+        let answer = self.take_locked(conn, key, fp, lease, token).await;
+        let restored = sqlx::raw_sql(sql::RESTORE_CLAIM_WAIT).execute(&mut *conn).await;
+        let answer = answer?;
+        restored.map_err(in_tx)?;
+        Ok(answer)
+    }
+
+    /// A token minted on a pooled connection.
+    async fn mint_pooled(&self) -> Result<i64, StoreError> {
+        let mut pooled = self.connection().await?;
+        self.mint(&mut pooled).await
+    }
+
+    /// The claim of `key` under its row lock, in the caller's transaction on `conn`:
+    /// [`TAKE_NEW_OR_LOCK`](sql::TAKE_NEW_OR_LOCK) with `token`, then
+    /// [`LOOK`](sql::LOOK). The row holds `token` only if that insert wrote it;
+    /// otherwise the row decides as the store's claim decides, and a dead record is
+    /// taken over under a token above its own.
+    async fn take_locked(
+        &self,
+        conn: &mut MySqlConnection,
+        stored: &Key,
+        asked: Fingerprint,
+        lease: Duration,
+        token: i64,
+    ) -> Result<StoreClaim, StoreError> {
+        let key = stored.as_bytes();
+        let fingerprint = asked.to_bytes();
+        let values = Values {
+            key,
+            fingerprint: &fingerprint,
+            token,
+            duration: micros(lease),
+            lapse_ttl: lapse_ttl_micros(self.lapse),
+            ..Values::default()
+        };
+        bind(&sql::TAKE_NEW_OR_LOCK, &values).execute(&mut *conn).await.map_err(in_tx)?;
+        let look = bind(&sql::LOOK, &values).fetch_one(&mut *conn).await.map_err(in_tx)?;
+        let now: i64 = column(&look, 0, key)?;
+        let row = look_row(&look, key)?.ok_or_else(|| moved_under_lock(stored))?;
+        if row.token == token {
+            return Ok(StoreClaim::Acquired {
+                token: decode::fencing_token(token),
+                lease_ends_at: from_micros(row.expires_at),
+            });
+        }
+        let held = Values { now, held: Some(row.token), ..values };
+        match decode::claim(key, asked, &row)? {
+            ClaimStep::Answer(answer) => Ok(answer),
+            ClaimStep::TurnUnknown { .. } => {
+                let done = bind(&sql::TURN_UNKNOWN, &held).execute(&mut *conn).await;
+                if done.map_err(in_tx)?.rows_affected() != 1 {
+                    return Err(moved_under_lock(stored));
+                }
+                let (fp, marked_at) = (row.fingerprint.as_deref(), Some(row.expires_at));
+                decode::turned_unknown(key, asked, fp, marked_at)
+            }
+            ClaimStep::Dead => {
+                // The dead record's claim may have minted after this one did (and its
+                // lease run out since): a token above it, minted now it is locked.
+                let token = if token > row.token { token } else { self.mint_pooled().await? };
+                let take = Values { token, ..held };
+                let done = bind(&sql::TAKE_OVER, &take).execute(&mut *conn).await;
+                if done.map_err(in_tx)?.rows_affected() != 1 {
+                    return Err(moved_under_lock(stored));
+                }
+                Ok(StoreClaim::Acquired {
+                    token: decode::fencing_token(token),
+                    lease_ends_at: from_micros(now.saturating_add(take.duration)),
+                })
+            }
+        }
     }
 }
 

@@ -1,0 +1,446 @@
+//! One commit per first execution over sqlx's MySQL/MariaDB: `MySqlStore::claim_in`, the
+//! business write and `MySqlStore::complete_in` in the caller's one transaction. Against
+//! a real server (`IDEMCACHE_MYSQL_URL`; skipped with a printed reason when unset).
+//!
+//! What is checked: the three commit together, and a retry replays; a rollback, or a
+//! process killed with SIGKILL between the claim and the commit, leaves no record (a
+//! retry acquires); a duplicate waits on the record's row and replays what the first
+//! committed (or acquires once it rolled back); its wait is bounded by the lease or by a
+//! lower session `innodb_lock_wait_timeout`, answering `InProgress`, and the session's
+//! own bound is restored; a reused key is `Mismatch`; a live record of the store's own
+//! claim is `InProgress` and fenced; a dead one is taken over under a higher token and
+//! its holder fenced; a lapse under `MarkUnknown` turns UNKNOWN; a deadlock is an error
+//! (1213), not retried.
+//!
+//! No test waits on a clock: a waiting duplicate is seen waiting in InnoDB's monitor
+//! (`LOCK WAIT`) before the first transaction ends, and a lease is seen over by polling
+//! the store's read of the record.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use idemcache::store::conformance::service_url;
+use idemcache::store::{OpenClaim, RecordState, Store, StoreClaim, StoreError};
+use idemcache::{Fingerprint, Key, LapsePolicy};
+use idemcache_sqlx::MySqlStore;
+use sqlx::mysql::{MySqlDatabaseError, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row, Transaction};
+
+const LEASE: Duration = Duration::from_secs(30);
+const KEPT: Duration = Duration::from_secs(600);
+
+/// The child process of the kill test: set to the key it claims.
+const CHILD_KEY: &str = "IDEMCACHE_ONE_COMMIT_MYSQL_CHILD_KEY";
+/// The child process of the kill test: its orders table.
+const CHILD_TABLE: &str = "IDEMCACHE_ONE_COMMIT_MYSQL_CHILD_TABLE";
+
+/// A store over the test database, a table of this test's own for its orders, and keys
+/// no other run has used.
+struct Db {
+    url: String,
+    pool: MySqlPool,
+    store: MySqlStore,
+    orders: String,
+}
+
+impl Db {
+    async fn new(name: &str) -> Option<Db> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let url = service_url("IDEMCACHE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")?;
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let orders = format!("idemcache_sqlx_one_commit_{name}_{}_{n}", std::process::id());
+        let db = Db::open(url, orders).await;
+        db.store.ensure_schema().await.unwrap();
+        let create =
+            format!("CREATE TABLE {} (k VARCHAR(255) PRIMARY KEY) ENGINE=InnoDB", db.orders);
+        sqlx::raw_sql(AssertSqlSafe(create)).execute(&db.pool).await.unwrap();
+        Some(db)
+    }
+
+    async fn open(url: String, orders: String) -> Db {
+        let pool = MySqlPoolOptions::new().max_connections(8).connect(&url).await.unwrap();
+        let store = MySqlStore::from_pool(pool.clone());
+        Db { url, pool, store, orders }
+    }
+
+    fn key(&self) -> Key {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        Key::new("POST /orders", "sqlx-one-commit", format!("{}-{nanos}-{n}", self.orders)).unwrap()
+    }
+
+    async fn orders_of(&self, key: &Key) -> i64 {
+        let sql = format!("SELECT COUNT(*) FROM {} WHERE k = ?", self.orders);
+        let query = sqlx::query(AssertSqlSafe(sql)).bind(key.client_key());
+        query.fetch_one(&self.pool).await.unwrap().get(0)
+    }
+
+    /// The first execution as a handler writes it: the claim, the order, the record, in
+    /// `tx`; the claim's answer if it was not acquired.
+    async fn execute(
+        &self,
+        tx: &mut Transaction<'_, MySql>,
+        key: &Key,
+        body: &[u8],
+    ) -> Result<(), StoreClaim> {
+        match self.store.claim_in(tx, key, Fingerprint::of(b"order"), LEASE).await.unwrap() {
+            StoreClaim::Acquired { token, .. } => {
+                let sql = format!("INSERT INTO {} VALUES (?)", self.orders);
+                let insert = sqlx::query(AssertSqlSafe(sql)).bind(key.client_key());
+                insert.execute(&mut **tx).await.unwrap();
+                let claim = OpenClaim::new(key.clone(), token, KEPT);
+                MySqlStore::complete_in(tx, &claim, Some(body)).await.unwrap();
+                Ok(())
+            }
+            other => Err(other),
+        }
+    }
+
+    /// A duplicate's claim of `key` in a transaction of its own, on a task; its
+    /// connection's id, to watch it wait.
+    async fn duplicate(&self, key: &Key) -> (u64, tokio::task::JoinHandle<StoreClaim>) {
+        let mut conn = self.pool.acquire().await.unwrap();
+        let id = connection_id(&mut conn).await;
+        let (store, key) = (self.store.clone(), key.clone());
+        let task = tokio::spawn(async move {
+            let mut tx = sqlx::Acquire::begin(&mut *conn).await.unwrap();
+            let answer = store.claim_in(&mut tx, &key, Fingerprint::of(b"order"), LEASE).await;
+            tx.rollback().await.unwrap();
+            answer.unwrap()
+        });
+        (id, task)
+    }
+
+    async fn drop_table(self) {
+        let sql = format!("DROP TABLE {}", self.orders);
+        sqlx::raw_sql(AssertSqlSafe(sql)).execute(&self.pool).await.unwrap();
+    }
+}
+
+async fn connection_id(conn: &mut sqlx::MySqlConnection) -> u64 {
+    sqlx::query_scalar("SELECT CONNECTION_ID()").fetch_one(conn).await.unwrap()
+}
+
+async fn session_lock_wait(conn: &mut sqlx::MySqlConnection) -> u64 {
+    let sql = "SELECT @@SESSION.innodb_lock_wait_timeout";
+    sqlx::query_scalar(sql).fetch_one(conn).await.unwrap()
+}
+
+fn replayed(answer: &StoreClaim) -> Option<&[u8]> {
+    match answer {
+        StoreClaim::Completed(replay) => replay.body.as_deref(),
+        _ => None,
+    }
+}
+
+/// MySQL's error number under a store error, if a statement failed with one.
+fn number(e: &StoreError) -> Option<u16> {
+    let StoreError::Backend(e) = e else { return None };
+    let e = e.downcast_ref::<sqlx::Error>()?.as_database_error()?;
+    e.try_downcast_ref::<MySqlDatabaseError>().map(MySqlDatabaseError::number)
+}
+
+/// Waits until the connection `id`'s transaction waits on a row lock: the duplicate is
+/// queued on another transaction's row. Polls InnoDB's monitor (`SHOW ENGINE INNODB
+/// STATUS`, one `---TRANSACTION` block per transaction, `LOCK WAIT` in a waiting one's),
+/// made afresh for each read: `information_schema.innodb_trx` is a cache the server
+/// refreshes only once nobody has read it for 100 ms, which concurrent pollers (these
+/// tests, other suites on the server) can keep from ever happening.
+async fn until_waiting_on_lock(pool: &MySqlPool, id: u64) {
+    let session = format!(" thread id {id},"); // "MySQL thread id" or "MariaDB thread id"
+    let deadline = Instant::now() + Duration::from_secs(30); // against a hang
+    while Instant::now() < deadline {
+        let status = sqlx::raw_sql("SHOW ENGINE INNODB STATUS").fetch_one(pool).await.unwrap();
+        let status: String = status.get("Status");
+        let mut transactions = status.split("---TRANSACTION");
+        if transactions.any(|t| t.contains(&session) && t.contains("LOCK WAIT")) {
+            return;
+        }
+    }
+    panic!("connection {id} never waited on a row lock");
+}
+
+/// Polls the store's read of `key` until `done` says the record is as awaited.
+async fn until_record(store: &MySqlStore, key: &Key, done: impl Fn(Option<RecordState>) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30); // against a hang
+    while Instant::now() < deadline {
+        if done(store.record(key).await.unwrap().map(|r| r.state)) {
+            return;
+        }
+    }
+    panic!("the record of {key:?} never got there");
+}
+
+#[tokio::test]
+async fn the_claim_the_order_and_the_record_commit_together() {
+    let Some(db) = Db::new("together").await else { return };
+    let key = db.key();
+    let mut tx = db.pool.begin().await.unwrap();
+    db.execute(&mut tx, &key, b"201 order 1").await.unwrap();
+    assert!(db.store.record(&key).await.unwrap().is_none(), "invisible until the commit");
+    tx.commit().await.unwrap();
+    let again = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
+    assert_eq!(replayed(&again), Some(&b"201 order 1"[..]));
+    // A retry in one-commit mode replays too, and writes nothing.
+    let mut tx = db.pool.begin().await.unwrap();
+    let answer = db.execute(&mut tx, &key, b"never").await.unwrap_err();
+    assert_eq!(replayed(&answer), Some(&b"201 order 1"[..]));
+    tx.rollback().await.unwrap();
+    assert_eq!(db.orders_of(&key).await, 1);
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_rollback_leaves_no_record_and_the_retry_runs() {
+    let Some(db) = Db::new("rollback").await else { return };
+    let key = db.key();
+    let mut tx = db.pool.begin().await.unwrap();
+    db.execute(&mut tx, &key, b"lost").await.unwrap();
+    tx.rollback().await.unwrap();
+    assert!(db.store.record(&key).await.unwrap().is_none(), "nothing left PROCESSING");
+    assert_eq!(db.orders_of(&key).await, 0);
+    let mut tx = db.pool.begin().await.unwrap();
+    db.execute(&mut tx, &key, b"201 again").await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.orders_of(&key).await, 1);
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_duplicate_waits_on_the_row_and_replays_what_committed() {
+    let Some(db) = Db::new("waits").await else { return };
+    let key = db.key();
+    let mut tx = db.pool.begin().await.unwrap();
+    db.execute(&mut tx, &key, b"201 first").await.unwrap();
+
+    let (id, duplicate) = db.duplicate(&key).await;
+    until_waiting_on_lock(&db.pool, id).await;
+    assert!(!duplicate.is_finished(), "the duplicate answers only once the first ends");
+    tx.commit().await.unwrap();
+    assert_eq!(replayed(&duplicate.await.unwrap()), Some(&b"201 first"[..]));
+    assert_eq!(db.orders_of(&key).await, 1);
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_duplicate_of_a_rolled_back_first_acquires() {
+    let Some(db) = Db::new("acquires").await else { return };
+    let key = db.key();
+    let mut tx = db.pool.begin().await.unwrap();
+    db.execute(&mut tx, &key, b"rolled back").await.unwrap();
+
+    let (id, duplicate) = db.duplicate(&key).await;
+    until_waiting_on_lock(&db.pool, id).await;
+    tx.rollback().await.unwrap();
+    assert!(matches!(duplicate.await.unwrap(), StoreClaim::Acquired { .. }));
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_wait_past_its_bound_is_in_progress_and_the_session_keeps_its_own() {
+    let Some(db) = Db::new("timeout").await else { return };
+    let key = db.key();
+    let mut first = db.pool.begin().await.unwrap();
+    db.execute(&mut first, &key, b"201 first").await.unwrap();
+
+    // The first transaction stays open until both duplicates answered: each wait can only
+    // end by its bound. One bounded by the session's own lower value, one by its lease.
+    let mut conn = db.pool.acquire().await.unwrap();
+    sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 1").execute(&mut *conn).await.unwrap();
+    let mut dup = sqlx::Acquire::begin(&mut *conn).await.unwrap();
+    let answer = db.store.claim_in(&mut dup, &key, Fingerprint::of(b"order"), LEASE).await;
+    assert!(matches!(answer, Ok(StoreClaim::InProgress { .. })), "{answer:?}");
+    // Only the claim's statement was undone: the transaction goes on.
+    sqlx::query("SELECT 1").execute(&mut *dup).await.unwrap();
+    dup.rollback().await.unwrap();
+    assert_eq!(session_lock_wait(&mut conn).await, 1, "the session's own value, kept");
+
+    sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 50").execute(&mut *conn).await.unwrap();
+    let mut dup = sqlx::Acquire::begin(&mut *conn).await.unwrap();
+    let short = Duration::from_millis(300);
+    let answer = db.store.claim_in(&mut dup, &key, Fingerprint::of(b"order"), short).await;
+    assert!(matches!(answer, Ok(StoreClaim::InProgress { .. })), "{answer:?}");
+    dup.rollback().await.unwrap();
+    assert_eq!(session_lock_wait(&mut conn).await, 50, "restored after the lease's bound");
+
+    first.commit().await.unwrap();
+    assert_eq!(db.orders_of(&key).await, 1);
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_reused_key_is_a_mismatch_and_writes_nothing() {
+    let Some(db) = Db::new("mismatch").await else { return };
+    let key = db.key();
+    let mut tx = db.pool.begin().await.unwrap();
+    db.execute(&mut tx, &key, b"201 first").await.unwrap();
+    tx.commit().await.unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let answer = db.store.claim_in(&mut tx, &key, Fingerprint::of(b"another"), LEASE).await;
+    assert!(matches!(answer, Ok(StoreClaim::Mismatch)), "{answer:?}");
+    tx.rollback().await.unwrap();
+    let again = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
+    assert_eq!(replayed(&again), Some(&b"201 first"[..]));
+    assert_eq!(db.orders_of(&key).await, 1);
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_live_record_of_the_stores_own_claim_is_in_progress_and_fenced() {
+    let Some(db) = Db::new("live").await else { return };
+    let key = db.key();
+    // Another process's claim, committed on its own (the three-commit path).
+    let held = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
+    let StoreClaim::Acquired { token, .. } = held else { panic!("acquired: {held:?}") };
+    let mut tx = db.pool.begin().await.unwrap();
+    let answer = db.store.claim_in(&mut tx, &key, Fingerprint::of(b"order"), LEASE).await;
+    assert!(matches!(answer, Ok(StoreClaim::InProgress { .. })), "{answer:?}");
+    // A completion in this transaction under a token that is not the holder's is refused.
+    let stale = OpenClaim::new(key.clone(), idemcache::FencingToken::new(token.get() + 1), KEPT);
+    let refused = MySqlStore::complete_in(&mut tx, &stale, Some(b"stale")).await;
+    assert!(matches!(refused, Err(StoreError::LeaseLost(_))), "{refused:?}");
+    tx.rollback().await.unwrap();
+    // The holder's own completion goes through.
+    db.store.complete(&key, token, Some("201 holder".into()), KEPT).await.unwrap();
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_dead_record_is_taken_over_under_a_higher_token_and_its_holder_fenced() {
+    let Some(db) = Db::new("dead").await else { return };
+    let key = db.key();
+    let lease = Duration::from_millis(1);
+    let held = db.store.claim(&key, Fingerprint::of(b"order"), lease).await.unwrap();
+    let StoreClaim::Acquired { token: old, .. } = held else { panic!("acquired: {held:?}") };
+    until_record(&db.store, &key, |state| state.is_none()).await;
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let answer = db.store.claim_in(&mut tx, &key, Fingerprint::of(b"order"), LEASE).await;
+    let Ok(StoreClaim::Acquired { token, .. }) = answer else { panic!("taken over: {answer:?}") };
+    assert!(token > old, "{token:?} above the dead record's {old:?}");
+    // The old holder's completion in this transaction: fenced by the new token.
+    let zombie = OpenClaim::new(key.clone(), old, KEPT);
+    let refused = MySqlStore::complete_in(&mut tx, &zombie, Some(b"zombie")).await;
+    assert!(matches!(refused, Err(StoreError::LeaseLost(_))), "{refused:?}");
+    let claim = OpenClaim::new(key.clone(), token, KEPT);
+    MySqlStore::complete_in(&mut tx, &claim, Some(b"201 taken over")).await.unwrap();
+    tx.commit().await.unwrap();
+
+    // And through the store, once committed.
+    let refused = db.store.complete(&key, old, Some("zombie".into()), KEPT).await;
+    assert!(matches!(refused, Err(StoreError::LeaseLost(_))), "{refused:?}");
+    let again = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
+    assert_eq!(replayed(&again), Some(&b"201 taken over"[..]));
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_lapse_under_mark_unknown_turns_unknown() {
+    let Some(db) = Db::new("lapse").await else { return };
+    let store = db.store.clone().with_lapse_policy(LapsePolicy::MarkUnknown { ttl: KEPT }).unwrap();
+    let key = db.key();
+    let lease = Duration::from_millis(1);
+    let held = store.claim(&key, Fingerprint::of(b"order"), lease).await.unwrap();
+    assert!(matches!(held, StoreClaim::Acquired { .. }), "{held:?}");
+    until_record(&store, &key, |state| state == Some(RecordState::Unknown)).await;
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let answer = store.claim_in(&mut tx, &key, Fingerprint::of(b"order"), LEASE).await;
+    assert!(matches!(answer, Ok(StoreClaim::Unknown { .. })), "{answer:?}");
+    tx.commit().await.unwrap();
+    // The turn committed: the record is UNKNOWN as stored, for the takeover policy too.
+    let record = db.store.record(&key).await.unwrap().map(|r| r.state);
+    assert_eq!(record, Some(RecordState::Unknown));
+    db.drop_table().await;
+}
+
+#[tokio::test]
+async fn a_deadlock_is_an_error_not_a_retry() {
+    let Some(db) = Db::new("deadlock").await else { return };
+    let (one, two) = (db.key(), db.key());
+    let mut a = db.pool.begin().await.unwrap();
+    let a_id = connection_id(&mut a).await;
+    let mut b = db.pool.begin().await.unwrap();
+    let fp = Fingerprint::of(b"order");
+    let took = db.store.claim_in(&mut a, &one, fp, LEASE).await.unwrap();
+    assert!(matches!(took, StoreClaim::Acquired { .. }), "{took:?}");
+    let took = db.store.claim_in(&mut b, &two, fp, LEASE).await.unwrap();
+    assert!(matches!(took, StoreClaim::Acquired { .. }), "{took:?}");
+
+    // A waits for B's row; B then asks for A's: a cycle, and InnoDB rolls one back.
+    let store = db.store.clone();
+    let (wants, key) = (two.clone(), one.clone());
+    let waiting = tokio::spawn(async move {
+        let answer = store.claim_in(&mut a, &wants, fp, LEASE).await;
+        a.rollback().await.unwrap();
+        answer
+    });
+    until_waiting_on_lock(&db.pool, a_id).await;
+    let b_answer = db.store.claim_in(&mut b, &key, fp, LEASE).await;
+    // The survivor's claim goes on once the victim's transaction is gone (InnoDB rolled
+    // it back, locks and all): it acquires.
+    let a_answer = waiting.await.unwrap();
+    b.rollback().await.unwrap();
+    let answers = [a_answer, b_answer];
+    let victims: Vec<_> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+    assert_eq!(victims.len(), 1, "{answers:?}");
+    assert_eq!(number(victims[0]), Some(1213), "{answers:?}");
+    assert!(answers.iter().any(|a| matches!(a, Ok(StoreClaim::Acquired { .. }))), "{answers:?}");
+    db.drop_table().await;
+}
+
+/// The kill test's child: claims `CHILD_KEY` and writes its order in one transaction,
+/// says `claimed`, and waits for its parent to kill it, never committing. A no-op when
+/// run as a test of its own.
+#[tokio::test]
+async fn child_claims_and_waits_to_be_killed() {
+    let (Ok(key), Ok(orders)) = (std::env::var(CHILD_KEY), std::env::var(CHILD_TABLE)) else {
+        return;
+    };
+    let url = std::env::var("IDEMCACHE_MYSQL_URL").unwrap();
+    let db = Db::open(url, orders).await;
+    let key = Key::new("POST /orders", "sqlx-one-commit", key).unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    db.execute(&mut tx, &key, b"never committed").await.unwrap();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "claimed").unwrap();
+    out.flush().unwrap();
+    drop(out);
+    // Until killed: stdin stays open while the parent lives.
+    let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await;
+    panic!("the parent should have killed this process");
+}
+
+#[tokio::test]
+async fn a_process_killed_between_claim_and_commit_leaves_no_record() {
+    let Some(db) = Db::new("killed").await else { return };
+    let key = db.key();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_claims_and_waits_to_be_killed", "--nocapture", "--test-threads=1"])
+        .env(CHILD_KEY, key.client_key())
+        .env(CHILD_TABLE, &db.orders)
+        .env("IDEMCACHE_MYSQL_URL", &db.url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let claimed = stdout.lines().map_while(Result::ok).any(|line| line.contains("claimed"));
+    assert!(claimed, "the child claimed before it was killed");
+    // SIGKILL: no destructor, no rollback sent; the server sees the connection drop.
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    // The retry waits on the dead transaction's row until the server has rolled it
+    // back, then acquires: nothing was left PROCESSING to lapse or take over.
+    let mut tx = db.pool.begin().await.unwrap();
+    db.execute(&mut tx, &key, b"201 the retry").await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(db.orders_of(&key).await, 1);
+    let again = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
+    assert_eq!(replayed(&again), Some(&b"201 the retry"[..]));
+    db.drop_table().await;
+}
