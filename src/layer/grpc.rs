@@ -180,11 +180,12 @@ impl Grpc {
     }
 
     /// Methods passed through unguarded, by exact path (`/orders.v1.Orders/Watch`; not a
-    /// prefix), with no key nor tenant asked and nothing buffered: every streaming method (the layer guards a call by
-    /// buffering its request and its answer whole, which a stream's are not meant to be,
-    /// and replaying one answer, where a stream has many), and the unary ones that change
-    /// nothing and are called without a key (`/grpc.health.v1.Health/Check`). Every
-    /// method not listed is guarded as a unary one.
+    /// prefix), with no key nor tenant asked and nothing buffered: every streaming
+    /// method (the layer guards a call by buffering its request and its answer whole,
+    /// which a stream's are not meant to be, and replaying one answer, where a stream
+    /// has many), and the unary ones that change nothing and are called without a key
+    /// (`/grpc.health.v1.Health/Check`). Every method not listed is guarded as a unary
+    /// one.
     pub fn unguarded(mut self, paths: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.unguarded.extend(paths.into_iter().map(Into::into));
         self
