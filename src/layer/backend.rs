@@ -53,6 +53,11 @@ pub(crate) enum Settled {
     /// The store failed to record it; its outcome is the store's (see the layer docs).
     #[cfg_attr(not(feature = "store"), allow(dead_code))]
     Failed,
+    /// One commit: the transaction holding the claim and the handler's change did not
+    /// commit (the decision says why), so nothing the handler did happened, and a retry
+    /// runs again (or replays, if a commit whose answer was lost happened after all).
+    #[cfg_attr(not(feature = "store"), allow(dead_code))]
+    NotCommitted(Decision),
 }
 
 /// How [`Held::extend_lease`] ended.
@@ -115,10 +120,7 @@ impl Records {
                 (from_cache(cache, claim), waited)
             }
             #[cfg(feature = "store")]
-            Records::Durable(durable) => {
-                let claiming = durable::claim_polling(&**durable, key, fp, correlation_id, wait);
-                Box::pin(claiming).await
-            }
+            Records::Durable(durable) => durable.claim(key, fp, correlation_id, wait).await,
         }
     }
 
@@ -133,11 +135,11 @@ impl Records {
         }
     }
 
-    /// The cache (in front of the store, over a durable one).
+    /// The cache (in front of the store, over a durable one; none in one-commit mode).
     #[cfg(feature = "metrics")]
-    pub(crate) fn cache(&self) -> &Cache {
+    pub(crate) fn cache(&self) -> Option<&Cache> {
         match self {
-            Records::Memory(cache) => cache,
+            Records::Memory(cache) => Some(cache),
             #[cfg(feature = "store")]
             Records::Durable(durable) => durable.cache(),
         }
@@ -201,7 +203,16 @@ impl Held {
     pub(crate) fn open_claim(&self) -> Option<crate::store::OpenClaim> {
         match self {
             Held::Memory(..) => None,
-            Held::Durable(held) => Some(held.open_claim()),
+            Held::Durable(held) => held.open_claim(),
+        }
+    }
+
+    /// Puts what the handler is lent into its request's extensions: in one-commit mode,
+    /// the transaction holding the claim.
+    #[cfg(feature = "store")]
+    pub(crate) fn lend(&self, extensions: &mut http::Extensions) {
+        if let Held::Durable(held) = self {
+            held.lend(extensions);
         }
     }
 
@@ -268,8 +279,8 @@ impl Held {
 
 #[cfg(feature = "store")]
 pub(crate) mod durable {
-    //! [`Tiered`] behind object-safe traits, so the layer (and its settings) need not be
-    //! generic over the store.
+    //! [`Tiered`] (and, in `super::super::one_commit`, `OneCommit`) behind object-safe
+    //! traits, so the layer (and its settings) need not be generic over the store.
 
     use std::future::Future;
     use std::pin::Pin;
@@ -281,25 +292,28 @@ pub(crate) mod durable {
     use crate::store::{Store, StoreError, Tiered, TieredClaim, TieredError, TieredGuard};
     use crate::{ClaimError, CorrelationId, DropPolicy, Fingerprint, Key};
 
-    type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+    pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
     pub(crate) trait Durable: Send + Sync {
+        /// Claims `key`, waiting up to `wait` for a duplicate executing; and whether it
+        /// waited.
         fn claim<'a>(
             &'a self,
             key: &'a Key,
             fp: Fingerprint,
             correlation_id: Option<&'a CorrelationId>,
-        ) -> BoxFuture<'a, Found>;
+            wait: Option<Duration>,
+        ) -> BoxFuture<'a, (Found, bool)>;
         #[cfg(feature = "metrics")]
         fn name(&self) -> &'static str;
         #[cfg(feature = "metrics")]
-        fn cache(&self) -> &crate::Cache;
+        fn cache(&self) -> Option<&crate::Cache>;
         #[cfg(feature = "metrics")]
         fn count_unknown(&self, limit: usize) -> BoxFuture<'_, Option<usize>>;
     }
 
     /// `call`, timed into `idemcache_store_seconds` as `operation` (feature `metrics`).
-    async fn timed<T>(
+    pub(crate) async fn timed<T>(
         _store: &'static str,
         _operation: &'static str,
         call: impl Future<Output = T>,
@@ -319,7 +333,11 @@ pub(crate) mod durable {
         fn complete(self: Box<Self>, body: Bytes) -> BoxFuture<'static, Settled>;
         fn release(self: Box<Self>) -> BoxFuture<'static, Settled>;
         fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()>;
-        fn open_claim(&self) -> crate::store::OpenClaim;
+        /// The claim for a handler's own transaction (`InTransaction`), if it may
+        /// complete it there.
+        fn open_claim(&self) -> Option<crate::store::OpenClaim>;
+        /// Puts what the handler is lent into its request's extensions.
+        fn lend(&self, _extensions: &mut http::Extensions) {}
     }
 
     /// A [`TieredGuard`] with what the layer needs from its `Tiered`.
@@ -337,39 +355,9 @@ pub(crate) mod durable {
             key: &'a Key,
             fp: Fingerprint,
             correlation_id: Option<&'a CorrelationId>,
-        ) -> BoxFuture<'a, Found> {
-            Box::pin(async move {
-                let store = self.store().name();
-                let claiming = Tiered::claim_correlated(self, key, fp, correlation_id);
-                match timed(store, "claim", claiming).await {
-                    Ok(TieredClaim::Acquired(guard)) => {
-                        Found::Acquired(Held::Durable(Box::new(Guard {
-                            guard,
-                            lease: Tiered::lease(self),
-                            drop_policy: self.cache().drop_policy(),
-                            store,
-                        })))
-                    }
-                    Ok(TieredClaim::Completed(record)) => {
-                        Found::Completed { body: record.body, expires_at: record.expires_at }
-                    }
-                    Ok(TieredClaim::InProgress { lease_ends_at }) => Found::InProgress {
-                        retry_after: lease_ends_at
-                            .duration_since(SystemTime::now())
-                            .unwrap_or_default(),
-                    },
-                    Ok(TieredClaim::Unknown { .. }) => Found::Unknown,
-                    Ok(TieredClaim::Mismatch) => Found::Mismatch,
-                    Err(TieredError::Cache(ClaimError::CapacityExhausted)) => Found::Full,
-                    Err(TieredError::Store(e @ StoreError::Backend(_))) => {
-                        Found::Unavailable(e.to_string())
-                    }
-                    Err(TieredError::Store(e @ StoreError::Corrupt(_))) => {
-                        Found::Corrupt(e.to_string())
-                    }
-                    Err(e) => Found::Refused(e.to_string()),
-                }
-            })
+            wait: Option<Duration>,
+        ) -> BoxFuture<'a, (Found, bool)> {
+            Box::pin(claim_polling(move || look(self, key, fp, correlation_id), wait))
         }
 
         #[cfg(feature = "metrics")]
@@ -378,13 +366,59 @@ pub(crate) mod durable {
         }
 
         #[cfg(feature = "metrics")]
-        fn cache(&self) -> &crate::Cache {
-            Tiered::cache(self)
+        fn cache(&self) -> Option<&crate::Cache> {
+            Some(Tiered::cache(self))
         }
 
         #[cfg(feature = "metrics")]
         fn count_unknown(&self, limit: usize) -> BoxFuture<'_, Option<usize>> {
             Box::pin(async move { self.store().list_unknown(limit).await.ok().map(|l| l.len()) })
+        }
+    }
+
+    /// One claim through `tiered`, in the layer's terms.
+    async fn look<S: Store>(
+        tiered: &Tiered<S>,
+        key: &Key,
+        fp: Fingerprint,
+        correlation_id: Option<&CorrelationId>,
+    ) -> Found {
+        let store = tiered.store().name();
+        let claiming = Tiered::claim_correlated(tiered, key, fp, correlation_id);
+        match timed(store, "claim", claiming).await {
+            Ok(TieredClaim::Acquired(guard)) => Found::Acquired(Held::Durable(Box::new(Guard {
+                guard,
+                lease: Tiered::lease(tiered),
+                drop_policy: tiered.cache().drop_policy(),
+                store,
+            }))),
+            Ok(TieredClaim::Completed(record)) => {
+                Found::Completed { body: record.body, expires_at: record.expires_at }
+            }
+            Ok(TieredClaim::InProgress { lease_ends_at }) => {
+                Found::InProgress { retry_after: time_until(lease_ends_at) }
+            }
+            Ok(TieredClaim::Unknown { .. }) => Found::Unknown,
+            Ok(TieredClaim::Mismatch) => Found::Mismatch,
+            Err(TieredError::Cache(ClaimError::CapacityExhausted)) => Found::Full,
+            Err(TieredError::Store(e)) => Found::from_store_error(e),
+            Err(e) => Found::Refused(e.to_string()),
+        }
+    }
+
+    /// How long from now until `at` (zero if it has passed).
+    pub(crate) fn time_until(at: SystemTime) -> Duration {
+        at.duration_since(SystemTime::now()).unwrap_or_default()
+    }
+
+    impl Found {
+        /// A store's failure, in the layer's terms.
+        pub(crate) fn from_store_error(e: StoreError) -> Found {
+            match e {
+                e @ StoreError::Backend(_) => Found::Unavailable(e.to_string()),
+                e @ StoreError::Corrupt(_) => Found::Corrupt(e.to_string()),
+                e => Found::Refused(e.to_string()),
+            }
         }
     }
 
@@ -435,23 +469,23 @@ pub(crate) mod durable {
             )
         }
 
-        fn open_claim(&self) -> crate::store::OpenClaim {
-            self.guard.open_claim()
+        fn open_claim(&self) -> Option<crate::store::OpenClaim> {
+            Some(self.guard.open_claim())
         }
     }
 
-    /// Claims through the store; with `wait`, looks again (pausing 10 ms, doubling to
-    /// 250 ms) while a duplicate executes, until it settles or `wait` is spent: the
-    /// store's claim-and-wait loop ([`crate::store::claim_wait`]) over the layer's answer.
-    pub(crate) async fn claim_polling(
-        durable: &dyn Durable,
-        key: &Key,
-        fp: Fingerprint,
-        correlation_id: Option<&CorrelationId>,
-        wait: Option<Duration>,
-    ) -> (Found, bool) {
-        let look = || durable.claim(key, fp, correlation_id);
-        let Some(wait) = wait else { return (look().await, false) };
+    /// Claims with `look`; with `wait`, looks again (pausing 10 ms, doubling to 250 ms)
+    /// while a duplicate executes, until it settles or `wait` is spent: the store's
+    /// claim-and-wait loop ([`crate::store::claim_wait`]) over the layer's answer.
+    async fn claim_polling<L, LF>(look: L, wait: Option<Duration>) -> (Found, bool)
+    where
+        L: FnMut() -> LF,
+        LF: std::future::Future<Output = Found>,
+    {
+        let Some(wait) = wait else {
+            let mut look = look;
+            return (look().await, false);
+        };
         let busy = |found: &Found| matches!(found, Found::InProgress { .. });
         // look_while sleeps only after a look found the key in progress: a sleep is a wait.
         let mut waited = false;

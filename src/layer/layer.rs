@@ -98,6 +98,40 @@ impl IdempotencyLayer {
         Self::over(Records::Durable(Arc::new(tiered)))
     }
 
+    /// A layer in one-commit mode over `store`, with [`new`](IdempotencyLayer::new)'s
+    /// defaults: per first execution, one transaction on the store's database holds the
+    /// claim, the handler's business change and the recorded response, and commits once
+    /// (the seeds' design). The handler finds the transaction in its request's extensions
+    /// ([`HeldTransaction`](super::HeldTransaction)) and writes its change there. Features
+    /// `tower` and `store`, and a SQL store's crate (`idemcache-postgres`,
+    /// `idemcache-sqlx`'s `PgStore`).
+    ///
+    /// What changes against [`tiered`](Self::tiered):
+    /// - **A crash or a rollback leaves nothing behind**: the claim was never committed,
+    ///   so nothing lapses, is taken over or needs reconciling; a retry runs again.
+    /// - **A response is answered only once committed**: a transaction that fails to
+    ///   commit (or whose lease, [`OneCommit::with_lease`](crate::store::OneCommit::with_lease),
+    ///   ran out first) answers 503 `idempotency_store_unavailable`, and nothing the
+    ///   handler wrote happened.
+    /// - **A duplicate waits on the record's row** in the database until the first
+    ///   transaction ends, at most the layer's [`wait`](Self::wait) (without one, about
+    ///   a millisecond), then replays what committed, runs if nothing did, or answers
+    ///   409 `request_in_progress`. Each waiting duplicate holds a pooled connection.
+    /// - **No cache in front**: every repeat is one statement in the database.
+    /// - **Only effects inside the database belong in it**: the transaction, a
+    ///   connection and the row lock are held for the whole execution, so a call to
+    ///   another service inside it holds them as long and duplicates queue behind it;
+    ///   and an outcome marked [`OutcomeUnknown`](super::OutcomeUnknown) rolls back
+    ///   (nothing outside the transaction is recorded). Use [`tiered`](Self::tiered) there.
+    ///
+    /// `docs/commit-boundary.md` compares the two modes with their figures.
+    #[cfg(feature = "store")]
+    pub fn one_commit<S: crate::store::TransactionalStore>(
+        store: crate::store::OneCommit<S>,
+    ) -> Self {
+        Self::over(Records::Durable(Arc::new(store)))
+    }
+
     fn over(records: Records) -> Self {
         #[cfg(feature = "metrics")]
         let metrics = Arc::new(super::metrics::LayerMetrics::new(records.name()));
@@ -371,7 +405,7 @@ impl IdempotencyLayer {
             let mut unknown = 0;
             loop {
                 ticks.tick().await;
-                let stats = records.cache().stats();
+                let stats = records.cache().map(crate::Cache::stats).unwrap_or_default();
                 if let Some(counted) =
                     records.count_unknown(super::metrics::UNKNOWN_GAUGE_LIMIT).await
                 {

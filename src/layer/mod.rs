@@ -144,6 +144,8 @@ mod in_transaction;
 mod layer;
 #[cfg(feature = "metrics")]
 mod metrics;
+#[cfg(feature = "store")]
+mod one_commit;
 mod outcome;
 mod problem;
 mod renewal;
@@ -160,6 +162,9 @@ pub use header::{client_key, KeyHeaderError, IDEMPOTENCY_KEY};
 #[cfg_attr(docsrs, doc(cfg(feature = "store")))]
 pub use in_transaction::InTransaction;
 pub use layer::IdempotencyLayer;
+#[cfg(feature = "store")]
+#[cfg_attr(docsrs, doc(cfg(feature = "store")))]
+pub use one_commit::{HeldTransaction, TransactionEnded};
 pub use outcome::{stored_response, OutcomeUnknown};
 pub use service::Idempotency;
 

@@ -69,6 +69,13 @@ impl Renewing {
         self.open.as_ref()
     }
 
+    /// Puts what the handler is lent into its request's extensions (the one-commit
+    /// transaction).
+    #[cfg(feature = "store")]
+    pub(crate) fn lend(&self, extensions: &mut http::Extensions) {
+        self.held.lend(extensions);
+    }
+
     /// Whether the handler handed the claim over to its own transaction.
     pub(crate) fn handed_over(&self) -> bool {
         #[cfg(feature = "store")]

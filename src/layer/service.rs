@@ -545,6 +545,7 @@ where
             let handed = InTransaction::new(claim.clone(), settings.replay_set_cookie, kept);
             request.extensions_mut().insert(handed);
         }
+        renewing.lend(request.extensions_mut());
         request
     };
     let answered = renewing.run(inner.call(request)).await;
@@ -627,7 +628,7 @@ where
         let decision = match held.release_settled().await {
             Settled::Recorded => Decision::Released,
             Settled::LeaseLost => Decision::Acquired,
-            Settled::Failed => Decision::StoreError,
+            Settled::Failed | Settled::NotCommitted(_) => Decision::StoreError,
         };
         asked.report(&settings, decision, took);
     } else if stored {
@@ -647,6 +648,16 @@ where
             // The store failed to record it: answer this client (the effect happened);
             // the store keeps the key from running again (see the module docs).
             Settled::Failed => Decision::StoreError,
+            // One commit: the handler's change did not commit with the record, so it
+            // did not happen; the client is told so, never the handler's answer.
+            Settled::NotCommitted(decision) => {
+                asked.report(&settings, decision, took);
+                let detail = "the transaction holding this request's change and its record \
+                              did not commit (or its commit was not confirmed); retry: a \
+                              retry replays what committed, or runs again";
+                let retry_after = Some(std::time::Duration::from_secs(1));
+                return refuse(Refusal::StoreUnavailable, detail, retry_after);
+            }
         };
         asked.report(&settings, decision, took);
     } else {

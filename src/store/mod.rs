@@ -31,6 +31,7 @@ pub mod conformance;
 mod dynamic;
 pub mod encoding;
 mod lapse;
+mod one_commit;
 mod open_claim;
 mod reconcile;
 pub mod record;
@@ -45,6 +46,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 pub use dynamic::{AnyStore, BoxFuture, DynStore};
+pub use one_commit::{OneCommit, TransactionalStore};
 pub use open_claim::OpenClaim;
 pub use reconcile::{reconcile, ReconcileError};
 pub use record::{Record, RecordFilter, RecordState};

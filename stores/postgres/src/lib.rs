@@ -139,11 +139,13 @@ pub use {deadpool_postgres, tokio_postgres};
 
 mod in_transaction;
 pub mod inbox;
+mod one_commit;
 pub mod outbox;
 mod store;
 mod transition;
 
 pub use in_transaction::{complete_in, Transaction};
+pub use one_commit::PooledTransaction;
 pub use transition::transition;
 
 /// The schema [`ensure_schema`](Store::ensure_schema) creates (idempotent, and safe to

@@ -69,6 +69,7 @@ pub use store::PgStore;
 
 mod in_transaction;
 pub mod inbox;
+mod one_commit;
 pub mod outbox;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod store;

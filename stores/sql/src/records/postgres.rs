@@ -173,6 +173,20 @@ pub const CLAIM: &str = claim!(
 /// concurrent transaction that inserted the key to end; no row then: run it again.
 pub const CLAIM_ABSENT: &str = claim!("ON CONFLICT (key) DO NOTHING");
 
+/// The one-commit claim's bound on its wait for another transaction's row: the
+/// transaction's `lock_timeout` set to `wait` in whole milliseconds, at least 1 (0 would
+/// mean no bound) and at most PostgreSQL's limit. Sent as text (a number, never a
+/// caller's string); [`RESET_CLAIM_WAIT`] ends the bound after the claim, so the
+/// statements the transaction runs next wait as the session says.
+pub fn bound_claim_wait(wait: std::time::Duration) -> String {
+    format!("SET LOCAL lock_timeout = {}", wait.as_millis().clamp(1, i32::MAX as u128))
+}
+
+/// The transaction's `lock_timeout` back to the session's default after
+/// [`bound_claim_wait`] (a value the session `SET` itself is not restored: set it in the
+/// role's or database's settings instead).
+pub const RESET_CLAIM_WAIT: &str = "SET LOCAL lock_timeout TO DEFAULT";
+
 /// `LapsePolicy::MarkUnknown`: the lapsed lease of `$1` (key) claimed under `$2`
 /// (token) turns UNKNOWN, marked at its end and kept `$3` µs (the unknown TTL) from
 /// there. Returns `fingerprint, settled_at`; no row if the record moved on since the

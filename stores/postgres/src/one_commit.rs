@@ -1,0 +1,154 @@
+//! [`PooledTransaction`]: a transaction on a connection of the store's pool that owns
+//! its connection; and [`TransactionalStore`] for [`PostgresStore`], the HTTP layer's
+//! one-commit mode (`IdempotencyLayer::one_commit(OneCommit::new(store))`) over it.
+//!
+//! Invariant: a pooled connection goes back to the pool only once its transaction was
+//! committed or rolled back; dropped in between (a cancelled request, a panic) or after a
+//! commit or rollback that failed, it is taken out of the pool and closed, so the
+//! server rolls back and no later user of the pool finds itself inside this
+//! transaction. The claim's bound on its wait for another transaction's row is set
+//! before the claim and ended after it, so it never bounds the handler's statements.
+
+use std::ops::Deref;
+use std::time::Duration;
+
+use deadpool_postgres::{ClientWrapper, Object};
+use tokio_postgres::types::{ToSql, Type};
+
+use idemcache::store::{OpenClaim, StoreClaim, StoreError, TransactionalStore};
+use idemcache::{Fingerprint, Key};
+use idemcache_sql::records::postgres::{bound_claim_wait, RESET_CLAIM_WAIT};
+
+use crate::store::Statements;
+use crate::{backend, PostgresStore};
+
+/// A transaction that owns its pooled connection (a deadpool-postgres `Transaction`
+/// borrows one, so it cannot be handed from the layer to a handler and back): what the
+/// one-commit mode lends a handler, as
+/// `HeldTransaction<PooledTransaction>`. It derefs to the connection's client: run your
+/// statements on it (`tx.execute(..)`, `tx.prepare_cached(..)`), and do not `COMMIT`,
+/// `ROLLBACK` or begin another transaction on it. [`PostgresStore::claim_in`] and
+/// [`complete_in`](crate::complete_in) take it too.
+///
+/// Dropped before [`commit`](Self::commit) or [`rollback`](Self::rollback), its
+/// connection is closed rather than returned to the pool (the server rolls back).
+pub struct PooledTransaction {
+    client: Option<Object>,
+}
+
+impl std::fmt::Debug for PooledTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PooledTransaction").field("open", &self.client.is_some()).finish()
+    }
+}
+
+impl PooledTransaction {
+    /// Begins a transaction on a connection of `store`'s pool.
+    pub async fn begin(store: &PostgresStore) -> Result<PooledTransaction, StoreError> {
+        let client = store.pool().get().await.map_err(backend)?;
+        client.batch_execute("BEGIN").await.map_err(backend)?;
+        Ok(PooledTransaction { client: Some(client) })
+    }
+
+    /// Commits, and returns the connection to the pool.
+    pub async fn commit(self) -> Result<(), StoreError> {
+        self.end("COMMIT").await
+    }
+
+    /// Rolls back, and returns the connection to the pool.
+    pub async fn rollback(self) -> Result<(), StoreError> {
+        self.end("ROLLBACK").await
+    }
+
+    async fn end(mut self, statement: &str) -> Result<(), StoreError> {
+        let client = self.client.as_ref().expect("open until ended");
+        client.batch_execute(statement).await.map_err(backend)?;
+        // Ended: the connection may go back to the pool.
+        drop(self.client.take());
+        Ok(())
+    }
+
+    fn client(&self) -> &ClientWrapper {
+        self.client.as_ref().expect("open until ended")
+    }
+}
+
+impl Deref for PooledTransaction {
+    type Target = ClientWrapper;
+
+    fn deref(&self) -> &ClientWrapper {
+        self.client()
+    }
+}
+
+impl Drop for PooledTransaction {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            // Still inside the transaction: never back to the pool.
+            drop(Object::take(client));
+        }
+    }
+}
+
+/// Each statement prepared once per connection (deadpool's statement cache).
+impl Statements for PooledTransaction {
+    async fn rows(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+        _: &'static [Type],
+    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+        let statement = self.client().prepare_cached(sql).await.map_err(backend)?;
+        self.client().query(&statement, params).await.map_err(backend)
+    }
+}
+
+impl crate::Transaction for PooledTransaction {}
+
+/// One [`PooledTransaction`] per first execution, from the store's pool. A duplicate
+/// waits on the record's row at most the layer's wait (PostgreSQL's `lock_timeout`, in
+/// whole milliseconds).
+impl TransactionalStore for PostgresStore {
+    type Transaction = PooledTransaction;
+
+    fn name(&self) -> &'static str {
+        idemcache::store::Store::name(self)
+    }
+
+    async fn begin(&self) -> Result<PooledTransaction, StoreError> {
+        PooledTransaction::begin(self).await
+    }
+
+    async fn claim_in(
+        &self,
+        tx: &mut PooledTransaction,
+        key: &Key,
+        fp: Fingerprint,
+        lease: Duration,
+        wait: Duration,
+    ) -> Result<StoreClaim, StoreError> {
+        tx.batch_execute(&bound_claim_wait(wait)).await.map_err(backend)?;
+        let claimed = PostgresStore::claim_in(self, &*tx, key, fp, lease).await?;
+        if let StoreClaim::Acquired { .. } = claimed {
+            tx.batch_execute(RESET_CLAIM_WAIT).await.map_err(backend)?;
+        }
+        Ok(claimed)
+    }
+
+    async fn complete_in(
+        &self,
+        tx: &mut PooledTransaction,
+        claim: &OpenClaim,
+        body: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        crate::complete_in(&*tx, claim, body).await.map(drop)
+    }
+
+    async fn commit(&self, tx: PooledTransaction) -> Result<(), StoreError> {
+        tx.commit().await
+    }
+
+    async fn rollback(&self, tx: PooledTransaction) -> Result<(), StoreError> {
+        tx.rollback().await
+    }
+}
