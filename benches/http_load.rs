@@ -180,6 +180,36 @@ fn rows(run: &str) -> Vec<Result<Row, (String, String)>> {
                 )
             },
         ),
+        needs(
+            "layer-one-commit",
+            &env("IDEMCACHE_POSTGRES_URL"),
+            "IDEMCACHE_POSTGRES_URL",
+            &|url| {
+                row(
+                    "layer-one-commit",
+                    "the layer's one-commit mode over PostgreSQL (`IdempotencyLayer::one_commit`)",
+                    "PostgreSQL",
+                    true,
+                    &serve,
+                    &["layer-one-commit", url],
+                )
+            },
+        ),
+        needs(
+            "layer-one-commit-orders",
+            &env("IDEMCACHE_POSTGRES_URL"),
+            "IDEMCACHE_POSTGRES_URL",
+            &|url| {
+                row(
+                    "layer-one-commit-orders",
+                    "the layer's one-commit mode over PostgreSQL, the order written in its transaction",
+                    "PostgreSQL",
+                    true,
+                    &serve,
+                    &["layer-one-commit-orders", url],
+                )
+            },
+        ),
         needs("redis", &redis, "IDEMCACHE_REDIS_URL", &|url| {
             row(
                 "redis",

@@ -13,7 +13,8 @@
 //! `claim_in` and `complete_in`); `layer-tiered-orders URL` and `one-commit-orders
 //! URL` (the same two over PostgreSQL with the business change a handler makes: an
 //! order row, in its own transaction between the layer's claim and completion, or in
-//! the one transaction); `axum-idempotent` (its README's setup: a `ruts` session over its
+//! the one transaction); `layer-one-commit URL` and `layer-one-commit-orders URL` (the
+//! layer's one-commit mode, `IdempotencyLayer::one_commit`, without and with the order); `axum-idempotent` (its README's setup: a `ruts` session over its
 //! in-memory `MokaStore`, the `Idempotency-Key` header required); `setnx URL` (the
 //! hand-written Redis middleware of payment blogs: `SET key processing NX EX`, then the
 //! response `SET ... EX`; a refused `SET` reads the key and replays it, or answers 409).
@@ -88,6 +89,8 @@ async fn app(row: String, url: Option<String>) -> Result<Router, String> {
                 .route_layer(IdempotencyLayer::tiered(Tiered::new(cache(), store)))
                 .merge(http_app::open_routes())
         }
+        "layer-one-commit" => layer_one_commit_app(&url()?, false).await?,
+        "layer-one-commit-orders" => layer_one_commit_app(&url()?, true).await?,
         "axum-idempotent" => axum_idempotent_app(),
         "setnx" => setnx_app(&url()?).await?,
         other => return Err(format!("no row named {other:?}")),
@@ -142,10 +145,11 @@ async fn one_commit_app(url: &str, orders: bool) -> Result<Router, String> {
 }
 
 /// The one-commit rows' pool (and the Tiered orders row's, for parity): each request
-/// holds a connection from its claim to its commit, so more than the store's default 16 (the load generator keeps 32 in flight),
-/// and few enough that every PostgreSQL row's server fits in the default
-/// `max_connections` of 100 together.
-const ONE_COMMIT_CONNECTIONS: usize = 24;
+/// holds a connection from its claim to its commit. Few enough that every PostgreSQL
+/// row's server (the `Tiered` row's store keeps its default 16, five rows keep these)
+/// fits in the default `max_connections` of 100 together: a server refused a connection
+/// answers 503, which the table counts as unexpected.
+const ONE_COMMIT_CONNECTIONS: usize = 14;
 
 /// The orders rows' table: one row per first execution, written in a transaction.
 const ORDERS_TABLE: &str = "idemcache_http_bench_orders";
@@ -157,6 +161,45 @@ async fn orders_store(url: &str) -> Result<idemcache_postgres::PostgresStore, St
     let sql = format!("CREATE TABLE IF NOT EXISTS {ORDERS_TABLE} (key TEXT NOT NULL, items INT)");
     client.batch_execute(&sql).await.map_err(|e| e.to_string())?;
     Ok(store)
+}
+
+/// The layer's one-commit mode over PostgreSQL (`IdempotencyLayer::one_commit`): the
+/// claim, the handler (with `orders`, first the order written in the transaction the
+/// layer lends it) and the record in one transaction per first execution.
+async fn layer_one_commit_app(url: &str, orders: bool) -> Result<Router, String> {
+    let store = orders_store(url).await?;
+    store.pool().resize(ONE_COMMIT_CONNECTIONS);
+    store.ensure_schema().await.map_err(|e| format!("creating the schema: {e}"))?;
+    let layer = IdempotencyLayer::one_commit(idemcache::store::OneCommit::new(store));
+    let routes = http_app::guarded_routes();
+    let routes = match orders {
+        true => routes.route_layer(axum::middleware::from_fn(insert_order_held)),
+        false => routes,
+    };
+    Ok(routes.route_layer(layer).merge(http_app::open_routes()))
+}
+
+/// The order of the request's key written in the transaction the layer lends, then the
+/// handler.
+async fn insert_order_held(request: Request, next: Next) -> Response {
+    use idemcache::layer::HeldTransaction;
+    use idemcache_postgres::PooledTransaction;
+    let key = request.headers().get("idempotency-key").and_then(|v| v.to_str().ok());
+    let key = key.unwrap_or_default().to_owned();
+    let Some(held) = request.extensions().get::<HeldTransaction<PooledTransaction>>().cloned()
+    else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "no transaction lent").into_response();
+    };
+    let written = async {
+        let tx = held.lock().await.map_err(|e| e.to_string())?;
+        let sql = format!("INSERT INTO {ORDERS_TABLE} (key, items) VALUES ($1, 1)");
+        let statement = tx.prepare_cached(&sql).await.map_err(|e| e.to_string())?;
+        tx.execute(&statement, &[&key]).await.map_err(|e| e.to_string())
+    };
+    match written.await {
+        Ok(_) => next.run(request).await,
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
+    }
 }
 
 /// The order of the request's key written in a transaction of its own, then the handler.

@@ -131,7 +131,7 @@ async fn the_order_and_its_record_commit_together_and_repeats_replay() {
     assert_eq!(again, (StatusCode::CREATED, true, Bytes::from("order of tea")));
     // Another process's layer finds the same committed record.
     let other = self::app(&store, shop.clone(), None);
-    assert_eq!(send(&other, &key, "tea").await.1, true);
+    assert!(send(&other, &key, "tea").await.1, "replayed");
     assert_eq!(send(&other, &key, "cake").await.0, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(shop.runs.load(Ordering::SeqCst), 1);
     assert_eq!(committed(&store, &key).await, (1, 1));
@@ -210,4 +210,29 @@ async fn a_transaction_dropped_unfinished_never_goes_back_to_the_pool() {
     let size = store.pool().status().size;
     tx.rollback().await.unwrap();
     assert_eq!(store.pool().status().size, size);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claims_wait_bound_ends_with_the_claim() {
+    use idemcache::store::{StoreClaim, TransactionalStore};
+    let Some(store) = store().await else { return };
+    let client = store.pool().get().await.unwrap();
+    let before: String = client.query_one("SHOW lock_timeout", &[]).await.unwrap().get(0);
+    drop(client);
+    let key = idemcache::Key::without_tenant("POST /orders", fresh("bound").as_str()).unwrap();
+    let fp = idemcache::Fingerprint::of(b"tea");
+    let mut tx = TransactionalStore::begin(&store).await.unwrap();
+    let wait = Duration::from_millis(5);
+    let lease = Duration::from_secs(30);
+    let claimed = TransactionalStore::claim_in(&store, &mut tx, &key, fp, lease, wait).await;
+    assert!(matches!(claimed, Ok(StoreClaim::Acquired { .. })), "{claimed:?}");
+    // The handler's statements wait as the session says, not as the claim did.
+    let after: String = tx.query_one("SHOW lock_timeout", &[]).await.unwrap().get(0);
+    assert_eq!(after, before);
+    // And the claim ran inside the transaction: rolled back, no record is left.
+    TransactionalStore::rollback(&store, tx).await.unwrap();
+    let client = store.pool().get().await.unwrap();
+    let sql = "SELECT count(*) FROM idemcache_records WHERE key = $1";
+    let left: i64 = client.query_one(sql, &[&key.as_bytes()]).await.unwrap().get(0);
+    assert_eq!(left, 0);
 }

@@ -28,8 +28,9 @@ use crate::{backend, column, PostgresStore};
 
 /// Your transaction, as [`PostgresStore::claim_in`] and [`complete_in`] take it: a
 /// deadpool-postgres `Transaction` (from the store's pool, [`PostgresStore::pool`], or
-/// yours) or tokio-postgres's own. Sealed: implemented for those two only (its
-/// supertrait, the statements' runner, is this crate's own).
+/// yours), tokio-postgres's own, or a [`PooledTransaction`](crate::PooledTransaction)
+/// (the one the layer's one-commit mode lends). Sealed: implemented for those three only
+/// (its supertrait, the statements' runner, is this crate's own).
 ///
 /// Over deadpool's, each statement is prepared once per pooled connection (its
 /// statement cache), so PostgreSQL plans it once; over tokio-postgres's, which keeps no

@@ -34,6 +34,8 @@ use crate::{backend, PostgresStore};
 /// connection is closed rather than returned to the pool (the server rolls back).
 pub struct PooledTransaction {
     client: Option<Object>,
+    /// Whether `BEGIN` was sent and answered (the one-commit claim sends it with itself).
+    begun: bool,
 }
 
 impl std::fmt::Debug for PooledTransaction {
@@ -47,7 +49,7 @@ impl PooledTransaction {
     pub async fn begin(store: &PostgresStore) -> Result<PooledTransaction, StoreError> {
         let client = store.pool().get().await.map_err(backend)?;
         client.batch_execute("BEGIN").await.map_err(backend)?;
-        Ok(PooledTransaction { client: Some(client) })
+        Ok(PooledTransaction { client: Some(client), begun: true })
     }
 
     /// Commits, and returns the connection to the pool.
@@ -115,8 +117,10 @@ impl TransactionalStore for PostgresStore {
         idemcache::store::Store::name(self)
     }
 
+    /// A pooled connection whose `BEGIN` is sent with the claim (below).
     async fn begin(&self) -> Result<PooledTransaction, StoreError> {
-        PooledTransaction::begin(self).await
+        let client = self.pool().get().await.map_err(backend)?;
+        Ok(PooledTransaction { client: Some(client), begun: false })
     }
 
     async fn claim_in(
@@ -127,8 +131,24 @@ impl TransactionalStore for PostgresStore {
         lease: Duration,
         wait: Duration,
     ) -> Result<StoreClaim, StoreError> {
-        tx.batch_execute(&bound_claim_wait(wait)).await.map_err(backend)?;
-        let claimed = PostgresStore::claim_in(self, &*tx, key, fp, lease).await?;
+        let claimed = if tx.begun {
+            tx.batch_execute(&bound_claim_wait(wait)).await.map_err(backend)?;
+            PostgresStore::claim_in(self, &*tx, key, fp, lease).await
+        } else {
+            // One round trip: `BEGIN` and the bound are sent, then the claim behind them
+            // on the same connection (tokio-postgres sends a query when it is first
+            // polled, and `join!` polls in order). Should `BEGIN` fail, the claim would
+            // run alone and commit: it is then refused (the error is returned, and the
+            // connection closed), so only a claim in a transaction is ever answered.
+            let begin = format!("BEGIN; {}", bound_claim_wait(wait));
+            let (began, claimed) = tokio::join!(
+                tx.batch_execute(&begin),
+                PostgresStore::claim_in(self, &*tx, key, fp, lease)
+            );
+            began.map_err(backend)?;
+            tx.begun = true;
+            claimed
+        }?;
         if let StoreClaim::Acquired { .. } = claimed {
             tx.batch_execute(RESET_CLAIM_WAIT).await.map_err(backend)?;
         }
