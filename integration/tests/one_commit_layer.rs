@@ -236,3 +236,36 @@ async fn the_claims_wait_bound_ends_with_the_claim() {
     let left: i64 = client.query_one(sql, &[&key.as_bytes()]).await.unwrap().get(0);
     assert_eq!(left, 0);
 }
+
+/// Waits, in the handler's transaction, until its claim's lease has ended by the
+/// server's clock, then writes its order and answers 201.
+async fn outlive_the_lease(
+    Extension(held): Extension<HeldTransaction<PooledTransaction>>,
+    Extension(claimed): Extension<idemcache::layer::Claimed>,
+) -> Response {
+    let tx = held.lock().await.unwrap();
+    let lapsed = "SELECT expires_at <= (extract(epoch FROM clock_timestamp()) * 1000000)::bigint \
+                  FROM idemcache_records WHERE key = $1";
+    let key = claimed.key().as_bytes();
+    while !tx.query_one(lapsed, &[&key]).await.unwrap().get::<_, bool>(0) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let sql = format!("INSERT INTO {ORDERS} (key, item) VALUES ($1, 'late')");
+    tx.execute(&sql, &[&claimed.key().client_key()]).await.unwrap();
+    (StatusCode::CREATED, "late").into_response()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_that_outlives_its_lease_commits_nothing_and_answers_503() {
+    let Some(store) = store().await else { return };
+    let one_commit = OneCommit::new(store.clone()).with_lease(Duration::from_millis(50));
+    let app = Router::new()
+        .route("/orders", post(outlive_the_lease))
+        .route_layer(IdempotencyLayer::one_commit(one_commit));
+    let key = fresh("lease");
+    let (status, replayed, body) = send(&app, &key, "tea").await;
+    assert_eq!((status, replayed), (StatusCode::SERVICE_UNAVAILABLE, false));
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["code"], "idempotency_store_unavailable");
+    assert_eq!(committed(&store, &key).await, (0, 0), "neither the order nor the claim");
+}

@@ -190,22 +190,15 @@ impl<S: TransactionalStore> DurableHeld for TxHeld<S> {
     fn complete(self: Box<Self>, body: Bytes) -> BoxFuture<'static, Settled> {
         Box::pin(async move {
             let name = self.store.name();
-            let Some(mut tx) = self.tx.take().await else {
+            let Some(tx) = self.tx.take().await else {
                 return Settled::NotCommitted(Decision::StoreError);
             };
-            let completing = self.store.complete_in(&mut tx, &self.claim, Some(&body));
-            let failed = match timed(name, "complete", completing).await {
-                Ok(()) => {
-                    return match timed(name, "commit", self.store.commit(tx)).await {
-                        Ok(()) => Settled::Recorded,
-                        Err(_) => Settled::NotCommitted(Decision::StoreError),
-                    };
-                }
-                Err(StoreError::LeaseLost(_)) => Decision::LeaseLost,
-                Err(_) => Decision::StoreError,
-            };
-            let _ = timed(name, "rollback", self.store.rollback(tx)).await;
-            Settled::NotCommitted(failed)
+            let settling = self.store.complete_and_commit(tx, &self.claim, Some(&body));
+            match timed(name, "complete", settling).await {
+                Ok(()) => Settled::Recorded,
+                Err(StoreError::LeaseLost(_)) => Settled::NotCommitted(Decision::LeaseLost),
+                Err(_) => Settled::NotCommitted(Decision::StoreError),
+            }
         })
     }
 

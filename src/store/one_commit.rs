@@ -63,6 +63,29 @@ pub trait TransactionalStore: Send + Sync + 'static {
     /// replays if it did, and runs if it did not.
     fn commit(&self, tx: Self::Transaction) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Completes `claim` with `body` in `tx` and commits `tx`: [`complete_in`] then
+    /// [`commit`], rolling back if the completion is refused. A store may send both at
+    /// once, provided a refused completion never lets the commit keep the business
+    /// change. An error means nothing committed, except from the commit itself (see
+    /// [`commit`]).
+    ///
+    /// [`complete_in`]: TransactionalStore::complete_in
+    /// [`commit`]: TransactionalStore::commit
+    fn complete_and_commit(
+        &self,
+        mut tx: Self::Transaction,
+        claim: &OpenClaim,
+        body: Option<&[u8]>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move {
+            if let Err(e) = self.complete_in(&mut tx, claim, body).await {
+                let _ = self.rollback(tx).await;
+                return Err(e);
+            }
+            self.commit(tx).await
+        }
+    }
+
     /// Rolls `tx` back.
     fn rollback(
         &self,

@@ -15,9 +15,14 @@ use std::time::Duration;
 use deadpool_postgres::{ClientWrapper, Object};
 use tokio_postgres::types::{ToSql, Type};
 
+use idemcache::store::encoding::{check_duration, micros};
 use idemcache::store::{OpenClaim, StoreClaim, StoreError, TransactionalStore};
 use idemcache::{Fingerprint, Key};
-use idemcache_sql::records::postgres::{bound_claim_wait, RESET_CLAIM_WAIT};
+use idemcache_sql::records::decode;
+use idemcache_sql::records::postgres::{
+    bound_claim_wait, CLAIM_ABSENT, COMPLETE_OR_ABORT, RESET_CLAIM_WAIT,
+};
+use tokio_postgres::error::SqlState;
 
 use crate::store::Statements;
 use crate::{backend, PostgresStore};
@@ -131,26 +136,36 @@ impl TransactionalStore for PostgresStore {
         lease: Duration,
         wait: Duration,
     ) -> Result<StoreClaim, StoreError> {
-        let claimed = if tx.begun {
+        if tx.begun {
             tx.batch_execute(&bound_claim_wait(wait)).await.map_err(backend)?;
-            PostgresStore::claim_in(self, &*tx, key, fp, lease).await
-        } else {
-            // One round trip: `BEGIN` and the bound are sent, then the claim behind them
-            // on the same connection (tokio-postgres sends a query when it is first
-            // polled, and `join!` polls in order). Should `BEGIN` fail, the claim would
-            // run alone and commit: it is then refused (the error is returned, and the
-            // connection closed), so only a claim in a transaction is ever answered.
-            let begin = format!("BEGIN; {}", bound_claim_wait(wait));
-            let (began, claimed) = tokio::join!(
-                tx.batch_execute(&begin),
-                PostgresStore::claim_in(self, &*tx, key, fp, lease)
-            );
-            began.map_err(backend)?;
-            tx.begun = true;
-            claimed
-        }?;
+            let claimed = PostgresStore::claim_in(self, &*tx, key, fp, lease).await?;
+            if let StoreClaim::Acquired { .. } = claimed {
+                tx.batch_execute(RESET_CLAIM_WAIT).await.map_err(backend)?;
+            }
+            return Ok(claimed);
+        }
+        // One round trip: `BEGIN` and the bound, the claim, and the bound's end, sent in
+        // this order on the one connection (tokio-postgres sends a query when it is
+        // first polled, a statement cached by the pool needs no round trip to prepare,
+        // and `join!` polls in order), then their answers read. The claim's statement
+        // is prepared first (once per connection) so that nothing is sent before it.
+        tx.client().prepare_cached(CLAIM_ABSENT).await.map_err(backend)?;
+        let begin = format!("BEGIN; {}", bound_claim_wait(wait));
+        let (began, claimed, reset) = tokio::join!(
+            tx.batch_execute(&begin),
+            PostgresStore::claim_in(self, &*tx, key, fp, lease),
+            tx.batch_execute(RESET_CLAIM_WAIT),
+        );
+        // `BEGIN` failed: the claim would have run alone and committed; it is refused
+        // (the error returned), so only a claim made in a transaction is answered.
+        began.map_err(backend)?;
+        tx.begun = true;
+        let claimed = claimed?;
         if let StoreClaim::Acquired { .. } = claimed {
-            tx.batch_execute(RESET_CLAIM_WAIT).await.map_err(backend)?;
+            // The handler's statements wait as the session says. (A claim that took a
+            // dead record over ran its second statement after this reset: that one
+            // waits on a competing takeover's row unbounded, at most its lease.)
+            reset.map_err(backend)?;
         }
         Ok(claimed)
     }
@@ -166,6 +181,40 @@ impl TransactionalStore for PostgresStore {
 
     async fn commit(&self, tx: PooledTransaction) -> Result<(), StoreError> {
         tx.commit().await
+    }
+
+    /// One round trip: the completion, then `COMMIT`, sent together. The completion is
+    /// `COMPLETE_OR_ABORT`, whose refusal (a lost lease) is an error that aborts the
+    /// transaction, so the `COMMIT` behind it rolls back: the business change never
+    /// commits without its record.
+    async fn complete_and_commit(
+        &self,
+        mut tx: PooledTransaction,
+        claim: &OpenClaim,
+        body: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        let ttl = claim.result_ttl();
+        check_duration("result TTL", ttl)?;
+        claim.hand_over();
+        let key = claim.key();
+        let client = tx.client();
+        let statement = client.prepare_cached(COMPLETE_OR_ABORT).await.map_err(backend)?;
+        let params: [&(dyn ToSql + Sync); 4] =
+            [&key.as_bytes(), &decode::token(claim.token()), &body, &micros(ttl)];
+        let (completed, committed) =
+            tokio::join!(client.query_one(&statement, &params), client.batch_execute("COMMIT"));
+        // Whatever the completion answered, the transaction has ended (an aborted one's
+        // `COMMIT` rolls back), unless the `COMMIT` itself failed: then the connection
+        // is closed with it (dropped unended).
+        committed.map_err(backend)?;
+        tx.client.take();
+        match completed {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some(&SqlState::DIVISION_BY_ZERO) => {
+                Err(StoreError::LeaseLost(key.clone()))
+            }
+            Err(e) => Err(backend(e)),
+        }
     }
 
     async fn rollback(&self, tx: PooledTransaction) -> Result<(), StoreError> {

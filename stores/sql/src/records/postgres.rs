@@ -215,6 +215,21 @@ pub const COMPLETE: &str = concat!(
      RETURNING r.settled_at, r.expires_at"
 );
 
+/// [`COMPLETE`] for a completion sent together with its transaction's `COMMIT`: the same
+/// parameters and write, but a lost lease is an error (`division_by_zero`: it divides by
+/// the rows it completed), which aborts the transaction, so the `COMMIT` behind it rolls
+/// back instead of committing a business change without its record. Returns one row
+/// (`1`) when it completed.
+pub const COMPLETE_OR_ABORT: &str = concat!(
+    "WITH ",
+    now!(),
+    ", done AS (UPDATE idemcache_records r
+     SET state = 2, body = $3, settled_at = now.us, expires_at = now.us + $4 FROM now
+     WHERE r.key = $1 AND r.token = $2 AND r.state = 1 AND r.expires_at > now.us
+     RETURNING 1)
+     SELECT 1 / count(*)::int FROM done"
+);
+
 /// The live lease of `$1` (key) under `$2` (token) renewed to end `$3` µs from now.
 /// Returns `started_at, expires_at`; no row: the lease was lost.
 pub const EXTEND: &str = concat!(
