@@ -187,7 +187,7 @@ fn rows(run: &str) -> Vec<Result<Row, (String, String)>> {
             &|url| {
                 row(
                     "layer-one-commit",
-                    "the layer's one-commit mode over PostgreSQL (`IdempotencyLayer::one_commit`)",
+                    "the layer's one-commit mode over PostgreSQL (`IdempotencyLayer::one_commit`, a cache in front)",
                     "PostgreSQL",
                     true,
                     &serve,

@@ -165,12 +165,14 @@ async fn orders_store(url: &str) -> Result<idemcache_postgres::PostgresStore, St
 
 /// The layer's one-commit mode over PostgreSQL (`IdempotencyLayer::one_commit`): the
 /// claim, the handler (with `orders`, first the order written in the transaction the
-/// layer lends it) and the record in one transaction per first execution.
+/// layer lends it) and the record in one transaction per first execution; a cache in
+/// front replays what committed.
 async fn layer_one_commit_app(url: &str, orders: bool) -> Result<Router, String> {
     let store = orders_store(url).await?;
     store.pool().resize(ONE_COMMIT_CONNECTIONS);
     store.ensure_schema().await.map_err(|e| format!("creating the schema: {e}"))?;
-    let layer = IdempotencyLayer::one_commit(idemcache::store::OneCommit::new(store));
+    let one_commit = idemcache::store::OneCommit::new(store).with_cache(cache());
+    let layer = IdempotencyLayer::one_commit(one_commit);
     let routes = http_app::guarded_routes();
     let routes = match orders {
         true => routes.route_layer(axum::middleware::from_fn(insert_order_held)),

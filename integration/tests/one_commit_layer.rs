@@ -269,3 +269,22 @@ async fn a_transaction_that_outlives_its_lease_commits_nothing_and_answers_503()
     assert_eq!(body["code"], "idempotency_store_unavailable");
     assert_eq!(committed(&store, &key).await, (0, 0), "neither the order nor the claim");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_cache_in_front_repeats_of_a_commit_need_no_connection() {
+    let Some(store) = store().await else { return };
+    let shop = Shop::new(StatusCode::CREATED);
+    let cache = idemcache::Cache::builder().build().unwrap();
+    let layer = IdempotencyLayer::one_commit(OneCommit::new(store.clone()).with_cache(cache));
+    let app = Router::new().route("/orders", post(create)).route_layer(layer).with_state(shop);
+    let key = fresh("cached");
+    assert_eq!(send(&app, &key, "tea").await.0, StatusCode::CREATED);
+    // Every connection of the pool taken: a repeat answered by the database would wait.
+    let mut taken = Vec::new();
+    while taken.len() < store.pool().status().max_size {
+        taken.push(store.pool().get().await.unwrap());
+    }
+    let repeat = tokio::time::timeout(Duration::from_secs(20), send(&app, &key, "tea")).await;
+    let (status, replayed, body) = repeat.expect("a replay from memory needs no connection");
+    assert_eq!((status, replayed, body), (StatusCode::CREATED, true, "order of tea".into()));
+}

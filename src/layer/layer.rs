@@ -117,7 +117,9 @@ impl IdempotencyLayer {
     ///   transaction ends, at most the layer's [`wait`](Self::wait) (without one, about
     ///   a millisecond), then replays what committed, runs if nothing did, or answers
     ///   409 `request_in_progress`. Each waiting duplicate holds a pooled connection.
-    /// - **No cache in front**: every repeat is one statement in the database.
+    /// - **A cache in front only if you give it one**
+    ///   ([`OneCommit::with_cache`](crate::store::OneCommit::with_cache)): it replays
+    ///   what committed from memory; without it every repeat is a transaction.
     /// - **Only effects inside the database belong in it**: the transaction, a
     ///   connection and the row lock are held for the whole execution, so a call to
     ///   another service inside it holds them as long and duplicates queue behind it;

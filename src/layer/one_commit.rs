@@ -10,7 +10,7 @@
 //! is told nothing happened (or gets the handler's own 5xx), so a retry runs again.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
@@ -19,7 +19,7 @@ use super::backend::durable::{time_until, timed, BoxFuture, Durable, DurableHeld
 use super::backend::{Found, Held, Renewal, Settled};
 use super::decision::Decision;
 use crate::store::{OneCommit, OpenClaim, StoreClaim, StoreError, TransactionalStore};
-use crate::{CorrelationId, DropPolicy, Fingerprint, Key};
+use crate::{Cache, CorrelationId, DropPolicy, Fingerprint, Key, Known, Replay};
 
 /// A request extension the layer's one-commit mode
 /// ([`IdempotencyLayer::one_commit`](super::IdempotencyLayer::one_commit)) sets on every
@@ -101,7 +101,42 @@ struct TxHeld<S: TransactionalStore> {
     tx: HeldTransaction<S::Transaction>,
     claim: OpenClaim,
     lease: Duration,
+    /// The cache in front, told of the record once it committed, and the fingerprint.
+    hot: Option<(Cache, Fingerprint)>,
 }
+
+/// The hot tier's replay of `key`, if it keeps one with its body (one kept without is
+/// read from the store, which has the body).
+fn replay_in_memory(cache: &Cache, key: &Key, fp: Fingerprint) -> Option<Found> {
+    let replay = cache.replay_hit(key, fp)?;
+    let expires_at = cache.system_time(replay.expires_at);
+    Some(Found::Completed { body: Some(replay.body?), expires_at })
+}
+
+/// Keeps a record the store committed in the hot tier, for `left` at most, if it fits
+/// (a refusal, such as a full cache, only means the next repeat asks the store).
+fn keep(cache: &Cache, key: &Key, fp: Fingerprint, body: Bytes, left: Duration) {
+    if body.len() > cache.max_result_size() || left.is_zero() {
+        return;
+    }
+    let now = cache.now();
+    let expires_at = now.saturating_add(left);
+    let known = Known::Completed { body: Some(body), completed_at: now, expires_at };
+    let _ = cache.insert(key, fp, known);
+}
+
+/// Keeps a committed record the store answered with, for no longer than the store
+/// keeps it by this machine's clock, nor than its whole TTL by the store's.
+fn remember(cache: &Cache, key: &Key, fp: Fingerprint, record: &Replay<SystemTime>) {
+    let Some(body) = record.body.clone() else { return };
+    let whole = record.expires_at.duration_since(record.completed_at).unwrap_or_default();
+    let left = record.expires_at.duration_since(SystemTime::now()).unwrap_or_default();
+    keep(cache, key, fp, body, left.min(whole));
+}
+
+/// How much sooner than the store the hot tier lets a record go (two ticks of the
+/// coarse clock, as `Tiered`).
+const CLOCK_SLACK: Duration = Duration::from_millis(10);
 
 impl<S: TransactionalStore> Durable for OneCommit<S> {
     fn claim<'a>(
@@ -112,6 +147,10 @@ impl<S: TransactionalStore> Durable for OneCommit<S> {
         wait: Option<Duration>,
     ) -> BoxFuture<'a, (Found, bool)> {
         Box::pin(async move {
+            if let Some(replayed) = self.cache().and_then(|cache| replay_in_memory(cache, key, fp))
+            {
+                return (replayed, false);
+            }
             let store = self.shared_store();
             let name = store.name();
             let mut tx = match timed(name, "begin", store.begin()).await {
@@ -126,10 +165,14 @@ impl<S: TransactionalStore> Durable for OneCommit<S> {
                     let claim = OpenClaim::new(key.clone(), token, self.completed_ttl());
                     let tx = HeldTransaction::new(tx);
                     let lease = self.lease();
-                    let held = TxHeld { store: store.clone(), tx, claim, lease };
+                    let hot = self.cache().map(|cache| (cache.clone(), fp));
+                    let held = TxHeld { store: store.clone(), tx, claim, lease, hot };
                     return (Found::Acquired(Held::Durable(Box::new(held))), false);
                 }
                 Ok(StoreClaim::Completed(replay)) => {
+                    if let Some(cache) = self.cache() {
+                        remember(cache, key, fp, &replay);
+                    }
                     Found::Completed { body: replay.body, expires_at: replay.expires_at }
                 }
                 Ok(StoreClaim::InProgress { lease_ends_at }) => {
@@ -152,7 +195,7 @@ impl<S: TransactionalStore> Durable for OneCommit<S> {
 
     #[cfg(feature = "metrics")]
     fn cache(&self) -> Option<&crate::Cache> {
-        None
+        OneCommit::cache(self)
     }
 
     #[cfg(feature = "metrics")]
@@ -193,9 +236,17 @@ impl<S: TransactionalStore> DurableHeld for TxHeld<S> {
             let Some(tx) = self.tx.take().await else {
                 return Settled::NotCommitted(Decision::StoreError);
             };
+            // The record's TTL runs from the completion at the store, after this instant.
+            let asked = std::time::Instant::now();
             let settling = self.store.complete_and_commit(tx, &self.claim, Some(&body));
             match timed(name, "complete", settling).await {
-                Ok(()) => Settled::Recorded,
+                Ok(()) => {
+                    if let Some((cache, fp)) = &self.hot {
+                        let ttl = self.claim.result_ttl().saturating_sub(asked.elapsed());
+                        keep(cache, self.claim.key(), *fp, body, ttl.saturating_sub(CLOCK_SLACK));
+                    }
+                    Settled::Recorded
+                }
                 Err(StoreError::LeaseLost(_)) => Settled::NotCommitted(Decision::LeaseLost),
                 Err(_) => Settled::NotCommitted(Decision::StoreError),
             }
@@ -240,7 +291,7 @@ mod tests {
 
     use super::*;
     use crate::layer::{IdempotencyLayer, OutcomeUnknown};
-    use crate::{FencingToken, Replay};
+    use crate::FencingToken;
 
     /// A database with one records table and one orders table, where a transaction's
     /// writes are seen by others only once it commits, and a key claimed by an open
@@ -254,6 +305,7 @@ mod tests {
         fail_commit: AtomicBool,
         lease_lost: AtomicBool,
         rollbacks: AtomicUsize,
+        begins: AtomicUsize,
     }
 
     #[derive(Clone, Default)]
@@ -284,6 +336,7 @@ mod tests {
         }
 
         async fn begin(&self) -> Result<FakeTx, StoreError> {
+            self.0.begins.fetch_add(1, Ordering::Relaxed);
             let db = self.0.clone();
             Ok(FakeTx { db, claimed: None, record: None, orders: Vec::new() })
         }
@@ -533,5 +586,53 @@ mod tests {
         let kept = handler.kept.lock().unwrap().take().unwrap();
         assert_eq!(rt.block_on(kept.lock()).err(), Some(TransactionEnded));
         assert_eq!(*fake.0.orders.lock().unwrap(), ["a"]);
+    }
+
+    fn cached(fake: &Fake, cache: &Cache) -> IdempotencyLayer {
+        IdempotencyLayer::one_commit(OneCommit::new(fake.clone()).with_cache(cache.clone()))
+    }
+
+    #[test]
+    fn the_cache_in_front_replays_only_what_committed() {
+        let fake = Fake::default();
+        let cache = Cache::builder().build().unwrap();
+        let failing = Orders::new(Then::Answer(503));
+        let rt = runtime();
+        // Rolled back: nothing is kept in memory, the retry runs again.
+        let mut service = cached(&fake, &cache).layer(failing.clone());
+        assert_eq!(rt.block_on(sent(&mut service, "k1", "a")).0, 503);
+        assert_eq!(rt.block_on(sent(&mut service, "k1", "a")).0, 503);
+        assert_eq!(failing.runs.load(Ordering::Relaxed), 2);
+        // A commit that fails: nothing kept either.
+        fake.0.fail_commit.store(true, Ordering::Relaxed);
+        let handler = Orders::new(Then::Answer(201));
+        let mut service = cached(&fake, &cache).layer(handler.clone());
+        assert_eq!(rt.block_on(sent(&mut service, "k1", "a")).0, 503);
+        fake.0.fail_commit.store(false, Ordering::Relaxed);
+        // Committed: repeats are answered from memory, with no transaction.
+        assert_eq!(rt.block_on(sent(&mut service, "k1", "a")), (201, String::new(), false));
+        let begins = fake.0.begins.load(Ordering::Relaxed);
+        assert_eq!(rt.block_on(sent(&mut service, "k1", "a")), (201, String::new(), true));
+        assert_eq!(fake.0.begins.load(Ordering::Relaxed), begins, "replayed from memory");
+        // Another body under the key is the store's to judge: refused, not replayed.
+        assert_eq!(rt.block_on(sent(&mut service, "k1", "b")).0, 422);
+        assert_eq!(handler.runs.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn a_record_another_process_committed_is_read_once_then_kept() {
+        let fake = Fake::default();
+        let rt = runtime();
+        let handler = Orders::new(Then::Answer(201));
+        let mut first = layer(&fake).layer(handler.clone());
+        assert_eq!(rt.block_on(sent(&mut first, "k1", "a")).0, 201);
+        let other = Cache::builder().build().unwrap();
+        let mut second = cached(&fake, &other).layer(handler.clone());
+        let begins = fake.0.begins.load(Ordering::Relaxed);
+        assert!(rt.block_on(sent(&mut second, "k1", "a")).2, "replayed from the store");
+        assert_eq!(fake.0.begins.load(Ordering::Relaxed), begins + 1);
+        assert!(rt.block_on(sent(&mut second, "k1", "a")).2, "replayed from memory");
+        assert_eq!(fake.0.begins.load(Ordering::Relaxed), begins + 1);
+        assert_eq!(handler.runs.load(Ordering::Relaxed), 1);
     }
 }

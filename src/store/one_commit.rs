@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{OpenClaim, StoreClaim, StoreError};
-use crate::{Fingerprint, Key};
+use crate::{Cache, Fingerprint, Key};
 
 /// A store whose claim and completion can run in a transaction the caller's business
 /// writes share: the one-commit design (the claim, the change, the completion, one
@@ -99,17 +99,24 @@ pub trait TransactionalStore: Send + Sync + 'static {
 /// The lease bounds each first execution's transaction: a completion after it ends is
 /// refused, and the transaction commits nothing. Nobody else can take the key over
 /// meanwhile (the claim is not visible to them), so choose it longer than the slowest
-/// transaction. Defaults: a 60 s lease, results kept 24 h (as [`Tiered`](super::Tiered)).
+/// transaction. Defaults: a 60 s lease, results kept 24 h (as [`Tiered`](super::Tiered)),
+/// no cache in front ([`with_cache`](Self::with_cache)).
 #[derive(Debug)]
 pub struct OneCommit<S> {
     store: Arc<S>,
     lease: Duration,
     result_ttl: Duration,
+    cache: Option<Cache>,
 }
 
 impl<S> Clone for OneCommit<S> {
     fn clone(&self) -> Self {
-        OneCommit { store: self.store.clone(), lease: self.lease, result_ttl: self.result_ttl }
+        OneCommit {
+            store: self.store.clone(),
+            lease: self.lease,
+            result_ttl: self.result_ttl,
+            cache: self.cache.clone(),
+        }
     }
 }
 
@@ -120,7 +127,24 @@ impl<S: TransactionalStore> OneCommit<S> {
             store: Arc::new(store),
             lease: Duration::from_secs(60),
             result_ttl: Duration::from_secs(24 * 3600),
+            cache: None,
         }
+    }
+
+    /// A cache in front that replays what committed: a repeat of a key this process
+    /// committed (or read committed) is answered from memory, with no transaction. It
+    /// holds completed records only, each for no longer than the store keeps it (its TTL
+    /// counted from before the completion was sent, less 10 ms); claims stay the
+    /// database's, so a duplicate of an execution still running waits on its row. A
+    /// response larger than the cache's `max_result_size` is read from the store.
+    pub fn with_cache(mut self, cache: Cache) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    /// The cache in front, if any.
+    pub fn cache(&self) -> Option<&Cache> {
+        self.cache.as_ref()
     }
 
     /// The lease each claim takes: the longest a first execution's transaction may run.
