@@ -224,7 +224,7 @@ async fn the_claims_wait_bound_ends_with_the_claim() {
     let mut tx = TransactionalStore::begin(&store).await.unwrap();
     let wait = Duration::from_millis(5);
     let lease = Duration::from_secs(30);
-    let claimed = TransactionalStore::claim_in(&store, &mut tx, &key, fp, lease, wait).await;
+    let claimed = TransactionalStore::claim_in(&store, &mut tx, &key, fp, lease, wait, None).await;
     assert!(matches!(claimed, Ok(StoreClaim::Acquired { .. })), "{claimed:?}");
     // The handler's statements wait as the session says, not as the claim did.
     let after: String = tx.query_one("SHOW lock_timeout", &[]).await.unwrap().get(0);
@@ -287,4 +287,22 @@ async fn with_a_cache_in_front_repeats_of_a_commit_need_no_connection() {
     let repeat = tokio::time::timeout(Duration::from_secs(20), send(&app, &key, "tea")).await;
     let (status, replayed, body) = repeat.expect("a replay from memory needs no connection");
     assert_eq!((status, replayed, body), (StatusCode::CREATED, true, "order of tea".into()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_keeps_the_requests_correlation_id() {
+    let Some(store) = store().await else { return };
+    let app = app(&store, Shop::new(StatusCode::CREATED), None);
+    let key = fresh("traced");
+    let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let request = Request::post("/orders")
+        .header("idempotency-key", &key)
+        .header("traceparent", trace)
+        .body(Body::from("tea"));
+    let response = app.clone().oneshot(request.unwrap()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let client = store.pool().get().await.unwrap();
+    let sql = "SELECT correlation_id FROM idemcache_records WHERE position($1::bytea in key) > 0";
+    let kept: Option<String> = client.query_one(sql, &[&key.as_bytes()]).await.unwrap().get(0);
+    assert_eq!(kept.as_deref(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
 }

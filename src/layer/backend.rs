@@ -247,6 +247,16 @@ impl Held {
         }
     }
 
+    /// Whether settling this claim any way but completing it rolls back everything the
+    /// execution wrote (one commit), so that no outcome is ever unknown.
+    pub(crate) fn rolls_back(&self) -> bool {
+        match self {
+            Held::Memory(..) => false,
+            #[cfg(feature = "store")]
+            Held::Durable(held) => held.rolls_back(),
+        }
+    }
+
     /// Marks the outcome unknown: never re-run blindly.
     pub(crate) async fn mark_unknown(self) {
         match self {
@@ -338,6 +348,10 @@ pub(crate) mod durable {
         fn open_claim(&self) -> Option<crate::store::OpenClaim>;
         /// Puts what the handler is lent into its request's extensions.
         fn lend(&self, _extensions: &mut http::Extensions) {}
+        /// Whether a release rolls back what the execution wrote (one commit).
+        fn rolls_back(&self) -> bool {
+            false
+        }
     }
 
     /// A [`TieredGuard`] with what the layer needs from its `Tiered`.

@@ -116,7 +116,16 @@ impl IdempotencyLayer {
     /// - **A duplicate waits on the record's row** in the database until the first
     ///   transaction ends, at most the layer's [`wait`](Self::wait) (without one, about
     ///   a millisecond), then replays what committed, runs if nothing did, or answers
-    ///   409 `request_in_progress`. Each waiting duplicate holds a pooled connection.
+    ///   409 `request_in_progress`. Each waiting duplicate holds a pooled connection
+    ///   while it waits, and the wait for a connection is the pool's (its timeout), not
+    ///   the layer's: many duplicates of one slow request can take the whole pool, and
+    ///   requests for other keys wait for it too. Keep the wait short and the pool
+    ///   larger than the duplicates you expect at once. A claim of the store's own (a
+    ///   process running [`tiered`](Self::tiered) over the same table) of a key whose
+    ///   transaction is open waits for that transaction, whatever its own settings.
+    /// - **The lease decides whether a transaction may commit**, not how long it runs:
+    ///   a hung handler holds its row and connection until it ends. Bound the handler
+    ///   with a timeout inside this layer.
     /// - **A cache in front only if you give it one**
     ///   ([`OneCommit::with_cache`](crate::store::OneCommit::with_cache)): it replays
     ///   what committed from memory; without it every repeat is a transaction.

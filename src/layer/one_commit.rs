@@ -42,7 +42,10 @@ use crate::{Cache, CorrelationId, DropPolicy, Fingerprint, Key, Known, Replay};
 /// ```
 ///
 /// Release the lock before returning (the layer takes the transaction back then, and
-/// waits for every lock to go). A response the layer keeps (2xx and 4xx by default)
+/// waits for every lock to go). A statement of yours that fails aborts the transaction
+/// (PostgreSQL): nothing can be recorded after it, so a 4xx you answer then reaches the
+/// client as 503 (nothing was done). Answer a 5xx after a failed statement, or run a
+/// statement that may fail inside a savepoint. A response the layer keeps (2xx and 4xx by default)
 /// commits your writes with its record; one it does not keep (a 5xx), an error or a
 /// panic rolls them back, as does a response marked
 /// [`OutcomeUnknown`](super::OutcomeUnknown): this mode records nothing outside the
@@ -143,7 +146,7 @@ impl<S: TransactionalStore> Durable for OneCommit<S> {
         &'a self,
         key: &'a Key,
         fp: Fingerprint,
-        _correlation_id: Option<&'a CorrelationId>,
+        correlation_id: Option<&'a CorrelationId>,
         wait: Option<Duration>,
     ) -> BoxFuture<'a, (Found, bool)> {
         Box::pin(async move {
@@ -159,7 +162,7 @@ impl<S: TransactionalStore> Durable for OneCommit<S> {
             };
             // The wait happens on the row another transaction holds: one look, bounded.
             let wait = wait.unwrap_or(Duration::ZERO);
-            let claiming = store.claim_in(&mut tx, key, fp, self.lease(), wait);
+            let claiming = store.claim_in(&mut tx, key, fp, self.lease(), wait, correlation_id);
             let found = match timed(name, "claim", claiming).await {
                 Ok(StoreClaim::Acquired { token, .. }) => {
                     let claim = OpenClaim::new(key.clone(), token, self.completed_ttl());
@@ -200,7 +203,7 @@ impl<S: TransactionalStore> Durable for OneCommit<S> {
 
     #[cfg(feature = "metrics")]
     fn count_unknown(&self, _limit: usize) -> BoxFuture<'_, Option<usize>> {
-        // One commit keeps no UNKNOWN of its own: a transaction commits or does not.
+        // No record is ever UNKNOWN in this mode: a transaction commits or does not.
         Box::pin(async { Some(0) })
     }
 }
@@ -261,8 +264,8 @@ impl<S: TransactionalStore> DurableHeld for TxHeld<S> {
     }
 
     fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()> {
-        // Nothing outside the transaction is recorded in this mode: what the handler
-        // wrote in it is undone, so a retry runs again (see `HeldTransaction`).
+        // Never asked (the layer releases a claim that `rolls_back` instead): what the
+        // handler wrote is undone, so a retry runs again.
         Box::pin(self.roll_back())
     }
 
@@ -273,6 +276,10 @@ impl<S: TransactionalStore> DurableHeld for TxHeld<S> {
 
     fn lend(&self, extensions: &mut http::Extensions) {
         extensions.insert(self.tx.clone());
+    }
+
+    fn rolls_back(&self) -> bool {
+        true
     }
 }
 
@@ -348,6 +355,7 @@ mod tests {
             fp: Fingerprint,
             lease: Duration,
             _wait: Duration,
+            _correlation_id: Option<&CorrelationId>,
         ) -> Result<StoreClaim, StoreError> {
             let now = SystemTime::now();
             if let Some((stored, body)) = self.0.records.lock().unwrap().get(key.as_bytes()) {
@@ -511,15 +519,17 @@ mod tests {
 
     #[test]
     fn what_is_not_kept_rolls_back_and_runs_again() {
-        for then in [Then::Answer(503), Then::Unknown, Then::Fail] {
+        // The handler's 503 as it is; an outcome marked unknown is never answered as
+        // the handler's 201 (nothing committed); an error as it is.
+        for (then, expected) in [(Then::Answer(503), 503), (Then::Unknown, 500), (Then::Fail, 0)] {
             let fake = Fake::default();
             let handler = Orders::new(then);
             let mut service = layer(&fake).layer(handler.clone());
             runtime().block_on(async {
                 for _ in 0..2 {
                     match service.call(post("k1", "a")).await {
-                        Ok(response) => assert_ne!(response.status(), 200),
-                        Err(e) => assert_eq!(e, "the handler failed"),
+                        Ok(response) => assert_eq!(response.status(), expected),
+                        Err(e) => assert_eq!((e, expected), ("the handler failed", 0)),
                     }
                 }
             });

@@ -47,6 +47,13 @@ pub(crate) enum Read {
     Failed,
 }
 
+impl Read {
+    /// Whether the body failed part-way.
+    pub(crate) fn failed(&self) -> bool {
+        matches!(self, Read::Failed)
+    }
+}
+
 impl Renewing {
     /// Renews `held`'s lease by the length it was taken with, every third of it.
     pub(crate) fn new(held: Held) -> Self {

@@ -566,16 +566,34 @@ where
     let (parts, read) = match read {
         Ok(done) => done,
         Err(Panicked) => {
+            let detail = match held.rolls_back() {
+                true => {
+                    "the handler or its response body panicked; its transaction was \
+                         rolled back"
+                }
+                false => {
+                    "the handler or its response body panicked; the key was settled as \
+                          the cache's drop policy settles an abandoned claim"
+                }
+            };
             let settled = held.abandon().await;
             asked.report(&settings, settled, Some(started.elapsed()));
-            let detail = "the handler or its response body panicked; the key was settled as \
-                          the cache's drop policy settles an abandoned claim";
             return refuse(Refusal::Internal, detail, None);
         }
     };
     let took = started.elapsed();
     settings.times.record(&asked.scope, took);
     let took = Some(took);
+    if held.rolls_back() && (parts.extensions.get::<OutcomeUnknown>().is_some() || read.failed()) {
+        // One commit keeps no UNKNOWN: what the handler wrote is rolled back, so nothing
+        // happened in the database, and the client must not be told otherwise.
+        held.release().await;
+        asked.report(&settings, Decision::Released, took);
+        let detail = "the outcome could not be recorded (the handler marked it unknown, or \
+                      its response failed while being sent): the transaction holding its \
+                      changes was rolled back; a retry runs again";
+        return refuse(Refusal::Internal, detail, None);
+    }
     if parts.extensions.get::<OutcomeUnknown>().is_some() {
         // The handler cannot tell whether its effect happened: never re-run blindly,
         // never replay this answer as if it had.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{OpenClaim, StoreClaim, StoreError};
-use crate::{Cache, Fingerprint, Key};
+use crate::{Cache, CorrelationId, Fingerprint, Key};
 
 /// A store whose claim and completion can run in a transaction the caller's business
 /// writes share: the one-commit design (the claim, the change, the completion, one
@@ -33,13 +33,16 @@ pub trait TransactionalStore: Send + Sync + 'static {
     /// The store's name, for metrics (as [`Store::name`](super::Store::name)).
     fn name(&self) -> &'static str;
 
-    /// Opens a transaction (READ COMMITTED, the databases' default).
+    /// Opens a transaction (READ COMMITTED, the databases' default), whose first
+    /// statement is [`claim_in`](Self::claim_in)'s: a store may send its `BEGIN` with
+    /// the claim, so run nothing in it before.
     fn begin(&self) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
 
     /// Claims `key` for a request whose fingerprint is `fp` inside `tx`, answering as
-    /// [`Store::claim`](super::Store::claim) does. A record another transaction holds
-    /// uncommitted is waited for at most `wait` (then [`StoreClaim::InProgress`]); the
-    /// bound applies to this claim only, not to the statements `tx` runs after it.
+    /// [`Store::claim_correlated`](super::Store::claim_correlated) does (an acquired
+    /// record keeps `correlation_id`). A record another transaction holds uncommitted is
+    /// waited for at most `wait` (then [`StoreClaim::InProgress`]); the bound applies to
+    /// this claim only, not to the statements `tx` runs after it.
     fn claim_in(
         &self,
         tx: &mut Self::Transaction,
@@ -47,6 +50,7 @@ pub trait TransactionalStore: Send + Sync + 'static {
         fp: Fingerprint,
         lease: Duration,
         wait: Duration,
+        correlation_id: Option<&CorrelationId>,
     ) -> impl Future<Output = Result<StoreClaim, StoreError>> + Send;
 
     /// Completes `claim` with `body` inside `tx`, fenced by its token: refused with
@@ -96,10 +100,11 @@ pub trait TransactionalStore: Send + Sync + 'static {
 /// A [`TransactionalStore`] with the lease and result TTL its claims take: what the HTTP
 /// layer's one-commit mode runs on (`IdempotencyLayer::one_commit`, feature `tower`).
 ///
-/// The lease bounds each first execution's transaction: a completion after it ends is
-/// refused, and the transaction commits nothing. Nobody else can take the key over
-/// meanwhile (the claim is not visible to them), so choose it longer than the slowest
-/// transaction. Defaults: a 60 s lease, results kept 24 h (as [`Tiered`](super::Tiered)),
+/// The lease decides whether each first execution's transaction may commit: a
+/// completion after it ends is refused, and the transaction commits nothing. It does not
+/// end a transaction that runs on (a hung handler keeps its row and connection): bound
+/// the handler with a timeout. Nobody else can take the key over meanwhile (the claim is
+/// not visible to them), so choose it longer than the slowest transaction. Defaults: a 60 s lease, results kept 24 h (as [`Tiered`](super::Tiered)),
 /// no cache in front ([`with_cache`](Self::with_cache)).
 #[derive(Debug)]
 pub struct OneCommit<S> {

@@ -119,8 +119,21 @@ impl PostgresStore {
         fp: Fingerprint,
         lease: Duration,
     ) -> Result<StoreClaim, StoreError> {
+        self.claim_in_correlated(tx, key, fp, lease, None).await
+    }
+
+    /// [`claim_in`](Self::claim_in), an acquired record keeping `correlation_id`.
+    pub(crate) async fn claim_in_correlated<T: Transaction>(
+        &self,
+        tx: &T,
+        key: &Key,
+        fp: Fingerprint,
+        lease: Duration,
+        correlation_id: Option<&str>,
+    ) -> Result<StoreClaim, StoreError> {
         let lapse_ttl = lapse_ttl_micros(self.lapse);
-        match claim_on(tx, CLAIM_ABSENT, key.as_bytes(), fp, lease, lapse_ttl, None).await {
+        let (key, first) = (key.as_bytes(), CLAIM_ABSENT);
+        match claim_on(tx, first, key, fp, lease, lapse_ttl, correlation_id).await {
             Err(StoreError::Backend(e)) if lock_wait_ran_out(&*e) => {
                 Ok(StoreClaim::InProgress { lease_ends_at: SystemTime::now() })
             }

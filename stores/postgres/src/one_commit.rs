@@ -3,8 +3,9 @@
 //! one-commit mode (`IdempotencyLayer::one_commit(OneCommit::new(store))`) over it.
 //!
 //! Invariant: a pooled connection goes back to the pool only once its transaction was
-//! committed or rolled back; dropped in between (a cancelled request, a panic) or after a
-//! commit or rollback that failed, it is taken out of the pool and closed, so the
+//! committed or rolled back; dropped in between (a future dropped by its caller, a
+//! runtime shut down) or after a commit or rollback that failed, it is taken out of the
+//! pool and closed, so the
 //! server rolls back and no later user of the pool finds itself inside this
 //! transaction. The claim's bound on its wait for another transaction's row is set
 //! before the claim and ended after it, so it never bounds the handler's statements.
@@ -17,7 +18,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 use idemcache::store::encoding::{check_duration, micros};
 use idemcache::store::{OpenClaim, StoreClaim, StoreError, TransactionalStore};
-use idemcache::{Fingerprint, Key};
+use idemcache::{CorrelationId, Fingerprint, Key};
 use idemcache_sql::records::decode;
 use idemcache_sql::records::postgres::{
     bound_claim_wait, CLAIM_ABSENT, COMPLETE_OR_ABORT, RESET_CLAIM_WAIT,
@@ -135,10 +136,12 @@ impl TransactionalStore for PostgresStore {
         fp: Fingerprint,
         lease: Duration,
         wait: Duration,
+        correlation_id: Option<&CorrelationId>,
     ) -> Result<StoreClaim, StoreError> {
+        let correlation_id = correlation_id.map(CorrelationId::as_str);
         if tx.begun {
             tx.batch_execute(&bound_claim_wait(wait)).await.map_err(backend)?;
-            let claimed = PostgresStore::claim_in(self, &*tx, key, fp, lease).await?;
+            let claimed = self.claim_in_correlated(&*tx, key, fp, lease, correlation_id).await?;
             if let StoreClaim::Acquired { .. } = claimed {
                 tx.batch_execute(RESET_CLAIM_WAIT).await.map_err(backend)?;
             }
@@ -153,11 +156,12 @@ impl TransactionalStore for PostgresStore {
         let begin = format!("BEGIN; {}", bound_claim_wait(wait));
         let (began, claimed, reset) = tokio::join!(
             tx.batch_execute(&begin),
-            PostgresStore::claim_in(self, &*tx, key, fp, lease),
+            self.claim_in_correlated(&*tx, key, fp, lease, correlation_id),
             tx.batch_execute(RESET_CLAIM_WAIT),
         );
         // `BEGIN` failed: the claim would have run alone and committed; it is refused
-        // (the error returned), so only a claim made in a transaction is answered.
+        // (the error returned), so only a claim made in a transaction is answered. (A
+        // record it left lapses with its lease, as a crashed holder's does.)
         began.map_err(backend)?;
         tx.begun = true;
         let claimed = claimed?;

@@ -53,6 +53,18 @@ impl crate::PgStore {
         fp: Fingerprint,
         lease: Duration,
     ) -> Result<StoreClaim, StoreError> {
+        self.claim_in_correlated(tx, key, fp, lease, None).await
+    }
+
+    /// [`claim_in`](Self::claim_in), an acquired record keeping `correlation_id`.
+    pub(crate) async fn claim_in_correlated(
+        &self,
+        tx: &mut Transaction<'_, sqlx::Postgres>,
+        key: &Key,
+        fp: Fingerprint,
+        lease: Duration,
+        correlation_id: Option<&str>,
+    ) -> Result<StoreClaim, StoreError> {
         use idemcache::store::encoding::lapse_ttl_micros;
         let lapse_ttl = lapse_ttl_micros(self.lapse_policy());
         let mut connection: &mut sqlx::PgConnection = tx;
@@ -63,7 +75,7 @@ impl crate::PgStore {
             fp,
             lease,
             lapse_ttl,
-            None,
+            correlation_id,
         )
         .await;
         match claimed {

@@ -12,7 +12,7 @@ mod postgres {
     use std::time::Duration;
 
     use idemcache::store::{OpenClaim, StoreClaim, StoreError, TransactionalStore};
-    use idemcache::{Fingerprint, Key};
+    use idemcache::{CorrelationId, Fingerprint, Key};
     use idemcache_sql::records::postgres::{bound_claim_wait, RESET_CLAIM_WAIT};
     use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
@@ -44,12 +44,14 @@ mod postgres {
             fp: Fingerprint,
             lease: Duration,
             wait: Duration,
+            correlation_id: Option<&CorrelationId>,
         ) -> Result<StoreClaim, StoreError> {
+            let correlation_id = correlation_id.map(CorrelationId::as_str);
             sqlx::raw_sql(AssertSqlSafe(bound_claim_wait(wait)))
                 .execute(&mut **tx)
                 .await
                 .map_err(backend)?;
-            let claimed = PgStore::claim_in(self, tx, key, fp, lease).await?;
+            let claimed = self.claim_in_correlated(tx, key, fp, lease, correlation_id).await?;
             if let StoreClaim::Acquired { .. } = claimed {
                 sqlx::raw_sql(RESET_CLAIM_WAIT).execute(&mut **tx).await.map_err(backend)?;
             }

@@ -174,18 +174,23 @@ pub const CLAIM: &str = claim!(
 pub const CLAIM_ABSENT: &str = claim!("ON CONFLICT (key) DO NOTHING");
 
 /// The one-commit claim's bound on its wait for another transaction's row: the
-/// transaction's `lock_timeout` set to `wait` in whole milliseconds, at least 1 (0 would
-/// mean no bound) and at most PostgreSQL's limit. Sent as text (a number, never a
-/// caller's string); [`RESET_CLAIM_WAIT`] ends the bound after the claim, so the
-/// statements the transaction runs next wait as the session says.
+/// transaction's `lock_timeout` as it was kept in the transaction's setting
+/// `idemcache.lock_timeout`, then set to `wait` in whole milliseconds, at least 1 (0 would
+/// mean no bound) and at most PostgreSQL's limit. Two statements (run it as a simple
+/// query, or with sqlx's `raw_sql`), sent as text (a number, never a caller's string);
+/// [`RESET_CLAIM_WAIT`] puts the kept value back after the claim, so the statements the
+/// transaction runs next wait as the session says, whatever the session set.
 pub fn bound_claim_wait(wait: std::time::Duration) -> String {
-    format!("SET LOCAL lock_timeout = {}", wait.as_millis().clamp(1, i32::MAX as u128))
+    format!(
+        "SELECT set_config('idemcache.lock_timeout', current_setting('lock_timeout'), true); \
+         SET LOCAL lock_timeout = {}",
+        wait.as_millis().clamp(1, i32::MAX as u128)
+    )
 }
 
-/// The transaction's `lock_timeout` back to the session's default after
-/// [`bound_claim_wait`] (a value the session `SET` itself is not restored: set it in the
-/// role's or database's settings instead).
-pub const RESET_CLAIM_WAIT: &str = "SET LOCAL lock_timeout TO DEFAULT";
+/// The transaction's `lock_timeout` back to what [`bound_claim_wait`] found.
+pub const RESET_CLAIM_WAIT: &str =
+    "SELECT set_config('lock_timeout', current_setting('idemcache.lock_timeout'), true)";
 
 /// `LapsePolicy::MarkUnknown`: the lapsed lease of `$1` (key) claimed under `$2`
 /// (token) turns UNKNOWN, marked at its end and kept `$3` µs (the unknown TTL) from
