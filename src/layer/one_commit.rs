@@ -33,16 +33,19 @@ use crate::{Cache, CorrelationId, DropPolicy, Fingerprint, Key, Known, Replay};
 /// `PostgresStore`. With axum, take it as `Extension<HeldTransaction<T>>`:
 ///
 /// ```ignore
-/// async fn create(Extension(held): Extension<HeldTransaction<PgTransaction>>) -> Response {
-///     let mut tx = held.lock().await?;
-///     sqlx::query("INSERT INTO orders (id) VALUES ($1)").bind(id).execute(&mut **tx).await?;
-///     drop(tx);
-///     (StatusCode::CREATED, Json(Created { id })).into_response()
+/// async fn create(Extension(held): Extension<HeldTransaction<PgTransaction>>) -> StatusCode {
+///     let Ok(mut tx) = held.lock().await else { return StatusCode::INTERNAL_SERVER_ERROR };
+///     let insert = sqlx::query("INSERT INTO orders (item) VALUES ('book')");
+///     match insert.execute(&mut **tx).await {
+///         Ok(_) => StatusCode::CREATED, // recorded with the order, one commit
+///         Err(_) => StatusCode::INTERNAL_SERVER_ERROR, // not kept: all of it rolls back
+///     }
 /// }
 /// ```
 ///
-/// Release the lock before returning (the layer takes the transaction back then, and
-/// waits for every lock to go). A statement of yours that fails aborts the transaction
+/// The guard is dropped when your handler returns; the layer then takes the
+/// transaction back (it waits for every guard to go, so keep none in a task that
+/// outlives the handler). A statement of yours that fails aborts the transaction
 /// (PostgreSQL): nothing can be recorded after it, so a 4xx you answer then reaches the
 /// client as 503 (nothing was done). Answer a 5xx after a failed statement, or run a
 /// statement that may fail inside a savepoint. A response the layer keeps (2xx and 4xx by default)

@@ -141,7 +141,9 @@ impl<S: TransactionalStore> OneCommit<S> {
     /// holds completed records only, each for no longer than the store keeps it (its TTL
     /// counted from before the completion was sent, less 10 ms); claims stay the
     /// database's, so a duplicate of an execution still running waits on its row. A
-    /// response larger than the cache's `max_result_size` is read from the store.
+    /// response larger than the cache's `max_result_size` is read from the store. In
+    /// the cache's [`Stats`](crate::Stats), a record kept counts as `inserted` and a
+    /// repeat answered as `replayed`.
     pub fn with_cache(mut self, cache: Cache) -> Self {
         self.cache = Some(cache);
         self
