@@ -140,7 +140,11 @@ impl FingerprintBuilder {
 
     /// Adds a header; the name is compared case-insensitively, the value byte for byte.
     pub fn header(self, name: &str, value: &[u8]) -> Self {
-        let lower = name.to_ascii_lowercase();
+        // Most names arrive lower-cased already (the `http` crate keeps them so).
+        let lower = match name.bytes().any(|b| b.is_ascii_uppercase()) {
+            true => std::borrow::Cow::Owned(name.to_ascii_lowercase()),
+            false => std::borrow::Cow::Borrowed(name),
+        };
         self.part(b'H', &[lower.as_bytes(), value])
     }
 
@@ -178,17 +182,120 @@ impl FingerprintBuilder {
     }
 }
 
-fn write_part(hasher: &mut Xxh3Default, tag: u8, fields: &[&[u8]]) {
-    hasher.update(&[tag]);
+/// Where the framed stream goes: the builder's streaming hasher, or [`WholeRequest`]'s
+/// buffer. The framing itself is written once, in [`write_part`].
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl Sink for Xxh3Default {
+    fn put(&mut self, bytes: &[u8]) {
+        self.update(bytes);
+    }
+}
+
+/// One part of the framed stream: its tag, then each field as its length (u64 LE) and
+/// its bytes.
+#[inline]
+fn write_part(sink: &mut impl Sink, tag: u8, fields: &[&[u8]]) {
+    sink.put(&[tag]);
     for field in fields {
-        hasher.update(&(field.len() as u64).to_le_bytes());
-        hasher.update(field);
+        sink.put(&(field.len() as u64).to_le_bytes());
+        sink.put(field);
     }
 }
 
 /// Writes an open body's part: its digest as the one field.
 fn close_body(hasher: &mut Xxh3Default, body: &Xxh3Default) {
     write_part(hasher, b'B', &[&body.digest128().to_be_bytes()]);
+}
+
+/// The stream's bytes a [`WholeRequest`] keeps on the stack; a longer one moves to the
+/// heap. A request's method, path, a header and a body's digest take about a hundred.
+const INLINE_STREAM: usize = 256;
+
+/// [`FingerprintBuilder`]'s digest of a request whose body is at hand whole (the layer's
+/// case), at a fraction of its cost: the framed stream is written to a buffer, on the
+/// stack while short, and hashed in one call, as is the body. The builder keeps a
+/// streaming hasher (384 bytes, 64-byte aligned: an aligned allocation for the body's,
+/// and a copy at every call that moves it), which only a body fed in chunks needs.
+/// Fed the same parts in the same order, both give the same fingerprint (tested).
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+pub(crate) struct WholeRequest {
+    inline: [u8; INLINE_STREAM],
+    len: usize,
+    /// The whole stream once it outgrew `inline`.
+    spilled: Vec<u8>,
+}
+
+impl Sink for WholeRequest {
+    // Inlined: most writes are a tag byte or a length, stored directly at their size.
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        match self.inline.get_mut(self.len..self.len + bytes.len()) {
+            Some(room) if self.spilled.is_empty() => {
+                room.copy_from_slice(bytes);
+                self.len += bytes.len();
+            }
+            _ => {
+                if self.spilled.is_empty() {
+                    self.spilled.extend_from_slice(&self.inline[..self.len]);
+                }
+                self.spilled.extend_from_slice(bytes);
+            }
+        }
+    }
+}
+
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+impl WholeRequest {
+    /// An empty stream.
+    pub(crate) fn new() -> Self {
+        WholeRequest { inline: [0; INLINE_STREAM], len: 0, spilled: Vec::new() }
+    }
+
+    /// As [`FingerprintBuilder::method`].
+    pub(crate) fn method(&mut self, method: &str) {
+        write_part(self, b'M', &[method.as_bytes()]);
+    }
+
+    /// As [`FingerprintBuilder::path`].
+    pub(crate) fn path(&mut self, path: &str) {
+        write_part(self, b'P', &[path.as_bytes()]);
+    }
+
+    /// As [`FingerprintBuilder::header`]: the name lower-cased as it is written.
+    pub(crate) fn header(&mut self, name: &str, value: &[u8]) {
+        self.put(b"H");
+        self.put(&(name.len() as u64).to_le_bytes());
+        self.put(name.as_bytes());
+        let end = self.stream_len();
+        let written = end - name.len()..end;
+        match self.spilled.is_empty() {
+            true => self.inline[written].make_ascii_lowercase(),
+            false => self.spilled[written].make_ascii_lowercase(),
+        }
+        self.put(&(value.len() as u64).to_le_bytes());
+        self.put(value);
+    }
+
+    /// As [`FingerprintBuilder::body`] with the whole body, then
+    /// [`finish`](FingerprintBuilder::finish).
+    pub(crate) fn finish_with_body(mut self, body: &[u8]) -> Fingerprint {
+        write_part(&mut self, b'B', &[&xxh3_128(body).to_be_bytes()]);
+        let stream = match self.spilled.is_empty() {
+            true => &self.inline[..self.len],
+            false => &self.spilled[..],
+        };
+        Fingerprint::of(stream)
+    }
+
+    fn stream_len(&self) -> usize {
+        match self.spilled.is_empty() {
+            true => self.len,
+            false => self.spilled.len(),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -267,6 +374,49 @@ mod tests {
         let c = Fingerprint::builder().header("content-type", b"A").finish();
         assert_eq!(a, b);
         assert_ne!(b, c);
+    }
+
+    /// The builder's parts for [`whole_requests_fingerprint_as_the_builder_does`].
+    fn both(
+        method: &str,
+        path: &str,
+        headers: &[(String, Vec<u8>)],
+        body: &[u8],
+    ) -> [Fingerprint; 2] {
+        let mut builder = Fingerprint::builder().method(method).path(path);
+        let mut whole = WholeRequest::new();
+        whole.method(method);
+        whole.path(path);
+        for (name, value) in headers {
+            builder = builder.header(name, value);
+            whole.header(name, value);
+        }
+        [builder.body(body).finish(), whole.finish_with_body(body)]
+    }
+
+    #[test]
+    fn a_whole_request_gives_the_pinned_fingerprint() {
+        let headers = [("Content-Type".to_owned(), b"application/json".to_vec())];
+        let [built, whole] = both("POST", "/v1/orders", &headers, b"{\"amount\":100}");
+        assert_eq!(whole.to_string(), PINNED_BUILT);
+        assert_eq!(built, whole);
+    }
+
+    proptest::proptest! {
+        /// Streams on either side of the inline buffer's size, header names in any case.
+        #[test]
+        fn whole_requests_fingerprint_as_the_builder_does(
+            method in "[A-Z]{0,8}",
+            path in "/[a-zA-Z0-9/?=&%-]{0,300}",
+            headers in proptest::collection::vec(
+                ("[a-zA-Z-]{0,40}", proptest::collection::vec(proptest::prelude::any::<u8>(), 0..120)),
+                0..4,
+            ),
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+        ) {
+            let [built, whole] = both(&method, &path, &headers, &body);
+            proptest::prop_assert_eq!(built, whole);
+        }
     }
 
     #[test]

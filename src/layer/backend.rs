@@ -216,34 +216,29 @@ impl Held {
         }
     }
 
-    pub(crate) async fn complete(self, body: Bytes) -> Settled {
+    pub(crate) fn complete(self, body: Bytes) -> Settling<Settled> {
         match self {
-            Held::Memory(guard, _) => match guard.complete(body) {
+            Held::Memory(guard, _) => Settling::Done(Some(match guard.complete(body) {
                 Ok(()) => Settled::Recorded,
                 Err(_) => Settled::LeaseLost,
-            },
+            })),
             #[cfg(feature = "store")]
-            Held::Durable(held) => held.complete(body).await,
+            Held::Durable(held) => Settling::Pending(held.complete(body)),
         }
     }
 
-    /// Lets the key go: a retry executes again.
-    pub(crate) async fn release(self) {
-        let _settled = self.release_settled().await;
-    }
-
-    /// Lets the key go, and says how that ended: [`Settled::Recorded`] if the key was
-    /// released, [`Settled::LeaseLost`] if the claim no longer held it (over a store: a
-    /// handler's own transaction recorded it, or another owner took it),
-    /// [`Settled::Failed`] if the store failed.
-    pub(crate) async fn release_settled(self) -> Settled {
+    /// Lets the key go: a retry executes again. Says how that ended:
+    /// [`Settled::Recorded`] if the key was released, [`Settled::LeaseLost`] if the claim
+    /// no longer held it (over a store: a handler's own transaction recorded it, or
+    /// another owner took it), [`Settled::Failed`] if the store failed.
+    pub(crate) fn release(self) -> Settling<Settled> {
         match self {
-            Held::Memory(guard, _) => match guard.release() {
+            Held::Memory(guard, _) => Settling::Done(Some(match guard.release() {
                 Ok(()) => Settled::Recorded,
                 Err(_) => Settled::LeaseLost,
-            },
+            })),
             #[cfg(feature = "store")]
-            Held::Durable(held) => held.release().await,
+            Held::Durable(held) => Settling::Pending(held.release()),
         }
     }
 
@@ -258,31 +253,81 @@ impl Held {
     }
 
     /// Marks the outcome unknown: never re-run blindly.
-    pub(crate) async fn mark_unknown(self) {
+    pub(crate) fn mark_unknown(self) -> Settling<()> {
         match self {
-            Held::Memory(guard, _) => drop(guard.mark_unknown()),
+            Held::Memory(guard, _) => {
+                // Lost (another owner took the key): nothing of this claim to mark.
+                let _lost = guard.mark_unknown();
+                Settling::Done(Some(()))
+            }
             #[cfg(feature = "store")]
-            Held::Durable(held) => held.mark_unknown().await,
+            Held::Durable(held) => Settling::Pending(held.mark_unknown()),
         }
     }
 
     /// The handler panicked: settle the key as the cache's [`DropPolicy`] says a dropped
     /// guard is settled (the default releases it), in the store too; returns which.
-    pub(crate) async fn abandon(self) -> Decision {
+    pub(crate) fn abandon(self) -> impl std::future::Future<Output = Decision> {
         let policy = match &self {
             Held::Memory(_, cache) => cache.drop_policy(),
             #[cfg(feature = "store")]
             Held::Durable(held) => held.drop_policy(),
         };
-        match policy {
-            DropPolicy::Release => {
-                self.release().await;
-                Decision::Released
+        let (settling, decision) = match policy {
+            DropPolicy::Release => (self.release().map(drop), Decision::Released),
+            DropPolicy::MarkUnknown => (self.mark_unknown(), Decision::Unknown),
+        };
+        async move {
+            settling.await;
+            decision
+        }
+    }
+}
+
+/// A claim being settled: at once over the cache, or a store's boxed future. Small
+/// whichever it is (no `async fn` state to copy at each move of the execution that
+/// awaits it, nor room kept there for the larger of the two).
+pub(crate) enum Settling<T> {
+    /// Settled; taken by the first poll.
+    Done(Option<T>),
+    /// The store's answer, to come.
+    #[cfg(feature = "store")]
+    Pending(durable::BoxFuture<'static, T>),
+}
+
+impl<T: Unpin + Send + 'static> Settling<T> {
+    /// This settling with its answer mapped by `f`.
+    fn map<U>(self, f: fn(T) -> U) -> Settling<U>
+    where
+        U: Send + 'static,
+    {
+        match self {
+            Settling::Done(done) => Settling::Done(done.map(f)),
+            #[cfg(feature = "store")]
+            Settling::Pending(pending) => {
+                Settling::Pending(Box::pin(async move { f(pending.await) }))
             }
-            DropPolicy::MarkUnknown => {
-                self.mark_unknown().await;
-                Decision::Unknown
+        }
+    }
+}
+
+impl<T: Unpin> std::future::Future for Settling<T> {
+    type Output = T;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        #[cfg_attr(not(feature = "store"), allow(unused_variables))] cx: &mut std::task::Context<
+            '_,
+        >,
+    ) -> std::task::Poll<T> {
+        match self.get_mut() {
+            // Polled again after its answer: a caller's bug; never answered twice, so it
+            // stays pending rather than panicking.
+            Settling::Done(done) => {
+                done.take().map_or(std::task::Poll::Pending, std::task::Poll::Ready)
             }
+            #[cfg(feature = "store")]
+            Settling::Pending(pending) => pending.as_mut().poll(cx),
         }
     }
 }

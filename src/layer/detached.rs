@@ -35,8 +35,10 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    pub(crate) fn new(future: F) -> Self {
-        Detached { future: Some(Box::pin(future)) }
+    /// `future`, already on the heap (boxed by the caller: see the service module's docs
+    /// on the size of futures).
+    pub(crate) fn boxed(future: Pin<Box<F>>) -> Self {
+        Detached { future: Some(future) }
     }
 }
 
@@ -96,12 +98,12 @@ mod tests {
         let finished = Arc::new(AtomicBool::new(false));
         let done = finished.clone();
         runtime.block_on(async move {
-            let mut detached = Detached::new(async move {
+            let mut detached = Detached::boxed(Box::pin(async move {
                 for _ in 0..3 {
                     tokio::task::yield_now().await;
                 }
                 done.store(true, Ordering::SeqCst);
-            });
+            }));
             // Polled once (pending), then dropped: the awaiter is gone.
             assert!(poll_once(&mut detached).await.is_none());
             drop(detached);
@@ -115,9 +117,10 @@ mod tests {
     #[test]
     fn a_panic_in_place_is_answered_not_unwound() {
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        let answered = runtime.block_on(Detached::new(async { panic!("in the execution") }));
+        let answered =
+            runtime.block_on(Detached::boxed(Box::pin(async { panic!("in the execution") })));
         assert!(matches!(answered, Err(Panicked)));
-        let answered = runtime.block_on(Detached::new(async { 7 }));
+        let answered = runtime.block_on(Detached::boxed(Box::pin(async { 7 })));
         assert!(matches!(answered, Ok(7)));
     }
 

@@ -55,8 +55,9 @@ impl Read {
 }
 
 impl Renewing {
-    /// Renews `held`'s lease by the length it was taken with, every third of it.
-    pub(crate) fn new(held: Held) -> Self {
+    /// Renews `held`'s lease by the length it was taken with, every third of it, the
+    /// first beat counted from `now` (the execution's start, read once by the caller).
+    pub(crate) fn new(held: Held, now: Instant) -> Self {
         let lease = held.lease();
         let beat = (lease / 3).max(Duration::from_millis(1));
         Renewing {
@@ -65,7 +66,7 @@ impl Renewing {
             held,
             lease,
             beat,
-            next: Instant::now() + beat,
+            next: now + beat,
             renewing: true,
         }
     }
@@ -97,8 +98,13 @@ impl Renewing {
     }
 
     /// Awaits `future`, renewing the lease meanwhile; a panic is `Err(Panicked)`.
-    pub(crate) async fn run<F: Future>(&mut self, future: F) -> Result<F::Output, Panicked> {
-        let mut future = std::pin::pin!(future);
+    ///
+    /// Pinned by the caller: taken by value, the future (the handler's: as large as its
+    /// state) would be kept twice in this one's, as the argument and as the pinned local.
+    pub(crate) async fn run<F: Future>(
+        &mut self,
+        mut future: Pin<&mut F>,
+    ) -> Result<F::Output, Panicked> {
         // Most futures here are ready at once (a buffered body's frames): the first poll
         // builds no timer; only a future still pending after it is raced against the beat.
         let mut timed = false;
@@ -123,7 +129,8 @@ impl Renewing {
         let (mut first, mut rest, mut trailers) = (None::<Bytes>, None::<BytesMut>, None);
         loop {
             // `.ok()` before anything awaits: the body's error need not be `Send`.
-            let frame = self.run(async { body.as_mut().frame().await.map(Result::ok) }).await?;
+            let frame = std::pin::pin!(async { body.as_mut().frame().await.map(Result::ok) });
+            let frame = self.run(frame).await?;
             let Some(frame) = frame else { break };
             let Some(frame) = frame else { return Ok(Read::Failed) };
             let frame = match frame.into_data() {

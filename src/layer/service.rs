@@ -8,6 +8,15 @@
 //! backend's drop rule (the handler panicked). The handler and the settling of its
 //! claim run in one [`Detached`] execution, which finishes in a task of its own if the
 //! request future is dropped (a client gone), so that changes neither.
+//!
+//! The size of futures: every request's future is boxed and moved, and an execution's
+//! boxed again, so their size is paid per request (a copy at each move; over 1 KiB,
+//! glibc's allocator consolidates its free lists at each allocation). Three habits keep
+//! them small: the large steps are functions returning an `async move` block rather
+//! than `async fn`s (an `async fn` keeps its arguments twice in its state: as given and
+//! as moved into its body); a future that is boxed is built outside the `async` code
+//! that awaits it (a local moved into a box keeps its room in the awaiting future's
+//! state); and the handler's future is pinned where it is made, not passed by value.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -37,9 +46,13 @@ use super::outcome::OutcomeUnknown;
 use super::problem::{Refusal, Refused};
 use super::renewal::{Panicked, Read, Renewing};
 use super::{header, stored_response, IDEMPOTENCY_EXPIRES, IDEMPOTENT_REPLAYED};
+use crate::fingerprint::WholeRequest;
 use crate::{CorrelationId, Fingerprint, Key, KeyError};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the layer answers a request: the response, or the handler's error.
+type Answer<ResB, E> = Result<Response<LayerBody<ResB>>, E>;
 
 /// The service [`IdempotencyLayer`](super::IdempotencyLayer) wraps around yours.
 #[derive(Clone)]
@@ -150,11 +163,13 @@ where
     Ok(inner.call(request.map(LayerBody::passed)).await?.map(LayerBody::passed))
 }
 
-async fn guarded<S, ReqB, ResB>(
+// An async block, not an `async fn`: see the module docs on the size of futures.
+#[allow(clippy::manual_async_fn)]
+fn guarded<S, ReqB, ResB>(
     settings: Arc<Settings>,
     mut inner: S,
     request: Request<ReqB>,
-) -> Result<Response<LayerBody<ResB>>, S::Error>
+) -> impl Future<Output = Result<Response<LayerBody<ResB>>, S::Error>>
 where
     S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
@@ -163,120 +178,152 @@ where
     ReqB::Error: Into<BoxError>,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
-    let streaming = settings.grpc.as_ref().is_some_and(|g| g.passes(request.uri().path()));
-    // gRPC: every call is guarded whatever its HTTP method (tonic serves a unary call sent
-    // with PUT as one sent with POST); over HTTP, the methods configured.
-    let method_guarded = settings.grpc.is_some() || settings.methods.contains(request.method());
-    if streaming || !method_guarded {
-        return passed(inner, request).await;
-    }
-    let (parts, body) = request.into_parts();
-    // A key the application reads from the request (`key_from`) needs the body first.
-    let body = match &settings.key_from {
-        None => Pending::Unread(body),
-        Some(_) => match read_body(&parts, body, settings.max_request_body).await {
-            Ok(read) => Pending::Read(read),
-            Err(refusal) => return refuse_body(&settings, refusal),
-        },
-    };
-    let client_key: Result<Option<Cow<'_, [u8]>>, String> = match (&settings.key_from, &body) {
-        (Some(key_from), Pending::Read(read)) => key_from(&parts, read).map(|k| k.map(Cow::Owned)),
-        _ => match header::borrowed_key(&parts.headers) {
-            Ok(Some(Cow::Borrowed(k))) => Ok(Some(Cow::Borrowed(k.as_bytes()))),
-            Ok(Some(Cow::Owned(k))) => Ok(Some(Cow::Owned(k.into_bytes()))),
-            Ok(None) => Ok(None),
-            Err(e) => Err(e.to_string()),
-        },
-    };
-    // Unguarded (no key, none required): passed on before anything else is asked of it.
-    if matches!(client_key, Ok(None)) && !settings.require_key {
+    async move {
+        let streaming = settings.grpc.as_ref().is_some_and(|g| g.passes(request.uri().path()));
+        // gRPC: every call is guarded whatever its HTTP method (tonic serves a unary call sent
+        // with PUT as one sent with POST); over HTTP, the methods configured.
+        let method_guarded = settings.grpc.is_some() || settings.methods.contains(request.method());
+        if streaming || !method_guarded {
+            return passed(inner, request).await;
+        }
+        let (parts, body) = request.into_parts();
+        // A key the application reads from the request (`key_from`) needs the body first.
+        let body = match &settings.key_from {
+            None => Pending::Unread(body),
+            Some(_) => match read_body(&parts, body, settings.max_request_body).await {
+                Ok(read) => Pending::Read(read),
+                Err(refusal) => return refuse_body(&settings, refusal),
+            },
+        };
+        let client_key: Result<Option<Cow<'_, [u8]>>, String> = match (&settings.key_from, &body) {
+            (Some(key_from), Pending::Read(read)) => {
+                key_from(&parts, read).map(|k| k.map(Cow::Owned))
+            }
+            _ => match header::borrowed_key(&parts.headers) {
+                Ok(Some(Cow::Borrowed(k))) => Ok(Some(Cow::Borrowed(k.as_bytes()))),
+                Ok(Some(Cow::Owned(k))) => Ok(Some(Cow::Owned(k.into_bytes()))),
+                Ok(None) => Ok(None),
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        // Unguarded (no key, none required): passed on before anything else is asked of it.
+        if matches!(client_key, Ok(None)) && !settings.require_key {
+            drop(client_key);
+            return match body {
+                Pending::Unread(body) => passed(inner, Request::from_parts(parts, body)).await,
+                Pending::Read(read) => {
+                    let request = Request::from_parts(parts, LayerBody::buffered(read, None));
+                    Ok(inner.call(request).await?.map(LayerBody::passed))
+                }
+            };
+        }
+        let tenant = match &settings.tenant {
+            // An empty tenant names nobody: unauthenticated, like none.
+            Some(tenant) => match tenant(&parts).filter(|t| !t.is_empty()) {
+                Some(t) => Some(t),
+                None => return refuse(Refusal::NoTenant, "this request needs credentials", None),
+            },
+            None => None,
+        };
+        let client_key = match client_key {
+            Ok(Some(k)) => k,
+            Ok(None) if settings.key_from.is_some() => {
+                return refuse(
+                    Refusal::MissingKey,
+                    "this request carries no idempotency key",
+                    None,
+                );
+            }
+            Ok(None) => {
+                let missing = header::KeyHeaderError::Missing.to_string();
+                return refuse(Refusal::MissingKey, &missing, None);
+            }
+            Err(e) => return refuse(Refusal::InvalidKey, &e, None),
+        };
+        let scope = (settings.scope)(&parts);
+        let key = match &tenant {
+            Some(tenant) => Key::new(&scope, tenant, &client_key),
+            None => Key::without_tenant(&scope, &client_key),
+        };
+        // The key owns its bytes now: the header's borrow ends here.
         drop(client_key);
-        return match body {
-            Pending::Unread(body) => passed(inner, Request::from_parts(parts, body)).await,
-            Pending::Read(read) => {
-                let request = Request::from_parts(parts, LayerBody::buffered(read, None));
-                Ok(inner.call(request).await?.map(LayerBody::passed))
+        let key = match key {
+            Ok(key) => key,
+            // The scope (method and route or path) and tenant are the request's, not the
+            // client key's: a path too long for a scope is not the key's fault.
+            Err(KeyError::ScopeAndTenantTooLong { len }) => {
+                let detail = format!(
+                    "the request's scope (method and path) and tenant are {len} bytes together; \
+                 at most {} are accepted",
+                    crate::MAX_SCOPE_AND_TENANT_LEN
+                );
+                return refuse(Refusal::ScopeTooLong, &detail, None);
+            }
+            Err(e @ KeyError::EmptyScope) => {
+                return refuse(Refusal::Internal, &e.to_string(), None)
+            }
+            Err(e) => return refuse(Refusal::InvalidKey, &e.to_string(), None),
+        };
+        let body = match body {
+            Pending::Read(read) => read,
+            Pending::Unread(unread) => {
+                match read_body(&parts, unread, settings.max_request_body).await {
+                    Ok(body) => body,
+                    Err(refusal) => return refuse_body(&settings, refusal),
+                }
             }
         };
-    }
-    let tenant = match &settings.tenant {
-        // An empty tenant names nobody: unauthenticated, like none.
-        Some(tenant) => match tenant(&parts).filter(|t| !t.is_empty()) {
-            Some(t) => Some(t),
-            None => return refuse(Refusal::NoTenant, "this request needs credentials", None),
-        },
-        None => None,
-    };
-    let client_key = match client_key {
-        Ok(Some(k)) => k,
-        Ok(None) if settings.key_from.is_some() => {
-            return refuse(Refusal::MissingKey, "this request carries no idempotency key", None);
-        }
-        Ok(None) => {
-            let missing = header::KeyHeaderError::Missing.to_string();
-            return refuse(Refusal::MissingKey, &missing, None);
-        }
-        Err(e) => return refuse(Refusal::InvalidKey, &e, None),
-    };
-    let scope = (settings.scope)(&parts);
-    let key = match &tenant {
-        Some(tenant) => Key::new(&scope, tenant, &client_key),
-        None => Key::without_tenant(&scope, &client_key),
-    };
-    // The key owns its bytes now: the header's borrow ends here.
-    drop(client_key);
-    let key = match key {
-        Ok(key) => key,
-        // The scope (method and route or path) and tenant are the request's, not the
-        // client key's: a path too long for a scope is not the key's fault.
-        Err(KeyError::ScopeAndTenantTooLong { len }) => {
-            let detail = format!(
-                "the request's scope (method and path) and tenant are {len} bytes together; \
-                 at most {} are accepted",
-                crate::MAX_SCOPE_AND_TENANT_LEN
-            );
-            return refuse(Refusal::ScopeTooLong, &detail, None);
-        }
-        Err(e @ KeyError::EmptyScope) => return refuse(Refusal::Internal, &e.to_string(), None),
-        Err(e) => return refuse(Refusal::InvalidKey, &e.to_string(), None),
-    };
-    let body = match body {
-        Pending::Read(read) => read,
-        Pending::Unread(unread) => match read_body(&parts, unread, settings.max_request_body).await
-        {
-            Ok(body) => body,
-            Err(refusal) => return refuse_body(&settings, refusal),
-        },
-    };
-    let fingerprint = fingerprint(&settings, &parts, &body);
-    let (correlation_id, probed) = match probe(&settings, &parts, &key, fingerprint) {
-        Probe::Replayed { body, expires_at } => {
-            Asked::new(scope, key, None).report(&settings, Decision::Replayed, None);
-            return replayed(body, expires_at);
-        }
-        Probe::Missed(id) => (id, true),
-        Probe::NotAsked(id) => (id, false),
-    };
-    let asked = Asked::new(scope, key, correlation_id);
-    let request = Request::from_parts(parts, LayerBody::<ReqB>::buffered(body, None));
-    match &settings.records {
-        // Cancelling the cache's claim is safe (it is synchronous, or a wait that
-        // withdraws); the handler's execution is detached once the key is held.
-        Records::Memory(_) => {
-            let span = asked.span();
-            in_span(span, decide(settings.clone(), inner, request, asked, fingerprint, probed))
-                .await
-        }
-        // A store commits a claim before its answer arrives: a request future dropped in
-        // between (a client gone) would leave the key held with nobody to run it. The
-        // claim and the handler run in one detached execution.
-        #[cfg(feature = "store")]
-        Records::Durable(_) => {
-            let span = asked.span();
-            let decided = decide(settings.clone(), inner, request, asked, fingerprint, false);
-            joined(Detached::new(in_span(span, decided)).await)
+        let fingerprint = fingerprint(&settings, &parts, &body);
+        let (correlation_id, probed) = match probe(&settings, &parts, &key, fingerprint) {
+            Probe::Replayed { body, expires_at } => {
+                Asked::new(scope, key, None).report(&settings, Decision::Replayed, None);
+                return replayed(body, expires_at);
+            }
+            Probe::Missed(id) => (id, true),
+            Probe::NotAsked(id) => (id, false),
+        };
+        let asked = Asked::new(scope, key, correlation_id);
+        let request = Request::from_parts(parts, LayerBody::<ReqB>::buffered(body, None));
+        match &settings.records {
+            // Cancelling the cache's claim is safe (it is synchronous, or a wait that
+            // withdraws); the handler's execution is detached once the key is held.
+            Records::Memory(_) => {
+                let span = asked.span();
+                in_span(span, decide(settings.clone(), inner, request, asked, fingerprint, probed))
+                    .await
+            }
+            // A store commits a claim before its answer arrives: a request future dropped in
+            // between (a client gone) would leave the key held with nobody to run it. The
+            // claim and the handler run in one detached execution.
+            #[cfg(feature = "store")]
+            Records::Durable(_) => {
+                joined(detached_decision(&settings, inner, request, asked, fingerprint).await)
+            }
         }
     }
+}
+
+/// The claim and execution over a durable store, detached, in the request's span; built
+/// outside [`guarded`] so that its state is not laid out in every request's future too
+/// (see the module docs on the size of futures).
+#[cfg(feature = "store")]
+fn detached_decision<S, ReqB, ResB>(
+    settings: &Arc<Settings>,
+    inner: S,
+    request: Request<LayerBody<ReqB>>,
+    asked: Asked,
+    fingerprint: Fingerprint,
+) -> Detached<impl Future<Output = Answer<ResB, S::Error>> + Send + 'static>
+where
+    S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+{
+    let span = asked.span();
+    let decided = decide(settings.clone(), inner, request, asked, fingerprint, false);
+    Detached::boxed(Box::pin(in_span(span, decided)))
 }
 
 /// `future`, run inside the request's span (feature `tracing`: see [`Asked::span`]).
@@ -342,14 +389,16 @@ fn probe(settings: &Settings, parts: &Parts, key: &Key, fingerprint: Fingerprint
 /// Claims `key` and answers: the handler's response (over the cache its execution is
 /// [`Detached`]: it finishes even if this future is dropped), a replay, or a refusal.
 /// `probed`: the cache's read lock was asked for a replay just before, and had none.
-async fn decide<S, ReqB, ResB>(
+// An async block, not an `async fn`: see the module docs on the size of futures.
+#[allow(clippy::manual_async_fn)]
+fn decide<S, ReqB, ResB>(
     settings: Arc<Settings>,
     inner: S,
-    request: Request<LayerBody<ReqB>>,
+    mut request: Request<LayerBody<ReqB>>,
     mut asked: Asked,
     fingerprint: Fingerprint,
     probed: bool,
-) -> Result<Response<LayerBody<ResB>>, S::Error>
+) -> impl Future<Output = Result<Response<LayerBody<ResB>>, S::Error>>
 where
     S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
@@ -357,77 +406,98 @@ where
     ReqB: Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
-    let started = Asked::timed(&settings).then(std::time::Instant::now);
-    let detach = matches!(settings.records, Records::Memory(_));
-    let correlation_id = asked.correlation_id.as_ref();
-    let claiming =
-        settings.records.claim(&asked.key, fingerprint, correlation_id, settings.wait, probed);
-    // A claim that waits for a duplicate can be dropped mid-wait (its client gone): it is
-    // reported `in_progress` then, the answer it would have had at that instant.
-    let gone = ReportIfDropped { settings: &settings, asked: &asked, started };
-    let (found, waited) = claiming.await;
-    std::mem::forget(gone);
-    asked.claim_time = started.map_or(std::time::Duration::ZERO, |s| s.elapsed());
-    asked.waited = waited;
-    let decision = match found {
-        Found::Acquired(held) => {
-            let mut request = request;
-            let claimed =
-                Claimed::new(asked.key.clone(), fingerprint, asked.correlation_id.clone());
-            request.extensions_mut().insert(claimed);
-            // Reported when the execution settles its claim.
-            // In the request's span (this future runs in it), carried along if the
-            // execution moves to a task of its own.
-            let run =
-                in_span(current_span(), execute(settings.clone(), inner, request, held, asked));
-            if !detach {
-                // Boxed: inline, the execution's state would make every request's
-                // future (replays too) as large as an execution's, copied at each move.
-                return Box::pin(run).await;
+    async move {
+        let started = Asked::timed(&settings).then(std::time::Instant::now);
+        let detach = matches!(settings.records, Records::Memory(_));
+        let correlation_id = asked.correlation_id.as_ref();
+        let claiming =
+            settings.records.claim(&asked.key, fingerprint, correlation_id, settings.wait, probed);
+        // A claim that waits for a duplicate can be dropped mid-wait (its client gone): it is
+        // reported `in_progress` then, the answer it would have had at that instant.
+        let gone = ReportIfDropped { settings: &settings, asked: &asked, started };
+        let (found, waited) = claiming.await;
+        std::mem::forget(gone);
+        asked.claim_time = started.map_or(std::time::Duration::ZERO, |s| s.elapsed());
+        asked.waited = waited;
+        let decision = match found {
+            Found::Acquired(held) => {
+                let claimed =
+                    Claimed::new(asked.key.clone(), fingerprint, asked.correlation_id.clone());
+                request.extensions_mut().insert(claimed);
+                // Reported when the execution settles its claim.
+                let run = execution(&settings, inner, request, held, asked);
+                if !detach {
+                    return run.await;
+                }
+                return joined(Detached::boxed(run).await);
             }
-            return joined(Detached::new(run).await);
-        }
-        Found::Completed { body, expires_at } => {
-            let replay = if waited { Decision::ReplayedAfterWait } else { Decision::Replayed };
-            asked.report(&settings, replay, None);
-            return replayed(body, expires_at);
-        }
-        Found::InProgress { retry_after } => {
-            asked.report(&settings, Decision::InProgress, None);
-            let detail = "a request with this key is executing; retry after it finishes";
-            let retry_after = settings.times.retry_after(&asked.scope, retry_after);
-            return refuse(Refusal::InProgress, detail, Some(retry_after));
-        }
-        Found::Unknown => {
-            let detail = "an earlier request with this key has an unknown outcome; it is being \
+            Found::Completed { body, expires_at } => {
+                let replay = if waited { Decision::ReplayedAfterWait } else { Decision::Replayed };
+                asked.report(&settings, replay, None);
+                return replayed(body, expires_at);
+            }
+            Found::InProgress { retry_after } => {
+                asked.report(&settings, Decision::InProgress, None);
+                let detail = "a request with this key is executing; retry after it finishes";
+                let retry_after = settings.times.retry_after(&asked.scope, retry_after);
+                return refuse(Refusal::InProgress, detail, Some(retry_after));
+            }
+            Found::Unknown => {
+                let detail =
+                    "an earlier request with this key has an unknown outcome; it is being \
                           checked and will not be executed again blindly";
-            (Decision::Unknown, refuse(Refusal::OutcomeUnknown, detail, None))
-        }
-        Found::Mismatch => {
-            let detail = "this key was used for a different request (method, path, headers \
+                (Decision::Unknown, refuse(Refusal::OutcomeUnknown, detail, None))
+            }
+            Found::Mismatch => {
+                let detail = "this key was used for a different request (method, path, headers \
                           or body differ)";
-            (Decision::Mismatch, refuse(Refusal::Mismatch, detail, None))
-        }
-        Found::Full => {
-            let detail = "too many requests are executing; not executed";
-            let retry_after = Some(std::time::Duration::from_secs(1));
-            (Decision::CapacityRefused, refuse(Refusal::CacheFull, detail, retry_after))
-        }
-        Found::Unavailable(why) => {
-            let detail = format!("the idempotency store is unavailable; not executed: {why}");
-            let retry_after = Some(std::time::Duration::from_secs(1));
-            (Decision::StoreError, refuse(Refusal::StoreUnavailable, &detail, retry_after))
-        }
-        Found::Corrupt(why) => {
-            let detail =
-                format!("the idempotency record of this key is unreadable; not executed: {why}");
-            (Decision::StoreError, refuse(Refusal::RecordCorrupt, &detail, None))
-        }
-        Found::Refused(why) => (Decision::StoreError, refuse(Refusal::Internal, &why, None)),
-    };
-    let (decision, answer) = decision;
-    asked.report(&settings, decision, None);
-    answer
+                (Decision::Mismatch, refuse(Refusal::Mismatch, detail, None))
+            }
+            Found::Full => {
+                let detail = "too many requests are executing; not executed";
+                let retry_after = Some(std::time::Duration::from_secs(1));
+                (Decision::CapacityRefused, refuse(Refusal::CacheFull, detail, retry_after))
+            }
+            Found::Unavailable(why) => {
+                let detail = format!("the idempotency store is unavailable; not executed: {why}");
+                let retry_after = Some(std::time::Duration::from_secs(1));
+                (Decision::StoreError, refuse(Refusal::StoreUnavailable, &detail, retry_after))
+            }
+            Found::Corrupt(why) => {
+                let detail = format!(
+                    "the idempotency record of this key is unreadable; not executed: {why}"
+                );
+                (Decision::StoreError, refuse(Refusal::RecordCorrupt, &detail, None))
+            }
+            Found::Refused(why) => (Decision::StoreError, refuse(Refusal::Internal, &why, None)),
+        };
+        let (decision, answer) = decision;
+        asked.report(&settings, decision, None);
+        answer
+    }
+}
+
+/// The execution of a claim just acquired, in the request's span (the caller runs in
+/// it; carried along if the execution moves to a task of its own), on the heap.
+///
+/// Boxed, and built here rather than in [`decide`] (see the module docs on the size of
+/// futures): inline, the execution's state would make every request's future, replays
+/// too, that much larger.
+fn execution<S, ReqB, ResB>(
+    settings: &Arc<Settings>,
+    inner: S,
+    request: Request<LayerBody<ReqB>>,
+    held: Held,
+    asked: Asked,
+) -> Pin<Box<impl Future<Output = Answer<ResB, S::Error>> + Send + 'static>>
+where
+    S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+{
+    Box::pin(in_span(current_span(), execute(settings.clone(), inner, request, held, asked)))
 }
 
 /// Reports a request whose claim was dropped while it waited (see [`decide`]); forgotten
@@ -503,15 +573,17 @@ where
 /// what `fingerprint_body` selects of it).
 fn fingerprint(settings: &Settings, parts: &Parts, body: &[u8]) -> Fingerprint {
     let target = parts.uri.path_and_query().map_or(parts.uri.path(), |pq| pq.as_str());
-    let mut builder = Fingerprint::builder().method(parts.method.as_str()).path(target);
+    let mut request = WholeRequest::new();
+    request.method(parts.method.as_str());
+    request.path(target);
     for name in &settings.fingerprint_headers {
         for value in parts.headers.get_all(name) {
-            builder = builder.header(name.as_str(), value.as_bytes());
+            request.header(name.as_str(), value.as_bytes());
         }
     }
     match &settings.fingerprint_body {
-        Some(select) => builder.body(&select(parts, body)).finish(),
-        None => builder.body(body).finish(),
+        Some(select) => request.finish_with_body(&select(parts, body)),
+        None => request.finish_with_body(body),
     }
 }
 
@@ -524,165 +596,169 @@ fn fingerprint(settings: &Settings, parts: &Parts, body: &[u8]) -> Fingerprint {
 /// execution that never finishes therefore holds its key; bound it with a timeout
 /// inside the layer.) A panic in either is caught and the claim settled as the
 /// backend's drop policy says, in the store too.
-async fn execute<S, ReqB, ResB>(
+// An async block, not an `async fn`: see the module docs on the size of futures.
+#[allow(clippy::manual_async_fn)]
+fn execute<S, ReqB, ResB>(
     settings: Arc<Settings>,
     mut inner: S,
-    request: Request<LayerBody<ReqB>>,
+    #[cfg_attr(not(feature = "store"), allow(unused_mut))] mut request: Request<LayerBody<ReqB>>,
     held: Held,
     asked: Asked,
-) -> Result<Response<LayerBody<ResB>>, S::Error>
+) -> impl Future<Output = Result<Response<LayerBody<ResB>>, S::Error>>
 where
     S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>>,
     ResB: Body<Data = Bytes>,
 {
-    let started = tokio::time::Instant::now();
-    let mut renewing = Renewing::new(held);
-    #[cfg(feature = "store")]
-    let request = {
-        let mut request = request;
-        if let Some(claim) = renewing.open_claim() {
-            let kept = settings.store.clone();
-            let handed = InTransaction::new(claim.clone(), settings.replay_set_cookie, kept);
-            request.extensions_mut().insert(handed);
+    async move {
+        let started = tokio::time::Instant::now();
+        let mut renewing = Renewing::new(held, started);
+        #[cfg(feature = "store")]
+        {
+            if let Some(claim) = renewing.open_claim() {
+                let kept = settings.store.clone();
+                let handed = InTransaction::new(claim.clone(), settings.replay_set_cookie, kept);
+                request.extensions_mut().insert(handed);
+            }
+            renewing.lend(request.extensions_mut());
         }
-        renewing.lend(request.extensions_mut());
-        request
-    };
-    let answered = renewing.run(inner.call(request)).await;
-    let read = match answered {
-        Ok(Ok(response)) => {
-            let (parts, body) = response.into_parts();
-            renewing.read(body).await.map(|read| (parts, read))
-        }
-        Ok(Err(e)) => {
-            renewing.into_held().release().await;
-            asked.report(&settings, Decision::Released, Some(started.elapsed()));
-            return Err(e);
-        }
-        Err(panicked) => Err(panicked),
-    };
-    let handed_over = renewing.handed_over();
-    let held = renewing.into_held();
-    let (parts, read) = match read {
-        Ok(done) => done,
-        Err(Panicked) => {
-            let detail = match held.rolls_back() {
-                true => {
-                    "the handler or its response body panicked; its transaction was \
+        let answered = renewing.run(std::pin::pin!(inner.call(request))).await;
+        let read = match answered {
+            Ok(Ok(response)) => {
+                let (parts, body) = response.into_parts();
+                renewing.read(body).await.map(|read| (parts, read))
+            }
+            Ok(Err(e)) => {
+                renewing.into_held().release().await;
+                asked.report(&settings, Decision::Released, Some(started.elapsed()));
+                return Err(e);
+            }
+            Err(panicked) => Err(panicked),
+        };
+        let handed_over = renewing.handed_over();
+        let held = renewing.into_held();
+        let (parts, read) = match read {
+            Ok(done) => done,
+            Err(Panicked) => {
+                let detail = match held.rolls_back() {
+                    true => {
+                        "the handler or its response body panicked; its transaction was \
                          rolled back"
-                }
-                false => {
-                    "the handler or its response body panicked; the key was settled as \
+                    }
+                    false => {
+                        "the handler or its response body panicked; the key was settled as \
                           the cache's drop policy settles an abandoned claim"
-                }
-            };
-            let settled = held.abandon().await;
-            asked.report(&settings, settled, Some(started.elapsed()));
-            return refuse(Refusal::Internal, detail, None);
-        }
-    };
-    let took = started.elapsed();
-    settings.times.record(&asked.scope, took);
-    let took = Some(took);
-    if held.rolls_back() && (parts.extensions.get::<OutcomeUnknown>().is_some() || read.failed()) {
-        // One commit keeps no UNKNOWN: what the handler wrote is rolled back, so nothing
-        // happened in the database, and the client must not be told otherwise.
-        held.release().await;
-        asked.report(&settings, Decision::Released, took);
-        let detail = "the outcome could not be recorded (the handler marked it unknown, or \
-                      its response failed while being sent): the transaction holding its \
-                      changes was rolled back; a retry runs again";
-        return refuse(Refusal::Internal, detail, None);
-    }
-    if parts.extensions.get::<OutcomeUnknown>().is_some() {
-        // The handler cannot tell whether its effect happened: never re-run blindly,
-        // never replay this answer as if it had.
-        held.mark_unknown().await;
-        asked.report(&settings, Decision::Unknown, took);
-        let (body, trailers) = match read {
-            Read::Whole(body, trailers) => (body, trailers),
-            Read::Failed => (Bytes::new(), None),
-        };
-        return Ok(Response::from_parts(parts, LayerBody::buffered(body, trailers)));
-    }
-    // `store_when` is the application's code: a panic in it is caught as a handler's is,
-    // so that the claim is settled by the drop policy and the request still reported.
-    let asked_store = std::panic::AssertUnwindSafe(|| match (&settings.grpc, &read) {
-        // A gRPC answer's outcome is its status (a 200 whatever it is, and no status at
-        // all for a proxy's 429 or 503), read whole. One whose body failed is kept or not
-        // by its HTTP status, as any other: its effect may have happened.
-        (Some(grpc), Read::Whole(_, trailers)) => grpc.keeps(&parts.headers, trailers.as_ref()),
-        _ => (settings.store)(parts.status),
-    });
-    let Ok(stored) = std::panic::catch_unwind(asked_store) else {
-        let settled = held.abandon().await;
-        asked.report(&settings, settled, took);
-        let detail = "the layer's store_when panicked; the key was settled as the cache's \
-                      drop policy settles an abandoned claim";
-        return refuse(Refusal::Internal, detail, None);
-    };
-    let (body, trailers) = match read {
-        Read::Whole(body, trailers) => (body, trailers),
-        // A response that is not kept (a 5xx) releases its key whatever its body does.
-        Read::Failed if !stored => {
-            held.release().await;
-            asked.report(&settings, Decision::Released, took);
-            let detail = "the response failed while being sent; it was not kept";
-            return refuse(Refusal::Internal, detail, None);
-        }
-        Read::Failed => {
-            // The handler answered, so its effect may have happened: never re-run blindly.
-            held.mark_unknown().await;
-            asked.report(&settings, Decision::Unknown, took);
-            let detail = "the response failed while being sent; its outcome is unknown";
-            return refuse(Refusal::Internal, detail, None);
-        }
-    };
-    if handed_over {
-        // The handler wrote the record in its own transaction: committed, it stands (and
-        // this fenced release is refused); rolled back, the record is still PROCESSING
-        // under this claim, and releasing it lets a retry run (nothing committed). The
-        // decision is what the release found, not what the handler meant to do.
-        let decision = match held.release_settled().await {
-            Settled::Recorded => Decision::Released,
-            Settled::LeaseLost => Decision::Acquired,
-            Settled::Failed | Settled::NotCommitted(_) => Decision::StoreError,
-        };
-        asked.report(&settings, decision, took);
-    } else if stored {
-        let set_cookie = settings.replay_set_cookie;
-        let record = stored_response::encode(
-            parts.status,
-            &parts.headers,
-            set_cookie,
-            &body,
-            trailers.as_ref(),
-        );
-        let decision = match held.complete(record).await {
-            Settled::Recorded => Decision::Acquired,
-            // Ran past its lease and someone else owns the key now: answer this client,
-            // record nothing (the new owner's outcome stands).
-            Settled::LeaseLost => Decision::LeaseLost,
-            // The store failed to record it: answer this client (the effect happened);
-            // the store keeps the key from running again (see the module docs).
-            Settled::Failed => Decision::StoreError,
-            // One commit: the handler's change did not commit with the record, so it
-            // did not happen; the client is told so, never the handler's answer.
-            Settled::NotCommitted(decision) => {
-                asked.report(&settings, decision, took);
-                let detail = "the transaction holding this request's change and its record \
-                              did not commit (or its commit was not confirmed); retry: a \
-                              retry replays what committed, or runs again";
-                let retry_after = Some(std::time::Duration::from_secs(1));
-                return refuse(Refusal::StoreUnavailable, detail, retry_after);
+                    }
+                };
+                let settled = held.abandon().await;
+                asked.report(&settings, settled, Some(started.elapsed()));
+                return refuse(Refusal::Internal, detail, None);
             }
         };
-        asked.report(&settings, decision, took);
-    } else {
-        held.release().await;
-        asked.report(&settings, Decision::Released, took);
+        let took = started.elapsed();
+        settings.times.record(&asked.scope, took);
+        let took = Some(took);
+        if held.rolls_back()
+            && (parts.extensions.get::<OutcomeUnknown>().is_some() || read.failed())
+        {
+            // One commit keeps no UNKNOWN: what the handler wrote is rolled back, so nothing
+            // happened in the database, and the client must not be told otherwise.
+            held.release().await;
+            asked.report(&settings, Decision::Released, took);
+            let detail = "the outcome could not be recorded (the handler marked it unknown, or \
+                      its response failed while being sent): the transaction holding its \
+                      changes was rolled back; a retry runs again";
+            return refuse(Refusal::Internal, detail, None);
+        }
+        if parts.extensions.get::<OutcomeUnknown>().is_some() {
+            // The handler cannot tell whether its effect happened: never re-run blindly,
+            // never replay this answer as if it had.
+            held.mark_unknown().await;
+            asked.report(&settings, Decision::Unknown, took);
+            let (body, trailers) = match read {
+                Read::Whole(body, trailers) => (body, trailers),
+                Read::Failed => (Bytes::new(), None),
+            };
+            return Ok(Response::from_parts(parts, LayerBody::buffered(body, trailers)));
+        }
+        // `store_when` is the application's code: a panic in it is caught as a handler's is,
+        // so that the claim is settled by the drop policy and the request still reported.
+        let asked_store = std::panic::AssertUnwindSafe(|| match (&settings.grpc, &read) {
+            // A gRPC answer's outcome is its status (a 200 whatever it is, and no status at
+            // all for a proxy's 429 or 503), read whole. One whose body failed is kept or not
+            // by its HTTP status, as any other: its effect may have happened.
+            (Some(grpc), Read::Whole(_, trailers)) => grpc.keeps(&parts.headers, trailers.as_ref()),
+            _ => (settings.store)(parts.status),
+        });
+        let Ok(stored) = std::panic::catch_unwind(asked_store) else {
+            let settled = held.abandon().await;
+            asked.report(&settings, settled, took);
+            let detail = "the layer's store_when panicked; the key was settled as the cache's \
+                      drop policy settles an abandoned claim";
+            return refuse(Refusal::Internal, detail, None);
+        };
+        let (body, trailers) = match read {
+            Read::Whole(body, trailers) => (body, trailers),
+            // A response that is not kept (a 5xx) releases its key whatever its body does.
+            Read::Failed if !stored => {
+                held.release().await;
+                asked.report(&settings, Decision::Released, took);
+                let detail = "the response failed while being sent; it was not kept";
+                return refuse(Refusal::Internal, detail, None);
+            }
+            Read::Failed => {
+                // The handler answered, so its effect may have happened: never re-run blindly.
+                held.mark_unknown().await;
+                asked.report(&settings, Decision::Unknown, took);
+                let detail = "the response failed while being sent; its outcome is unknown";
+                return refuse(Refusal::Internal, detail, None);
+            }
+        };
+        if handed_over {
+            // The handler wrote the record in its own transaction: committed, it stands (and
+            // this fenced release is refused); rolled back, the record is still PROCESSING
+            // under this claim, and releasing it lets a retry run (nothing committed). The
+            // decision is what the release found, not what the handler meant to do.
+            let decision = match held.release().await {
+                Settled::Recorded => Decision::Released,
+                Settled::LeaseLost => Decision::Acquired,
+                Settled::Failed | Settled::NotCommitted(_) => Decision::StoreError,
+            };
+            asked.report(&settings, decision, took);
+        } else if stored {
+            let set_cookie = settings.replay_set_cookie;
+            let record = stored_response::encode(
+                parts.status,
+                &parts.headers,
+                set_cookie,
+                &body,
+                trailers.as_ref(),
+            );
+            let decision = match held.complete(record).await {
+                Settled::Recorded => Decision::Acquired,
+                // Ran past its lease and someone else owns the key now: answer this client,
+                // record nothing (the new owner's outcome stands).
+                Settled::LeaseLost => Decision::LeaseLost,
+                // The store failed to record it: answer this client (the effect happened);
+                // the store keeps the key from running again (see the module docs).
+                Settled::Failed => Decision::StoreError,
+                // One commit: the handler's change did not commit with the record, so it
+                // did not happen; the client is told so, never the handler's answer.
+                Settled::NotCommitted(decision) => {
+                    asked.report(&settings, decision, took);
+                    let detail = "the transaction holding this request's change and its record \
+                              did not commit (or its commit was not confirmed); retry: a \
+                              retry replays what committed, or runs again";
+                    let retry_after = Some(std::time::Duration::from_secs(1));
+                    return refuse(Refusal::StoreUnavailable, detail, retry_after);
+                }
+            };
+            asked.report(&settings, decision, took);
+        } else {
+            held.release().await;
+            asked.report(&settings, Decision::Released, took);
+        }
+        Ok(Response::from_parts(parts, LayerBody::buffered(body, trailers)))
     }
-    Ok(Response::from_parts(parts, LayerBody::buffered(body, trailers)))
 }
 
 /// The answer of a [`Detached`] execution; one that panicked outside the handler (which
