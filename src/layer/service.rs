@@ -51,6 +51,28 @@ use crate::{CorrelationId, Fingerprint, Key, KeyError};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The service a guarded request reaches, with what an execution that may finish in a
+/// task of its own needs of it (see [`Detached`]): itself, its future and its error sent
+/// there.
+pub(crate) trait Handler<ReqB, ResB>:
+    Service<
+        Request<LayerBody<ReqB>>,
+        Response = Response<ResB>,
+        Future: Send + 'static,
+        Error: Send + 'static,
+    > + Send
+    + 'static
+{
+}
+
+impl<S, ReqB, ResB> Handler<ReqB, ResB> for S
+where
+    S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+}
+
 /// What the layer answers a request: the response, or the handler's error.
 type Answer<ResB, E> = Result<Response<LayerBody<ResB>>, E>;
 
@@ -171,9 +193,7 @@ fn guarded<S, ReqB, ResB>(
     request: Request<ReqB>,
 ) -> impl Future<Output = Result<Response<LayerBody<ResB>>, S::Error>>
 where
-    S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Handler<ReqB, ResB>,
     ReqB: Body<Data = Bytes> + Send + 'static,
     ReqB::Error: Into<BoxError>,
     ResB: Body<Data = Bytes> + Send + 'static,
@@ -315,9 +335,7 @@ fn detached_decision<S, ReqB, ResB>(
     fingerprint: Fingerprint,
 ) -> Detached<impl Future<Output = Answer<ResB, S::Error>> + Send + 'static>
 where
-    S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Handler<ReqB, ResB>,
     ReqB: Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
@@ -400,9 +418,7 @@ fn decide<S, ReqB, ResB>(
     probed: bool,
 ) -> impl Future<Output = Result<Response<LayerBody<ResB>>, S::Error>>
 where
-    S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Handler<ReqB, ResB>,
     ReqB: Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
@@ -491,9 +507,7 @@ fn execution<S, ReqB, ResB>(
     asked: Asked,
 ) -> Pin<Box<impl Future<Output = Answer<ResB, S::Error>> + Send + 'static>>
 where
-    S: Service<Request<LayerBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Handler<ReqB, ResB>,
     ReqB: Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
