@@ -18,6 +18,7 @@ use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 use super::backend::durable::{time_until, timed, BoxFuture, Durable, DurableHeld};
 use super::backend::{Found, Held, Renewal, Settled};
 use super::decision::Decision;
+use crate::store::{read_through_ttl, CLOCK_SLACK};
 use crate::store::{OneCommit, OpenClaim, StoreClaim, StoreError, TransactionalStore};
 use crate::{Cache, CorrelationId, DropPolicy, Fingerprint, Key, Known, Replay};
 
@@ -132,17 +133,11 @@ fn keep(cache: &Cache, key: &Key, fp: Fingerprint, body: Bytes, left: Duration) 
 }
 
 /// Keeps a committed record the store answered with, for no longer than the store
-/// keeps it by this machine's clock, nor than its whole TTL by the store's.
+/// keeps it ([`read_through_ttl`]).
 fn remember(cache: &Cache, key: &Key, fp: Fingerprint, record: &Replay<SystemTime>) {
     let Some(body) = record.body.clone() else { return };
-    let whole = record.expires_at.duration_since(record.completed_at).unwrap_or_default();
-    let left = record.expires_at.duration_since(SystemTime::now()).unwrap_or_default();
-    keep(cache, key, fp, body, left.min(whole));
+    keep(cache, key, fp, body, read_through_ttl(record).1);
 }
-
-/// How much sooner than the store the hot tier lets a record go (two ticks of the
-/// coarse clock, as `Tiered`).
-const CLOCK_SLACK: Duration = Duration::from_millis(10);
 
 impl<S: TransactionalStore> Durable for OneCommit<S> {
     fn claim<'a>(

@@ -50,6 +50,8 @@ pub use one_commit::{OneCommit, TransactionalStore};
 pub use open_claim::OpenClaim;
 pub use reconcile::{reconcile, ReconcileError};
 pub use record::{Record, RecordFilter, RecordState};
+#[cfg(feature = "tower")]
+pub(crate) use tiered::{read_through_ttl, CLOCK_SLACK};
 pub use tiered::{Tiered, TieredClaim, TieredError, TieredGuard};
 pub use wait::claim_wait;
 #[cfg(feature = "tower")]

@@ -31,7 +31,18 @@ const TIMES: usize = 16;
 /// the cache's clock reads the coarse monotonic clock, which lags by up to one tick (at
 /// most 4 ms) at each of the two reads that time the store's answer, so without it a
 /// replay could outlive the store's record by up to two ticks.
-const CLOCK_SLACK: Duration = Duration::from_millis(10);
+pub(crate) const CLOCK_SLACK: Duration = Duration::from_millis(10);
+
+/// How long a committed record read from the store may be kept in a hot tier: its
+/// whole TTL (`expires_at - completed_at`, the store's clock) and what is left of it
+/// (the store's expiry read on this machine's clock, never more than the whole). With
+/// clocks `d` apart, a record read through may outlive the store's by up to `d`,
+/// bounded by its TTL.
+pub(crate) fn read_through_ttl(record: &Replay<SystemTime>) -> (Duration, Duration) {
+    let whole = record.expires_at.duration_since(record.completed_at).unwrap_or_default();
+    let left = record.expires_at.duration_since(SystemTime::now()).unwrap_or_default();
+    (whole, left.min(whole))
+}
 
 /// A [`Cache`] in front of a [`Store`]. Cheap to clone (the store is shared).
 ///
@@ -311,22 +322,17 @@ impl<S: Store> Tiered<S> {
     }
 
     /// Puts a committed record read from the store into the hot tier with its own
-    /// times, so it expires here no later than there. A refusal (the key got busy, the
-    /// cache is full) only means the next repeat reads through.
-    ///
-    /// The remaining time is the store's expiry read on this machine's clock, and never
-    /// more than the record's whole TTL (`expires_at - completed_at`, the store's clock):
-    /// with clocks `d` apart, a record read through may outlive the store's by up to `d`,
-    /// bounded by that TTL. (Completions are exact: see [`Tiered::keep`].)
+    /// times, so it expires here no later than there ([`read_through_ttl`]). A refusal
+    /// (the key got busy, the cache is full) only means the next repeat reads through.
+    /// (Completions are exact: see [`Tiered::keep`].)
     fn remember(&self, key: &Key, fingerprint: Fingerprint, record: &Replay<SystemTime>) {
         let Some(packed) = self.packed(record) else { return };
-        let whole = record.expires_at.duration_since(record.completed_at).unwrap_or_default();
-        let left = record.expires_at.duration_since(SystemTime::now()).unwrap_or_default();
+        let (whole, left) = read_through_ttl(record);
         let now = self.cache.now();
         let known = Known::Completed {
             body: Some(packed),
             completed_at: now.saturating_sub(whole.saturating_sub(left)),
-            expires_at: now.saturating_add(left.min(whole)),
+            expires_at: now.saturating_add(left),
         };
         let _ = self.cache.insert(key, fingerprint, known);
     }
