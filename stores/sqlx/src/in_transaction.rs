@@ -162,8 +162,15 @@ impl crate::MySqlStore {
     ///   token above its own, so its old holder stays fenced.
     /// - **A deadlock is an error, never retried here**: InnoDB has rolled back all of
     ///   `tx` (error 1213, in [`StoreError::Backend`] as the `sqlx::Error`); run the
-    ///   request again in a new transaction. It takes a cycle: two transactions each
-    ///   holding a record's row or one of your rows and waiting for the other's.
+    ///   request again in a new transaction, which waits, replays or runs as any claim
+    ///   does. Your rows can make one (this claim waiting for a record's row that a
+    ///   transaction holds while it waits for one of yours), and so can the claim
+    ///   alone: two or more duplicates waiting on a first that rolls back always make
+    ///   one, the row going with the first, their waits turning into gap locks, and
+    ///   each insert then waiting for another's; one of them acquires. It is an error,
+    ///   not `InProgress`, because a deadlock does not say whose the key is: a gap lock
+    ///   another transaction took for a different key can be in the cycle while this
+    ///   key is free.
     pub async fn claim_in(
         &self,
         tx: &mut Transaction<'_, sqlx::MySql>,

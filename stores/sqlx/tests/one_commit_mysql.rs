@@ -392,6 +392,128 @@ async fn a_deadlock_is_an_error_not_a_retry() {
     db.drop_table().await;
 }
 
+/// A deadlock does not say whose the key is: here the claim of a key nobody holds waits
+/// on a gap lock another transaction took for a different key.
+#[tokio::test]
+async fn a_deadlock_over_the_gap_of_another_key_is_an_error() {
+    let Some(db) = Db::new("gapdeadlock").await else { return };
+    let (free, other) = (db.key(), db.key());
+    let fp = Fingerprint::of(b"order");
+    // A holds one of its own rows.
+    let mut a = db.pool.begin().await.unwrap();
+    let a_id = connection_id(&mut a).await;
+    let sql = format!("INSERT INTO {} VALUES ('a-own')", db.orders);
+    sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *a).await.unwrap();
+    // B is heavier (so InnoDB picks A as the victim) and locks the gap where `other`
+    // would go, a key nobody has: a locking read of a row that does not exist.
+    let mut b = db.pool.begin().await.unwrap();
+    for n in 0..50 {
+        let sql = format!("INSERT INTO {} VALUES ('b-{n}')", db.orders);
+        sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *b).await.unwrap();
+    }
+    let gap = sqlx::query("SELECT `key` FROM idemcache_records WHERE `key` = ? FOR UPDATE")
+        .bind(other.as_bytes().to_vec());
+    assert!(gap.fetch_optional(&mut *b).await.unwrap().is_none());
+    // A claims `free`, a key nobody holds: its insert waits on B's gap lock.
+    let store = db.store.clone();
+    let key = free.clone();
+    let waiting = tokio::spawn(async move {
+        let answer = store.claim_in(&mut a, &key, fp, LEASE).await;
+        let _ = a.rollback().await;
+        answer
+    });
+    until_waiting_on_lock(&db.pool, a_id).await;
+    // B then asks for A's own row: a cycle, A (lighter) rolled back.
+    let sql = format!("SELECT k FROM {} WHERE k = 'a-own' FOR UPDATE", db.orders);
+    let b_ran = sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut *b).await;
+    let a_answer = waiting.await.unwrap();
+    b.rollback().await.unwrap();
+    assert!(b_ran.is_ok(), "B was the victim instead: {b_ran:?}");
+    // Nobody ever held or claimed `free`.
+    assert!(db.store.record(&free).await.unwrap().is_none());
+    // So the claim says what happened, not that the key is someone else's.
+    let a_answer = a_answer.unwrap_err();
+    assert_eq!(number(&a_answer), Some(1213), "{a_answer:?}");
+    db.drop_table().await;
+}
+
+/// What a waiting duplicate's claim answered, as the test of two waiters sees it.
+#[derive(Debug, PartialEq)]
+enum Waiter {
+    Acquired,
+    /// The deadlock's victim: InnoDB undid all of its transaction.
+    Deadlocked,
+}
+
+#[tokio::test]
+async fn duplicates_of_a_rolled_back_first_acquire_in_turn_or_deadlock() {
+    let Some(db) = Db::new("waiters").await else { return };
+    let key = db.key();
+    let mut first = db.pool.begin().await.unwrap();
+    db.execute(&mut first, &key, b"rolled back").await.unwrap();
+
+    // Two duplicates queue on the first's row; one that acquires holds the key (its
+    // transaction open) until told to let go.
+    let (told, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    let mut duplicates: Vec<(u64, _, Option<tokio::sync::oneshot::Sender<()>>)> = Vec::new();
+    for n in 0..2 {
+        let mut conn = db.pool.acquire().await.unwrap();
+        let id = connection_id(&mut conn).await;
+        let (store, key, told) = (db.store.clone(), key.clone(), told.clone());
+        let (let_go, go) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut tx = sqlx::Acquire::begin(&mut *conn).await.unwrap();
+            match store.claim_in(&mut tx, &key, Fingerprint::of(b"order"), LEASE).await {
+                Ok(StoreClaim::Acquired { .. }) => {
+                    told.send((n, Waiter::Acquired)).unwrap();
+                    let _ = go.await;
+                }
+                Err(e) if number(&e) == Some(1213) => told.send((n, Waiter::Deadlocked)).unwrap(),
+                other => panic!("a duplicate of a rolled-back first answered {other:?}"),
+            }
+            tx.rollback().await.unwrap();
+        });
+        until_waiting_on_lock(&db.pool, id).await;
+        duplicates.push((id, task, Some(let_go)));
+    }
+    first.rollback().await.unwrap();
+
+    // The row went with the first, and both inserts race for it: one acquires; the other
+    // then waits on it, or is the victim of a deadlock between the two (an error: all of
+    // its transaction undone). Never two holders at once.
+    let mut holder: Option<usize> = None;
+    let mut outcomes = Vec::new();
+    while outcomes.len() < 2 {
+        let (n, answer) = match holder {
+            // Someone holds the key: the other either answers (a deadlock) or waits.
+            Some(h) => {
+                let waiting = until_waiting_on_lock(&db.pool, duplicates[1 - h].0);
+                tokio::select! {
+                    told = answers.recv() => told.unwrap(),
+                    () = waiting => {
+                        // Queued behind the holder: let the holder go, and it acquires.
+                        duplicates[h].2.take().unwrap().send(()).unwrap();
+                        answers.recv().await.unwrap()
+                    }
+                }
+            }
+            None => answers.recv().await.unwrap(),
+        };
+        if answer == Waiter::Acquired {
+            assert!(holder.is_none() || duplicates[holder.unwrap()].2.is_none(), "two holders");
+            holder = Some(n);
+        }
+        outcomes.push(answer);
+    }
+    for (_, task, let_go) in duplicates {
+        drop(let_go);
+        task.await.unwrap();
+    }
+    assert!(outcomes.contains(&Waiter::Acquired), "{outcomes:?}");
+    assert!(db.store.record(&key).await.unwrap().is_none(), "all rolled back: {outcomes:?}");
+    db.drop_table().await;
+}
+
 /// The kill test's child: claims `CHILD_KEY` and writes its order in one transaction,
 /// says `claimed`, and waits for its parent to kill it, never committing. A no-op when
 /// run as a test of its own.
