@@ -122,25 +122,10 @@ type GrpcStoreFn = dyn Fn(GrpcCode) -> bool + Send + Sync;
 ///
 /// The key is the `idempotency-key` metadata (the `Idempotency-Key` header: HTTP/2
 /// header names are lowercase); a replay carries the `idempotent-replayed: true`
-/// metadata. The refusals:
-///
-/// | refusal | gRPC status | why that one |
-/// |---|---|---|
-/// | no key, a malformed key, an oversized scope, an unreadable body | `INVALID_ARGUMENT` | the request is wrong whatever the state |
-/// | no tenant | `UNAUTHENTICATED` | |
-/// | a request over the size limit | `RESOURCE_EXHAUSTED` | gRPC's status for a message too large |
-/// | in progress (the first execution runs) | `ABORTED`, with `grpc-retry-pushback-ms` | a conflict to retry, after the layer's estimate of when the first ends |
-/// | the key reused with another request | `FAILED_PRECONDITION` | the request is fine, the key's state is not: with a fresh key it would run (`INVALID_ARGUMENT` would say the request itself is wrong) |
-/// | the outcome of the key's execution is unknown | `FAILED_PRECONDITION` | retrying will not help until it is reconciled |
-/// | completed, but its answer too large to keep | `FAILED_PRECONDITION` | never run twice |
-/// | the cache full of in-flight work, the store unreachable | `UNAVAILABLE`, with `grpc-retry-pushback-ms` | transient: retry |
-/// | the key's record unreadable | `DATA_LOSS` | |
-/// | the layer failed | `INTERNAL` | |
-///
-/// Every refusal also carries the `idempotency-refusal` metadata with the machine code
-/// the HTTP answers' `code` member has (`request_in_progress`, `idempotency_key_reused`,
-/// `outcome_unknown`, ...), so a client tells the three `FAILED_PRECONDITION`s apart, and
-/// `grpc-message` with the human detail.
+/// metadata. A refusal is a trailers-only answer: a status, the `idempotency-refusal`
+/// metadata naming the refusal by the HTTP answers' `code`, and `grpc-message` its
+/// detail. Which status answers which refusal, and why, is tabled once, in the guide
+/// `docs/grpc.md` ("The refusals").
 ///
 /// A handler that writes the record in its own transaction
 /// (`layer::InTransaction`, feature `store`) decides what to keep by HTTP

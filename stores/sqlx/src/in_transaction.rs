@@ -141,15 +141,17 @@ impl crate::MySqlStore {
     /// record; `lease` bounds the transaction (a completion after it is refused).
     ///
     /// What is MySQL's own:
-    /// - **A duplicate waits on the record's row, for at most the lease**: the session's
-    ///   `innodb_lock_wait_timeout` is lowered to `lease` in whole seconds (at least 1)
-    ///   for the claim's statements, and restored after them (MySQL has no `SET LOCAL`;
-    ///   MariaDB's `SET STATEMENT` is not MySQL's). Set the session's value lower before
-    ///   the claim to wait less. A wait that runs out answers `InProgress`
-    ///   (`lease_ends_at` now, by this process's clock) with only the claim's statement
-    ///   undone (all of `tx`, if the server runs with `innodb_rollback_on_timeout`): roll
-    ///   back. Not cancel-safe in that one respect: a claim future dropped mid-way leaves
-    ///   the lowered bound on the connection, so close it rather than reuse it.
+    /// - **A duplicate waits on the record's row, for at most the lease** in whole
+    ///   seconds (at least 1), or the session's `innodb_lock_wait_timeout` if that is
+    ///   less (set it lower before the claim to wait less). On MariaDB the bound is the
+    ///   waiting statement's own (`SET STATEMENT ... FOR`), so a claim future dropped
+    ///   mid-way leaves the session as it was. MySQL has neither that nor `SET LOCAL`:
+    ///   there the session's value is lowered for the claim's statements and restored
+    ///   after them, and a claim future dropped mid-way leaves the lowered bound on the
+    ///   connection (close it rather than reuse it). A wait that runs out answers
+    ///   `InProgress` (`lease_ends_at` now, by this process's clock) with only the
+    ///   claim's statement undone (all of `tx`, if the server runs with
+    ///   `innodb_rollback_on_timeout`): roll back.
     /// - **Any answer holds the record's row** locked until `tx` ends (the claim reads
     ///   it exclusively locked, so that it can take a dead record over): end `tx` at
     ///   once when not `Acquired`. Locking reads see the latest committed row, so any

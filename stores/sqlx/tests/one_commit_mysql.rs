@@ -7,7 +7,8 @@
 //! retry acquires); a duplicate waits on the record's row and replays what the first
 //! committed (or acquires once it rolled back); its wait is bounded by the lease or by a
 //! lower session `innodb_lock_wait_timeout`, answering `InProgress`, and the session's
-//! own bound is restored; a reused key is `Mismatch`; a live record of the store's own
+//! own bound is restored (on MariaDB, untouched even by a claim dropped while it
+//! waits); a reused key is `Mismatch`; a live record of the store's own
 //! claim is `InProgress` and fenced; a dead one is taken over under a higher token and
 //! its holder fenced; a lapse under `MarkUnknown` turns UNKNOWN; a deadlock is an error
 //! (1213), not retried.
@@ -268,6 +269,41 @@ async fn a_wait_past_its_bound_is_in_progress_and_the_session_keeps_its_own() {
 
     first.commit().await.unwrap();
     assert_eq!(db.orders_of(&key).await, 1);
+    db.drop_table().await;
+}
+
+/// MariaDB's claim bounds its wait by the statement's own `SET STATEMENT`: a claim
+/// dropped while it waits (a request timed out, a client gone) leaves the session's
+/// `innodb_lock_wait_timeout` as it was for the next user of the pooled connection.
+/// (MySQL's claim lowers the session's value and restores it after: its rustdoc says
+/// to close such a connection; skipped there.)
+#[tokio::test]
+async fn a_claim_dropped_while_it_waits_leaves_the_session_as_it_was() {
+    let Some(db) = Db::new("dropped").await else { return };
+    let mut conn = db.pool.acquire().await.unwrap();
+    let version: String =
+        sqlx::query_scalar("SELECT VERSION()").fetch_one(&mut *conn).await.unwrap();
+    if !version.contains("MariaDB") {
+        eprintln!("skipped: {version} is MySQL, whose claim's bound is not cancel-safe");
+        return db.drop_table().await;
+    }
+    let key = db.key();
+    let mut first = db.pool.begin().await.unwrap();
+    db.execute(&mut first, &key, b"201 first").await.unwrap();
+
+    sqlx::raw_sql("SET SESSION innodb_lock_wait_timeout = 50").execute(&mut *conn).await.unwrap();
+    let id = connection_id(&mut conn).await;
+    let mut dup = sqlx::Acquire::begin(&mut *conn).await.unwrap();
+    let claim = db.store.claim_in(&mut dup, &key, Fingerprint::of(b"order"), LEASE);
+    tokio::select! {
+        answer = claim => panic!("answered while the first held the row: {answer:?}"),
+        () = until_waiting_on_lock(&db.pool, id) => {} // the claim dropped mid-wait
+    }
+    // The dropped statement ends once the first commits; the connection reads its
+    // answer before the next statement.
+    first.commit().await.unwrap();
+    dup.rollback().await.unwrap();
+    assert_eq!(session_lock_wait(&mut conn).await, 50, "the session's own value, untouched");
     db.drop_table().await;
 }
 

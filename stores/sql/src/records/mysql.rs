@@ -275,15 +275,33 @@ pub const TAKE_NEW_OR_LOCK: Statement = Statement {
     params: &[Param::Key, Param::Fingerprint, Param::Token, Param::Duration, Param::CorrelationId],
 };
 
-/// The one-commit claim's bound on its wait for another transaction's row: the
+/// MySQL's one-commit claim bound on its wait for another transaction's row: the
 /// session's `innodb_lock_wait_timeout` kept in the session variable
 /// `@idemcache_claim_wait`, then lowered to `seconds` if that is less (MySQL has no
-/// `SET LOCAL`, and MariaDB's `SET STATEMENT` is not MySQL's). Sent as text (a number,
-/// never a caller's string); [`RESTORE_CLAIM_WAIT`] puts the kept value back.
+/// `SET LOCAL`, nor MariaDB's `SET STATEMENT`: on MariaDB the claim uses
+/// [`take_new_or_lock_waiting_at_most`]). Sent as text (a number, never a caller's
+/// string); [`RESTORE_CLAIM_WAIT`] puts the kept value back.
 pub fn bound_claim_wait(seconds: u64) -> String {
     format!(
         "SET @idemcache_claim_wait = @@SESSION.innodb_lock_wait_timeout, \
          SESSION innodb_lock_wait_timeout = LEAST(@@SESSION.innodb_lock_wait_timeout, {seconds})"
+    )
+}
+
+/// MariaDB's one-commit claim first statement: [`TAKE_NEW_OR_LOCK`] (the same
+/// parameters) under `SET STATEMENT`, its wait for another transaction's row bounded by
+/// `seconds` or the session's own `innodb_lock_wait_timeout`, whichever is less, for
+/// this statement alone. It is the one claim statement that waits (the row is this
+/// transaction's after it), so nothing of the bound outlives it: a claim dropped while
+/// it waits leaves the session as it was, which [`bound_claim_wait`] and
+/// [`RESTORE_CLAIM_WAIT`] (MySQL, which has no `SET STATEMENT`) cannot promise. Sent as
+/// text with the number in it (MariaDB takes no placeholder there): one prepared
+/// statement per distinct lease length.
+pub fn take_new_or_lock_waiting_at_most(seconds: u64) -> String {
+    format!(
+        "SET STATEMENT innodb_lock_wait_timeout = \
+         LEAST(@@SESSION.innodb_lock_wait_timeout, {seconds}) FOR {}",
+        TAKE_NEW_OR_LOCK.sql
     )
 }
 
@@ -554,6 +572,8 @@ mod tests {
         }
         assert!(SCHEMA.iter().chain(UPGRADE).all(|ddl| !ddl.contains('?')));
         assert!(!bound_claim_wait(1).contains('?') && !RESTORE_CLAIM_WAIT.contains('?'));
+        let bounded = take_new_or_lock_waiting_at_most(1);
+        assert_eq!(bounded.matches('?').count(), TAKE_NEW_OR_LOCK.params.len());
     }
 
     #[test]
@@ -562,5 +582,10 @@ mod tests {
         assert!(set.ends_with("LEAST(@@SESSION.innodb_lock_wait_timeout, 7)"), "{set}");
         assert!(set.starts_with("SET @idemcache_claim_wait = @@SESSION.innodb_lock_wait_timeout"));
         assert!(RESTORE_CLAIM_WAIT.ends_with("= @idemcache_claim_wait"));
+        let bounded = take_new_or_lock_waiting_at_most(7);
+        let prefix = "SET STATEMENT innodb_lock_wait_timeout = \
+                      LEAST(@@SESSION.innodb_lock_wait_timeout, 7) FOR INSERT";
+        assert!(bounded.starts_with(prefix), "{bounded}");
+        assert!(bounded.ends_with(TAKE_NEW_OR_LOCK.sql));
     }
 }

@@ -18,6 +18,7 @@
 //! there (a deadlock has rolled that transaction back), its token minted as above.
 
 use std::future::Future;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -46,6 +47,9 @@ pub struct MySqlStore {
     server: String,
     /// What a lapsed lease becomes, for this handle's statements.
     lapse: LapsePolicy,
+    /// Whether the server is MariaDB (its `SET STATEMENT` bounds a claim's wait),
+    /// asked once, by the first `claim_in`; shared by clones.
+    mariadb: Arc<OnceLock<bool>>,
 }
 
 impl std::fmt::Debug for MySqlStore {
@@ -64,8 +68,16 @@ pub(crate) fn bind<'q>(
     statement: &Statement,
     values: &Values<'q>,
 ) -> sqlx::query::Query<'q, MySql, MySqlArguments> {
-    let mut query = sqlx::query(statement.sql);
-    for param in statement.params {
+    bind_to(sqlx::query(statement.sql), statement.params, values)
+}
+
+/// `query` with `values` bound in the order of `params`.
+fn bind_to<'q>(
+    mut query: sqlx::query::Query<'q, MySql, MySqlArguments>,
+    params: &[Param],
+    values: &Values<'q>,
+) -> sqlx::query::Query<'q, MySql, MySqlArguments> {
+    for param in params {
         query = match param {
             Param::Key => query.bind(values.key),
             Param::Fingerprint => query.bind(values.fingerprint),
@@ -117,7 +129,7 @@ impl MySqlStore {
             options.get_port(),
             options.get_database().unwrap_or("")
         );
-        MySqlStore { pool, server, lapse: LapsePolicy::TakeOver }
+        MySqlStore { pool, server, lapse: LapsePolicy::TakeOver, mariadb: Arc::default() }
     }
 
     /// A store over a new pool to `url` (`mysql://user@host:port/db`, MySQL or MariaDB)
@@ -376,8 +388,9 @@ fn moved_under_lock(key: &Key) -> StoreError {
 impl MySqlStore {
     /// The claim of `key` in a caller's transaction on `conn` (`MySqlStore::claim_in`
     /// documents the contract): a token minted on a pooled connection of the store's
-    /// own, committed there before this claim takes any lock; then, with the session's
-    /// lock wait bounded by the lease (and restored after, whatever happened), the
+    /// own, committed there before this claim takes any lock; then, with the wait of
+    /// its first statement bounded by the lease (MariaDB: that statement's own `SET
+    /// STATEMENT`; MySQL: the session's, restored after, whatever happened), the
     /// claim under the key's row lock ([`take_locked`](Self::take_locked)). Never
     /// commits, rolls back or retries: an error of a statement comes back as it is.
     pub(crate) async fn claim_in_conn(
@@ -393,13 +406,31 @@ impl MySqlStore {
         // commit (which would queue every claim behind this transaction), and no
         // transaction waiting on this claim's row holds a connection it needs.
         let token = self.mint_pooled().await?;
-        let bound = sql::bound_claim_wait(wait_seconds(lease));
+        let seconds = wait_seconds(lease);
+        if self.is_mariadb(conn).await? {
+            // The bound is the waiting statement's own: nothing to restore, so a claim
+            // dropped mid-way leaves the session as it was.
+            let first = sql::take_new_or_lock_waiting_at_most(seconds);
+            return self.take_locked(conn, key, fp, lease, token, Some(first)).await;
+        }
+        let bound = sql::bound_claim_wait(seconds);
         sqlx::raw_sql(AssertSqlSafe(bound)).execute(&mut *conn).await.map_err(in_tx)?;
-        let answer = self.take_locked(conn, key, fp, lease, token).await;
+        let answer = self.take_locked(conn, key, fp, lease, token, None).await;
         let restored = sqlx::raw_sql(sql::RESTORE_CLAIM_WAIT).execute(&mut *conn).await;
         let answer = answer?;
         restored.map_err(in_tx)?;
         Ok(answer)
+    }
+
+    /// Whether the server is MariaDB, asked on `conn` the first time (a read that
+    /// takes no lock, harmless in the caller's transaction).
+    async fn is_mariadb(&self, conn: &mut MySqlConnection) -> Result<bool, StoreError> {
+        if let Some(&known) = self.mariadb.get() {
+            return Ok(known);
+        }
+        let version: String =
+            sqlx::query_scalar("SELECT VERSION()").fetch_one(&mut *conn).await.map_err(in_tx)?;
+        Ok(*self.mariadb.get_or_init(|| version.contains("MariaDB")))
     }
 
     /// A token minted on a pooled connection.
@@ -409,8 +440,8 @@ impl MySqlStore {
     }
 
     /// The claim of `key` under its row lock, in the caller's transaction on `conn`:
-    /// [`TAKE_NEW_OR_LOCK`](sql::TAKE_NEW_OR_LOCK) with `token`, then
-    /// [`LOOK`](sql::LOOK). The row holds `token` only if that insert wrote it;
+    /// [`TAKE_NEW_OR_LOCK`](sql::TAKE_NEW_OR_LOCK) with `token` (or `first`, its text
+    /// with MariaDB's bound on the wait), then [`LOOK`](sql::LOOK). The row holds `token` only if that insert wrote it;
     /// otherwise the row decides as the store's claim decides, and a dead record is
     /// taken over under a token above its own.
     async fn take_locked(
@@ -420,6 +451,7 @@ impl MySqlStore {
         asked: Fingerprint,
         lease: Duration,
         token: i64,
+        first: Option<String>,
     ) -> Result<StoreClaim, StoreError> {
         let key = stored.as_bytes();
         let fingerprint = asked.to_bytes();
@@ -431,7 +463,13 @@ impl MySqlStore {
             lapse_ttl: lapse_ttl_micros(self.lapse),
             ..Values::default()
         };
-        bind(&sql::TAKE_NEW_OR_LOCK, &values).execute(&mut *conn).await.map_err(in_tx)?;
+        let take = match first {
+            Some(text) => {
+                bind_to(sqlx::query(AssertSqlSafe(text)), sql::TAKE_NEW_OR_LOCK.params, &values)
+            }
+            None => bind(&sql::TAKE_NEW_OR_LOCK, &values),
+        };
+        take.execute(&mut *conn).await.map_err(in_tx)?;
         let look = bind(&sql::LOOK, &values).fetch_one(&mut *conn).await.map_err(in_tx)?;
         let now: i64 = column(&look, 0, key)?;
         let row = look_row(&look, key)?.ok_or_else(|| moved_under_lock(stored))?;
