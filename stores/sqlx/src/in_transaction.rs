@@ -143,9 +143,11 @@ impl crate::MySqlStore {
     /// What is MySQL's own:
     /// - **A duplicate waits on the record's row, for at most the lease** in whole
     ///   seconds (at least 1), or the session's `innodb_lock_wait_timeout` if that is
-    ///   less (set it lower before the claim to wait less). On MariaDB the bound is the
+    ///   less (set it lower before the claim to wait less). On MariaDB the bound is each
     ///   waiting statement's own (`SET STATEMENT ... FOR`), so a claim future dropped
-    ///   mid-way leaves the session as it was. MySQL has neither that nor `SET LOCAL`:
+    ///   mid-way leaves the session as it was; the number is in the statement's text,
+    ///   so each lease length (in whole seconds) is a prepared statement of its own on
+    ///   the connection: keep them few. MySQL has neither that nor `SET LOCAL`:
     ///   there the session's value is lowered for the claim's statements and restored
     ///   after them, and a claim future dropped mid-way leaves the lowered bound on the
     ///   connection (close it rather than reuse it). A wait that runs out answers

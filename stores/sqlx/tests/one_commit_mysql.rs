@@ -10,8 +10,9 @@
 //! own bound is restored (on MariaDB, untouched even by a claim dropped while it
 //! waits); a reused key is `Mismatch`; a live record of the store's own
 //! claim is `InProgress` and fenced; a dead one is taken over under a higher token and
-//! its holder fenced; a lapse under `MarkUnknown` turns UNKNOWN; a deadlock is an error
-//! (1213), not retried.
+//! its holder fenced; a lapse under `MarkUnknown` turns UNKNOWN; a takeover or a turn
+//! held by another transaction's gap lock waits at most the lease; a deadlock is an
+//! error (1213), not retried.
 //!
 //! No test waits on a clock: a waiting duplicate is seen waiting in InnoDB's monitor
 //! (`LOCK WAIT`) before the first transaction ends, and a lease is seen over by polling
@@ -19,6 +20,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
+use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -26,7 +28,7 @@ use idemcache::store::conformance::service_url;
 use idemcache::store::{OpenClaim, RecordState, Store, StoreClaim, StoreError};
 use idemcache::{Fingerprint, Key, LapsePolicy};
 use idemcache_sqlx::MySqlStore;
-use sqlx::mysql::{MySqlDatabaseError, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row, Transaction};
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -391,6 +393,57 @@ async fn a_lapse_under_mark_unknown_turns_unknown() {
     let record = db.store.record(&key).await.unwrap().map(|r| r.state);
     assert_eq!(record, Some(RecordState::Unknown));
     db.drop_table().await;
+}
+
+/// Every claim statement that can wait on a lock is bounded by the lease, not the
+/// insert alone: a takeover's and a turn's new `expires_at` enter the expiry index,
+/// where another transaction's gap lock (a locking range read at REPEATABLE READ) holds
+/// them. The claim answers `InProgress` while that lock is still held. In a database of
+/// its own, so that the gap lock holds no other test's claim.
+#[tokio::test]
+async fn a_takeover_or_a_turn_held_by_a_gap_lock_waits_at_most_the_lease() {
+    let Some(url) = service_url("IDEMCACHE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test") else {
+        return;
+    };
+    let database = format!("idemcache_claim_gap_{}", std::process::id());
+    let admin = MySqlPool::connect(&url).await.unwrap();
+    // Made afresh: a failed run of the same process id may have left one.
+    let create = format!("DROP DATABASE IF EXISTS {database}; CREATE DATABASE {database}");
+    sqlx::raw_sql(AssertSqlSafe(create)).execute(&admin).await.unwrap();
+    let options = MySqlConnectOptions::from_str(&url).unwrap().database(&database);
+    let pool = MySqlPoolOptions::new().max_connections(4).connect_with(options).await.unwrap();
+    let takeover = MySqlStore::from_pool(pool.clone());
+    takeover.ensure_schema().await.unwrap();
+    let turning = takeover.clone().with_lapse_policy(LapsePolicy::MarkUnknown { ttl: KEPT });
+    let turning = turning.unwrap();
+    let now = "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)";
+    // The takeover's entry lands at now + 1 s, the turn's 600 s past the lapsed lease.
+    for (store, seen, from) in [
+        (&takeover, None, now.to_owned()),
+        (&turning, Some(RecordState::Unknown), format!("{now} + 60000000")),
+    ] {
+        let key = Key::new("POST /orders", "gap", format!("{seen:?}")).unwrap();
+        let fp = Fingerprint::of(b"order");
+        let held = store.claim(&key, fp, Duration::from_millis(1)).await.unwrap();
+        assert!(matches!(held, StoreClaim::Acquired { .. }), "{held:?}");
+        until_record(store, &key, |state| state == seen).await;
+        let mut other = pool.begin().await.unwrap();
+        let gap = format!(
+            "SELECT COUNT(*) FROM idemcache_records FORCE INDEX (idemcache_records_expiry) \
+             WHERE expires_at >= {from} FOR UPDATE"
+        );
+        sqlx::raw_sql(AssertSqlSafe(gap)).execute(&mut *other).await.unwrap();
+        let mut tx = pool.begin().await.unwrap();
+        let claim = store.claim_in(&mut tx, &key, fp, Duration::from_secs(1));
+        // A guard against a hang (unbounded, the wait would be the session's 50 s).
+        let answer = tokio::time::timeout(Duration::from_secs(30), claim).await;
+        assert!(matches!(answer, Ok(Ok(StoreClaim::InProgress { .. }))), "{seen:?}: {answer:?}");
+        tx.rollback().await.unwrap();
+        other.rollback().await.unwrap();
+    }
+    pool.close().await;
+    let drop = format!("DROP DATABASE {database}");
+    sqlx::raw_sql(AssertSqlSafe(drop)).execute(&admin).await.unwrap();
 }
 
 #[tokio::test]

@@ -279,7 +279,7 @@ pub const TAKE_NEW_OR_LOCK: Statement = Statement {
 /// session's `innodb_lock_wait_timeout` kept in the session variable
 /// `@idemcache_claim_wait`, then lowered to `seconds` if that is less (MySQL has no
 /// `SET LOCAL`, nor MariaDB's `SET STATEMENT`: on MariaDB the claim uses
-/// [`take_new_or_lock_waiting_at_most`]). Sent as text (a number, never a caller's
+/// [`waiting_at_most`]). Sent as text (a number, never a caller's
 /// string); [`RESTORE_CLAIM_WAIT`] puts the kept value back.
 pub fn bound_claim_wait(seconds: u64) -> String {
     format!(
@@ -288,20 +288,22 @@ pub fn bound_claim_wait(seconds: u64) -> String {
     )
 }
 
-/// MariaDB's one-commit claim first statement: [`TAKE_NEW_OR_LOCK`] (the same
-/// parameters) under `SET STATEMENT`, its wait for another transaction's row bounded by
-/// `seconds` or the session's own `innodb_lock_wait_timeout`, whichever is less, for
-/// this statement alone. It is the one claim statement that waits (the row is this
-/// transaction's after it), so nothing of the bound outlives it: a claim dropped while
-/// it waits leaves the session as it was, which [`bound_claim_wait`] and
-/// [`RESTORE_CLAIM_WAIT`] (MySQL, which has no `SET STATEMENT`) cannot promise. Sent as
-/// text with the number in it (MariaDB takes no placeholder there): one prepared
-/// statement per distinct lease length.
-pub fn take_new_or_lock_waiting_at_most(seconds: u64) -> String {
+/// `statement` under MariaDB's `SET STATEMENT`: its waits for other transactions' locks
+/// bounded by `seconds` or the session's own `innodb_lock_wait_timeout`, whichever is
+/// less, for this statement alone. The one-commit claim sends each of its statements
+/// that can wait this way on MariaDB: [`TAKE_NEW_OR_LOCK`] (another transaction's row
+/// of the key), and [`TAKE_OVER`] and [`TURN_UNKNOWN`] (their new `expires_at` enters
+/// the expiry index, where another transaction's gap lock can hold it). Nothing of the
+/// bound outlives its statement, so a claim dropped while it waits leaves the session
+/// as it was, which [`bound_claim_wait`] and [`RESTORE_CLAIM_WAIT`] (MySQL, which has no
+/// `SET STATEMENT`) cannot promise. The parameters are `statement`'s. Sent as text with
+/// the number in it (MariaDB takes no placeholder there): one prepared statement per
+/// distinct lease length.
+pub fn waiting_at_most(seconds: u64, statement: &Statement) -> String {
     format!(
         "SET STATEMENT innodb_lock_wait_timeout = \
          LEAST(@@SESSION.innodb_lock_wait_timeout, {seconds}) FOR {}",
-        TAKE_NEW_OR_LOCK.sql
+        statement.sql
     )
 }
 
@@ -572,8 +574,10 @@ mod tests {
         }
         assert!(SCHEMA.iter().chain(UPGRADE).all(|ddl| !ddl.contains('?')));
         assert!(!bound_claim_wait(1).contains('?') && !RESTORE_CLAIM_WAIT.contains('?'));
-        let bounded = take_new_or_lock_waiting_at_most(1);
-        assert_eq!(bounded.matches('?').count(), TAKE_NEW_OR_LOCK.params.len());
+        for statement in [TAKE_NEW_OR_LOCK, TAKE_OVER, TURN_UNKNOWN] {
+            let bounded = waiting_at_most(1, &statement);
+            assert_eq!(bounded.matches('?').count(), statement.params.len());
+        }
     }
 
     #[test]
@@ -582,7 +586,7 @@ mod tests {
         assert!(set.ends_with("LEAST(@@SESSION.innodb_lock_wait_timeout, 7)"), "{set}");
         assert!(set.starts_with("SET @idemcache_claim_wait = @@SESSION.innodb_lock_wait_timeout"));
         assert!(RESTORE_CLAIM_WAIT.ends_with("= @idemcache_claim_wait"));
-        let bounded = take_new_or_lock_waiting_at_most(7);
+        let bounded = waiting_at_most(7, &TAKE_NEW_OR_LOCK);
         let prefix = "SET STATEMENT innodb_lock_wait_timeout = \
                       LEAST(@@SESSION.innodb_lock_wait_timeout, 7) FOR INSERT";
         assert!(bounded.starts_with(prefix), "{bounded}");

@@ -388,9 +388,9 @@ fn moved_under_lock(key: &Key) -> StoreError {
 impl MySqlStore {
     /// The claim of `key` in a caller's transaction on `conn` (`MySqlStore::claim_in`
     /// documents the contract): a token minted on a pooled connection of the store's
-    /// own, committed there before this claim takes any lock; then, with the wait of
-    /// its first statement bounded by the lease (MariaDB: that statement's own `SET
-    /// STATEMENT`; MySQL: the session's, restored after, whatever happened), the
+    /// own, committed there before this claim takes any lock; then, with its lock waits
+    /// bounded by the lease (MariaDB: each waiting statement's own `SET STATEMENT`;
+    /// MySQL: the session's, restored after, whatever happened), the
     /// claim under the key's row lock ([`take_locked`](Self::take_locked)). Never
     /// commits, rolls back or retries: an error of a statement comes back as it is.
     pub(crate) async fn claim_in_conn(
@@ -408,10 +408,9 @@ impl MySqlStore {
         let token = self.mint_pooled().await?;
         let seconds = wait_seconds(lease);
         if self.is_mariadb(conn).await? {
-            // The bound is the waiting statement's own: nothing to restore, so a claim
+            // The bound is each waiting statement's own: nothing to restore, so a claim
             // dropped mid-way leaves the session as it was.
-            let first = sql::take_new_or_lock_waiting_at_most(seconds);
-            return self.take_locked(conn, key, fp, lease, token, Some(first)).await;
+            return self.take_locked(conn, key, fp, lease, token, Some(seconds)).await;
         }
         let bound = sql::bound_claim_wait(seconds);
         sqlx::raw_sql(AssertSqlSafe(bound)).execute(&mut *conn).await.map_err(in_tx)?;
@@ -440,8 +439,9 @@ impl MySqlStore {
     }
 
     /// The claim of `key` under its row lock, in the caller's transaction on `conn`:
-    /// [`TAKE_NEW_OR_LOCK`](sql::TAKE_NEW_OR_LOCK) with `token` (or `first`, its text
-    /// with MariaDB's bound on the wait), then [`LOOK`](sql::LOOK). The row holds `token` only if that insert wrote it;
+    /// [`TAKE_NEW_OR_LOCK`](sql::TAKE_NEW_OR_LOCK) with `token`, then
+    /// [`LOOK`](sql::LOOK). With `bound` (MariaDB), each statement that can wait on a
+    /// lock waits at most that many seconds ([`sql::waiting_at_most`]). The row holds `token` only if that insert wrote it;
     /// otherwise the row decides as the store's claim decides, and a dead record is
     /// taken over under a token above its own.
     async fn take_locked(
@@ -451,7 +451,7 @@ impl MySqlStore {
         asked: Fingerprint,
         lease: Duration,
         token: i64,
-        first: Option<String>,
+        bound: Option<u64>,
     ) -> Result<StoreClaim, StoreError> {
         let key = stored.as_bytes();
         let fingerprint = asked.to_bytes();
@@ -463,13 +463,14 @@ impl MySqlStore {
             lapse_ttl: lapse_ttl_micros(self.lapse),
             ..Values::default()
         };
-        let take = match first {
-            Some(text) => {
-                bind_to(sqlx::query(AssertSqlSafe(text)), sql::TAKE_NEW_OR_LOCK.params, &values)
+        let waiting = |statement: &Statement, values| match bound {
+            Some(seconds) => {
+                let text = sql::waiting_at_most(seconds, statement);
+                bind_to(sqlx::query(AssertSqlSafe(text)), statement.params, values)
             }
-            None => bind(&sql::TAKE_NEW_OR_LOCK, &values),
+            None => bind(statement, values),
         };
-        take.execute(&mut *conn).await.map_err(in_tx)?;
+        waiting(&sql::TAKE_NEW_OR_LOCK, &values).execute(&mut *conn).await.map_err(in_tx)?;
         let look = bind(&sql::LOOK, &values).fetch_one(&mut *conn).await.map_err(in_tx)?;
         let now: i64 = column(&look, 0, key)?;
         let row = look_row(&look, key)?.ok_or_else(|| moved_under_lock(stored))?;
@@ -483,7 +484,7 @@ impl MySqlStore {
         match decode::claim(key, asked, &row)? {
             ClaimStep::Answer(answer) => Ok(answer),
             ClaimStep::TurnUnknown { .. } => {
-                let done = bind(&sql::TURN_UNKNOWN, &held).execute(&mut *conn).await;
+                let done = waiting(&sql::TURN_UNKNOWN, &held).execute(&mut *conn).await;
                 if done.map_err(in_tx)?.rows_affected() != 1 {
                     return Err(moved_under_lock(stored));
                 }
@@ -495,7 +496,7 @@ impl MySqlStore {
                 // lease run out since): a token above it, minted now it is locked.
                 let token = if token > row.token { token } else { self.mint_pooled().await? };
                 let take = Values { token, ..held };
-                let done = bind(&sql::TAKE_OVER, &take).execute(&mut *conn).await;
+                let done = waiting(&sql::TAKE_OVER, &take).execute(&mut *conn).await;
                 if done.map_err(in_tx)?.rows_affected() != 1 {
                     return Err(moved_under_lock(stored));
                 }
