@@ -22,19 +22,25 @@
 //! # A second delivery waits at most `LOCK_WAIT_SECONDS`
 //!
 //! InnoDB makes an `INSERT` that meets another transaction's uncommitted row wait for
-//! that transaction. `receive` bounds the wait with the session's
-//! `innodb_lock_wait_timeout`, set to [`LOCK_WAIT_SECONDS`] around its statements and
-//! restored to the session's own value after them (the old value is kept in the
-//! session variable `@idemcache_inbox_lock_wait`). Not cancel-safe in that respect: a
-//! `receive` future dropped mid-way (a timeout around it, a cancelled task) leaves the
-//! session's lock wait at [`LOCK_WAIT_SECONDS`]; roll that transaction back and close
-//! its connection (`conn.close()`, or `detach()` from the pool) rather than reuse it. A timeout (error 1205, which rolls
+//! that transaction; it is the one statement of `receive` that can wait (the read after
+//! it reads a row the insert already holds). On MariaDB the insert carries its own
+//! bound, `SET STATEMENT innodb_lock_wait_timeout = 1 FOR`, in a comment only MariaDB
+//! executes (`/*M! ... */`), so nothing of it outlives the statement and a `receive`
+//! future dropped mid-way (a timeout around it, a cancelled task) leaves the session as
+//! it was. MySQL has no `SET STATEMENT`: there the session's `innodb_lock_wait_timeout`
+//! is set to [`LOCK_WAIT_SECONDS`] around the statements and restored to the session's
+//! own value after them (kept in the session variable `@idemcache_inbox_lock_wait`; on
+//! MariaDB the same two statements keep the value as it is). On MySQL, then, a
+//! `receive` dropped mid-way leaves the session's lock wait at [`LOCK_WAIT_SECONDS`]:
+//! roll that transaction back and close its connection (`conn.close()`, or `detach()`
+//! from the pool) rather than reuse it. A timeout (error 1205, which rolls
 //! back only the statement unless the server runs with `innodb_rollback_on_timeout`) is
 //! answered [`Receipt::InFlight`]: roll back and reject with requeue. Chosen over
 //! MySQL's named locks (`GET_LOCK(name, 0)`, which would answer at once), because
 //! those belong to the session, not the transaction: nothing would release one when
 //! your transaction commits. The price is two extra round trips per receive (the `SET`s
-//! before and after).
+//! before and after, which MariaDB runs too, to no effect: a statement cannot tell the
+//! server it runs on without one more round trip).
 //!
 //! A deadlock (error 1213), which InnoDB resolves by rolling back a whole transaction,
 //! is answered `InFlight` too; the transaction is then already rolled back.
@@ -78,11 +84,16 @@ CREATE TABLE IF NOT EXISTS idemcache_inbox (
 /// MySQL accepts.
 pub const LOCK_WAIT_SECONDS: u32 = 1;
 
+/// MySQL's bound, around the statements; on MariaDB (whose insert bounds itself) the
+/// session's value is left as it is.
 const BOUND_WAIT: &str = "SET @idemcache_inbox_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
-                          SESSION innodb_lock_wait_timeout = 1";
+                          SESSION innodb_lock_wait_timeout = IF(VERSION() LIKE '%MariaDB%', \
+                          @@SESSION.innodb_lock_wait_timeout, 1)";
 const RESTORE_WAIT: &str = "SET SESSION innodb_lock_wait_timeout = @idemcache_inbox_lock_wait";
 
-const CLAIM: &str = "
+/// The comment is MariaDB's executable comment: MariaDB bounds the insert's wait itself;
+/// MySQL reads a comment.
+const CLAIM: &str = "/*M! SET STATEMENT innodb_lock_wait_timeout = 1 FOR */
 INSERT INTO idemcache_inbox (consumer, message_id, fingerprint, received_at)
 VALUES (?, ?, ?, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)))";
 
@@ -211,8 +222,11 @@ fn number(e: &sqlx::Error) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn the_bound_set_is_the_documented_one() {
-        let set = format!("SESSION innodb_lock_wait_timeout = {}", super::LOCK_WAIT_SECONDS);
-        assert!(super::BOUND_WAIT.ends_with(&set), "{}", super::BOUND_WAIT);
+    fn the_bounds_set_are_the_documented_one() {
+        let seconds = super::LOCK_WAIT_SECONDS;
+        let mysql = format!("@@SESSION.innodb_lock_wait_timeout, {seconds})");
+        assert!(super::BOUND_WAIT.ends_with(&mysql), "{}", super::BOUND_WAIT);
+        let mariadb = format!("/*M! SET STATEMENT innodb_lock_wait_timeout = {seconds} FOR */");
+        assert!(super::CLAIM.starts_with(&mariadb), "{}", super::CLAIM);
     }
 }
