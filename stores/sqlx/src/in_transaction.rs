@@ -153,11 +153,14 @@ impl crate::MySqlStore {
     ///   connection (close it rather than reuse it). A wait that runs out answers
     ///   `InProgress` (`lease_ends_at` now, by this process's clock) with only the
     ///   claim's statement undone (all of `tx`, if the server runs with
-    ///   `innodb_rollback_on_timeout`): roll back.
+    ///   `innodb_rollback_on_timeout`): roll back. So does a claim that MariaDB's
+    ///   `innodb_snapshot_isolation` (on by default from 11.6) refuses to read a record
+    ///   committed after `tx`'s snapshot (error 1020, when `tx` read before the claim):
+    ///   roll back; the retry, in a new transaction, replays.
     /// - **Any answer holds the record's row** locked until `tx` ends (the claim reads
     ///   it exclusively locked, so that it can take a dead record over): end `tx` at
     ///   once when not `Acquired`. Locking reads see the latest committed row, so any
-    ///   isolation level works.
+    ///   isolation level works (but for the snapshot isolation above).
     /// - **The token is minted on a connection of the store's pool**, committed on its
     ///   own before the claim locks anything (minted in `tx`, the counter's row would
     ///   stay locked until your commit, and every claim would queue behind it). So the
@@ -183,7 +186,7 @@ impl crate::MySqlStore {
         lease: Duration,
     ) -> Result<StoreClaim, StoreError> {
         match self.claim_in_conn(tx, key, fp, lease).await {
-            Err(StoreError::Backend(e)) if mysql_lock_wait_ran_out(&*e) => {
+            Err(StoreError::Backend(e)) if mysql_not_readable_now(&*e) => {
                 Ok(StoreClaim::InProgress { lease_ends_at: SystemTime::now() })
             }
             answer => answer,
@@ -235,12 +238,15 @@ impl crate::MySqlStore {
     }
 }
 
-/// Whether `e` is MySQL's `ER_LOCK_WAIT_TIMEOUT` (an `innodb_lock_wait_timeout` that ran
-/// out).
+/// Whether `e` says the record's row could not be read now, though another transaction
+/// has it or had it: MySQL's `ER_LOCK_WAIT_TIMEOUT` (an `innodb_lock_wait_timeout` that
+/// ran out), or MariaDB's `ER_CHECKREAD` (under `innodb_snapshot_isolation`, a row
+/// committed after the transaction's snapshot).
 #[cfg(feature = "mysql")]
-fn mysql_lock_wait_ran_out(e: &(dyn std::error::Error + 'static)) -> bool {
+fn mysql_not_readable_now(e: &(dyn std::error::Error + 'static)) -> bool {
+    use idemcache_sql::{records::mysql::LOCK_WAIT_TIMEOUT, transition::MARIADB_CHECKREAD};
     e.downcast_ref::<sqlx::Error>()
         .and_then(|e| e.as_database_error())
         .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
-        .is_some_and(|e| e.number() == idemcache_sql::records::mysql::LOCK_WAIT_TIMEOUT)
+        .is_some_and(|e| matches!(e.number(), LOCK_WAIT_TIMEOUT | MARIADB_CHECKREAD))
 }

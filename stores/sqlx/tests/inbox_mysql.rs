@@ -224,6 +224,35 @@ async fn a_receive_dropped_while_it_waits_leaves_the_session_as_it_was() {
     db.drop().await;
 }
 
+/// MariaDB's `innodb_snapshot_isolation` (on by default from 11.6): a REPEATABLE READ
+/// transaction whose snapshot is older than another's commit of the message may not
+/// read that record (error 1020). The receipt is InFlight, and the redelivery, in a
+/// transaction of its own, is a Duplicate. Skipped where the server has no such setting.
+#[tokio::test]
+async fn a_snapshot_older_than_the_records_commit_is_in_flight_then_a_duplicate() {
+    let Some(db) = Db::new("snapshot").await else { return };
+    let mut second = db.conn().await;
+    let on = second.execute(sqlx::raw_sql("SET SESSION innodb_snapshot_isolation = ON")).await;
+    if let Err(e) = on {
+        eprintln!("skipped: this server has no innodb_snapshot_isolation ({e})");
+        return db.drop().await;
+    }
+    let fp = Fingerprint::of(b"a");
+    let mut tx2 = second.begin().await.unwrap();
+    assert_eq!(balance(&mut tx2).await, 0); // the snapshot is taken here
+    let mut first = db.conn().await;
+    assert_eq!(once(&mut first, "ledger", "m-1", fp).await, Receipt::New);
+    let receipt = receive(&mut tx2, "ledger", "m-1", fp).await;
+    assert_eq!(receipt.unwrap(), Receipt::InFlight);
+    tx2.rollback().await.unwrap();
+    assert_eq!(once(&mut second, "ledger", "m-1", fp).await, Receipt::Duplicate);
+    // Closed before the database is dropped: the duplicate's transaction is rolled back
+    // only when its connection is next used or closed, and holds the table till then.
+    first.close().await.unwrap();
+    second.close().await.unwrap();
+    db.drop().await;
+}
+
 /// Returns once connection `id`'s transaction waits on a row lock (InnoDB's monitor).
 async fn until_waiting_on_lock(watcher: &mut MySqlConnection, id: u64) {
     let session = format!(" thread id {id},");

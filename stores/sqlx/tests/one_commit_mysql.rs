@@ -228,6 +228,39 @@ async fn a_duplicate_waits_on_the_row_and_replays_what_committed() {
     db.drop_table().await;
 }
 
+/// MariaDB's `innodb_snapshot_isolation` (on by default from 11.6): a transaction whose
+/// snapshot is older than the first's commit may not read the committed record (error
+/// 1020). The claim answers `InProgress`, and the retry, in a transaction of its own,
+/// replays. Skipped where the server has no such setting.
+#[tokio::test]
+async fn a_snapshot_older_than_the_records_commit_is_in_progress_then_replays() {
+    let Some(db) = Db::new("snapshot").await else { return };
+    let key = db.key();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let on = sqlx::raw_sql("SET SESSION innodb_snapshot_isolation = ON").execute(&mut *conn).await;
+    if let Err(e) = on {
+        eprintln!("skipped: this server has no innodb_snapshot_isolation ({e})");
+        return db.drop_table().await;
+    }
+    let mut dup = sqlx::Acquire::begin(&mut *conn).await.unwrap();
+    let read = format!("SELECT COUNT(*) FROM {}", db.orders);
+    let orders: i64 = sqlx::query_scalar(AssertSqlSafe(read)).fetch_one(&mut *dup).await.unwrap();
+    assert_eq!(orders, 0); // the snapshot is taken here
+    let mut first = db.pool.begin().await.unwrap();
+    db.execute(&mut first, &key, b"201 first").await.unwrap();
+    first.commit().await.unwrap();
+    let answer = db.store.claim_in(&mut dup, &key, Fingerprint::of(b"order"), LEASE).await;
+    assert!(matches!(answer, Ok(StoreClaim::InProgress { .. })), "{answer:?}");
+    dup.rollback().await.unwrap();
+    let mut retry = sqlx::Acquire::begin(&mut *conn).await.unwrap();
+    let answer = db.store.claim_in(&mut retry, &key, Fingerprint::of(b"order"), LEASE).await;
+    assert_eq!(replayed(&answer.unwrap()), Some(&b"201 first"[..]));
+    retry.rollback().await.unwrap();
+    sqlx::raw_sql("SET SESSION innodb_snapshot_isolation = OFF").execute(&mut *conn).await.unwrap();
+    drop(conn);
+    db.drop_table().await;
+}
+
 #[tokio::test]
 async fn a_duplicate_of_a_rolled_back_first_acquires() {
     let Some(db) = Db::new("acquires").await else { return };

@@ -27,7 +27,9 @@
 //! bound, `SET STATEMENT innodb_lock_wait_timeout = 1 FOR`, in a comment only MariaDB
 //! executes (`/*M! ... */`), so nothing of it outlives the statement and a `receive`
 //! future dropped mid-way (a timeout around it, a cancelled task) leaves the session as
-//! it was. MySQL has no `SET STATEMENT`: there the session's `innodb_lock_wait_timeout`
+//! it was. (The dropped statement still runs to its end on the server, and sqlx hands
+//! its error, a 1205 or a 1062, to the connection's next statement: a `rollback` then
+//! fails, the transaction ended all the same.) MySQL has no `SET STATEMENT`: there the session's `innodb_lock_wait_timeout`
 //! is set to [`LOCK_WAIT_SECONDS`] around the statements and restored to the session's
 //! own value after them (kept in the session variable `@idemcache_inbox_lock_wait`; on
 //! MariaDB the same two statements keep the value as it is). On MySQL, then, a
@@ -39,11 +41,14 @@
 //! MySQL's named locks (`GET_LOCK(name, 0)`, which would answer at once), because
 //! those belong to the session, not the transaction: nothing would release one when
 //! your transaction commits. The price is two extra round trips per receive (the `SET`s
-//! before and after, which MariaDB runs too, to no effect: a statement cannot tell the
-//! server it runs on without one more round trip).
+//! before and after, which MariaDB runs too, to no effect: telling the servers apart
+//! before them would cost one more).
 //!
 //! A deadlock (error 1213), which InnoDB resolves by rolling back a whole transaction,
-//! is answered `InFlight` too; the transaction is then already rolled back.
+//! is answered `InFlight` too; the transaction is then already rolled back. So is
+//! MariaDB's refusal to read, under `innodb_snapshot_isolation` (on by default from
+//! 11.6), a record committed after the transaction's snapshot (error 1020): the
+//! redelivery, in a transaction of its own, reads it and is a `Duplicate`.
 //!
 //! # Retention
 //!
@@ -60,6 +65,7 @@ use idemcache::store::encoding::to_micros;
 use idemcache::store::unique::MYSQL_DUP_ENTRY;
 use idemcache::Fingerprint;
 use idemcache_sql::inbox::check;
+use idemcache_sql::transition::is_conflict_mysql_code;
 
 use super::{database, InboxError, Receipt};
 
@@ -84,11 +90,13 @@ CREATE TABLE IF NOT EXISTS idemcache_inbox (
 /// MySQL accepts.
 pub const LOCK_WAIT_SECONDS: u32 = 1;
 
-/// MySQL's bound, around the statements; on MariaDB (whose insert bounds itself) the
-/// session's value is left as it is.
+/// MySQL's bound, around the statements. The condition is true on MySQL and false on
+/// MariaDB by the same executable comment [`CLAIM`]'s bound is in, so exactly one of the
+/// two bounds applies on any server (a version string can be set to anything): on
+/// MariaDB, whose insert bounds itself, the session's value is left as it is.
 const BOUND_WAIT: &str = "SET @idemcache_inbox_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
-                          SESSION innodb_lock_wait_timeout = IF(VERSION() LIKE '%MariaDB%', \
-                          @@SESSION.innodb_lock_wait_timeout, 1)";
+                          SESSION innodb_lock_wait_timeout = IF(TRUE /*M! AND FALSE */, 1, \
+                          @@SESSION.innodb_lock_wait_timeout)";
 const RESTORE_WAIT: &str = "SET SESSION innodb_lock_wait_timeout = @idemcache_inbox_lock_wait";
 
 /// The comment is MariaDB's executable comment: MariaDB bounds the insert's wait itself;
@@ -102,11 +110,6 @@ const READ: &str = "SELECT fingerprint FROM idemcache_inbox \
 
 const PURGE: &str =
     "DELETE FROM idemcache_inbox WHERE received_at < ? ORDER BY received_at LIMIT ?";
-
-/// `ER_LOCK_WAIT_TIMEOUT`.
-const LOCK_WAIT_TIMEOUT: u16 = 1205;
-/// `ER_LOCK_DEADLOCK`.
-const DEADLOCK: u16 = 1213;
 
 /// Creates the inbox's table (and its index) if it does not exist: one statement, safe
 /// to run on every start and from several processes. Takes a pool, a connection or a
@@ -123,7 +126,9 @@ where
 /// acknowledge); [`Receipt::Duplicate`] / [`Receipt::Mismatch`] if a committed record (or
 /// this transaction's own) has this or another fingerprint; [`Receipt::InFlight`] if
 /// another transaction held the message for [`LOCK_WAIT_SECONDS`] (`tx` stays usable),
-/// or on a deadlock (`tx` was rolled back). Three round trips, four on a conflict.
+/// on a deadlock (`tx` was rolled back), or when MariaDB's snapshot isolation refuses
+/// to read a record committed after `tx`'s snapshot: roll back, requeue. Three round
+/// trips, four on a conflict.
 pub async fn receive(
     tx: &mut Transaction<'_, MySql>,
     consumer: &str,
@@ -158,7 +163,7 @@ async fn claim(
         Ok(_) => return Ok(Receipt::New),
         Err(e) => match number(&e) {
             Some(MYSQL_DUP_ENTRY) => {}
-            Some(LOCK_WAIT_TIMEOUT | DEADLOCK) => return Ok(Receipt::InFlight),
+            Some(code) if is_conflict_mysql_code(code) => return Ok(Receipt::InFlight),
             _ => return Err(database(e)),
         },
     }
@@ -174,9 +179,7 @@ async fn claim(
             let why = "the insert met a record that the read then did not find";
             return Err(InboxError::corrupt(consumer, message_id, why));
         }
-        Err(e) if matches!(number(&e), Some(LOCK_WAIT_TIMEOUT | DEADLOCK)) => {
-            return Ok(Receipt::InFlight)
-        }
+        Err(e) if number(&e).is_some_and(is_conflict_mysql_code) => return Ok(Receipt::InFlight),
         Err(sqlx::Error::ColumnDecode { source, .. }) => {
             let why = format_args!("column fingerprint: {source}");
             return Err(InboxError::corrupt(consumer, message_id, why));
@@ -224,8 +227,8 @@ mod tests {
     #[test]
     fn the_bounds_set_are_the_documented_one() {
         let seconds = super::LOCK_WAIT_SECONDS;
-        let mysql = format!("@@SESSION.innodb_lock_wait_timeout, {seconds})");
-        assert!(super::BOUND_WAIT.ends_with(&mysql), "{}", super::BOUND_WAIT);
+        let mysql = format!("IF(TRUE /*M! AND FALSE */, {seconds}, ");
+        assert!(super::BOUND_WAIT.contains(&mysql), "{}", super::BOUND_WAIT);
         let mariadb = format!("/*M! SET STATEMENT innodb_lock_wait_timeout = {seconds} FOR */");
         assert!(super::CLAIM.starts_with(&mariadb), "{}", super::CLAIM);
     }
