@@ -47,7 +47,7 @@ pub struct MySqlStore {
     server: String,
     /// What a lapsed lease becomes, for this handle's statements.
     lapse: LapsePolicy,
-    /// Whether the server is MariaDB (its `SET STATEMENT` bounds a claim's wait),
+    /// Whether the server is MariaDB (its `SET STATEMENT` bounds a claim's waits),
     /// asked once, by the first `claim_in`; shared by clones.
     mariadb: Arc<OnceLock<bool>>,
 }
@@ -422,14 +422,17 @@ impl MySqlStore {
     }
 
     /// Whether the server is MariaDB, asked on `conn` the first time (a read that
-    /// takes no lock, harmless in the caller's transaction).
+    /// takes no lock, harmless in the caller's transaction) by a comment only MariaDB
+    /// executes, not by `VERSION()`, which an operator can set to anything.
     async fn is_mariadb(&self, conn: &mut MySqlConnection) -> Result<bool, StoreError> {
         if let Some(&known) = self.mariadb.get() {
             return Ok(known);
         }
-        let version: String =
-            sqlx::query_scalar("SELECT VERSION()").fetch_one(&mut *conn).await.map_err(in_tx)?;
-        Ok(*self.mariadb.get_or_init(|| version.contains("MariaDB")))
+        let executed: i64 = sqlx::query_scalar("SELECT CAST(0 /*M! + 1 */ AS SIGNED)")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(in_tx)?;
+        Ok(*self.mariadb.get_or_init(|| executed == 1))
     }
 
     /// A token minted on a pooled connection.
