@@ -29,20 +29,20 @@
 //! future dropped mid-way (a timeout around it, a cancelled task) leaves the session as
 //! it was. (The dropped statement still runs to its end on the server, and sqlx hands
 //! its error, a 1205 or a 1062, to the connection's next statement: a `rollback` then
-//! fails, the transaction ended all the same.) MySQL has no `SET STATEMENT`: there the session's `innodb_lock_wait_timeout`
-//! is set to [`LOCK_WAIT_SECONDS`] around the statements and restored to the session's
-//! own value after them (kept in the session variable `@idemcache_inbox_lock_wait`; on
-//! MariaDB the same two statements keep the value as it is). On MySQL, then, a
-//! `receive` dropped mid-way leaves the session's lock wait at [`LOCK_WAIT_SECONDS`]:
-//! roll that transaction back and close its connection (`conn.close()`, or `detach()`
-//! from the pool) rather than reuse it. A timeout (error 1205, which rolls
-//! back only the statement unless the server runs with `innodb_rollback_on_timeout`) is
-//! answered [`Receipt::InFlight`]: roll back and reject with requeue. Chosen over
-//! MySQL's named locks (`GET_LOCK(name, 0)`, which would answer at once), because
-//! those belong to the session, not the transaction: nothing would release one when
-//! your transaction commits. The price is two extra round trips per receive (the `SET`s
-//! before and after, which MariaDB runs too, to no effect: telling the servers apart
-//! before them would cost one more).
+//! fails, the transaction ended all the same.) MySQL has no `SET STATEMENT`: there the
+//! session's `innodb_lock_wait_timeout` is set to [`LOCK_WAIT_SECONDS`] around the
+//! statements and restored to the session's own value after them (kept in the session
+//! variable `@idemcache_inbox_lock_wait`; on MariaDB the same two statements keep the
+//! value as it is). On MySQL, then, a `receive` dropped mid-way leaves the session's
+//! lock wait at [`LOCK_WAIT_SECONDS`]: roll that transaction back and close its
+//! connection (`conn.close()`, or `detach()` from the pool) rather than reuse it. A
+//! timeout (error 1205, which rolls back only the statement unless the server runs with
+//! `innodb_rollback_on_timeout`) is answered [`Receipt::InFlight`]: roll back and
+//! reject with requeue. Chosen over MySQL's named locks (`GET_LOCK(name, 0)`, which
+//! would answer at once), because those belong to the session, not the transaction:
+//! nothing would release one when your transaction commits. The price is two extra
+//! round trips per receive (the `SET`s before and after, which MariaDB runs too, to no
+//! effect: telling the servers apart before them would cost one more).
 //!
 //! A deadlock (error 1213), which InnoDB resolves by rolling back a whole transaction,
 //! is answered `InFlight` too; the transaction is then already rolled back. So is

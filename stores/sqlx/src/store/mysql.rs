@@ -444,9 +444,9 @@ impl MySqlStore {
     /// The claim of `key` under its row lock, in the caller's transaction on `conn`:
     /// [`TAKE_NEW_OR_LOCK`](sql::TAKE_NEW_OR_LOCK) with `token`, then
     /// [`LOOK`](sql::LOOK). With `bound` (MariaDB), each statement that can wait on a
-    /// lock waits at most that many seconds ([`sql::waiting_at_most`]). The row holds `token` only if that insert wrote it;
-    /// otherwise the row decides as the store's claim decides, and a dead record is
-    /// taken over under a token above its own.
+    /// lock waits at most that many seconds ([`sql::waiting_at_most`]). The row holds
+    /// `token` only if that insert wrote it; otherwise the row decides as the store's
+    /// claim decides, and a dead record is taken over under a token above its own.
     async fn take_locked(
         &self,
         conn: &mut MySqlConnection,
