@@ -1315,6 +1315,7 @@ fn idem_inspects_a_sqlite_store_by_url() {
 }
 
 #[test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 fn idem_inspects_a_postgres_store() {
     let Some(url) =
         service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")
@@ -1325,6 +1326,7 @@ fn idem_inspects_a_postgres_store() {
 }
 
 #[test]
+#[ignore = "needs IDEMCACHE_REDIS_STORE_URL"]
 fn idem_inspects_a_redis_store() {
     let Some(url) = service_url("IDEMCACHE_REDIS_STORE_URL", "redis://127.0.0.1:6379/14") else {
         return;
@@ -1333,6 +1335,7 @@ fn idem_inspects_a_redis_store() {
 }
 
 #[test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 fn idem_inspects_a_mysql_store() {
     let Some(url) = service_url("IDEMCACHE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test") else {
         return;
@@ -1341,6 +1344,7 @@ fn idem_inspects_a_mysql_store() {
 }
 
 #[test]
+#[ignore = "needs IDEMCACHE_REDIS_CLUSTER_URLS"]
 fn idem_inspects_a_redis_cluster() {
     let Some(urls) = service_url(
         "IDEMCACHE_REDIS_CLUSTER_URLS",

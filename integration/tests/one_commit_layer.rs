@@ -119,6 +119,7 @@ async fn committed(store: &PostgresStore, key: &str) -> (i64, i64) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn the_order_and_its_record_commit_together_and_repeats_replay() {
     let Some(store) = store().await else { return };
     let shop = Shop::new(StatusCode::CREATED);
@@ -138,6 +139,7 @@ async fn the_order_and_its_record_commit_together_and_repeats_replay() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_response_not_kept_leaves_nothing_and_a_retry_runs_again() {
     let Some(store) = store().await else { return };
     let shop = Shop::new(StatusCode::SERVICE_UNAVAILABLE);
@@ -151,6 +153,7 @@ async fn a_response_not_kept_leaves_nothing_and_a_retry_runs_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_duplicate_waits_on_the_open_transaction_then_replays_its_commit() {
     let Some(store) = store().await else { return };
     for wait in [Some(Duration::from_secs(20)), None] {
@@ -195,6 +198,7 @@ async fn a_duplicate_waits_on_the_open_transaction_then_replays_its_commit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_transaction_dropped_unfinished_never_goes_back_to_the_pool() {
     let Some(store) = store().await else { return };
     let tx = PooledTransaction::begin(&store).await.unwrap();
@@ -213,6 +217,7 @@ async fn a_transaction_dropped_unfinished_never_goes_back_to_the_pool() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn the_claims_wait_bound_ends_with_the_claim() {
     use idemcache::store::{StoreClaim, TransactionalStore};
     let Some(store) = store().await else { return };
@@ -256,6 +261,7 @@ async fn outlive_the_lease(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_transaction_that_outlives_its_lease_commits_nothing_and_answers_503() {
     let Some(store) = store().await else { return };
     let one_commit = OneCommit::new(store.clone()).with_lease(Duration::from_millis(50));
@@ -271,6 +277,7 @@ async fn a_transaction_that_outlives_its_lease_commits_nothing_and_answers_503()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn with_a_cache_in_front_repeats_of_a_commit_need_no_connection() {
     let Some(store) = store().await else { return };
     let shop = Shop::new(StatusCode::CREATED);
@@ -290,6 +297,7 @@ async fn with_a_cache_in_front_repeats_of_a_commit_need_no_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn the_record_keeps_the_requests_correlation_id() {
     let Some(store) = store().await else { return };
     let app = app(&store, Shop::new(StatusCode::CREATED), None);

@@ -200,6 +200,7 @@ async fn committed(store: &PostgresStore, key: &str) -> (i64, i64) {
 
 /// A COMMIT that fails (a deferred unique violation) answers 503, never 201.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn commit_failure_answers_503() {
     let Some(store) = store().await else { return };
     let shop = Shop::new(StatusCode::CREATED, Mode::Deferred);
@@ -212,6 +213,7 @@ async fn commit_failure_answers_503() {
 
 /// OutcomeUnknown rolls back; the client must not be told 201.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn outcome_unknown_rolls_back_and_is_not_answered_as_done() {
     let Some(store) = store().await else { return };
     let shop = Shop::new(StatusCode::CREATED, Mode::Unknown);
@@ -228,6 +230,7 @@ async fn outcome_unknown_rolls_back_and_is_not_answered_as_done() {
 
 /// A body failing mid-way rolls back; a retry runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn body_failing_midway_rolls_back() {
     let Some(store) = store().await else { return };
     let shop = Shop::new(StatusCode::CREATED, Mode::BadBody);
@@ -242,6 +245,7 @@ async fn body_failing_midway_rolls_back() {
 
 /// A panic rolls back; a retry runs again; no connection left in a transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn panic_rolls_back() {
     let Some(store) = store().await else { return };
     let shop = Shop::new(StatusCode::CREATED, Mode::Panic);
@@ -274,6 +278,7 @@ async fn assert_pool_clean(store: &PostgresStore) {
 /// A client gone mid-handler: the execution is detached, so it finishes and commits;
 /// no pooled connection is left inside a transaction, and the key replays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn request_dropped_mid_handler() {
     let Some(store) = store().await else { return };
     let shop = Shop::new(StatusCode::CREATED, Mode::Plain);
@@ -301,6 +306,7 @@ async fn request_dropped_mid_handler() {
 /// On fresh pools (statement not yet prepared), the claim is never visible to
 /// others before the commit, and a rolled-back one leaves nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn fresh_pool_claim_runs_inside_the_transaction() {
     let Some(other) = store().await else { return };
     for i in 0..8 {
@@ -321,6 +327,7 @@ async fn fresh_pool_claim_runs_inside_the_transaction() {
 
 /// The claim's short wait does not bound the handler's own lock waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn handler_lock_wait_not_bounded_by_claim_wait() {
     let Some(store) = store().await else { return };
     let shop = Shop::new(StatusCode::CREATED, Mode::LockWait);
@@ -354,6 +361,7 @@ async fn handler_lock_wait_not_bounded_by_claim_wait() {
 
 /// A Tiered execution in flight: a one-commit duplicate gets 409, then replays it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn one_commit_meets_tiered_in_flight() {
     let Some(store) = store().await else { return };
     let gate = Arc::new(tokio::sync::RwLock::new(()));
@@ -395,6 +403,7 @@ async fn one_commit_meets_tiered_in_flight() {
 /// A lapsed store claim (Tiered's kind) is taken over by a one-commit request;
 /// the old holder's completion is fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn one_commit_takes_over_a_lapsed_store_claim_and_fences_it() {
     use idemcache::store::{Store, StoreClaim, StoreError};
     let Some(store) = store().await else { return };
@@ -422,6 +431,7 @@ async fn one_commit_takes_over_a_lapsed_store_claim_and_fences_it() {
 
 /// A session-level lock_timeout survives the claim's bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn postgres_session_lock_timeout_survives_the_claim() {
     use idemcache::store::{StoreClaim, TransactionalStore};
     let Some(_) = store().await else { return };
@@ -454,6 +464,7 @@ async fn postgres_session_lock_timeout_survives_the_claim() {
 /// A handler whose statement failed answers its own 4xx (kept by default): the
 /// transaction is aborted, so the completion fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn handler_4xx_after_failed_statement() {
     let Some(store) = store().await else { return };
     let shop = Shop::new(StatusCode::CONFLICT, Mode::Duplicate);

@@ -137,6 +137,7 @@ mod postgres {
     use idemcache_postgres::PostgresStore;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
     async fn a_postgres_killed_mid_request_is_a_typed_error_and_nothing_runs_twice() {
         let Some(direct) = postgres_url() else { return };
         PostgresStore::connect(&direct).await.unwrap().ensure_schema().await.unwrap();
@@ -166,6 +167,7 @@ mod redis_store {
     use idemcache_redis::RedisStore;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs IDEMCACHE_REDIS_STORE_URL"]
     async fn a_redis_killed_mid_request_is_a_typed_error_and_nothing_runs_twice() {
         let Some(url) = redis_url() else { return };
         let info: redis::ConnectionInfo =

@@ -24,6 +24,7 @@ use support::{every_broker_and_ledger, unique, Consumer, Ledger, Stream};
 const HOLD_MS: &str = "600000";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_AMQP_URL or IDEMCACHE_NATS_URL"]
 async fn killed_before_the_commit_the_redelivery_is_applied_once() {
     for (broker, ledger) in every_broker_and_ledger().await {
         let queue = broker.queue().await;
@@ -61,6 +62,7 @@ async fn killed_before_the_commit_the_redelivery_is_applied_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_AMQP_URL or IDEMCACHE_NATS_URL"]
 async fn killed_between_the_commit_and_the_ack_the_redelivery_is_a_duplicate() {
     for (broker, ledger) in every_broker_and_ledger().await {
         let queue = broker.queue().await;
@@ -103,6 +105,7 @@ async fn killed_between_the_commit_and_the_ack_the_redelivery_is_a_duplicate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_AMQP_URL or IDEMCACHE_NATS_URL"]
 async fn killed_after_the_ack_a_copy_published_later_is_a_duplicate() {
     for (broker, ledger) in every_broker_and_ledger().await {
         let queue = broker.queue().await;
@@ -138,6 +141,7 @@ async fn killed_after_the_ack_a_copy_published_later_is_a_duplicate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_AMQP_URL or IDEMCACHE_NATS_URL"]
 async fn a_second_consumer_never_applies_what_the_first_holds_uncommitted() {
     for (broker, ledger) in every_broker_and_ledger().await {
         let queue = broker.queue().await;

@@ -16,6 +16,7 @@ use async_nats::jetstream;
 use support::{nats_url, payment, unique, Broker, Consumer, Ledger, Stream, DEADLINE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_NATS_URL"]
 async fn refused_jetstream_messages_are_terminated_and_never_redelivered() {
     let Some(url) = nats_url() else { return };
     let broker = Broker::jetstream(&url).await;
@@ -81,6 +82,7 @@ fn run_to_exit(env: &[(&'static str, String)]) -> (Option<i32>, String) {
 /// so it may not hold `.`, `*`, `>` or white space there": such a name must end the
 /// consumer at start, exit status 1 with one `error: ` line that names `CONSUMER`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_NATS_URL"]
 async fn a_consumer_name_jetstream_refuses_ends_it_at_start_with_a_clear_error() {
     let Some(url) = nats_url() else { return };
     let broker = Broker::jetstream(&url).await;
@@ -103,6 +105,7 @@ async fn a_consumer_name_jetstream_refuses_ends_it_at_start_with_a_clear_error()
 /// not start (there is nothing it could consume); its error must say the stream does
 /// not hold the subject.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_NATS_URL"]
 async fn a_stream_that_does_not_hold_the_queue_ends_it_at_start_with_a_clear_error() {
     let Some(url) = nats_url() else { return };
     let broker = Broker::jetstream(&url).await;
@@ -125,6 +128,7 @@ async fn a_stream_that_does_not_hold_the_queue_ends_it_at_start_with_a_clear_err
 /// consuming the old subject while saying `consuming NEW as CONSUMER`. It must refuse to
 /// start instead, naming both subjects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_NATS_URL"]
 async fn a_durable_consumer_of_another_subject_is_not_taken_for_the_queue() {
     let Some(url) = nats_url() else { return };
     let broker = Broker::jetstream(&url).await;

@@ -70,6 +70,7 @@ fn states(outbox: &Path) -> BTreeMap<i64, i64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_AMQP_URL"]
 async fn committed_rows_are_applied_once_downstream_and_republished_ones_are_duplicates() {
     let Some(amqp) = amqp_url() else { return };
     let broker = Broker::connect(&amqp).await;
@@ -146,6 +147,7 @@ async fn committed_rows_are_applied_once_downstream_and_republished_ones_are_dup
 /// stream's duplicate window are acked as duplicates (the relay marks them delivered)
 /// and the stream keeps one message per row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_NATS_URL"]
 async fn to_jetstream_a_row_published_again_is_dropped_by_the_stream() {
     use async_nats::jetstream;
     use idemcache_sql::outbox::{relay_batch, RelaySettings};

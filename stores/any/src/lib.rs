@@ -367,6 +367,7 @@ mod tests {
     /// `mysql` feature is built in, with the lapse policy asked for; without it, the
     /// error names the feature.
     #[tokio::test]
+    #[cfg_attr(feature = "mysql", ignore = "needs IDEMCACHE_MYSQL_URL")]
     async fn a_mysql_url_opens_the_sqlx_store_or_names_its_feature() {
         #[cfg(not(feature = "mysql"))]
         for url in ["mysql://root@127.0.0.1/test", "MariaDB://root:pw@db/x"] {

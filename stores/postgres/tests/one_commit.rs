@@ -139,6 +139,7 @@ async fn duplicate(db: &Db, key: &Key) -> (i32, tokio::task::JoinHandle<StoreCla
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn the_claim_the_order_and_the_record_commit_together() {
     let Some(db) = Db::new("together").await else { return };
     let key = db.key();
@@ -161,6 +162,7 @@ async fn the_claim_the_order_and_the_record_commit_together() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_rollback_leaves_no_record_and_the_retry_runs() {
     let Some(db) = Db::new("rollback").await else { return };
     let key = db.key();
@@ -177,6 +179,7 @@ async fn a_rollback_leaves_no_record_and_the_retry_runs() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_duplicate_waits_on_the_row_and_replays_what_committed() {
     let Some(db) = Db::new("waits").await else { return };
     let key = db.key();
@@ -195,6 +198,7 @@ async fn a_duplicate_waits_on_the_row_and_replays_what_committed() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_duplicate_of_a_rolled_back_first_acquires() {
     let Some(db) = Db::new("acquires").await else { return };
     let key = db.key();
@@ -210,6 +214,7 @@ async fn a_duplicate_of_a_rolled_back_first_acquires() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_lock_timeout_bounds_the_wait_with_in_progress() {
     let Some(db) = Db::new("timeout").await else { return };
     let key = db.key();
@@ -231,6 +236,7 @@ async fn a_lock_timeout_bounds_the_wait_with_in_progress() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_reused_key_is_a_mismatch_and_writes_nothing() {
     let Some(db) = Db::new("mismatch").await else { return };
     let key = db.key();
@@ -246,6 +252,7 @@ async fn a_reused_key_is_a_mismatch_and_writes_nothing() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_record_the_stores_own_claim_holds_is_in_progress_and_fenced() {
     let Some(db) = Db::new("fenced").await else { return };
     let key = db.key();
@@ -289,6 +296,7 @@ async fn child_claims_and_waits_to_be_killed() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_process_killed_between_claim_and_commit_leaves_no_record() {
     let Some(db) = Db::new("killed").await else { return };
     let key = db.key();
@@ -321,6 +329,7 @@ async fn a_process_killed_between_claim_and_commit_leaves_no_record() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_transaction_from_the_stores_pool_runs_the_same_one_commit() {
     let Some(db) = Db::new("pooled").await else { return };
     let key = db.key();

@@ -161,6 +161,7 @@ fn duplicate(
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_duplicate_of_a_first_that_commits_another_fingerprint_is_a_mismatch() {
     let Some(db) = Db::new("mismatch").await else { return };
     let key = db.key();
@@ -178,6 +179,7 @@ async fn a_duplicate_of_a_first_that_commits_another_fingerprint_is_a_mismatch()
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn eight_concurrent_duplicates_all_replay_and_one_order_is_written() {
     let Some(db) = Db::new("eight").await else { return };
     let key = db.key();
@@ -200,6 +202,7 @@ async fn eight_concurrent_duplicates_all_replay_and_one_order_is_written() {
 /// Eight duplicates wait on a first that took over an expired record (the claim's
 /// update path, not its insert): every one replays once it commits.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn eight_duplicates_of_a_first_that_took_over_an_expired_record_all_replay() {
     let Some(db) = Db::new("eight_dead").await else { return };
     let key = db.key();
@@ -226,6 +229,7 @@ async fn eight_duplicates_of_a_first_that_took_over_an_expired_record_all_replay
 /// Eight duplicates, each a whole first execution, wait on a first that rolls back:
 /// one of them writes the order and commits, every other replays it.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn eight_executions_after_a_rollback_write_one_order() {
     let Some(db) = Db::new("eight_rollback").await else { return };
     let db = std::sync::Arc::new(db);
@@ -273,6 +277,7 @@ async fn eight_executions_after_a_rollback_write_one_order() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_lapsed_store_claim_is_taken_over_and_its_old_holder_is_fenced() {
     let Some(db) = Db::new("takeover").await else { return };
     let key = db.key();
@@ -302,6 +307,7 @@ async fn a_lapsed_store_claim_is_taken_over_and_its_old_holder_is_fenced() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_lapsed_store_claim_under_mark_unknown_is_unknown_and_never_acquired() {
     let Some(db) = Db::new("unknown").await else { return };
     let store = db
@@ -332,6 +338,7 @@ async fn a_lapsed_store_claim_under_mark_unknown_is_unknown_and_never_acquired()
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_completion_after_the_lease_ran_out_is_lease_lost_and_nothing_completes() {
     let Some(db) = Db::new("leaselost").await else { return };
     let key = db.key();
@@ -358,6 +365,7 @@ async fn a_completion_after_the_lease_ran_out_is_lease_lost_and_nothing_complete
 /// committed gets an error (the docs: a serialization error), never `Acquired`; under
 /// either, a duplicate of a first that rolled back acquires.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_duplicate_under_stricter_isolation_errs_and_never_acquires() {
     let Some(db) = Db::new("isolation").await else { return };
     for isolation in [
@@ -398,6 +406,7 @@ async fn a_duplicate_under_stricter_isolation_errs_and_never_acquires() {
 /// A `statement_timeout` (not a `lock_timeout`) that ends a duplicate's wait is an
 /// error, never `Acquired`, and the first's commit stands alone.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_statement_timeout_ending_the_wait_is_an_error_never_acquired() {
     let Some(db) = Db::new("stmt_timeout").await else { return };
     let key = db.key();
@@ -416,6 +425,7 @@ async fn a_statement_timeout_ending_the_wait_is_an_error_never_acquired() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn an_invalid_lease_is_invalid_input_and_writes_nothing() {
     let Some(db) = Db::new("invalid").await else { return };
     let key = db.key();
@@ -450,6 +460,7 @@ async fn an_invalid_lease_is_invalid_input_and_writes_nothing() {
 /// conflicting row even when it changes nothing, and the lock is the caller's
 /// transaction's, held until it ends.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_replay_in_an_open_transaction_does_not_make_a_duplicate_in_progress() {
     let Some(db) = Db::new("replay_lock").await else { return };
     let key = db.key();
@@ -480,6 +491,7 @@ async fn a_replay_in_an_open_transaction_does_not_make_a_duplicate_in_progress()
 /// transaction, and so does the holder of a live PROCESSING record completing it
 /// while a one-commit duplicate that was answered `InProgress` has not yet rolled back.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn the_stores_own_replay_does_not_wait_on_a_one_commit_replay() {
     let Some(db) = Db::new("replay_blocks").await else { return };
     let key = db.key();
@@ -520,6 +532,7 @@ async fn the_stores_own_replay_does_not_wait_on_a_one_commit_replay() {
 /// one-commit duplicate that was answered `InProgress` has not yet ended its
 /// transaction; the holder's completion waits on the duplicate.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_holders_completion_does_not_wait_on_a_duplicate_answered_in_progress() {
     let Some(db) = Db::new("holder_blocked").await else { return };
     let key = db.key();

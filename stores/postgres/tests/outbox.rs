@@ -101,6 +101,7 @@ async fn count(c: &Client, state: State) -> i64 {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn enqueue_commits_with_the_change_is_claimed_once_and_wakes_a_listener() {
     let Some(db) = Db::new("basic").await else { return };
     let mut c = db.client().await;
@@ -141,6 +142,7 @@ async fn enqueue_commits_with_the_change_is_claimed_once_and_wakes_a_listener() 
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn leases_lapse_to_a_higher_token_keys_keep_order_failures_die_and_purge() {
     let Some(db) = Db::new("life").await else { return };
     let mut c = db.client().await;
@@ -204,6 +206,7 @@ async fn leases_lapse_to_a_higher_token_keys_keep_order_failures_die_and_purge()
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn unreadable_rows_are_corrupt_and_do_not_block_the_others() {
     let Some(db) = Db::new("corrupt").await else { return };
     let mut c = db.client().await;
@@ -224,6 +227,7 @@ async fn unreadable_rows_are_corrupt_and_do_not_block_the_others() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn concurrent_relays_never_lease_one_row() {
     let Some(db) = Db::new("skip").await else { return };
     let mut c = db.client().await;
@@ -254,6 +258,7 @@ async fn concurrent_relays_never_lease_one_row() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_claim_skips_a_row_another_transaction_holds_instead_of_waiting() {
     let Some(db) = Db::new("held").await else { return };
     let mut c = db.client().await;
@@ -299,6 +304,7 @@ async fn run_until(
 const GUARD: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_relay_killed_mid_batch_loses_nothing() {
     let Some(db) = Db::new("killed").await else { return };
     let mut c = db.client().await;

@@ -104,6 +104,7 @@ fn key(k: &str) -> Key {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_batch_deletes_at_most_its_limit_and_never_a_live_record() {
     let Some(schema) = Schema::new(2500, 0).await else { return };
     batches_are_bounded_and_live_records_kept(schema).await;
@@ -112,6 +113,7 @@ async fn a_batch_deletes_at_most_its_limit_and_never_a_live_record() {
 /// Row addresses are per partition: matched by address alone, a batch of 1000 picked
 /// from four partitions deleted the rows at those addresses in every partition.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_batch_is_bounded_on_a_table_partitioned_by_key() {
     let Some(schema) = Schema::new(2500, 4).await else { return };
     let kind: String = schema
@@ -159,6 +161,7 @@ async fn batches_are_bounded_and_live_records_kept(schema: Schema) {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn the_generic_plan_deletes_the_batch_by_row_address() {
     // Enough rows that reading them all costs the planner more than a batch's TIDs.
     let Some(schema) = Schema::new(20_000, 0).await else { return };

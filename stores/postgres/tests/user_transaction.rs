@@ -118,6 +118,7 @@ fn payments() -> StatusColumn {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_deadpool_transaction_is_passed_as_ref_tx_to_every_function() {
     let Some(db) = Db::new("deadpool").await else { return };
     let claim = db.claim().await;
@@ -136,6 +137,7 @@ async fn a_deadpool_transaction_is_passed_as_ref_tx_to_every_function() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_tokio_postgres_transaction_is_passed_as_ref_tx_to_every_function() {
     let Some(db) = Db::new("tokio").await else { return };
     let claim = db.claim().await;

@@ -1,7 +1,7 @@
 //! Attacks on the SQLite outbox's promises, from the guide and the rustdoc: a backoff
-//! that extreme settings must not shorten to nothing, a re-publish a relay can tell is
-//! needless (its lease lapsed and another relay has the row), and rows whose counters
-//! sit at the top of their range, which must be reported rather than stall a claim.
+//! that extreme settings must not shorten to nothing, rows whose counters sit at the
+//! top of their range, which must be reported rather than stall a claim, and a slow
+//! broker, which must not kill rows the relay never published.
 //! Time is a clock moved by hand: nothing sleeps.
 
 use std::sync::Mutex;
@@ -9,13 +9,10 @@ use std::time::{Duration, SystemTime};
 
 use idemcache_sql::outbox::testing::HandClock;
 use idemcache_sqlite::outbox::{
-    self, claim_due, enqueue, inspect, mark_delivered, mark_failed, Mark, OutboxError,
-    OutboxMessage, PublishError, Publisher, RelaySettings, Retry, Storage,
+    self, claim_due, enqueue, inspect, mark_failed, Mark, OutboxError, OutboxMessage, PublishError,
+    Publisher, RelaySettings, Retry, Storage,
 };
 use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
-
-mod common;
-use common::TempDb;
 
 const MIN: Duration = Duration::from_secs(60);
 
@@ -59,66 +56,6 @@ fn an_extreme_backoff_never_makes_a_failed_row_due_at_once() {
     assert_eq!(mark_failed(&db, &lease, "nack", t0(), &retry).unwrap(), Mark::Applied);
     let again = claim_due(&db, 1, MIN, t0() + Duration::from_secs(1)).unwrap();
     assert!(again.claimed.is_empty(), "retried a second after a failure with an endless backoff");
-}
-
-/// A publisher that, while publishing its first message, lets the relay's lease lapse
-/// (the clock jumps past it: a slow broker) and a second relay claim and deliver the
-/// rest of the batch.
-struct SlowThenRival {
-    clock: HandClock,
-    rival: Mutex<Connection>,
-    published: Mutex<Vec<String>>,
-}
-
-impl Publisher for SlowThenRival {
-    fn publish(
-        &self,
-        message: &OutboxMessage,
-    ) -> impl std::future::Future<Output = Result<(), PublishError>> + Send {
-        let mut published = self.published.lock().unwrap();
-        published.push(message.id().to_owned());
-        if published.len() == 1 {
-            self.clock.advance(2 * MIN);
-            let rival = self.rival.lock().unwrap();
-            let now = self.clock.now();
-            for c in claim_due(&rival, 10, MIN, now).unwrap().claimed {
-                published.push(c.message.id().to_owned());
-                assert_eq!(mark_delivered(&rival, &c.lease, now).unwrap(), Mark::Applied);
-            }
-        }
-        std::future::ready(Ok(()))
-    }
-}
-
-/// A relay whose lease lapsed mid-batch may re-publish ("only costs re-publishes"), but
-/// when its own clock already says the lease lapsed before it publishes a row, the row
-/// is another relay's: publishing it is a duplicate the relay could have avoided.
-#[test]
-#[ignore = "kept as a choice, not a defect: skipping a lapsed row would not give back the \
-            attempt its claim counted, and a slow broker then kills rows never published \
-            (a_slow_broker_kills_no_row_the_relay_never_published); needs a fenced release"]
-fn a_relay_does_not_publish_a_row_whose_lease_it_knows_lapsed() {
-    let file = TempDb::new("outbox-attacks", "lapsed-mid-batch");
-    let mut db = file.open("wal", Duration::from_secs(5));
-    outbox::ensure_schema(&db).unwrap();
-    put(&mut db, &[message("a"), message("b")]);
-    let clock = HandClock::at(t0());
-    let broker = SlowThenRival {
-        clock: clock.clone(),
-        rival: Mutex::new(file.open("wal", Duration::from_secs(5))),
-        published: Mutex::new(Vec::new()),
-    };
-    let storage = Storage::new(db);
-    let settings = RelaySettings::default().with_lease(MIN).unwrap();
-    let mut now = || clock.now();
-    let report =
-        idemcache::store::block_on(outbox::relay_batch(&storage, &broker, &settings, &mut now))
-            .unwrap();
-    assert_eq!(report.claimed, 2);
-    let published = broker.published.lock().unwrap().clone();
-    // `a` was mid-publish when its lease lapsed: that re-publish is the price of a lease.
-    assert_eq!(published, ["a", "a", "b"], "b was published by both relays");
-    assert_eq!(report.stale, 1, "{report:?}");
 }
 
 /// Counters at the top of their range (written by hand, or after an absurd number of

@@ -118,6 +118,7 @@ fn acquired(claim: StoreClaim) -> idemcache::FencingToken {
 
 /// Sanity of the manual clock: the lease the store reports is the pinned now + lease.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn the_manual_clock_is_the_stores_clock() {
     let Some(db) = Db::new("clock").await else { return };
     let clock = Clock(Arc::new(AtomicI64::new(T0)));
@@ -135,6 +136,7 @@ async fn the_manual_clock_is_the_stores_clock() {
 /// column (the lease already ends there): it applied all the same (rows matched, not
 /// changed, as the store's docs require of the connection).
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_renewal_that_changes_nothing_still_applies() {
     let Some(db) = Db::new("renew").await else { return };
     let clock = Clock(Arc::new(AtomicI64::new(T0)));
@@ -149,6 +151,7 @@ async fn a_renewal_that_changes_nothing_still_applies() {
 /// Time going backwards after a takeover: the old holder's writes stay refused (fenced
 /// by its token), and the new holder's apply.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_clock_stepped_back_after_a_takeover_does_not_revive_the_old_token() {
     let Some(db) = Db::new("back").await else { return };
     let clock = Clock(Arc::new(AtomicI64::new(T0)));
@@ -175,6 +178,7 @@ async fn a_clock_stepped_back_after_a_takeover_does_not_revive_the_old_token() {
 /// around its two boundaries (the lease's end, and the lease's end + ttl), turned by a
 /// claim or not.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn claim_listing_and_purge_agree_on_a_lapse_at_its_boundaries() {
     let Some(db) = Db::new("bounds").await else { return };
     let clock = Clock(Arc::new(AtomicI64::new(T0)));
@@ -228,6 +232,7 @@ async fn claim_listing_and_purge_agree_on_a_lapse_at_its_boundaries() {
 
 /// A listing of limit 0 lists nothing; a purge of limit 0 deletes nothing.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn limits_of_zero_and_usize_max() {
     let Some(db) = Db::new("limits").await else { return };
     let clock = Clock(Arc::new(AtomicI64::new(T0)));
@@ -246,6 +251,7 @@ async fn limits_of_zero_and_usize_max() {
 /// A body over the server's packet limit is a typed error, and the store (its pool)
 /// goes on working afterwards: the same claim completes with a small body.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_body_over_the_packet_limit_is_a_typed_error_and_the_store_goes_on() {
     let Some(db) = Db::new("huge").await else { return };
     let store = db.real().await;
@@ -266,6 +272,7 @@ async fn a_body_over_the_packet_limit_is_a_typed_error_and_the_store_goes_on() {
 /// refused as Corrupt or answered, never a panic, under MarkUnknown (whose statements
 /// add the ttl to `expires_at`).
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn far_out_times_are_not_a_panic() {
     let Some(db) = Db::new("far").await else { return };
     let store = db
@@ -295,6 +302,7 @@ async fn far_out_times_are_not_a_panic() {
 /// 16 claims racing on one key (absent, then dead) and the holder's completion racing 8
 /// claims still answer, exactly one Acquired, nothing failing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn claims_and_completions_racing_over_a_serializable_pool() {
     let Some(db) = Db::new("ser").await else { return };
     let serial = || {
@@ -363,6 +371,7 @@ async fn claims_and_completions_racing_over_a_serializable_pool() {
 /// shops set) hands its pool to the store: a completion the store answered Ok must be
 /// durable, seen by another process's store, not left open on a pooled connection.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_completion_over_an_autocommit_off_pool_is_durable() {
     let Some(db) = Db::new("autocommit").await else { return };
     let pool = MySqlPoolOptions::new()
@@ -389,6 +398,7 @@ async fn a_completion_over_an_autocommit_off_pool_is_durable() {
 /// The same pool claiming: its claim must be answered, and must not leave the token
 /// counter's row locked for every other store's claim.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_claim_over_an_autocommit_off_pool_answers_and_blocks_no_one() {
     let Some(db) = Db::new("autocommit_claim").await else { return };
     let pool = MySqlPoolOptions::new()
@@ -432,12 +442,14 @@ async fn impatient(db: &Db) -> MySqlStore {
 /// claim acquires it (every one answers Unknown), the purges keep it, and the listing
 /// shows it once, under its holder's token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_lapse_met_by_racing_claims_and_purges_is_never_re_run() {
     lapse_race("lapse_race", 8).await;
 }
 
 /// The same without the purges: the claims alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_lapse_met_by_racing_claims_is_never_re_run() {
     lapse_race("lapse_race_alone", 0).await;
 }
@@ -490,6 +502,7 @@ async fn lapse_race(name: &str, purgers: usize) {
 /// An operator resolving a listed lapse while purges run: the resolve applies (or, had
 /// someone else settled it, is NotUnknown), never a deadlock surfaced as Backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn resolving_a_listed_lapse_while_purges_run() {
     let Some(db) = Db::new("resolve_race").await else { return };
     let clock = Clock(Arc::new(AtomicI64::new(T0)));

@@ -96,6 +96,7 @@ async fn race(db: &Db, isolation: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn concurrent_claims_over_a_read_committed_pool() {
     let Some(db) = Db::new("rc").await else { return };
     race(&db, "read committed").await;
@@ -106,6 +107,7 @@ async fn concurrent_claims_over_a_read_committed_pool() {
 /// read one snapshot) hands that pool to the store: claims racing on one key must still
 /// answer InProgress, not fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn concurrent_claims_over_a_repeatable_read_pool() {
     let Some(db) = Db::new("rr").await else { return };
     race(&db, "repeatable read").await;
@@ -114,6 +116,7 @@ async fn concurrent_claims_over_a_repeatable_read_pool() {
 
 /// The same over a SERIALIZABLE pool.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn concurrent_claims_over_a_serializable_pool() {
     let Some(db) = Db::new("ser").await else { return };
     race(&db, "serializable").await;
@@ -124,6 +127,7 @@ async fn concurrent_claims_over_a_serializable_pool() {
 /// and 8 claims of its key at once; the completion applies or is LeaseLost, the claims
 /// answer, nothing fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_completion_racing_claims_over_a_repeatable_read_pool() {
     let Some(db) = Db::new("rr_complete").await else { return };
     let store = db.store("repeatable read").await;
@@ -153,6 +157,7 @@ async fn a_completion_racing_claims_over_a_repeatable_read_pool() {
 /// The tokio-postgres store (`idemcache-postgres`) runs the same statements: over a URL
 /// whose sessions default to REPEATABLE READ, claims racing on one key fail the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn the_tokio_postgres_store_over_a_repeatable_read_url() {
     let Some(db) = Db::new("tp_rr").await else { return };
     let sep = if db.url.contains('?') { '&' } else { '?' };
@@ -238,6 +243,7 @@ fn acquired(claim: StoreClaim) -> idemcache::FencingToken {
 /// each instant around its boundaries, turned by either driver's claim or not; and a
 /// clock stepped back after a takeover revives no token.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn both_drivers_agree_on_a_lapse_at_its_boundaries_on_a_manual_clock() {
     let Some(db) = Db::new("pg_clock").await else { return };
     db.manual_clock().await;
@@ -319,6 +325,7 @@ async fn both_drivers_agree_on_a_lapse_at_its_boundaries_on_a_manual_clock() {
 /// meanwhile may show the lapse, but resolving or forgetting it is refused once the
 /// transaction committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_completion_in_a_transaction_committed_after_the_lapse() {
     let Some(db) = Db::new("pg_in_tx").await else { return };
     db.manual_clock().await;

@@ -77,6 +77,7 @@ async fn once(c: &mut MySqlConnection, consumer: &str, id: &str, fp: Fingerprint
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn new_duplicate_mismatch_rollback_and_ids_apart_byte_for_byte() {
     let Some(db) = Db::new("basic").await else { return };
     let mut c = db.conn().await;
@@ -130,6 +131,7 @@ async fn new_duplicate_mismatch_rollback_and_ids_apart_byte_for_byte() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_second_delivery_of_an_uncommitted_message_is_in_flight_within_the_bound() {
     let Some(db) = Db::new("inflight").await else { return };
     let fp = Fingerprint::of(b"a");
@@ -178,6 +180,7 @@ async fn a_second_delivery_of_an_uncommitted_message_is_in_flight_within_the_bou
 /// was. (MySQL's bound is set and restored around it; its docs say to close such a
 /// connection; skipped there.)
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_receive_dropped_while_it_waits_leaves_the_session_as_it_was() {
     let Some(db) = Db::new("dropped").await else { return };
     let mut first = db.conn().await;
@@ -229,6 +232,7 @@ async fn a_receive_dropped_while_it_waits_leaves_the_session_as_it_was() {
 /// read that record (error 1020). The receipt is InFlight, and the redelivery, in a
 /// transaction of its own, is a Duplicate. Skipped where the server has no such setting.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_snapshot_older_than_the_records_commit_is_in_flight_then_a_duplicate() {
     let Some(db) = Db::new("snapshot").await else { return };
     let mut second = db.conn().await;
@@ -266,6 +270,7 @@ async fn until_waiting_on_lock(watcher: &mut MySqlConnection, id: u64) {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn repeatable_read_sees_a_record_committed_after_its_snapshot_through_the_locking_read() {
     let Some(db) = Db::new("rr").await else { return };
     let (mut first, mut second) = (db.conn().await, db.conn().await);
@@ -337,6 +342,7 @@ async fn deliveries(
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn concurrent_deliveries_apply_once_and_concurrent_duplicates_never_deadlock() {
     let Some(db) = Db::new("concurrent").await else { return };
     let fp = Fingerprint::of(b"5");
@@ -365,6 +371,7 @@ async fn concurrent_deliveries_apply_once_and_concurrent_duplicates_never_deadlo
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn purge_in_bounded_batches_and_never_within_a_horizon_of_a_start() {
     let Some(db) = Db::new("purge").await else { return };
     let mut c = db.conn().await;

@@ -74,6 +74,7 @@ async fn once(c: &mut PgConnection, consumer: &str, id: &str, fp: Fingerprint) -
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn new_duplicate_mismatch_rollback_and_consumers_apart() {
     let Some(db) = Db::new("basic").await else { return };
     let mut c = db.conn().await;
@@ -118,6 +119,7 @@ async fn new_duplicate_mismatch_rollback_and_consumers_apart() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_second_delivery_of_an_uncommitted_message_is_in_flight_at_once() {
     let Some(db) = Db::new("inflight").await else { return };
     let fp = Fingerprint::of(b"a");
@@ -159,6 +161,7 @@ fn idemcache_postgres_key(consumer: &str, id: &str) -> i32 {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn isolation_levels() {
     let Some(db) = Db::new("isolation").await else { return };
     let (mut first, mut second) = (db.conn().await, db.conn().await);
@@ -188,6 +191,7 @@ async fn isolation_levels() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn concurrent_deliveries_of_one_message_apply_it_once() {
     let Some(db) = Db::new("concurrent").await else { return };
     let fp = Fingerprint::of(b"5");
@@ -224,6 +228,7 @@ async fn concurrent_deliveries_of_one_message_apply_it_once() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn purge_in_bounded_batches_and_never_within_a_horizon_of_a_start() {
     let Some(db) = Db::new("purge").await else { return };
     let mut c = db.conn().await;

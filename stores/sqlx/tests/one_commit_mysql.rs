@@ -178,6 +178,7 @@ async fn until_record(store: &MySqlStore, key: &Key, done: impl Fn(Option<Record
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn the_claim_the_order_and_the_record_commit_together() {
     let Some(db) = Db::new("together").await else { return };
     let key = db.key();
@@ -197,6 +198,7 @@ async fn the_claim_the_order_and_the_record_commit_together() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_rollback_leaves_no_record_and_the_retry_runs() {
     let Some(db) = Db::new("rollback").await else { return };
     let key = db.key();
@@ -213,6 +215,7 @@ async fn a_rollback_leaves_no_record_and_the_retry_runs() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_duplicate_waits_on_the_row_and_replays_what_committed() {
     let Some(db) = Db::new("waits").await else { return };
     let key = db.key();
@@ -233,6 +236,7 @@ async fn a_duplicate_waits_on_the_row_and_replays_what_committed() {
 /// 1020). The claim answers `InProgress`, and the retry, in a transaction of its own,
 /// replays. Skipped where the server has no such setting.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_snapshot_older_than_the_records_commit_is_in_progress_then_replays() {
     let Some(db) = Db::new("snapshot").await else { return };
     let key = db.key();
@@ -262,6 +266,7 @@ async fn a_snapshot_older_than_the_records_commit_is_in_progress_then_replays() 
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_duplicate_of_a_rolled_back_first_acquires() {
     let Some(db) = Db::new("acquires").await else { return };
     let key = db.key();
@@ -276,6 +281,7 @@ async fn a_duplicate_of_a_rolled_back_first_acquires() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_wait_past_its_bound_is_in_progress_and_the_session_keeps_its_own() {
     let Some(db) = Db::new("timeout").await else { return };
     let key = db.key();
@@ -313,6 +319,7 @@ async fn a_wait_past_its_bound_is_in_progress_and_the_session_keeps_its_own() {
 /// (MySQL's claim lowers the session's value and restores it after: its rustdoc says
 /// to close such a connection; skipped there.)
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_claim_dropped_while_it_waits_leaves_the_session_as_it_was() {
     let Some(db) = Db::new("dropped").await else { return };
     let mut conn = db.pool.acquire().await.unwrap();
@@ -343,6 +350,7 @@ async fn a_claim_dropped_while_it_waits_leaves_the_session_as_it_was() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_reused_key_is_a_mismatch_and_writes_nothing() {
     let Some(db) = Db::new("mismatch").await else { return };
     let key = db.key();
@@ -360,6 +368,7 @@ async fn a_reused_key_is_a_mismatch_and_writes_nothing() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_live_record_of_the_stores_own_claim_is_in_progress_and_fenced() {
     let Some(db) = Db::new("live").await else { return };
     let key = db.key();
@@ -380,6 +389,7 @@ async fn a_live_record_of_the_stores_own_claim_is_in_progress_and_fenced() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_dead_record_is_taken_over_under_a_higher_token_and_its_holder_fenced() {
     let Some(db) = Db::new("dead").await else { return };
     let key = db.key();
@@ -409,6 +419,7 @@ async fn a_dead_record_is_taken_over_under_a_higher_token_and_its_holder_fenced(
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_lapse_under_mark_unknown_turns_unknown() {
     let Some(db) = Db::new("lapse").await else { return };
     let store = db.store.clone().with_lapse_policy(LapsePolicy::MarkUnknown { ttl: KEPT }).unwrap();
@@ -434,6 +445,7 @@ async fn a_lapse_under_mark_unknown_turns_unknown() {
 /// them. The claim answers `InProgress` while that lock is still held. In a database of
 /// its own, so that the gap lock holds no other test's claim.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_takeover_or_a_turn_held_by_a_gap_lock_waits_at_most_the_lease() {
     let Some(url) = service_url("IDEMCACHE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test") else {
         return;
@@ -480,6 +492,7 @@ async fn a_takeover_or_a_turn_held_by_a_gap_lock_waits_at_most_the_lease() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_deadlock_is_an_error_not_a_retry() {
     let Some(db) = Db::new("deadlock").await else { return };
     let (one, two) = (db.key(), db.key());
@@ -517,6 +530,7 @@ async fn a_deadlock_is_an_error_not_a_retry() {
 /// A deadlock does not say whose the key is: here the claim of a key nobody holds waits
 /// on a gap lock another transaction took for a different key.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_deadlock_over_the_gap_of_another_key_is_an_error() {
     let Some(db) = Db::new("gapdeadlock").await else { return };
     let (free, other) = (db.key(), db.key());
@@ -568,6 +582,7 @@ enum Waiter {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn duplicates_of_a_rolled_back_first_acquire_in_turn_or_deadlock() {
     let Some(db) = Db::new("waiters").await else { return };
     let key = db.key();
@@ -659,6 +674,7 @@ async fn child_claims_and_waits_to_be_killed() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_process_killed_between_claim_and_commit_leaves_no_record() {
     let Some(db) = Db::new("killed").await else { return };
     let key = db.key();

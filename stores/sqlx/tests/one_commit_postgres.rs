@@ -86,6 +86,7 @@ fn replayed(answer: &StoreClaim) -> Option<&[u8]> {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn the_claim_the_order_and_the_record_commit_together() {
     let Some(db) = Db::new("together").await else { return };
     let key = db.key();
@@ -99,6 +100,7 @@ async fn the_claim_the_order_and_the_record_commit_together() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_rollback_leaves_no_record() {
     let Some(db) = Db::new("rollback").await else { return };
     let key = db.key();
@@ -110,6 +112,7 @@ async fn a_rollback_leaves_no_record() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_duplicate_waits_on_the_row_replays_and_a_lock_timeout_bounds_it() {
     let Some(db) = Db::new("waits").await else { return };
     let key = db.key();

@@ -99,6 +99,7 @@ async fn count(c: &mut PgConnection, state: State) -> i64 {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn enqueue_commits_with_the_change_and_is_claimed_once() {
     let Some(db) = Db::new("basic").await else { return };
     let mut c = db.conn().await;
@@ -153,6 +154,7 @@ async fn enqueue_commits_with_the_change_and_is_claimed_once() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn leases_lapse_to_a_higher_token_keys_keep_order_failures_die_and_purge() {
     let Some(db) = Db::new("life").await else { return };
     let mut c = db.conn().await;
@@ -212,6 +214,7 @@ async fn leases_lapse_to_a_higher_token_keys_keep_order_failures_die_and_purge()
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn unreadable_rows_are_corrupt_and_do_not_block_the_others() {
     let Some(db) = Db::new("corrupt").await else { return };
     let mut c = db.conn().await;
@@ -232,6 +235,7 @@ async fn unreadable_rows_are_corrupt_and_do_not_block_the_others() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue() {
     let Some(db) = Db::new("skip").await else { return };
     let mut c = db.conn().await;
@@ -270,6 +274,7 @@ async fn concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_relay_killed_mid_batch_loses_nothing() {
     let Some(db) = Db::new("killed").await else { return };
     let mut c = db.conn().await;

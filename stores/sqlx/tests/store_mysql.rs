@@ -62,6 +62,7 @@ impl Db {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn mysql_conforms() {
     let Some(db) = Db::new("conforms").await else { return };
     conformance::run(&db.store).await;
@@ -74,6 +75,7 @@ async fn mysql_conforms() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn mysql_under_mark_unknown_never_re_runs_a_lapsed_lease() {
     let Some(db) = Db::new("lapse").await else { return };
     let ttl = Duration::from_secs(3600);
@@ -88,6 +90,7 @@ async fn mysql_under_mark_unknown_never_re_runs_a_lapsed_lease() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn two_tiered_instances_execute_each_key_exactly_once() {
     let Some(db) = Db::new("tiered").await else { return };
     let (second, restarted) = (Db::store(&db.options), Db::store(&db.options));
@@ -96,6 +99,7 @@ async fn two_tiered_instances_execute_each_key_exactly_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn concurrent_claims_of_one_key_race_to_exactly_one_acquired() {
     let Some(db) = Db::new("race").await else { return };
     for round in 0..4 {
@@ -125,6 +129,7 @@ async fn concurrent_claims_of_one_key_race_to_exactly_one_acquired() {
 /// by 16 at once from two pools: one takes it over under a new token, the rest find it
 /// in progress, and the dead lease's token is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn concurrent_claims_of_a_dead_record_race_to_exactly_one_takeover() {
     let Some(db) = Db::new("takeover").await else { return };
     let k = key("takeover");
@@ -159,6 +164,7 @@ async fn concurrent_claims_of_a_dead_record_race_to_exactly_one_takeover() {
 /// The counter is a row in the database: a new pool (a restarted process) is handed
 /// larger tokens; with the row gone, a claim is a typed error naming it.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn tokens_increase_across_pools_and_a_missing_counter_is_named() {
     let Some(db) = Db::new("tokens").await else { return };
     let first = acquire(&db.store, &key("tokens-1")).await;
@@ -177,6 +183,7 @@ async fn tokens_increase_across_pools_and_a_missing_counter_is_named() {
 /// a fingerprint of the wrong length, a column of another type) are `Corrupt` naming
 /// their key; named, the record can be forgotten.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
     let Some(db) = Db::new("corrupt").await else { return };
     let store = &db.store;
@@ -217,6 +224,7 @@ async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
 /// `complete_in`: rolled back, the record stays PROCESSING; committed, it replays; a
 /// stale token is refused and its transaction can roll back.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_completion_in_the_callers_transaction_commits_with_it() {
     let Some(db) = Db::new("in_tx").await else { return };
     let store = &db.store;
@@ -267,6 +275,7 @@ async fn an_unreachable_server_is_a_typed_error_naming_it() {
 /// microsecond, and its own claims' leases end when the UTC handle's do (within the
 /// moment between them), not five hours apart.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_sessions_time_zone_does_not_move_the_stores_clock() {
     let Some(db) = Db::new("zone").await else { return };
     let zoned = Db::store(&db.options.clone().timezone(Some("+05:00".to_owned())));
@@ -295,6 +304,7 @@ async fn a_sessions_time_zone_does_not_move_the_stores_clock() {
 /// to date by `ensure_schema`, keeping its rows; a claim then keeps its correlation id,
 /// and a takeover replaces it.
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn an_earlier_releases_table_gains_the_correlation_id_column() {
     let Some(db) = Db::new("upgrade").await else { return };
     db.execute(format!(

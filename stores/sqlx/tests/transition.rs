@@ -172,6 +172,7 @@ macro_rules! suite {
         }
 
         #[tokio::test]
+        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
         async fn a_duplicate_success_callback_is_ok_with_no_second_effect() {
             let Some(t) = Tables::new().await else { return };
             let mut conn = t.conn().await;
@@ -185,6 +186,7 @@ macro_rules! suite {
         }
 
         #[tokio::test]
+        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
         async fn paid_to_pending_is_refused_unknown_ids_are_not_found() {
             let Some(t) = Tables::new().await else { return };
             let mut conn = t.conn().await;
@@ -198,6 +200,7 @@ macro_rules! suite {
         }
 
         #[tokio::test]
+        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
         async fn a_rolled_back_transition_leaves_the_row_for_the_redelivery() {
             let Some(t) = Tables::new().await else { return };
             let mut conn = t.conn().await;
@@ -214,6 +217,7 @@ macro_rules! suite {
         }
 
         #[tokio::test]
+        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
         async fn injection_attempts_are_refused_and_values_are_bound() {
             let Some(t) = Tables::new().await else { return };
             let mut conn = t.conn().await;
@@ -237,6 +241,7 @@ macro_rules! suite {
         }
 
         #[tokio::test]
+        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
         async fn null_statuses_and_duplicate_ids_are_corrupt_naming_table_and_id() {
             let Some(t) = Tables::new().await else { return };
             let mut conn = t.conn().await;
@@ -264,6 +269,7 @@ macro_rules! suite {
         /// so it still holds when the caller commits: another transaction cannot take
         /// the row's lock (`NOWAIT`: refused at once, no timing involved) until then.
         #[tokio::test]
+        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
         async fn an_answer_holds_the_row_until_the_transaction_ends() {
             let Some(t) = Tables::new().await else { return };
             let (mut conn, mut other) = (t.conn().await, t.conn().await);
@@ -293,6 +299,7 @@ macro_rules! suite {
         /// engine's default isolation), load the payment (a plain read: the snapshot),
         /// wait until all have, then transition it and book on Applied.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
         async fn concurrent_callbacks_apply_once_the_rest_are_duplicates() {
             const CALLBACKS: usize = 8;
             let Some(t) = Tables::new().await else { return };
@@ -364,6 +371,7 @@ mod postgres {
     /// transition's commit gets a serialization failure: `Conflict`, and its retry is a
     /// duplicate.
     #[tokio::test]
+    #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
     async fn repeatable_read_after_a_concurrent_commit_is_a_conflict_to_retry() {
         let Some(t) = Tables::new().await else { return };
         let (mut late, mut first) = (t.conn().await, t.conn().await);
@@ -385,6 +393,7 @@ mod postgres {
     /// it, the duplicate included (`CHAR(n)` ignores its padding; an enum type compares
     /// labels), and `current` is the value as text.
     #[tokio::test]
+    #[ignore = "needs IDEMCACHE_MYSQL_URL"]
     async fn every_status_column_type_answers_as_the_database_compares() {
         let Some(t) = Tables::new().await else { return };
         let mut conn = t.conn().await;
@@ -409,6 +418,7 @@ mod postgres {
     /// A status that is not one of an enum type's labels is the database's refusal
     /// (`Database`), before anything changed.
     #[tokio::test]
+    #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
     async fn a_status_outside_an_enum_type_is_refused_by_the_database() {
         let Some(t) = Tables::new().await else { return };
         let mut conn = t.conn().await;
@@ -447,6 +457,7 @@ mod mysql {
     /// in plain reads, while its `UPDATE` (a locking read) sees PAID and matches nothing.
     /// A plain read would report PENDING; the transition says `AlreadyInTarget`.
     #[tokio::test]
+    #[ignore = "needs IDEMCACHE_MYSQL_URL"]
     async fn under_repeatable_read_the_read_locks_or_it_would_see_the_old_snapshot() {
         let Some(t) = Tables::new().await else { return };
         let (mut late, mut first) = (t.conn().await, t.conn().await);
@@ -470,6 +481,7 @@ mod mysql {
     /// already holds still counts it. (A `to` among `from` is refused, so the count is
     /// never asked to tell a duplicate from a move.)
     #[tokio::test]
+    #[ignore = "needs IDEMCACHE_MYSQL_URL"]
     async fn sqlx_counts_matched_rows_not_changed_ones() {
         let Some(t) = Tables::new().await else { return };
         let mut conn = t.conn().await;
@@ -483,6 +495,7 @@ mod mysql {
     /// spaces: a row holding PAID matches `status IN ('paid')` and `('PAID  ')`. Hence
     /// `to` may not equal a `from` so compared.
     #[tokio::test]
+    #[ignore = "needs IDEMCACHE_MYSQL_URL"]
     async fn the_default_collation_ignores_case_so_such_sources_are_refused() {
         let Some(t) = Tables::new().await else { return };
         let mut conn = t.conn().await;
@@ -501,6 +514,7 @@ mod mysql {
     /// row changed since the snapshot (error 1020): a `Conflict`, whose retry is a
     /// duplicate. Skipped on servers without the variable (MySQL, MariaDB < 10.6.18).
     #[tokio::test]
+    #[ignore = "needs IDEMCACHE_MYSQL_URL"]
     async fn mariadb_snapshot_isolation_refusal_is_a_conflict_to_retry() {
         let Some(t) = Tables::new().await else { return };
         let (mut late, mut first) = (t.conn().await, t.conn().await);
@@ -555,6 +569,7 @@ mod mysql {
     /// trailing spaces; `utf8mb4_nopad_bin` (MariaDB) tells both apart. Each answer
     /// agrees with the database's own `status = 'PAID'` for the row.
     #[tokio::test]
+    #[ignore = "needs IDEMCACHE_MYSQL_URL"]
     async fn the_collation_that_matched_the_update_decides_the_answer() {
         let Some(t) = Tables::new().await else { return };
         let mut conn = t.conn().await;

@@ -28,6 +28,7 @@ macro_rules! sqlx_engine {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn sqlx_against_mariadb() {
     let Some(url) = service_url("IDEMCACHE_MYSQL_URL", "mysql://root@127.0.0.1:3306/test") else {
         return;
@@ -37,6 +38,7 @@ async fn sqlx_against_mariadb() {
 }
 
 #[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn sqlx_against_postgres() {
     let Some(url) =
         service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")

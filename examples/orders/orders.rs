@@ -2,7 +2,7 @@
 //! `UNIQUE(user, idempotency_key)` constraint as the backstop behind the cache.
 //!
 //! ```sh
-//! cargo run --release --example orders
+//! cargo run --release -p idemcache-orders --example orders
 //! curl -i -X POST localhost:3000/orders -H 'Authorization: Bearer alice' \
 //!      -H 'Idempotency-Key: 8e03978e-40d5' -H 'Content-Type: application/json' \
 //!      -d '{"item":"book","qty":2}'
@@ -46,8 +46,8 @@
 //!
 //! ```sh
 //! export IDEMPOTENCY_STORE=postgres://postgres@127.0.0.1:5432/test ORDERS_DB=$IDEMPOTENCY_STORE
-//! PORT=3001 cargo run --release --example orders &
-//! PORT=3002 cargo run --release --example orders &
+//! PORT=3001 cargo run --release -p idemcache-orders --example orders &
+//! PORT=3002 cargo run --release -p idemcache-orders --example orders &
 //! ```
 //!
 //! Routes: `POST /orders` (`{"item": string, "qty": integer}`, `Authorization: Bearer
