@@ -158,6 +158,10 @@ pub use claimed::Claimed;
 pub use decision::{Decision, DecisionEvent};
 pub use grpc::{Grpc, GrpcCode};
 pub use header::{client_key, KeyHeaderError, IDEMPOTENCY_KEY};
+/// The `http` crate at the version the layer is built on: the closures
+/// ([`IdempotencyLayer::tenant`], [`IdempotencyLayer::key_from`], ...) take its
+/// `http::request::Parts`, so a program can name the type without a dependency of its own.
+pub use http;
 #[cfg(feature = "store")]
 #[cfg_attr(docsrs, doc(cfg(feature = "store")))]
 pub use in_transaction::InTransaction;

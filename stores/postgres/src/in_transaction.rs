@@ -26,21 +26,37 @@ use idemcache_sql::records::postgres::{CLAIM_ABSENT, COMPLETE};
 use crate::store::{claim_on, Statements};
 use crate::{backend, column, PostgresStore};
 
-/// Your transaction, as [`PostgresStore::claim_in`] and [`complete_in`] take it: a
+/// Your transaction, as every function of this crate that writes in it takes it
+/// ([`PostgresStore::claim_in`], [`complete_in`], [`outbox::enqueue`](crate::outbox::enqueue),
+/// [`inbox::receive`](crate::inbox::receive), [`transition`](crate::transition())): a
 /// deadpool-postgres `Transaction` (from the store's pool, [`PostgresStore::pool`], or
 /// yours), tokio-postgres's own, or a [`PooledTransaction`](crate::PooledTransaction)
-/// (the one the layer's one-commit mode lends). Sealed: implemented for those three only
-/// (its supertrait, the statements' runner, is this crate's own).
+/// (the one the layer's one-commit mode lends a handler, in
+/// `HeldTransaction<PooledTransaction>`: pass `&*held.lock().await?`). Sealed: implemented
+/// for those three only (its supertrait, the statements' runner, is this crate's own).
 ///
 /// Over deadpool's, each statement is prepared once per pooled connection (its
 /// statement cache), so PostgreSQL plans it once; over tokio-postgres's, which keeps no
 /// cache, each runs typed in one round trip (`query_typed`), planned every time (about
 /// half a millisecond per statement here): prefer deadpool's where first executions
 /// are hot.
-pub trait Transaction: Statements {}
+pub trait Transaction: Statements {
+    /// The connection the transaction is open on, to run statements in it.
+    #[doc(hidden)]
+    fn connection(&self) -> &tokio_postgres::Client;
+}
 
-impl Transaction for tokio_postgres::Transaction<'_> {}
-impl Transaction for deadpool_postgres::Transaction<'_> {}
+impl Transaction for tokio_postgres::Transaction<'_> {
+    fn connection(&self) -> &tokio_postgres::Client {
+        tokio_postgres::GenericClient::client(self)
+    }
+}
+
+impl Transaction for deadpool_postgres::Transaction<'_> {
+    fn connection(&self) -> &tokio_postgres::Client {
+        tokio_postgres::GenericClient::client(&**self)
+    }
+}
 
 /// tokio-postgres's transaction keeps no prepared statements: each statement runs
 /// typed, parsed and executed in one round trip (`query_typed`).
@@ -143,7 +159,7 @@ impl PostgresStore {
 }
 
 /// Whether `e` is PostgreSQL's `lock_not_available` (a `lock_timeout` that ran out).
-fn lock_wait_ran_out(e: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn lock_wait_ran_out(e: &(dyn std::error::Error + 'static)) -> bool {
     e.downcast_ref::<tokio_postgres::Error>()
         .and_then(tokio_postgres::Error::code)
         .is_some_and(|code| *code == SqlState::LOCK_NOT_AVAILABLE)

@@ -50,7 +50,9 @@
 use std::time::SystemTime;
 
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{GenericClient, Transaction};
+use tokio_postgres::GenericClient;
+
+use crate::Transaction;
 
 use idemcache::store::encoding::to_micros;
 use idemcache::Fingerprint;
@@ -83,7 +85,7 @@ pub async fn ensure_schema<C: GenericClient + Sync>(client: &C) -> Result<(), In
 /// `tx`'s snapshot (`tx` is then aborted). Consumer and id are checked by
 /// [`idemcache_sql::inbox::check`]. One round trip, two on a conflict.
 pub async fn receive(
-    tx: &Transaction<'_>,
+    tx: &impl Transaction,
     consumer: &str,
     message_id: &str,
     fingerprint: Fingerprint,
@@ -96,6 +98,7 @@ pub async fn receive(
     // cannot judge the message and lets the redelivery decide.
     for _ in 0..2 {
         let claimed = tx
+            .connection()
             .query_one(CLAIM, &[&ADVISORY_LOCK_CLASS, &lock, &consumer, &message_id, &&fp[..]])
             .await;
         let row = match claimed {
@@ -112,7 +115,7 @@ pub async fn receive(
             (Some(true), _) => {}
             _ => return Ok(Receipt::InFlight),
         }
-        let stored = match tx.query_opt(READ, &[&consumer, &message_id]).await {
+        let stored = match tx.connection().query_opt(READ, &[&consumer, &message_id]).await {
             Ok(stored) => stored,
             Err(e) if e.code() == Some(&SqlState::T_R_SERIALIZATION_FAILURE) => {
                 return Ok(Receipt::InFlight)

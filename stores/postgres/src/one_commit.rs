@@ -7,11 +7,13 @@
 //! runtime shut down) or after a commit or rollback that failed, it is taken out of the
 //! pool and closed, so the
 //! server rolls back and no later user of the pool finds itself inside this
-//! transaction. The claim's bound on its wait for another transaction's row is set
-//! before the claim and ended after it, so it never bounds the handler's statements.
+//! transaction. The claim's bound on its wait (the layer's `wait`) applies to the wait for
+//! its key's turn (an advisory lock every one-commit claim of the key takes first) and
+//! to statements on the key's existing row, never to the insert of a fresh key (which
+//! may wait on other keys' writers) nor to the handler's statements.
 
 use std::ops::Deref;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{ClientWrapper, Object};
 use tokio_postgres::types::{ToSql, Type};
@@ -21,10 +23,11 @@ use idemcache::store::{OpenClaim, StoreClaim, StoreError, TransactionalStore};
 use idemcache::{CorrelationId, Fingerprint, Key};
 use idemcache_sql::records::decode;
 use idemcache_sql::records::postgres::{
-    bound_claim_wait, CLAIM_ABSENT, COMPLETE_OR_ABORT, RESET_CLAIM_WAIT,
+    bound_claim_wait, claim_turn, CLAIM_ABSENT, COMPLETE_OR_ABORT, RESET_CLAIM_WAIT,
 };
 use tokio_postgres::error::SqlState;
 
+use crate::in_transaction::lock_wait_ran_out;
 use crate::store::Statements;
 use crate::{backend, PostgresStore};
 
@@ -111,11 +114,59 @@ impl Statements for PooledTransaction {
     }
 }
 
-impl crate::Transaction for PooledTransaction {}
+impl crate::Transaction for PooledTransaction {
+    fn connection(&self) -> &tokio_postgres::Client {
+        self.client()
+    }
+}
+
+/// The claim's statements after its key's turn: the first (the insert of a fresh key, or
+/// the look at the key's row) runs as the session says, since whatever it waits on is no
+/// holder of this key (the turn was that). A later one works on the key's existing row
+/// (the takeover of a dead record, the turn of a lapsed lease to UNKNOWN) and may wait
+/// on a row lock that a claim outside one-commit mode holds (the store's own claim, a
+/// caller's `claim_in`): each is sent between the bound and its end, in one round trip.
+struct LaterBounded<'a> {
+    tx: &'a PooledTransaction,
+    bound: &'a str,
+    first_sent: std::sync::atomic::AtomicBool,
+}
+
+impl Statements for LaterBounded<'_> {
+    async fn rows(
+        &self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+        types: &'static [Type],
+    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+        if !self.first_sent.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return self.tx.rows(sql, params, types).await;
+        }
+        // Prepared first, so that nothing is sent between the bound and the statement.
+        self.tx.client().prepare_cached(sql).await.map_err(backend)?;
+        let (bound, rows, reset) = tokio::join!(
+            self.tx.batch_execute(self.bound),
+            self.tx.rows(sql, params, types),
+            self.tx.batch_execute(RESET_CLAIM_WAIT),
+        );
+        bound.map_err(backend)?;
+        // A bound that ran out aborts the transaction, and the reset with it: the
+        // statement's error is the answer (`InProgress`, `claim_in_correlated` says).
+        let rows = rows?;
+        reset.map_err(backend)?;
+        Ok(rows)
+    }
+}
+
+impl crate::Transaction for LaterBounded<'_> {
+    fn connection(&self) -> &tokio_postgres::Client {
+        self.tx.client()
+    }
+}
 
 /// One [`PooledTransaction`] per first execution, from the store's pool. A duplicate
-/// waits on the record's row at most the layer's wait (PostgreSQL's `lock_timeout`, in
-/// whole milliseconds).
+/// waits for the transaction holding its key at most the layer's wait (PostgreSQL's
+/// `lock_timeout` on the key's turn, `idemcache_sql::records::postgres::claim_turn`).
 impl TransactionalStore for PostgresStore {
     type Transaction = PooledTransaction;
 
@@ -139,39 +190,46 @@ impl TransactionalStore for PostgresStore {
         correlation_id: Option<&CorrelationId>,
     ) -> Result<StoreClaim, StoreError> {
         let correlation_id = correlation_id.map(CorrelationId::as_str);
+        let in_progress = || Ok(StoreClaim::InProgress { lease_ends_at: SystemTime::now() });
+        let bound = bound_claim_wait(wait);
+        // The key's turn, waited for at most `wait`; the bound ends with it.
+        let turn = format!("{bound}; {}; {RESET_CLAIM_WAIT}", claim_turn(key.as_bytes()));
+        let statements = LaterBounded { tx: &*tx, bound: &bound, first_sent: Default::default() };
         if tx.begun {
-            tx.batch_execute(&bound_claim_wait(wait)).await.map_err(backend)?;
-            let claimed = self.claim_in_correlated(&*tx, key, fp, lease, correlation_id).await?;
-            if let StoreClaim::Acquired { .. } = claimed {
-                tx.batch_execute(RESET_CLAIM_WAIT).await.map_err(backend)?;
+            match tx.batch_execute(&turn).await {
+                Err(e) if lock_wait_ran_out(&e) => return in_progress(),
+                taken => taken.map_err(backend)?,
             }
-            return Ok(claimed);
+            return self.claim_in_correlated(&statements, key, fp, lease, correlation_id).await;
         }
-        // One round trip: `BEGIN` and the bound, the claim, and the bound's end, sent in
-        // this order on the one connection (tokio-postgres sends a query when it is
-        // first polled, a statement cached by the pool needs no round trip to prepare,
-        // and `join!` polls in order), then their answers read. The claim's statement
-        // is prepared first (once per connection) so that nothing is sent before it.
+        // One round trip: `BEGIN` and the key's turn, then the claim, sent in this order
+        // on the one connection (tokio-postgres sends a query when it is first polled, a
+        // statement cached by the pool needs no round trip to prepare, and `join!` polls
+        // in order), then their answers read. The claim's statement is prepared first
+        // (once per connection) so that nothing is sent before it.
         tx.client().prepare_cached(CLAIM_ABSENT).await.map_err(backend)?;
-        let begin = format!("BEGIN; {}", bound_claim_wait(wait));
-        let (began, claimed, reset) = tokio::join!(
+        let begin = format!("BEGIN; {turn}");
+        let (began, claimed) = tokio::join!(
             tx.batch_execute(&begin),
-            self.claim_in_correlated(&*tx, key, fp, lease, correlation_id),
-            tx.batch_execute(RESET_CLAIM_WAIT),
+            self.claim_in_correlated(&statements, key, fp, lease, correlation_id),
         );
-        // `BEGIN` failed: the claim would have run alone and committed; it is refused
-        // (the error returned), so only a claim made in a transaction is answered. (A
-        // record it left lapses with its lease, as a crashed holder's does.)
-        began.map_err(backend)?;
-        tx.begun = true;
-        let claimed = claimed?;
-        if let StoreClaim::Acquired { .. } = claimed {
-            // The handler's statements wait as the session says. (A claim that took a
-            // dead record over ran its second statement after this reset: that one
-            // waits on a competing takeover's row unbounded, at most its lease.)
-            reset.map_err(backend)?;
+        match began {
+            // Another transaction holds the key's turn: the claim behind it failed in
+            // the aborted transaction, which the caller rolls back.
+            Err(e) if lock_wait_ran_out(&e) => {
+                tx.begun = true;
+                in_progress()
+            }
+            // `BEGIN` failed: the claim would have run alone and committed; it is
+            // refused (the error returned), so only a claim made in a transaction is
+            // answered. (A record it left lapses with its lease, as a crashed holder's
+            // does.)
+            Err(e) => Err(backend(e)),
+            Ok(()) => {
+                tx.begun = true;
+                claimed
+            }
         }
-        Ok(claimed)
     }
 
     async fn complete_in(

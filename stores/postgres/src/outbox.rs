@@ -65,9 +65,11 @@ use std::time::{Duration, SystemTime};
 use deadpool_postgres::Pool;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{AsyncMessage, Client, Connection, GenericClient, Row, Transaction};
+use tokio_postgres::{AsyncMessage, Client, Connection, GenericClient, Row};
 
 use idemcache::store::encoding::{micros, to_micros};
+
+use crate::Transaction;
 use idemcache_sql::outbox::decode::{self, RawRow};
 use idemcache_sql::outbox::postgres::{
     CHANNEL, CLAIM, DELIVERED, ENQUEUE, ENSURE_SCHEMA, FAILED, INSPECT, LISTEN, LIST_DEAD, PURGE,
@@ -94,7 +96,7 @@ pub async fn ensure_schema<C: GenericClient + Sync>(client: &C) -> Result<(), Ou
 /// [`OutboxMessage::check`]. A row with the same message id is
 /// [`OutboxError::Duplicate`], and **`tx` is then aborted** (PostgreSQL aborts a
 /// transaction on any failed statement): roll it back. One round trip.
-pub async fn enqueue(tx: &Transaction<'_>, message: &OutboxMessage) -> Result<(), OutboxError> {
+pub async fn enqueue<T: Transaction>(tx: &T, message: &OutboxMessage) -> Result<(), OutboxError> {
     message.check()?;
     let headers = message.encoded_headers();
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
@@ -104,7 +106,7 @@ pub async fn enqueue(tx: &Transaction<'_>, message: &OutboxMessage) -> Result<()
         &headers,
         &message.aggregate_key(),
     ];
-    match tx.execute(ENQUEUE, &params).await {
+    match tx.connection().execute(ENQUEUE, &params).await {
         Ok(_) => Ok(()),
         Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
             Err(OutboxError::Duplicate(message.id().to_owned()))

@@ -11,7 +11,9 @@ use std::error::Error;
 
 use bytes::BytesMut;
 use tokio_postgres::types::{to_sql_checked, IsNull, Kind, ToSql, Type};
-use tokio_postgres::{Row, Transaction};
+use tokio_postgres::Row;
+
+use crate::Transaction;
 
 use idemcache_sql::transition::{
     is_conflict_sqlstate, Dialect, Plan, ReadRow, StatusColumn, StoredStatus, Transition,
@@ -68,7 +70,7 @@ use idemcache_sql::transition::{
 /// `SERIALIZABLE`, a row changed since the transaction's snapshot is a serialization
 /// failure, [`TransitionError::Conflict`]: roll back and run the transaction again.
 pub async fn transition(
-    tx: &Transaction<'_>,
+    tx: &impl Transaction,
     column: &StatusColumn,
     id: &(dyn ToSql + Sync),
     from: &[&str],
@@ -81,12 +83,19 @@ pub async fn transition(
     let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(2 + from.len());
     params.extend(statuses.iter().map(|s| s as &(dyn ToSql + Sync)));
     params.push(id);
-    let updated =
-        tx.execute(plan.update_sql().as_str(), &params).await.map_err(|e| failed(&plan, e))?;
+    let updated = tx
+        .connection()
+        .execute(plan.update_sql().as_str(), &params)
+        .await
+        .map_err(|e| failed(&plan, e))?;
     if let Some(done) = plan.after_update(updated, &id)? {
         return Ok(done);
     }
-    let rows = tx.query(plan.select_sql().as_str(), &params).await.map_err(|e| failed(&plan, e))?;
+    let rows = tx
+        .connection()
+        .query(plan.select_sql().as_str(), &params)
+        .await
+        .map_err(|e| failed(&plan, e))?;
     let found =
         rows.iter().map(read_row).collect::<Result<_, _>>().map_err(|e| failed(&plan, e))?;
     plan.after_read(found, &id)

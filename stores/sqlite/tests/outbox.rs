@@ -203,6 +203,60 @@ fn a_row_whose_relays_keep_dying_runs_out_of_attempts_unpublished() {
     assert_eq!(dead[0].last_error.as_deref(), Some("2 claims lapsed unmarked, out of attempts"));
 }
 
+/// A broker that confirms every message but one, whose publish never answers (the
+/// relay publishing it is killed there, every time: a poison message).
+struct HangsOn(&'static str, std::sync::Mutex<Vec<String>>);
+
+impl outbox::Publisher for HangsOn {
+    fn publish(
+        &self,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<(), outbox::PublishError>> + Send {
+        let hang = message.id() == self.0;
+        if !hang {
+            self.1.lock().unwrap().push(message.id().to_owned());
+        }
+        std::future::poll_fn(move |_| if hang { Poll::Pending } else { Poll::Ready(Ok(())) })
+    }
+}
+
+/// A relay killed while it publishes the poison row leaves the rows behind it in its
+/// batch leased, never tried: their claim counted an attempt all the same. When the
+/// attempts run out, only the row that was in flight (the first unmarked one: a batch
+/// is published in order) is dead; the innocent rows behind it are published. (Before,
+/// every row of the batch was marked dead, "N claims lapsed unmarked", unpublished.)
+#[test]
+fn a_poison_row_runs_out_of_attempts_alone_and_the_rows_behind_it_are_published() {
+    let mut db = memory();
+    let names = ["a", "b", "poison", "c", "d", "e", "f", "g"];
+    put(&mut db, &names.map(message));
+    let settings = RelaySettings::default()
+        .with_lease(MIN)
+        .unwrap()
+        .with_retry(Retry::new(secs(1), secs(1), 3).unwrap());
+    let broker = HangsOn("poison", Default::default());
+    let storage = Storage::new(db);
+    let waker = Waker::from(Arc::new(Nobody));
+    let mut finished = None;
+    // Each round is a relay's life: it runs until the poison's publish, and is killed
+    // there (its future dropped); the next starts once the lease has lapsed.
+    for round in 0..5u32 {
+        let mut clock = || t0() + round * 2 * MIN;
+        let mut relay = pin!(outbox::relay_batch(&storage, &broker, &settings, &mut clock));
+        if let Poll::Ready(report) = relay.as_mut().poll(&mut Context::from_waker(&waker)) {
+            finished = Some((round, report.unwrap()));
+            break;
+        }
+    }
+    let (round, report) = finished.expect("the poison row never ran out of attempts");
+    assert_eq!(round, 3, "three attempts, then the fourth claim marks it dead");
+    assert_eq!((report.dead, report.delivered), (1, 5), "{report:?}");
+    assert_eq!(*broker.1.lock().unwrap(), ["a", "b", "c", "d", "e", "f", "g"]);
+    let dead = list_dead(&storage.connection(), 10).unwrap();
+    let dead: Vec<&str> = dead.iter().map(|d| d.message.id()).collect();
+    assert_eq!(dead, ["poison"]);
+}
+
 #[test]
 fn a_dead_row_holds_back_its_key_until_requeued_and_delivered() {
     let mut db = memory();

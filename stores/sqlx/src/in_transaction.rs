@@ -122,7 +122,7 @@ impl crate::PgStore {
 
 /// Whether `e` is PostgreSQL's `lock_not_available` (a `lock_timeout` that ran out).
 #[cfg(feature = "postgres")]
-fn lock_wait_ran_out(e: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn lock_wait_ran_out(e: &(dyn std::error::Error + 'static)) -> bool {
     e.downcast_ref::<sqlx::Error>()
         .and_then(|e| e.as_database_error())
         .and_then(|e| e.code())

@@ -4,16 +4,19 @@
 //!
 //! Invariant: these are the store's plain one-commit functions (`claim_in`,
 //! `complete_in`) and sqlx's own begin, commit and rollback; the only addition is the
-//! claim's bound on its wait for another transaction's row, set before the claim and
-//! ended after it, so it never bounds the handler's own statements.
+//! claim's turn on its key (`claim_turn`, an advisory lock every one-commit claim of the
+//! key takes first), waited for at most the layer's wait, so the bound never applies to
+//! waits on other keys' writers or to the handler's own statements. (The claim's
+//! statements run as the session says: a takeover of a dead record that meets the row
+//! lock of a claim outside one-commit mode waits for it; `PostgresStore` bounds those.)
 
 #[cfg(feature = "postgres")]
 mod postgres {
-    use std::time::Duration;
+    use std::time::{Duration, SystemTime};
 
     use idemcache::store::{OpenClaim, StoreClaim, StoreError, TransactionalStore};
     use idemcache::{CorrelationId, Fingerprint, Key};
-    use idemcache_sql::records::postgres::{bound_claim_wait, RESET_CLAIM_WAIT};
+    use idemcache_sql::records::postgres::{bound_claim_wait, claim_turn, RESET_CLAIM_WAIT};
     use sqlx::{AssertSqlSafe, Postgres, Transaction};
 
     use crate::PgStore;
@@ -24,8 +27,8 @@ mod postgres {
 
     /// One transaction per first execution, from the store's pool: the handler finds it
     /// in `HeldTransaction<sqlx::Transaction<'static, Postgres>>` and runs its
-    /// statements on `&mut **tx`. A duplicate waits on the record's row at most the
-    /// layer's wait (PostgreSQL's `lock_timeout`, in whole milliseconds).
+    /// statements on `&mut **tx`. A duplicate waits for the transaction holding its key
+    /// at most the layer's wait (PostgreSQL's `lock_timeout` on the key's turn).
     impl TransactionalStore for PgStore {
         type Transaction = Transaction<'static, Postgres>;
 
@@ -47,15 +50,21 @@ mod postgres {
             correlation_id: Option<&CorrelationId>,
         ) -> Result<StoreClaim, StoreError> {
             let correlation_id = correlation_id.map(CorrelationId::as_str);
-            sqlx::raw_sql(AssertSqlSafe(bound_claim_wait(wait)))
-                .execute(&mut **tx)
-                .await
-                .map_err(backend)?;
-            let claimed = self.claim_in_correlated(tx, key, fp, lease, correlation_id).await?;
-            if let StoreClaim::Acquired { .. } = claimed {
-                sqlx::raw_sql(RESET_CLAIM_WAIT).execute(&mut **tx).await.map_err(backend)?;
-            }
-            Ok(claimed)
+            // The key's turn, waited for at most `wait`; the bound ends with it.
+            let turn = format!(
+                "{}; {}; {RESET_CLAIM_WAIT}",
+                bound_claim_wait(wait),
+                claim_turn(key.as_bytes())
+            );
+            match sqlx::raw_sql(AssertSqlSafe(turn)).execute(&mut **tx).await {
+                // Another transaction holds the key's turn (`lock_not_available`): the
+                // caller rolls the aborted transaction back.
+                Err(e) if crate::in_transaction::lock_wait_ran_out(&e) => {
+                    return Ok(StoreClaim::InProgress { lease_ends_at: SystemTime::now() });
+                }
+                taken => taken.map_err(backend)?,
+            };
+            self.claim_in_correlated(tx, key, fp, lease, correlation_id).await
         }
 
         async fn complete_in(

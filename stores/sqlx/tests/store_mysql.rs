@@ -334,3 +334,17 @@ async fn an_earlier_releases_table_gains_the_correlation_id_column() {
     assert_eq!(stored.as_deref(), Some(id.as_str()));
     db.drop().await;
 }
+
+/// A server that refuses connections is answered at once, with the cause and the
+/// server's address: sqlx's pool alone retries a refused connection until its acquire
+/// timeout (5 s) and then says only "pool timed out while waiting for an open
+/// connection". Needs no server: the port is one nothing listens on.
+#[tokio::test]
+async fn a_refused_connection_is_named_as_refused_not_a_pool_timeout() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let store = MySqlStore::connect(&format!("mysql://root@127.0.0.1:{port}/test")).await.unwrap();
+    let error = store.claim(&key("refused"), fp("r"), LEASE).await.unwrap_err();
+    let said = error.to_string();
+    assert!(matches!(error, StoreError::Backend(_)), "{error:?}");
+    assert!(said.contains("refused") && said.contains(&port.to_string()), "{said}");
+}

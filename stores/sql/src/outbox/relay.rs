@@ -223,11 +223,18 @@ where
         errors: batch.unreadable,
         ..BatchReport::default()
     };
+    // Whether a row of this batch was charged with its lapsed claims: at most one is.
+    let mut charged = false;
     for claimed in batch.claimed {
         let lease = &claimed.lease;
-        if lease.attempts > settings.retry.max_attempts() {
+        if lease.attempts > settings.retry.max_attempts() && !charged {
             // Its earlier leases lapsed unmarked (a relay died publishing it, every
             // time): a poison message runs out of attempts too, without a publish.
+            // Only the first such row is: a batch is published in order, so of the
+            // rows a dead relay left leased, only the first was in flight, and the
+            // ones behind it (whose claims counted attempts too) were never tried.
+            // They are published; one that fails now dies by its attempts, as usual.
+            charged = true;
             let why = format!("{} claims lapsed unmarked, out of attempts", lease.attempts - 1);
             let now = clock();
             match storage.mark_failed(lease, &why, now, &settings.retry).await {

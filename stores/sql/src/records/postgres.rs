@@ -173,13 +173,15 @@ pub const CLAIM: &str = claim!(
 /// concurrent transaction that inserted the key to end; no row then: run it again.
 pub const CLAIM_ABSENT: &str = claim!("ON CONFLICT (key) DO NOTHING");
 
-/// The one-commit claim's bound on its wait for another transaction's row: the
-/// transaction's `lock_timeout` as it was kept in the transaction's setting
-/// `idemcache.lock_timeout`, then set to `wait` in whole milliseconds, at least 1 (0 would
-/// mean no bound) and at most PostgreSQL's limit. Two statements (run it as a simple
-/// query, or with sqlx's `raw_sql`), sent as text (a number, never a caller's string);
-/// [`RESET_CLAIM_WAIT`] puts the kept value back after the claim, so the statements the
-/// transaction runs next wait as the session says, whatever the session set.
+/// The one-commit claim's bound on a wait for another transaction: the transaction's
+/// `lock_timeout` as it was kept in the transaction's setting `idemcache.lock_timeout`,
+/// then set to `wait` in whole milliseconds, at least 1 (0 would mean no bound) and at
+/// most PostgreSQL's limit. Two statements (run it as a simple query, or with sqlx's
+/// `raw_sql`), sent as text (a number, never a caller's string); [`RESET_CLAIM_WAIT`]
+/// puts the kept value back, so the statements after it wait as the session says.
+/// What it bounds: the wait for the key's turn ([`claim_turn`]), and a claim's later
+/// statements on the key's existing row (the takeover of a dead record, the turn of a
+/// lapsed lease to UNKNOWN), never the insert of a fresh key.
 pub fn bound_claim_wait(wait: std::time::Duration) -> String {
     format!(
         "SELECT set_config('idemcache.lock_timeout', current_setting('lock_timeout'), true); \
@@ -191,6 +193,32 @@ pub fn bound_claim_wait(wait: std::time::Duration) -> String {
 /// The transaction's `lock_timeout` back to what [`bound_claim_wait`] found.
 pub const RESET_CLAIM_WAIT: &str =
     "SELECT set_config('lock_timeout', current_setting('idemcache.lock_timeout'), true)";
+
+/// The one-commit claim's turn on its key, taken before the claim in the same
+/// transaction, under [`bound_claim_wait`] (as a simple query, or with sqlx's
+/// `raw_sql`; a number only, never a caller's string): a transaction-level advisory
+/// lock on the key's 64-bit hash ([`claim_turn_lock`]).
+///
+/// Every one-commit claim of a key takes it first and holds it until its transaction
+/// ends, so a duplicate waits for exactly the transaction that holds its key, and the
+/// bound running out here (`lock_not_available`) means that: the answer is
+/// `InProgress`. The insert of a fresh key after it then waits as the session says on
+/// anything else it meets (a table lock, the locks of concurrent writers of other
+/// keys), which is no holder of this key: when the claim itself ran under the bound, such
+/// a wait under load answered a fresh key `InProgress`, a 409 saying that a request with
+/// its key runs, which was false. Two keys share a turn only when their 64-bit hashes
+/// collide; the lock space is the one `pg_advisory_xact_lock(bigint)` shares with the
+/// application's own advisory locks.
+pub fn claim_turn(key: &[u8]) -> String {
+    format!("SELECT pg_advisory_xact_lock({})", claim_turn_lock(key))
+}
+
+/// The advisory lock [`claim_turn`] takes for `key`: the first 8 bytes of its
+/// [`Fingerprint`](idemcache::Fingerprint), big-endian.
+pub fn claim_turn_lock(key: &[u8]) -> i64 {
+    let hash = idemcache::Fingerprint::of(key).to_bytes();
+    i64::from_be_bytes([hash[0], hash[1], hash[2], hash[3], hash[4], hash[5], hash[6], hash[7]])
+}
 
 /// `LapsePolicy::MarkUnknown`: the lapsed lease of `$1` (key) claimed under `$2`
 /// (token) turns UNKNOWN, marked at its end and kept `$3` µs (the unknown TTL) from

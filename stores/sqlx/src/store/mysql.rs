@@ -172,8 +172,39 @@ impl MySqlStore {
     }
 
     /// A pooled connection.
+    ///
+    /// sqlx's pool retries a refused connection until its acquire timeout and then says
+    /// only that it timed out; so while the pool holds no connection, one is also opened
+    /// directly beside the pool's attempt, and its error, if it fails first, is the
+    /// answer: at once, with the cause ("Connection refused"), naming the server. (It
+    /// costs one extra connection each time the pool is empty; a server that accepts and
+    /// never answers still ends at the acquire timeout.)
     async fn connection(&self) -> Result<sqlx::pool::PoolConnection<MySql>, StoreError> {
-        self.pool.acquire().await.map_err(|e| self.failed(e))
+        use std::task::Poll;
+        let mut acquire = std::pin::pin!(self.pool.acquire());
+        let options = (self.pool.size() == 0).then(|| self.pool.connect_options());
+        let mut direct = std::pin::pin!(async move {
+            match options {
+                Some(options) => MySqlConnection::connect_with(&*options).await.err(),
+                None => std::future::pending().await,
+            }
+        });
+        let mut direct_done = false;
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(acquired) = acquire.as_mut().poll(cx) {
+                return Poll::Ready(acquired.map_err(|e| self.failed(e)));
+            }
+            if !direct_done {
+                if let Poll::Ready(error) = direct.as_mut().poll(cx) {
+                    direct_done = true;
+                    if let Some(e) = error {
+                        return Poll::Ready(Err(self.failed(e)));
+                    }
+                }
+            }
+            Poll::Pending
+        })
+        .await
     }
 
     /// A READ COMMITTED transaction on `conn` (the claim's and every write's: a row lock
