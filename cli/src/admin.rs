@@ -109,7 +109,8 @@ fn json_of(record: &Record) -> Value {
     v
 }
 
-/// One line for `list`.
+/// One line for `list`: state, key, the fingerprint's first 8 bytes (hex), then what the
+/// state says.
 fn line_of(record: &Record) -> String {
     let detail = match (record.state, outcome_of(record)) {
         (RecordState::Completed, Some(Ok(o))) => {
@@ -139,7 +140,10 @@ fn line_of(record: &Record) -> String {
             format!("marked {}", record.settled_at.map(ago).unwrap_or_default())
         }
     };
-    format!("{:<10}  {}  {}", record.state.name(), shown(record), detail)
+    // The fingerprint's first 8 bytes: two keys for one intent (a client that made a
+    // new key per attempt) show the same one, without `--json`.
+    let fp = hex(&record.fingerprint.to_bytes()[..8]);
+    format!("{:<10}  {}  fp {fp}  {}", record.state.name(), shown(record), detail)
 }
 
 /// `idem status KEY`.
@@ -168,7 +172,8 @@ pub fn status(t: &Target, key: &Key, as_json: bool) -> Result<u8, Failure> {
         let elsewhere = RecordFilter::new().client_key(client_key);
         if let Ok(found) = t.wait(t.store.records(&elsewhere, None, 1)) {
             if !found.is_empty() {
-                outln!("           records of this client key exist elsewhere: idem list --key {client_key} ...");
+                let store = t.store_option();
+                outln!("           records of this client key exist elsewhere: idem list {store}--key {client_key}");
             }
         }
         return Ok(0);

@@ -41,23 +41,22 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .map_err(|e| Failure::new(DB_UNUSABLE, format!("starting an async runtime: {e}")))
 }
 
+/// `s` as one word of a shell command line: bare when it is plain, else single-quoted.
+fn quoted(s: &str) -> String {
+    if s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./:@,+=".contains(&b)) {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
 impl Target {
     /// The options that address this store and `key` on a command line, for the next
     /// commands `status` suggests: `--store URL` (its password hidden: type it again),
     /// `--scope`, `--tenant`, then the client key. Just the client key for idem's own
     /// records in its own database.
     pub fn addressed(&self, key: &Key) -> String {
-        let quoted = |s: &str| {
-            if s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./:@,+=".contains(&b)) {
-                s.to_owned()
-            } else {
-                format!("'{}'", s.replace('\'', "'\\''"))
-            }
-        };
-        let mut out = String::new();
-        if self.local.is_none() {
-            out.push_str(&format!("--store {} ", quoted(&self.url)));
-        }
+        let mut out = self.store_option();
         if key.scope() != crate::run::SCOPE {
             out.push_str(&format!("--scope {} ", quoted(key.scope())));
         }
@@ -66,6 +65,15 @@ impl Target {
         }
         out.push_str(&quoted(key.client_key()));
         out
+    }
+
+    /// `--store URL ` (its password hidden) that addresses this store on a command
+    /// line, or nothing for idem's own database.
+    pub fn store_option(&self) -> String {
+        match self.local {
+            Some(_) => String::new(),
+            None => format!("--store {} ", quoted(&self.url)),
+        }
     }
 
     /// Whether this is idem's own database.

@@ -1274,8 +1274,11 @@ fn inspect_a_store(url: &str, tag: &str) {
         text(&out.stdout)
     );
     // The client key under a scope it has no record in: it exists elsewhere.
+    // The hint addresses the same store: `--store` included (it was left out).
     let out = status(&["--scope", "POST /nothing"]);
-    assert!(text(&out.stdout).contains("exist elsewhere"), "{}", text(&out.stdout));
+    let said = text(&out.stdout);
+    assert!(said.contains("exist elsewhere: idem list --store "), "{said}");
+    assert!(said.contains(&format!("--key {k}")), "{said}");
     // The text listing names each record by its parts.
     let out = idem(&["list", "--key", &k, "--scope", "POST /orders"]);
     assert!(

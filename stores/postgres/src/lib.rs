@@ -153,6 +153,27 @@ pub use transition::transition;
 /// [`idemcache_sql::records::postgres::SCHEMA`] holds it. Columns as in SQLite's:
 /// `state` 1 PROCESSING, 2 COMPLETED, 3 UNKNOWN; `expires_at` the lease's end while
 /// PROCESSING, the TTL's after; times in microseconds since the epoch (server clock).
+///
+/// The DDL, as this test checks it:
+///
+/// ```
+/// assert_eq!(
+///     idemcache_postgres::POSTGRES_SCHEMA.trim(),
+///     "CREATE SEQUENCE IF NOT EXISTS idemcache_tokens;
+/// CREATE TABLE IF NOT EXISTS idemcache_records (
+///     key         BYTEA PRIMARY KEY,
+///     fingerprint BYTEA NOT NULL,
+///     state       SMALLINT NOT NULL CHECK (state IN (1, 2, 3)),
+///     token       BIGINT NOT NULL,
+///     body        BYTEA,
+///     started_at  BIGINT NOT NULL,
+///     settled_at  BIGINT,
+///     expires_at  BIGINT NOT NULL,
+///     correlation_id TEXT
+/// );
+/// CREATE INDEX IF NOT EXISTS idemcache_records_expiry ON idemcache_records (expires_at);"
+/// );
+/// ```
 pub const POSTGRES_SCHEMA: &str = idemcache_sql::records::postgres::SCHEMA;
 
 /// Idempotency records in PostgreSQL. See the module docs for the guarantees.
