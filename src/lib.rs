@@ -100,6 +100,9 @@
 //! when a driver's does.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Where links to this crate's items go from documentation built without it (another
+// crate's `cargo doc --no-deps`); `.ci/package` checks the version.
+#![doc(html_root_url = "https://docs.rs/idemcache/0.1.0")]
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations)]
 

@@ -5,14 +5,27 @@
 //! the channel over one message, as RabbitMQ does for a message past its
 //! `max_message_size`) opens a new connection and channel first, so one failure never
 //! fails every later row: each publish either reaches a live channel or fails alone.
+//! Nothing waits on the broker unbounded: connecting and each confirm are bounded
+//! ([`CONNECT_TIMEOUT`], [`CONFIRM_TIMEOUT`]), and a confirm that did not come drops
+//! the channel, so the next publish opens a new one.
 
 use std::fmt;
+use std::time::Duration;
 
 use idemcache_sql::outbox::{OutboxMessage, PublishError, Publisher};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use tokio::sync::Mutex;
+use tokio::time::timeout;
+
+/// How long opening a connection and its channel may take: a broker that accepts and
+/// never answers (a black-holed host) is an error after it, not a relay stuck for good.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a publish may wait for the broker's confirm. Past it the row is retried
+/// later (it may have arrived: the inbox absorbs a copy) and the channel is reopened.
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Publishes outbox rows to RabbitMQ: the row's id as the AMQP `message_id` (the
 /// consumer's inbox dedups by it), its topic as the routing key through the default
@@ -68,6 +81,15 @@ impl AmqpPublisher {
 }
 
 async fn open(url: &str) -> Result<Live, PublishError> {
+    match timeout(CONNECT_TIMEOUT, opened(url)).await {
+        Ok(live) => live,
+        Err(_) => Err(PublishError::new(format!(
+            "the broker did not answer within {CONNECT_TIMEOUT:?} of connecting"
+        ))),
+    }
+}
+
+async fn opened(url: &str) -> Result<Live, PublishError> {
     let connection = Connection::connect(url, ConnectionProperties::default())
         .await
         .map_err(|e| PublishError::new(format!("connecting to the broker: {e}")))?;
@@ -97,12 +119,22 @@ impl Publisher for AmqpPublisher {
         // `mandatory`: a message no queue takes is returned, not confirmed as taken.
         let options = BasicPublishOptions { mandatory: true, ..BasicPublishOptions::default() };
         let channel = self.channel().await?;
-        let confirm = channel
-            .basic_publish("".into(), topic.into(), options, message.payload(), properties)
-            .await
-            .map_err(PublishError::new)?
-            .await
-            .map_err(PublishError::new)?;
+        let confirming = async {
+            channel
+                .basic_publish("".into(), topic.into(), options, message.payload(), properties)
+                .await?
+                .await
+        };
+        let confirm = match timeout(CONFIRM_TIMEOUT, confirming).await {
+            Ok(confirm) => confirm.map_err(PublishError::new)?,
+            Err(_) => {
+                // A channel that lost a confirm is not trusted with the next publish.
+                *self.live.lock().await = None;
+                return Err(PublishError::new(format!(
+                    "the broker did not confirm {id} within {CONFIRM_TIMEOUT:?}"
+                )));
+            }
+        };
         if !confirm.is_ack() {
             return Err(PublishError::new(format!("the broker refused {id} (nack)")));
         }
@@ -110,5 +142,12 @@ impl Publisher for AmqpPublisher {
             return Err(PublishError::new(format!("no queue named {topic:?} took {id}")));
         }
         Ok(())
+    }
+
+    /// Ready once a channel is open, opened anew here if it was closed: while the broker
+    /// cannot be reached, the relay claims nothing, and an outage uses up no row's
+    /// attempts.
+    async fn ready(&self) -> Result<(), PublishError> {
+        self.channel().await.map(drop)
     }
 }

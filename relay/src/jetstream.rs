@@ -39,6 +39,17 @@ impl JetStreamPublisher {
     }
 }
 
+impl JetStreamPublisher {
+    /// Whether `message` can be sent to JetStream: its header names printable ASCII
+    /// without `:`, no CR or LF in a header value or in its id. A producer that checks
+    /// before it enqueues keeps out rows that could only die: such a row cannot be
+    /// edited, so requeueing it fails again, and with an aggregate key it holds back
+    /// the key's later messages until it is deleted.
+    pub fn check(message: &OutboxMessage) -> Result<(), PublishError> {
+        jetstream_message(message).map(drop)
+    }
+}
+
 /// `message` as JetStream takes it, or why it cannot be sent.
 fn jetstream_message(message: &OutboxMessage) -> Result<PublishMessage, PublishError> {
     let value = |what: &str, value: &str| {
@@ -67,5 +78,14 @@ impl Publisher for JetStreamPublisher {
         let acked = self.context.send_publish(subject, publish).await.map_err(PublishError::new)?;
         acked.await.map_err(PublishError::new)?;
         Ok(())
+    }
+
+    /// Ready while the client is connected (it reconnects by itself): while it is not,
+    /// the relay claims nothing, and an outage uses up no row's attempts.
+    async fn ready(&self) -> Result<(), PublishError> {
+        match self.context.client().connection_state() {
+            async_nats::connection::State::Connected => Ok(()),
+            state => Err(PublishError::new(format!("the NATS client is {state:?}"))),
+        }
     }
 }

@@ -46,6 +46,10 @@
 //!
 //! [`Publisher`]: idemcache_sql::outbox::Publisher
 
+// Where links to this crate's items go from documentation built without it (another
+// crate's `cargo doc --no-deps`); `.ci/package` checks the version.
+#![doc(html_root_url = "https://docs.rs/idemcache-relay/0.1.0")]
+
 #[cfg(feature = "amqp")]
 mod amqp;
 #[cfg(feature = "nats")]
@@ -53,7 +57,7 @@ mod jetstream;
 mod process;
 
 #[cfg(feature = "amqp")]
-pub use amqp::AmqpPublisher;
+pub use amqp::{AmqpPublisher, CONFIRM_TIMEOUT, CONNECT_TIMEOUT};
 #[cfg(feature = "nats")]
 pub use jetstream::JetStreamPublisher;
 pub use process::{run, Broker, Config, Outbox, StartError};

@@ -177,7 +177,7 @@ impl<S: TransactionalStore> Durable for OneCommit<S> {
                     Found::Completed { body: replay.body, expires_at: replay.expires_at }
                 }
                 Ok(StoreClaim::InProgress { lease_ends_at }) => {
-                    Found::InProgress { retry_after: time_until(lease_ends_at) }
+                    Found::InProgress { retry_after: lease_left(lease_ends_at, self.lease()) }
                 }
                 Ok(StoreClaim::Unknown { .. }) => Found::Unknown,
                 Ok(StoreClaim::Mismatch) => Found::Mismatch,
@@ -278,6 +278,18 @@ impl<S: TransactionalStore> DurableHeld for TxHeld<S> {
 
     fn rolls_back(&self) -> bool {
         true
+    }
+}
+
+/// How long a key's holder may still run, for a duplicate's `Retry-After`: its lease's end
+/// when the store read one (a record committed PROCESSING), else `lease`, this layer's,
+/// which bounds every first execution's transaction: a holder seen only as a lock (its
+/// turn held, its record not committed yet) has no end to read, and answering as if its
+/// lease ended now made every such 409 say `Retry-After: 1`, however long it had to run.
+fn lease_left(lease_ends_at: SystemTime, lease: Duration) -> Duration {
+    match time_until(lease_ends_at) {
+        left if left.is_zero() => lease,
+        left => left,
     }
 }
 
@@ -498,6 +510,15 @@ mod tests {
 
     fn layer(fake: &Fake) -> IdempotencyLayer {
         IdempotencyLayer::one_commit(OneCommit::new(fake.clone()))
+    }
+
+    #[test]
+    fn a_holder_seen_only_as_a_lock_may_run_the_whole_lease() {
+        let lease = Duration::from_secs(60);
+        let now = SystemTime::now();
+        assert_eq!(super::lease_left(now, lease), lease, "no end to read: the layer's lease");
+        let read = super::lease_left(now + Duration::from_secs(10), lease);
+        assert!(read <= Duration::from_secs(10) && read > Duration::from_secs(9), "{read:?}");
     }
 
     #[test]

@@ -234,7 +234,7 @@ impl<S: Store> Tiered<S> {
     /// The cache's answer; or, to ask the store, its claim held meanwhile (`None` when
     /// the cache holds something it cannot answer with).
     #[allow(clippy::type_complexity)]
-    fn answer_in_memory(
+    pub(crate) fn answer_in_memory(
         &self,
         key: &Key,
         fingerprint: Fingerprint,
@@ -265,7 +265,7 @@ impl<S: Store> Tiered<S> {
 
     /// Asks the store, holding the cache's claim `local` (if any) so local duplicates
     /// wait on memory, and settles `local` by the store's answer.
-    async fn read_through(
+    pub(crate) async fn read_through(
         &self,
         key: &Key,
         fingerprint: Fingerprint,

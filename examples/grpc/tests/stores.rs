@@ -71,6 +71,7 @@ async fn over_a_sqlite_file() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn over_postgres() {
     let Ok(url) = std::env::var("IDEMCACHE_POSTGRES_URL") else {
         eprintln!("IDEMCACHE_POSTGRES_URL is not set: PostgreSQL not tested");

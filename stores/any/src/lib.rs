@@ -23,6 +23,9 @@
 //! [`ensure_schema`](idemcache::store::Store::ensure_schema)) and never executes anything.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Where links to this crate's items go from documentation built without it (another
+// crate's `cargo doc --no-deps`); `.ci/package` checks the version.
+#![doc(html_root_url = "https://docs.rs/idemcache-any/0.1.0")]
 
 use std::fmt;
 

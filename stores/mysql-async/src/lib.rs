@@ -8,6 +8,9 @@
 //! `NOT NULL`, `CHECK` and foreign-key failures are real errors.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Where links to this crate's items go from documentation built without it (another
+// crate's `cargo doc --no-deps`); `.ci/package` checks the version.
+#![doc(html_root_url = "https://docs.rs/idemcache-mysql-async/0.1.0")]
 
 use idemcache::store::unique::is_unique_mysql_code;
 pub use mysql_async;

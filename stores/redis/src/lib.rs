@@ -69,6 +69,9 @@
 //! lapses, and a check finds nothing happened.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Where links to this crate's items go from documentation built without it (another
+// crate's `cargo doc --no-deps`); `.ci/package` checks the version.
+#![doc(html_root_url = "https://docs.rs/idemcache-redis/0.1.0")]
 
 use std::time::Duration;
 

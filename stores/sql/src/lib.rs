@@ -53,6 +53,9 @@
 //! ```
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Where links to this crate's items go from documentation built without it (another
+// crate's `cargo doc --no-deps`); `.ci/package` checks the version.
+#![doc(html_root_url = "https://docs.rs/idemcache-sql/0.1.0")]
 
 pub mod inbox;
 pub mod outbox;

@@ -386,7 +386,8 @@ pub enum Next {
 }
 
 impl Default for Retry {
-    /// 1 s doubling up to 5 min, 10 attempts (about 13 minutes of retrying).
+    /// 1 s doubling up to 5 min, 10 attempts: 511 s of backoff between the first attempt
+    /// and the last (the cap is never reached with 10).
     fn default() -> Self {
         Retry { first: Duration::from_secs(1), cap: Duration::from_secs(300), max_attempts: 10 }
     }
@@ -435,6 +436,9 @@ pub enum OutboxError {
     Corrupt(String),
     /// The database failed; the driver's error is the [`source`](Error::source).
     Database(Box<dyn Error + Send + Sync>),
+    /// The broker cannot take messages now ([`Publisher::ready`](relay::Publisher::ready)
+    /// said why): the relay claimed nothing, so no row used an attempt.
+    BrokerUnavailable(relay::PublishError),
 }
 
 impl fmt::Display for OutboxError {
@@ -445,6 +449,7 @@ impl fmt::Display for OutboxError {
                 write!(f, "the outbox already holds a message with id {id:?}")
             }
             OutboxError::Corrupt(why) => write!(f, "an outbox row cannot be read: {why}"),
+            OutboxError::BrokerUnavailable(e) => write!(f, "the broker is unavailable: {e}"),
             OutboxError::Database(e) => {
                 // The reason is often a few causes down: say each cause once.
                 write!(f, "the outbox's database failed: {e}")?;
@@ -468,6 +473,7 @@ impl Error for OutboxError {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
         match self {
             OutboxError::Database(e) => Some(&**e),
+            OutboxError::BrokerUnavailable(e) => Some(e),
             _ => None,
         }
     }

@@ -24,6 +24,9 @@
 //! [`block_on`](idemcache::store::block_on).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Where links to this crate's items go from documentation built without it (another
+// crate's `cargo doc --no-deps`); `.ci/package` checks the version.
+#![doc(html_root_url = "https://docs.rs/idemcache-sqlite/0.1.0")]
 
 use std::path::Path;
 use std::sync::{mpsc, Arc};

@@ -257,6 +257,58 @@ fn a_poison_row_runs_out_of_attempts_alone_and_the_rows_behind_it_are_published(
     assert_eq!(dead, ["poison"]);
 }
 
+/// A broker that cannot be reached: not ready, and never asked to publish.
+struct Down;
+
+impl outbox::Publisher for Down {
+    async fn publish(&self, message: &OutboxMessage) -> Result<(), outbox::PublishError> {
+        panic!("{} was claimed and published while the broker was down", message.id())
+    }
+
+    async fn ready(&self) -> Result<(), outbox::PublishError> {
+        Err(outbox::PublishError::new("connecting to the broker: Connection refused"))
+    }
+}
+
+/// While the broker cannot be reached the relay claims nothing: an outage as long as
+/// a row's whole retry span uses up none of its attempts. (Before, each claim counted
+/// an attempt and each publish failed, and every row was dead ~8.5 min into an outage
+/// with the default retries.)
+#[test]
+fn an_unreachable_broker_claims_nothing_and_uses_no_attempt() {
+    let file = TempDb::new("outbox", "broker-down");
+    let mut db = file.open("wal", secs(5));
+    outbox::ensure_schema(&db).unwrap();
+    put(&mut db, &[message("a"), message("b")]);
+    let storage = Storage::new(file.open("wal", secs(5)));
+    let mut reports = Vec::new();
+    let mut waits = 0;
+    {
+        let wait = |_| {
+            waits += 1;
+            // The third wait never ends: the loop is stopped there.
+            let stop = waits >= 3;
+            std::future::poll_fn(move |_| if stop { Poll::Pending } else { Poll::Ready(()) })
+        };
+        let report = |batch: Result<outbox::BatchReport, OutboxError>| reports.push(batch);
+        let relay = relay_loop(storage, Down, RelaySettings::default(), t0, wait, report);
+        let mut relay = pin!(relay);
+        let waker = Waker::from(Arc::new(Nobody));
+        for _ in 0..10 {
+            assert!(relay.as_mut().poll(&mut Context::from_waker(&waker)).is_pending());
+        }
+    }
+    assert_eq!(waits, 3);
+    assert_eq!(reports.len(), 3);
+    for batch in &reports {
+        assert!(matches!(batch, Err(OutboxError::BrokerUnavailable(_))), "{batch:?}");
+    }
+    for id in ["a", "b"] {
+        let row = inspect(&db, id).unwrap().unwrap();
+        assert_eq!((row.state, row.attempts), (outbox_state("pending"), 0), "{id}");
+    }
+}
+
 #[test]
 fn a_dead_row_holds_back_its_key_until_requeued_and_delivered() {
     let mut db = memory();

@@ -1,5 +1,5 @@
-//! The consumer inbox on your own sqlx transaction: [`postgres`] (feature `postgres`)
-//! and [`mysql`] (feature `mysql`, MySQL and MariaDB). Each `receive(&mut tx, consumer,
+//! The consumer inbox on your own sqlx transaction: the module `postgres` (feature `postgres`)
+//! and the module `mysql` (feature `mysql`, MySQL and MariaDB). Each `receive(&mut tx, consumer,
 //! message_id, fingerprint)` claims a (consumer, message id) with one claiming `INSERT`
 //! in the transaction that applies the message, so the record and the business change
 //! commit together and a rollback leaves neither. See [`idemcache_sql::inbox`] for the flow

@@ -57,6 +57,9 @@
 //! `CHECK` and foreign-key failures are real errors.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Where links to this crate's items go from documentation built without it (another
+// crate's `cargo doc --no-deps`); `.ci/package` checks the version.
+#![doc(html_root_url = "https://docs.rs/idemcache-sqlx/0.1.0")]
 
 pub use sqlx;
 

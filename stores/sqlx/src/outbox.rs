@@ -1,5 +1,5 @@
-//! The transactional outbox on your own sqlx transaction: [`postgres`] (feature
-//! `postgres`) and [`mysql`] (feature `mysql`, MySQL 8.0+ and MariaDB 10.6+, for
+//! The transactional outbox on your own sqlx transaction: the module `postgres` (feature
+//! `postgres`) and the module `mysql` (feature `mysql`, MySQL 8.0+ and MariaDB 10.6+, for
 //! `SKIP LOCKED`). Each `enqueue(&mut tx, &message)` writes a message in the transaction
 //! that makes the business change, so both commit together and a rollback leaves
 //! neither; each module's `Storage` is a relay's over a sqlx pool. See

@@ -172,7 +172,7 @@ macro_rules! suite {
         }
 
         #[tokio::test]
-        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
+        #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
         async fn a_duplicate_success_callback_is_ok_with_no_second_effect() {
             let Some(t) = Tables::new().await else { return };
             let mut conn = t.conn().await;
@@ -186,7 +186,7 @@ macro_rules! suite {
         }
 
         #[tokio::test]
-        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
+        #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
         async fn paid_to_pending_is_refused_unknown_ids_are_not_found() {
             let Some(t) = Tables::new().await else { return };
             let mut conn = t.conn().await;
@@ -200,7 +200,7 @@ macro_rules! suite {
         }
 
         #[tokio::test]
-        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
+        #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
         async fn a_rolled_back_transition_leaves_the_row_for_the_redelivery() {
             let Some(t) = Tables::new().await else { return };
             let mut conn = t.conn().await;
@@ -217,7 +217,7 @@ macro_rules! suite {
         }
 
         #[tokio::test]
-        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
+        #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
         async fn injection_attempts_are_refused_and_values_are_bound() {
             let Some(t) = Tables::new().await else { return };
             let mut conn = t.conn().await;
@@ -241,7 +241,7 @@ macro_rules! suite {
         }
 
         #[tokio::test]
-        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
+        #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
         async fn null_statuses_and_duplicate_ids_are_corrupt_naming_table_and_id() {
             let Some(t) = Tables::new().await else { return };
             let mut conn = t.conn().await;
@@ -269,7 +269,7 @@ macro_rules! suite {
         /// so it still holds when the caller commits: another transaction cannot take
         /// the row's lock (`NOWAIT`: refused at once, no timing involved) until then.
         #[tokio::test]
-        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
+        #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
         async fn an_answer_holds_the_row_until_the_transaction_ends() {
             let Some(t) = Tables::new().await else { return };
             let (mut conn, mut other) = (t.conn().await, t.conn().await);
@@ -299,7 +299,7 @@ macro_rules! suite {
         /// engine's default isolation), load the payment (a plain read: the snapshot),
         /// wait until all have, then transition it and book on Applied.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        #[ignore = "needs IDEMCACHE_MYSQL_URL"]
+        #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
         async fn concurrent_callbacks_apply_once_the_rest_are_duplicates() {
             const CALLBACKS: usize = 8;
             let Some(t) = Tables::new().await else { return };
@@ -393,7 +393,7 @@ mod postgres {
     /// it, the duplicate included (`CHAR(n)` ignores its padding; an enum type compares
     /// labels), and `current` is the value as text.
     #[tokio::test]
-    #[ignore = "needs IDEMCACHE_MYSQL_URL"]
+    #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
     async fn every_status_column_type_answers_as_the_database_compares() {
         let Some(t) = Tables::new().await else { return };
         let mut conn = t.conn().await;
@@ -541,6 +541,7 @@ mod mysql {
     /// The status column's types a schema uses: each answers as MariaDB compares in it,
     /// the duplicate included (`CHAR(n)` drops trailing spaces, `ENUM` compares labels).
     #[tokio::test]
+    #[ignore = "needs IDEMCACHE_MYSQL_URL"]
     async fn every_status_column_type_answers_as_the_database_compares() {
         let Some(t) = Tables::new().await else { return };
         let mut conn = t.conn().await;

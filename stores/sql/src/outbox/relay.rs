@@ -47,6 +47,16 @@ pub trait Publisher {
         &self,
         message: &OutboxMessage,
     ) -> impl Future<Output = Result<(), PublishError>> + Send;
+
+    /// Whether the broker can take messages now, asked by [`relay_loop`] before it claims
+    /// each batch: an `Err` (the broker unreachable, a connection that cannot be opened)
+    /// makes the loop claim nothing, report [`OutboxError::BrokerUnavailable`] and wait,
+    /// so that an outage does not use up the attempts of every row it would have claimed
+    /// and failed. A publisher that reconnects opens its connection here. The default:
+    /// always ready.
+    fn ready(&self) -> impl Future<Output = Result<(), PublishError>> + Send {
+        std::future::ready(Ok(()))
+    }
 }
 
 /// Why a publish was not confirmed: the broker's error, kept (clipped) as the row's
@@ -265,7 +275,8 @@ where
 }
 
 /// Relays forever: a batch at once; another at once after a full one (after a yield to
-/// the executor); after a short or failed one, `wait(settings.poll())` first. Each
+/// the executor); after a short or failed one, `wait(settings.poll())` first. A batch is
+/// claimed only once [`Publisher::ready`] says the broker can take it. Each
 /// batch's outcome is handed to `report`. `wait` is the caller's timer
 /// (`tokio::time::sleep`), or a wake-up that ends early when a row was enqueued
 /// (PostgreSQL's `LISTEN`: `idemcache_postgres::outbox::Wakeup`). Stop it by dropping
@@ -287,7 +298,10 @@ where
     R: FnMut(Result<BatchReport, OutboxError>),
 {
     loop {
-        let done = relay_batch(&storage, &publisher, &settings, &mut clock).await;
+        let done = match publisher.ready().await {
+            Ok(()) => relay_batch(&storage, &publisher, &settings, &mut clock).await,
+            Err(e) => Err(OutboxError::BrokerUnavailable(e)),
+        };
         let full = matches!(&done, Ok(r) if r.claimed >= settings.batch);
         report(done);
         if full {
