@@ -436,7 +436,7 @@ pub enum OutboxError {
     Corrupt(String),
     /// The database failed; the driver's error is the [`source`](Error::source).
     Database(Box<dyn Error + Send + Sync>),
-    /// The broker cannot take messages now ([`Publisher::ready`](relay::Publisher::ready)
+    /// The broker cannot take messages now ([`Publisher::ready`]
     /// said why): the relay claimed nothing, so no row used an attempt.
     BrokerUnavailable(relay::PublishError),
 }
