@@ -30,8 +30,9 @@
 //!   record is written after the order commits, and the `UNIQUE` constraint is what
 //!   stops a second order after a crash between the two; the example then prints `the
 //!   backstop caught a second execution of KEY` on stderr when it does.
-//! - `IDEMPOTENCY_LEASE_MS`: the lease a claim takes (default 60000); a lease held by an
-//!   instance that died lapses after it, and a retry may then run the request.
+//! - `IDEMPOTENCY_LEASE_MS`: the lease a claim takes (default 10000, `Tiered`'s default);
+//!   a lease held by an instance that died lapses after it, and a retry may then run the
+//!   request.
 //! - `ORDERS_OUTBOX`: a topic; when set, each new order also writes one message to the
 //!   transactional outbox (`idemcache_outbox`, created at start in the orders database)
 //!   in the order's own transaction, beside its idempotency record when they commit
@@ -69,7 +70,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use idemcache::layer::{client_key, IdempotencyLayer, InTransaction};
 use idemcache::store::encoding::one_line;
-use idemcache::store::{Store, Tiered};
+use idemcache::store::{Store, Tiered, DEFAULT_LEASE};
 use idemcache::Cache;
 use idemcache_any::redacted;
 use idemcache_postgres::{deadpool_postgres, tokio_postgres};
@@ -515,7 +516,10 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         u16::try_from(env_number("PORT", 3000)?).map_err(|_| "PORT must be a port number")?;
     let delay = Duration::from_millis(env_number("ORDER_DELAY_MS", 0)?);
     let wait = Duration::from_millis(env_number("IDEMPOTENCY_WAIT_MS", 10_000)?);
-    let lease = Duration::from_millis(env_number("IDEMPOTENCY_LEASE_MS", 60_000)?);
+    let lease = Duration::from_millis(env_number(
+        "IDEMPOTENCY_LEASE_MS",
+        DEFAULT_LEASE.as_millis() as u64,
+    )?);
     if lease.is_zero() {
         return Err("IDEMPOTENCY_LEASE_MS must be at least 1".into());
     }

@@ -52,7 +52,7 @@ pub use reconcile::{reconcile, ReconcileError};
 pub use record::{Record, RecordFilter, RecordState};
 #[cfg(feature = "tower")]
 pub(crate) use tiered::{read_through_ttl, CLOCK_SLACK};
-pub use tiered::{Tiered, TieredClaim, TieredError, TieredGuard};
+pub use tiered::{Tiered, TieredClaim, TieredError, TieredGuard, DEFAULT_LEASE};
 pub use wait::claim_wait;
 #[cfg(feature = "tower")]
 pub(crate) use wait::look_while;

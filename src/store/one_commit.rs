@@ -104,8 +104,11 @@ pub trait TransactionalStore: Send + Sync + 'static {
 /// completion after it ends is refused, and the transaction commits nothing. It does not
 /// end a transaction that runs on (a hung handler keeps its row and connection): bound
 /// the handler with a timeout. Nobody else can take the key over meanwhile (the claim is
-/// not visible to them), so choose it longer than the slowest transaction. Defaults: a 60 s lease, results kept 24 h (as [`Tiered`](super::Tiered)),
-/// no cache in front ([`with_cache`](Self::with_cache)).
+/// not visible to them), so choose it longer than the slowest transaction. Defaults: a
+/// 60 s lease, results kept 24 h (as [`Tiered`](super::Tiered)), no cache in front
+/// ([`with_cache`](Self::with_cache)). The lease is longer than `Tiered`'s
+/// [`DEFAULT_LEASE`](super::DEFAULT_LEASE) because here it frees no crashed holder's
+/// key: a crash rolls the claim back with its transaction, and the key is free at once.
 #[derive(Debug)]
 pub struct OneCommit<S> {
     store: Arc<S>,

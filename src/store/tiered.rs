@@ -44,6 +44,21 @@ pub(crate) fn read_through_ttl(record: &Replay<SystemTime>) -> (Duration, Durati
     (whole, left.min(whole))
 }
 
+/// The lease [`Tiered::new`] takes: 10 s.
+///
+/// A process killed mid-execution leaves its keys PROCESSING in the store until their
+/// lease ends, and a retry meanwhile is answered "in progress"; a shorter lease frees
+/// them sooner and costs one store write per third of a lease that an execution runs
+/// (the HTTP layer's renewal beat), none for an execution shorter than that. A renewal
+/// has two thirds of the lease to land: 6.7 s here, against a worst renewal of 54 ms
+/// measured on the four stores under saturating load (`benches/lease.rs`, BENCHMARKS.md).
+/// Choose a longer lease when the store can stall for seconds (a Redis Cluster failover
+/// takes its `cluster-node-timeout`, 15 s by default) or when an execution that claims
+/// through [`Tiered`] directly runs longer than this without
+/// [`TieredGuard::extend_lease`]: a lease that ends mid-execution lets a retry run the
+/// request again (under [`LapsePolicy::TakeOver`](crate::LapsePolicy::TakeOver)).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
 /// A [`Cache`] in front of a [`Store`]. Cheap to clone (the store is shared).
 ///
 /// The cache is `Tiered`'s own: it keeps results in its own format there, so claim its
@@ -125,20 +140,26 @@ impl From<StoreError> for TieredError {
 }
 
 impl<S: Store> Tiered<S> {
-    /// The cache in front of `store`, with a 60 s lease and 24 h TTLs for results and
-    /// unknown outcomes (the store's TTLs; the cache keeps results no longer).
+    /// The cache in front of `store`, with a [`DEFAULT_LEASE`] (10 s) lease and 24 h
+    /// TTLs for results and unknown outcomes (the store's TTLs; the cache keeps results
+    /// no longer).
     pub fn new(cache: Cache, store: S) -> Self {
         let day = Duration::from_secs(24 * 3600);
         Tiered {
             cache,
             store: Arc::new(store),
-            lease: Duration::from_secs(60),
+            lease: DEFAULT_LEASE,
             completed_ttl: day,
             unknown_ttl: day,
         }
     }
 
-    /// The lease a claim takes in the store ([`lease`](Tiered::lease) reads it).
+    /// The lease a claim takes in the store ([`lease`](Tiered::lease) reads it): how
+    /// long a crashed holder's keys stay blocked, and how long a claim holds without
+    /// renewal. The HTTP layer renews every third of it while the handler runs; code
+    /// that claims through `Tiered` itself renews with [`TieredGuard::extend_lease`] or
+    /// sets a lease longer than its slowest execution ([`DEFAULT_LEASE`] says how to
+    /// choose).
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
