@@ -6,7 +6,9 @@
 //!     cargo run --release -p idemcache-benches --bin bench_report
 //! ```
 //!
-//! Without `IDEMCACHE_REDIS_URL` it says so and reports the in-process peers alone.
+//! It rewrites `BENCHMARKS.md` down to the line [`HAND_WRITTEN`] and keeps the rest, which
+//! is written by hand. Without `IDEMCACHE_REDIS_URL` it says so and reports the in-process
+//! peers alone.
 //! Redis is driven the way an idempotency layer would use it: claim = `SET key v NX PX
 //! ttl` (and `GET` when refused), complete = a Lua script that writes the result only
 //! if the key still holds this claimer's token (a fenced write). It uses one connection,
@@ -31,6 +33,11 @@ mod natural;
 mod peers;
 
 use peers::{build, fingerprint, key, result, uniform, zipf, Outcome, Peer, NAMES};
+
+/// The line of `BENCHMARKS.md` from which on the file is written by hand, never by this
+/// report.
+const HAND_WRITTEN: &str =
+    "<!-- Written by hand from here on; bench_report rewrites only what is above. -->";
 
 const KEYS: u64 = 100_000;
 const OPS: usize = 1 << 20;
@@ -602,10 +609,14 @@ fn main() {
         }
     }
     writeln!(md, "\n![latency by percentile](benchmarks.svg)\n").unwrap();
-    // The hand-written part: what the figures mean, targets missed and why.
-    if let Ok(notes) = std::fs::read_to_string("benches/NOTES.md") {
-        md.push_str(&notes);
-    }
+    // The hand-written part, from the marker on (what the figures mean, targets missed
+    // and why, the other benches' runs), is kept as it is in the file.
+    let old = std::fs::read_to_string("BENCHMARKS.md").unwrap_or_default();
+    let Some(kept) = old.find(HAND_WRITTEN) else {
+        eprintln!("BENCHMARKS.md has no line `{HAND_WRITTEN}`: nothing written");
+        std::process::exit(1);
+    };
+    md.push_str(&old[kept..]);
     std::fs::write("BENCHMARKS.md", &md).unwrap();
     println!("{md}");
     eprintln!("wrote BENCHMARKS.md and benchmarks.svg");
