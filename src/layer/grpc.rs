@@ -18,7 +18,8 @@ use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
 
-use super::problem::Refusal;
+use super::body::LayerBody;
+use super::problem::{Refusal, Refused};
 
 /// A gRPC status code (the `grpc-status` value), as the gRPC specification numbers them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -272,6 +273,16 @@ fn percent_encoded(text: &str) -> String {
         }
     }
     out
+}
+
+/// A refusal answered as a gRPC status (the layer speaks gRPC); any other answer as it is.
+pub(crate) fn as_grpc<ResB>(mut response: Response<LayerBody<ResB>>) -> Response<LayerBody<ResB>> {
+    match response.extensions_mut().remove::<Refused>() {
+        Some(Refused { refusal, detail, retry_after }) => {
+            self::refusal(refusal, &detail, retry_after).map(|body| LayerBody::buffered(body, None))
+        }
+        None => response,
+    }
 }
 
 #[cfg(test)]

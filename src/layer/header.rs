@@ -197,6 +197,11 @@ fn number(s: &[u8]) -> Option<&[u8]> {
     }
 }
 
+/// Response header set on every replay.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+/// Response header set on every replay: when the stored response expires (an HTTP date).
+pub const IDEMPOTENCY_EXPIRES: &str = "idempotency-expires";
+
 #[cfg(test)]
 mod tests {
     use super::*;

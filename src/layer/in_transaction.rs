@@ -16,7 +16,8 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt;
 
-use super::{stored_response, LayerBody};
+use super::body::LayerBody;
+use super::stored_response;
 use crate::store::OpenClaim;
 
 /// A request extension the layer sets on every request it claimed over a durable store

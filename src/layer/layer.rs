@@ -1,9 +1,9 @@
-//! [`IdempotencyLayer`]: the layer's configuration, and the `Layer` that wraps a
+//! [`IdempotencyLayer`]: the builder of the layer's settings, and the `Layer` that wraps a
 //! service in [`Idempotency`](super::Idempotency).
 //!
-//! Invariant: the settings are fixed once the layer wraps a service (each wrapped
-//! service shares them behind an `Arc`), so every request of one service is judged by
-//! the same rules.
+//! Invariant: each builder method sets one setting and checks nothing it cannot check
+//! alone; the settings it builds are shared, fixed, by every service it wraps
+//! (`settings.rs`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,48 +17,13 @@ use super::backend::Records;
 use super::decision::DecisionEvent;
 use super::grpc::Grpc;
 use super::service::Idempotency;
-use super::DEFAULT_MAX_REQUEST_BODY;
+use super::settings::{Settings, DEFAULT_MAX_REQUEST_BODY};
 use crate::{Cache, CorrelationId};
-
-type ScopeFn = dyn Fn(&Parts) -> String + Send + Sync;
-type TenantFn = dyn Fn(&Parts) -> Option<String> + Send + Sync;
-type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
-type KeyFromFn = dyn Fn(&Parts, &[u8]) -> Result<Option<Vec<u8>>, String> + Send + Sync;
-type FingerprintBodyFn = dyn Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync;
-type CorrelationFn = dyn Fn(&Parts) -> Option<CorrelationId> + Send + Sync;
-type DecisionFn = dyn Fn(&DecisionEvent<'_>) + Send + Sync;
 
 /// A tower `Layer` wrapping a service in [`Idempotency`]. Cheap to clone.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     settings: Arc<Settings>,
-}
-
-#[derive(Clone)]
-pub(crate) struct Settings {
-    pub(crate) records: Records,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) require_key: bool,
-    pub(crate) max_request_body: usize,
-    pub(crate) fingerprint_headers: Vec<HeaderName>,
-    pub(crate) wait: Option<Duration>,
-    pub(crate) scope: Arc<ScopeFn>,
-    pub(crate) tenant: Option<Arc<TenantFn>>,
-    pub(crate) store: Arc<StoreFn>,
-    pub(crate) replay_set_cookie: bool,
-    pub(crate) correlation_id: Arc<CorrelationFn>,
-    pub(crate) on_decision: Option<Arc<DecisionFn>>,
-    /// Speaks gRPC: keeps answers by gRPC status, refuses with gRPC statuses.
-    pub(crate) grpc: Option<Grpc>,
-    /// Reads the client's key from the request instead of the `Idempotency-Key` header.
-    pub(crate) key_from: Option<Arc<KeyFromFn>>,
-    /// Selects what of the body the fingerprint covers.
-    pub(crate) fingerprint_body: Option<Arc<FingerprintBodyFn>>,
-    /// Shared by every clone: the scopes' recent execution times, for `Retry-After`.
-    pub(crate) times: Arc<super::timing::ExecutionTimes>,
-    /// Shared by every clone: the scopes' registered metrics.
-    #[cfg(feature = "metrics")]
-    pub(crate) metrics: Arc<super::metrics::LayerMetrics>,
 }
 
 impl IdempotencyLayer {
@@ -428,17 +393,6 @@ impl IdempotencyLayer {
     }
 }
 
-impl Settings {
-    /// Whether a request's correlation id is read with its key: for a hook, the `metrics`
-    /// or `tracing` feature, or a durable store (which keeps it with the record). The
-    /// cache alone keeps it too, but reads it only once a claim may acquire.
-    pub(crate) fn observes_correlation(&self) -> bool {
-        cfg!(any(feature = "metrics", feature = "tracing"))
-            || self.on_decision.is_some()
-            || !matches!(self.records, Records::Memory(_))
-    }
-}
-
 /// The default scope: `"POST /orders"`, built without the formatting machinery (every
 /// guarded request builds one).
 fn method_and_path(parts: &Parts) -> String {
@@ -461,21 +415,5 @@ impl<S> tower_layer::Layer<S> for IdempotencyLayer {
 impl fmt::Debug for IdempotencyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.settings.fmt(f)
-    }
-}
-
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyLayer")
-            .field("methods", &self.methods)
-            .field("require_key", &self.require_key)
-            .field("max_request_body", &self.max_request_body)
-            .field("fingerprint_headers", &self.fingerprint_headers)
-            .field("wait", &self.wait)
-            .field("tenant", &self.tenant.is_some())
-            .field("replay_set_cookie", &self.replay_set_cookie)
-            .field("on_decision", &self.on_decision.is_some())
-            .field("grpc", &self.grpc)
-            .finish_non_exhaustive()
     }
 }

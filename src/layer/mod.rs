@@ -149,7 +149,12 @@ mod one_commit;
 mod outcome;
 mod problem;
 mod renewal;
+mod replay;
+mod report;
+mod request_body;
 mod service;
+mod settings;
+mod span;
 mod stored_response;
 mod timing;
 
@@ -157,7 +162,9 @@ pub use body::LayerBody;
 pub use claimed::Claimed;
 pub use decision::{Decision, DecisionEvent};
 pub use grpc::{Grpc, GrpcCode};
-pub use header::{client_key, KeyHeaderError, IDEMPOTENCY_KEY};
+pub use header::{
+    client_key, KeyHeaderError, IDEMPOTENCY_EXPIRES, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
+};
 /// The `http` crate at the version the layer is built on: the closures
 /// ([`IdempotencyLayer::tenant`], [`IdempotencyLayer::key_from`], ...) take its
 /// `http::request::Parts`, so a program can name the type without a dependency of its own.
@@ -171,14 +178,7 @@ pub use layer::IdempotencyLayer;
 pub use one_commit::{HeldTransaction, TransactionEnded};
 pub use outcome::{stored_response, OutcomeUnknown};
 pub use service::Idempotency;
-
-/// Response header set on every replay.
-pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
-/// Response header set on every replay: when the stored response expires (an HTTP date).
-pub const IDEMPOTENCY_EXPIRES: &str = "idempotency-expires";
-
-/// The default limit on a request body the layer buffers: 1 MiB.
-pub const DEFAULT_MAX_REQUEST_BODY: usize = 1 << 20;
+pub use settings::DEFAULT_MAX_REQUEST_BODY;
 
 /// The header a W3C Trace Context names a request's trace in.
 pub const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");

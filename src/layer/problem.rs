@@ -10,6 +10,8 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 
+use super::body::LayerBody;
+
 /// Why the layer answered instead of the handler (the `code` member of its problem body).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {
@@ -104,6 +106,18 @@ fn json_string(s: &str) -> String {
     }
     out.push('"');
     out
+}
+
+/// The layer's own answer.
+pub(crate) fn refuse<ResB, E>(
+    refusal: Refusal,
+    detail: &str,
+    retry_after: Option<std::time::Duration>,
+) -> Result<Response<LayerBody<ResB>>, E> {
+    let mut answer = refusal.answer(detail, retry_after);
+    // For a layer speaking gRPC, which answers it as a gRPC status instead (`call`).
+    answer.extensions_mut().insert(Refused { refusal, detail: detail.into(), retry_after });
+    Ok(answer.map(|body| LayerBody::buffered(body, None)))
 }
 
 #[cfg(test)]

@@ -24,28 +24,31 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Buf;
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONTENT_LENGTH};
 use http::request::Parts;
 use http::{Request, Response};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
 
 use super::backend::{Found, Held, Records, Settled};
 use super::body::LayerBody;
 use super::claimed::Claimed;
-use super::decision::{Asked, Decision};
+use super::decision::Decision;
 use super::detached::Detached;
-use super::grpc;
+use super::grpc::as_grpc;
+use super::header;
 #[cfg(feature = "store")]
 use super::in_transaction::InTransaction;
-use super::layer::Settings;
 use super::outcome::OutcomeUnknown;
-use super::problem::{Refusal, Refused};
+use super::problem::refuse;
+use super::problem::Refusal;
 use super::renewal::{Panicked, Read, Renewing};
-use super::{header, stored_response, IDEMPOTENCY_EXPIRES, IDEMPOTENT_REPLAYED};
+use super::replay::replayed;
+use super::report::Asked;
+use super::request_body::{read_body, refuse_body};
+use super::settings::Settings;
+use super::span::{current_span, in_span};
+use super::stored_response;
 use crate::fingerprint::WholeRequest;
 use crate::{CorrelationId, Fingerprint, Key, KeyError};
 
@@ -131,46 +134,10 @@ where
     }
 }
 
-/// The layer's own answer.
-fn refuse<ResB, E>(
-    refusal: Refusal,
-    detail: &str,
-    retry_after: Option<std::time::Duration>,
-) -> Result<Response<LayerBody<ResB>>, E> {
-    let mut answer = refusal.answer(detail, retry_after);
-    // For a layer speaking gRPC, which answers it as a gRPC status instead (`call`).
-    answer.extensions_mut().insert(Refused { refusal, detail: detail.into(), retry_after });
-    Ok(answer.map(|body| LayerBody::buffered(body, None)))
-}
-
-/// The refusal of a request body that is too large or could not be read.
-fn refuse_body<ResB, E>(
-    settings: &Settings,
-    refusal: Refusal,
-) -> Result<Response<LayerBody<ResB>>, E> {
-    let detail = match refusal {
-        Refusal::BodyTooLarge => {
-            format!("the request body exceeds {} bytes", settings.max_request_body)
-        }
-        _ => "the request body could not be read".to_owned(),
-    };
-    refuse(refusal, &detail, None)
-}
-
 /// A request's body before the claim: read already (a key read from it), or not yet.
 enum Pending<B> {
     Unread(B),
     Read(Bytes),
-}
-
-/// A refusal answered as a gRPC status (the layer speaks gRPC); any other answer as it is.
-fn as_grpc<ResB>(mut response: Response<LayerBody<ResB>>) -> Response<LayerBody<ResB>> {
-    match response.extensions_mut().remove::<Refused>() {
-        Some(Refused { refusal, detail, retry_after }) => {
-            grpc::refusal(refusal, &detail, retry_after).map(|body| LayerBody::buffered(body, None))
-        }
-        None => response,
-    }
 }
 
 /// The handler's answer to a request the layer does not guard: its body passed on
@@ -212,7 +179,7 @@ where
             None => Pending::Unread(body),
             Some(_) => match read_body(&parts, body, settings.max_request_body).await {
                 Ok(read) => Pending::Read(read),
-                Err(refusal) => return refuse_body(&settings, refusal),
+                Err(refusal) => return refuse_body(settings.max_request_body, refusal),
             },
         };
         let client_key: Result<Option<Cow<'_, [u8]>>, String> = match (&settings.key_from, &body) {
@@ -289,7 +256,7 @@ where
             Pending::Unread(unread) => {
                 match read_body(&parts, unread, settings.max_request_body).await {
                     Ok(body) => body,
-                    Err(refusal) => return refuse_body(&settings, refusal),
+                    Err(refusal) => return refuse_body(settings.max_request_body, refusal),
                 }
             }
         };
@@ -342,35 +309,6 @@ where
     let span = asked.span();
     let decided = decide(settings.clone(), inner, request, asked, fingerprint, false);
     Detached::boxed(Box::pin(in_span(span, decided)))
-}
-
-/// `future`, run inside the request's span (feature `tracing`: see [`Asked::span`]).
-#[cfg(feature = "tracing")]
-fn in_span<F: Future>(span: tracing::Span, future: F) -> impl Future<Output = F::Output> {
-    tracing::Instrument::instrument(future, span)
-}
-
-/// `future` (without the `tracing` feature there is no span).
-#[cfg(not(feature = "tracing"))]
-fn in_span<F: Future>(_span: NoSpan, future: F) -> F {
-    future
-}
-
-/// What stands for a span without the `tracing` feature: nothing.
-#[cfg(not(feature = "tracing"))]
-#[derive(Clone, Copy)]
-pub(crate) struct NoSpan;
-
-/// The span this code runs in: the request's, entered by [`in_span`].
-#[cfg(feature = "tracing")]
-fn current_span() -> tracing::Span {
-    tracing::Span::current()
-}
-
-/// No span without the `tracing` feature.
-#[cfg(not(feature = "tracing"))]
-fn current_span() -> NoSpan {
-    NoSpan
 }
 
 /// What [`probe`] found before the claim.
@@ -529,58 +467,6 @@ impl Drop for ReportIfDropped<'_> {
         asked.waited = true;
         asked.report(self.settings, Decision::InProgress, None);
     }
-}
-
-/// The request body, whole: refused with 413 if `Content-Length` says it is over `limit`
-/// (before reading), or if it turns out to be while reading.
-async fn read_body<B>(parts: &Parts, body: B, limit: usize) -> Result<Bytes, Refusal>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let declared = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse().ok());
-    if declared.is_some_and(|len: u64| len > limit as u64) {
-        return Err(Refusal::BodyTooLarge);
-    }
-    read_whole(body, limit).await
-}
-
-/// `body`'s data, whole, as one `Bytes`: a body of one frame (most requests' are, and
-/// every buffered one is) is handed on as it came, without copying or a list of frames;
-/// more frames are copied into one buffer. Trailers are not part of it (the fingerprint
-/// is the body's data, as it always was).
-async fn read_whole<B>(body: B, limit: usize) -> Result<Bytes, Refusal>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let mut body = std::pin::pin!(Limited::new(body, limit));
-    let (mut first, mut rest) = (None::<Bytes>, None::<bytes::BytesMut>);
-    while let Some(frame) = body.as_mut().frame().await {
-        let frame = match frame {
-            Ok(frame) => frame,
-            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-                return Err(Refusal::BodyTooLarge)
-            }
-            Err(_) => return Err(Refusal::BodyUnreadable),
-        };
-        let Ok(mut data) = frame.into_data() else { continue };
-        let data = data.copy_to_bytes(data.remaining());
-        match (&first, &mut rest) {
-            (None, _) => first = Some(data),
-            (Some(head), None) => {
-                let mut all = bytes::BytesMut::with_capacity(head.len() + data.len());
-                all.extend_from_slice(head);
-                all.extend_from_slice(&data);
-                rest = Some(all);
-            }
-            (Some(_), Some(all)) => all.extend_from_slice(&data),
-        }
-    }
-    Ok(match (first, rest) {
-        (_, Some(all)) => all.freeze(),
-        (first, None) => first.unwrap_or_default(),
-    })
 }
 
 /// Method, path and query, the selected headers (every value, in order) and the body (or
@@ -785,91 +671,6 @@ fn joined<ResB, E>(
     })
 }
 
-/// A stored response as it was first sent, marked as a replay.
-fn replayed<ResB, E>(
-    body: Option<Bytes>,
-    expires_at: std::time::SystemTime,
-) -> Result<Response<LayerBody<ResB>>, E> {
-    let Some(body) = &body else {
-        let detail = "a request with this key completed, but its response was too large to \
-                      keep; it was not executed again";
-        return refuse(Refusal::ResponseNotKept, detail, None);
-    };
-    let Some(stored) = stored_response::decode(body) else {
-        let detail = "the result stored under this key is not a stored HTTP response";
-        return refuse(Refusal::RecordCorrupt, detail, None);
-    };
-    // An HTTP/1.1 server sends only the trailers a `Trailer` field announces; it is not
-    // stored (it describes this message's framing), so it is announced afresh.
-    let announced = stored.trailers.as_ref().and_then(|trailers| {
-        let mut names = trailers.keys().map(|name| name.as_str()).collect::<Vec<_>>();
-        names.dedup();
-        HeaderValue::from_str(&names.join(", ")).ok()
-    });
-    let mut response = Response::new(LayerBody::buffered(stored.body, stored.trailers));
-    *response.status_mut() = stored.status;
-    *response.headers_mut() = stored.headers;
-    let headers = response.headers_mut();
-    if let Some(announced) = announced {
-        headers.insert(http::header::TRAILER, announced);
-    }
-    headers.insert(REPLAYED_NAME, HeaderValue::from_static("true"));
-    if let Some(expires) = expires_value(expires_at) {
-        headers.insert(EXPIRES_NAME, expires);
-    }
-    Ok(response)
-}
-
-/// The replay headers' names, parsed once (a `&str` name is parsed at every insert).
-const REPLAYED_NAME: HeaderName = HeaderName::from_static(IDEMPOTENT_REPLAYED);
-const EXPIRES_NAME: HeaderName = HeaderName::from_static(IDEMPOTENCY_EXPIRES);
-
-thread_local! {
-    /// The last `Idempotency-Expires` value this thread formatted, by its second: replays
-    /// of records completed in the same second (a burst of retries; a popular key) share
-    /// one formatting and one buffer.
-    static LAST_EXPIRES: std::cell::RefCell<Option<(std::time::SystemTime, HeaderValue)>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// `expires_at` as an `Idempotency-Expires` value (an HTTP date, to the second).
-fn expires_value(expires_at: std::time::SystemTime) -> Option<HeaderValue> {
-    let second = truncated(expires_at);
-    let cached = LAST_EXPIRES
-        .try_with(|last| match &*last.borrow() {
-            Some((at, value)) if *at == second => Some(value.clone()),
-            _ => None,
-        })
-        .ok()
-        .flatten();
-    if cached.is_some() {
-        return cached;
-    }
-    let value = HeaderValue::from_str(&http_date(expires_at)).ok()?;
-    // A thread being torn down keeps no cache: nothing lost but the reuse.
-    let _ = LAST_EXPIRES.try_with(|last| *last.borrow_mut() = Some((second, value.clone())));
-    Some(value)
-}
-
-/// `at` to the whole second before it (HTTP dates name seconds); before the epoch, as is.
-fn truncated(at: std::time::SystemTime) -> std::time::SystemTime {
-    match at.duration_since(std::time::UNIX_EPOCH) {
-        Ok(since) => std::time::UNIX_EPOCH + std::time::Duration::from_secs(since.as_secs()),
-        Err(_) => at,
-    }
-}
-
-/// The last instant an HTTP date can name: 9999-12-31 23:59:59 UTC.
-const LAST_HTTP_DATE: std::time::Duration = std::time::Duration::from_secs(253_402_300_799);
-
-/// `at` as an HTTP date, held within what one can name (the epoch to the end of year
-/// 9999): a record an operator pinned "for ever" still replays, as expiring at the last
-/// date there is.
-fn http_date(at: std::time::SystemTime) -> String {
-    let epoch = std::time::SystemTime::UNIX_EPOCH;
-    httpdate::fmt_http_date(at.clamp(epoch, epoch + LAST_HTTP_DATE))
-}
-
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
@@ -877,7 +678,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::{Context, Poll};
 
-    use http_body_util::Full;
+    use http::HeaderValue;
+    use http_body_util::{BodyExt, Full};
     use tower_layer::Layer;
 
     use super::*;
@@ -1148,8 +950,8 @@ mod tests {
             Trailers(13),
             Trailers(5),
         ]);
-        let layer =
-            IdempotencyLayer::new(Cache::builder().build().unwrap()).grpc(super::grpc::Grpc::new());
+        let layer = IdempotencyLayer::new(Cache::builder().build().unwrap())
+            .grpc(crate::layer::Grpc::new());
         let mut service = layer.layer(handler.clone());
         let mut call = |key: &str| grpc_call(&runtime, &mut service, CREATE, Some(key), "m");
         let runs = || handler.runs.load(Ordering::SeqCst);
@@ -1186,7 +988,7 @@ mod tests {
         use GrpcAnswer::*;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         let handler = GrpcHandler::new(&[Trailers(0), Trailers(0), Trailers(0)]);
-        let grpc = super::grpc::Grpc::new().unguarded(["/orders.v1.Orders/Watch"]);
+        let grpc = crate::layer::Grpc::new().unguarded(["/orders.v1.Orders/Watch"]);
         let layer = IdempotencyLayer::new(Cache::builder().build().unwrap()).grpc(grpc);
         let mut service = layer.layer(handler.clone());
 
