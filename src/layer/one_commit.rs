@@ -499,7 +499,7 @@ mod tests {
         S::Error: std::fmt::Debug,
     {
         let response = service.call(post(key, order)).await.unwrap();
-        let replayed = response.headers().contains_key(super::header::IDEMPOTENT_REPLAYED);
+        let replayed = response.headers().contains_key(crate::layer::IDEMPOTENT_REPLAYED);
         let status = response.status().as_u16();
         let body = response.into_body().collect().await.unwrap().to_bytes();
         let code = serde_json::from_slice::<serde_json::Value>(&body)
