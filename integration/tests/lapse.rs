@@ -139,35 +139,21 @@ impl Store for ForgetFails {
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
         self.0.mark_unknown(key, token, ttl)
     }
-    fn resolve(
+    fn resolve_fenced(
         &self,
         key: &idemcache::Key,
+        execution: Option<idemcache::FencingToken>,
         body: Option<Bytes>,
         ttl: Duration,
     ) -> impl std::future::Future<
         Output = Result<idemcache::Replay<std::time::SystemTime>, StoreError>,
     > + Send {
-        self.0.resolve(key, body, ttl)
+        self.0.resolve_fenced(key, execution, body, ttl)
     }
-    fn forget(
+    fn forget_fenced(
         &self,
         _key: &idemcache::Key,
-    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
-        std::future::ready(Err(StoreError::Backend("the server went away".into())))
-    }
-    fn resolve_listed(
-        &self,
-        listed: &idemcache::UnknownEntry<std::time::SystemTime>,
-        body: Option<Bytes>,
-        ttl: Duration,
-    ) -> impl std::future::Future<
-        Output = Result<idemcache::Replay<std::time::SystemTime>, StoreError>,
-    > + Send {
-        self.0.resolve_listed(listed, body, ttl)
-    }
-    fn forget_listed(
-        &self,
-        _listed: &idemcache::UnknownEntry<std::time::SystemTime>,
+        _execution: Option<idemcache::FencingToken>,
     ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
         std::future::ready(Err(StoreError::Backend("the server went away".into())))
     }

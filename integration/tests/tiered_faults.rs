@@ -138,27 +138,21 @@ impl<S: Store> Store for Faulty<S> {
     ) -> Result<(), StoreError> {
         self.inner.mark_unknown(key, token, ttl).await
     }
-    async fn resolve(
+    async fn resolve_fenced(
         &self,
         key: &Key,
+        execution: Option<FencingToken>,
         body: Option<Bytes>,
         ttl: Duration,
     ) -> Result<Replay<SystemTime>, StoreError> {
-        self.inner.resolve(key, body, ttl).await
+        self.inner.resolve_fenced(key, execution, body, ttl).await
     }
-    async fn forget(&self, key: &Key) -> Result<(), StoreError> {
-        self.inner.forget(key).await
-    }
-    async fn resolve_listed(
+    async fn forget_fenced(
         &self,
-        listed: &UnknownEntry<SystemTime>,
-        body: Option<Bytes>,
-        ttl: Duration,
-    ) -> Result<Replay<SystemTime>, StoreError> {
-        self.inner.resolve_listed(listed, body, ttl).await
-    }
-    async fn forget_listed(&self, listed: &UnknownEntry<SystemTime>) -> Result<(), StoreError> {
-        self.inner.forget_listed(listed).await
+        key: &Key,
+        execution: Option<FencingToken>,
+    ) -> Result<(), StoreError> {
+        self.inner.forget_fenced(key, execution).await
     }
     async fn list_unknown(
         &self,

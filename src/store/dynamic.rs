@@ -55,22 +55,17 @@ pub trait DynStore: Send + Sync + std::fmt::Debug + 'static {
         token: FencingToken,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
-    fn resolve<'a>(
+    fn resolve_fenced<'a>(
         &'a self,
         key: &'a Key,
+        execution: Option<FencingToken>,
         body: Option<Bytes>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Replay<SystemTime>, StoreError>>;
-    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<(), StoreError>>;
-    fn resolve_listed<'a>(
+    fn forget_fenced<'a>(
         &'a self,
-        listed: &'a UnknownEntry<SystemTime>,
-        body: Option<Bytes>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Replay<SystemTime>, StoreError>>;
-    fn forget_listed<'a>(
-        &'a self,
-        listed: &'a UnknownEntry<SystemTime>,
+        key: &'a Key,
+        execution: Option<FencingToken>,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
     fn list_unknown(
         &self,
@@ -135,30 +130,21 @@ impl<S: Store> DynStore for S {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(Store::mark_unknown(self, key, token, ttl))
     }
-    fn resolve<'a>(
+    fn resolve_fenced<'a>(
         &'a self,
         key: &'a Key,
+        execution: Option<FencingToken>,
         body: Option<Bytes>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Replay<SystemTime>, StoreError>> {
-        Box::pin(Store::resolve(self, key, body, ttl))
+        Box::pin(Store::resolve_fenced(self, key, execution, body, ttl))
     }
-    fn forget<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::forget(self, key))
-    }
-    fn resolve_listed<'a>(
+    fn forget_fenced<'a>(
         &'a self,
-        listed: &'a UnknownEntry<SystemTime>,
-        body: Option<Bytes>,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Replay<SystemTime>, StoreError>> {
-        Box::pin(Store::resolve_listed(self, listed, body, ttl))
-    }
-    fn forget_listed<'a>(
-        &'a self,
-        listed: &'a UnknownEntry<SystemTime>,
+        key: &'a Key,
+        execution: Option<FencingToken>,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::forget_listed(self, listed))
+        Box::pin(Store::forget_fenced(self, key, execution))
     }
     fn list_unknown(
         &self,
@@ -258,27 +244,21 @@ impl Store for AnyStore {
     ) -> Result<(), StoreError> {
         self.0.mark_unknown(key, token, ttl).await
     }
-    async fn resolve(
+    async fn resolve_fenced(
         &self,
         key: &Key,
+        execution: Option<FencingToken>,
         body: Option<Bytes>,
         ttl: Duration,
     ) -> Result<Replay<SystemTime>, StoreError> {
-        self.0.resolve(key, body, ttl).await
+        self.0.resolve_fenced(key, execution, body, ttl).await
     }
-    async fn forget(&self, key: &Key) -> Result<(), StoreError> {
-        self.0.forget(key).await
-    }
-    async fn resolve_listed(
+    async fn forget_fenced(
         &self,
-        listed: &UnknownEntry<SystemTime>,
-        body: Option<Bytes>,
-        ttl: Duration,
-    ) -> Result<Replay<SystemTime>, StoreError> {
-        self.0.resolve_listed(listed, body, ttl).await
-    }
-    async fn forget_listed(&self, listed: &UnknownEntry<SystemTime>) -> Result<(), StoreError> {
-        self.0.forget_listed(listed).await
+        key: &Key,
+        execution: Option<FencingToken>,
+    ) -> Result<(), StoreError> {
+        self.0.forget_fenced(key, execution).await
     }
     async fn list_unknown(
         &self,

@@ -203,16 +203,47 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// UNKNOWN → COMPLETED after checking the authority.
+    /// UNKNOWN → COMPLETED after checking the authority: the key's UNKNOWN record
+    /// whichever execution it is (`execution: None`), or only if it is still the
+    /// execution claimed under `execution`'s token, else [`StoreError::NotUnknown`].
+    ///
+    /// The one fenced operation [`resolve`](Store::resolve) and
+    /// [`resolve_listed`](Store::resolve_listed) are provided over. Required, with no
+    /// default: the check and the write must be one atomic step of the store (a
+    /// conditional write), which only the store can make. `conformance::run` checks
+    /// it, including the case a fingerprint and a mark time cannot tell apart.
+    fn resolve_fenced(
+        &self,
+        key: &Key,
+        execution: Option<FencingToken>,
+        body: Option<Bytes>,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send;
+
+    /// UNKNOWN → absent after checking the authority found no effect, fenced as
+    /// [`resolve_fenced`](Store::resolve_fenced); [`forget`](Store::forget) and
+    /// [`forget_listed`](Store::forget_listed) are provided over it.
+    fn forget_fenced(
+        &self,
+        key: &Key,
+        execution: Option<FencingToken>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// UNKNOWN → COMPLETED after checking the authority, whichever execution the key's
+    /// UNKNOWN record is.
     fn resolve(
         &self,
         key: &Key,
         body: Option<Bytes>,
         ttl: Duration,
-    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        self.resolve_fenced(key, None, body, ttl)
+    }
 
     /// UNKNOWN → absent after checking the authority found no effect.
-    fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.forget_fenced(key, None)
+    }
 
     /// [`resolve`](Store::resolve), only if the key's UNKNOWN record is still the one
     /// `listed` ([`list_unknown`](Store::list_unknown)'s) names: the execution claimed under
@@ -220,24 +251,23 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// one execution never settles another (the key forgotten, claimed again and marked
     /// again while the authority was being asked, perhaps by the same request within the
     /// same clock tick): [`StoreError::NotUnknown`] then.
-    ///
-    /// Required, with no default: the check and the write must be one atomic step of
-    /// the store (a conditional write), which only the store can make.
-    /// `conformance::run` checks it, including the case a fingerprint and a mark time
-    /// cannot tell apart.
     fn resolve_listed(
         &self,
         listed: &UnknownEntry<SystemTime>,
         body: Option<Bytes>,
         ttl: Duration,
-    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
+        self.resolve_fenced(&listed.key, Some(listed.token), body, ttl)
+    }
 
     /// [`forget`](Store::forget), only if the key's UNKNOWN record is still the one
     /// `listed` names (its token), as [`resolve_listed`](Store::resolve_listed).
     fn forget_listed(
         &self,
         listed: &UnknownEntry<SystemTime>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        self.forget_fenced(&listed.key, Some(listed.token))
+    }
 
     /// Up to `limit` live UNKNOWN records, oldest mark first (as
     /// [`Cache::list_unknown`](crate::Cache::list_unknown) lists the cache's).

@@ -30,8 +30,8 @@ type ClaimReply = (i64, Option<Vec<u8>>, Option<i64>, Option<Vec<u8>>, Option<i6
 /// (empty: any record). A claim's token is `max(previous + 1, now in µs)`, so a key
 /// forgotten and claimed again gets a later one unless Redis's clock stepped back to
 /// the very microsecond of the listed claim.
-fn listed_arg(entry: &UnknownEntry<SystemTime>) -> Vec<u8> {
-    number(entry.token.get())
+fn listed_arg(token: FencingToken) -> Vec<u8> {
+    number(token.get())
 }
 
 impl RedisStore {
@@ -266,33 +266,22 @@ impl Store for RedisStore {
         }
     }
 
-    fn resolve(
+    fn resolve_fenced(
         &self,
         key: &Key,
+        execution: Option<FencingToken>,
         body: Option<Bytes>,
         ttl: Duration,
     ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        self.resolve_where(key.clone(), None, body, ttl)
+        self.resolve_where(key.clone(), execution.map(listed_arg), body, ttl)
     }
 
-    fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.forget_where(key.clone(), None)
-    }
-
-    fn resolve_listed(
+    fn forget_fenced(
         &self,
-        listed: &UnknownEntry<SystemTime>,
-        body: Option<Bytes>,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        self.resolve_where(listed.key.clone(), Some(listed_arg(listed)), body, ttl)
-    }
-
-    fn forget_listed(
-        &self,
-        listed: &UnknownEntry<SystemTime>,
+        key: &Key,
+        execution: Option<FencingToken>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.forget_where(listed.key.clone(), Some(listed_arg(listed)))
+        self.forget_where(key.clone(), execution.map(listed_arg))
     }
 
     async fn list_unknown(

@@ -186,9 +186,9 @@ struct Listed {
 }
 
 impl Listed {
-    fn of(entry: &UnknownEntry<SystemTime>) -> Listed {
+    fn of(token: FencingToken) -> Listed {
         // The inverse of the listing's `as u64`: the row's own value, bit for bit.
-        Listed { token: entry.token.get() as i64 }
+        Listed { token: token.get() as i64 }
     }
 }
 
@@ -345,33 +345,22 @@ impl Store for SqliteStore {
         })
     }
 
-    fn resolve(
+    fn resolve_fenced(
         &self,
         key: &Key,
+        execution: Option<FencingToken>,
         body: Option<Bytes>,
         ttl: Duration,
     ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        self.resolve_where(key.clone(), None, body, ttl)
+        self.resolve_where(key.clone(), execution.map(Listed::of), body, ttl)
     }
 
-    fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.forget_where(key.clone(), None)
-    }
-
-    fn resolve_listed(
+    fn forget_fenced(
         &self,
-        listed: &UnknownEntry<SystemTime>,
-        body: Option<Bytes>,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        self.resolve_where(listed.key.clone(), Some(Listed::of(listed)), body, ttl)
-    }
-
-    fn forget_listed(
-        &self,
-        listed: &UnknownEntry<SystemTime>,
+        key: &Key,
+        execution: Option<FencingToken>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.forget_where(listed.key.clone(), Some(Listed::of(listed)))
+        self.forget_where(key.clone(), execution.map(Listed::of))
     }
 
     fn list_unknown(

@@ -694,33 +694,22 @@ impl Store for MySqlStore {
         }
     }
 
-    fn resolve(
+    fn resolve_fenced(
         &self,
         key: &Key,
+        execution: Option<FencingToken>,
         body: Option<Bytes>,
         ttl: Duration,
     ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        self.resolve_where(key.clone(), None, body, ttl)
+        self.resolve_where(key.clone(), execution.map(decode::token), body, ttl)
     }
 
-    fn forget(&self, key: &Key) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.forget_where(key.clone(), None)
-    }
-
-    fn resolve_listed(
+    fn forget_fenced(
         &self,
-        listed: &UnknownEntry<SystemTime>,
-        body: Option<Bytes>,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Replay<SystemTime>, StoreError>> + Send {
-        self.resolve_where(listed.key.clone(), Some(decode::token(listed.token)), body, ttl)
-    }
-
-    fn forget_listed(
-        &self,
-        listed: &UnknownEntry<SystemTime>,
+        key: &Key,
+        execution: Option<FencingToken>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.forget_where(listed.key.clone(), Some(decode::token(listed.token)))
+        self.forget_where(key.clone(), execution.map(decode::token))
     }
 
     async fn list_unknown(
