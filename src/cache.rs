@@ -35,7 +35,7 @@ use crate::sync::{
 use crate::wait::WaitForClaim;
 use crate::{
     CacheBuilder, Claim, ClaimError, Clock, CorrelationId, EntrySnapshot, Fingerprint, InsertError,
-    Key, Known, RemovalCause, Replay, ResolveError, Stats, Timestamp, UnknownEntry,
+    Key, Outcome, RemovalCause, Replay, ResolveError, Stats, Timestamp, UnknownEntry,
 };
 
 /// An idempotency cache: claim a key before executing an intent, replay its result after.
@@ -629,7 +629,7 @@ impl Cache {
         &self,
         key: &Key,
         fingerprint: Fingerprint,
-        known: Known,
+        known: Outcome,
     ) -> Result<(), InsertError> {
         self.insert_correlated(key, fingerprint, known, None)
     }
@@ -642,7 +642,7 @@ impl Cache {
         &self,
         key: &Key,
         fingerprint: Fingerprint,
-        known: Known,
+        known: Outcome,
         correlation_id: Option<&CorrelationId>,
     ) -> Result<(), InsertError> {
         let (hash, shard) = self.locate(key);

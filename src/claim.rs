@@ -181,7 +181,7 @@ pub enum RemovalCause {
 /// convert wall-clock times).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Known {
+pub enum Outcome {
     /// The intent completed. Repeats replay `body` (`None`: completed without a kept
     /// body, which also serves to remember that a key belongs to one fingerprint).
     Completed {

@@ -93,14 +93,14 @@ pub enum ResolveError {
     /// No live entry has this key.
     NotFound,
     /// The entry is processing or completed, not unknown.
-    NotUnknown,
+    NothingToSettle,
 }
 
 impl fmt::Display for ResolveError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ResolveError::NotFound => f.write_str("no live entry has this key"),
-            ResolveError::NotUnknown => f.write_str("the entry's outcome is not unknown"),
+            ResolveError::NothingToSettle => f.write_str("the entry's outcome is not unknown"),
         }
     }
 }

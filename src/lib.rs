@@ -162,7 +162,7 @@ pub use bytes::Bytes;
 pub use cache::Sweeper;
 pub use cache::{Cache, SweeperError};
 pub use claim::{
-    Claim, EntrySnapshot, EntryState, FencingToken, Known, RemovalCause, Replay, UnknownEntry,
+    Claim, EntrySnapshot, EntryState, FencingToken, Outcome, RemovalCause, Replay, UnknownEntry,
 };
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{

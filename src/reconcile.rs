@@ -90,7 +90,7 @@ impl Cache {
             match settled {
                 Ok(count) => *count += 1,
                 // Not UNKNOWN any more (settled elsewhere, expired, removed): left.
-                Err(ResolveError::NotFound | ResolveError::NotUnknown) => done.left += 1,
+                Err(ResolveError::NotFound | ResolveError::NothingToSettle) => done.left += 1,
             }
         }
         done

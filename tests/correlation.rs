@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use idemcache::{
-    Cache, Claim, ClaimError, CorrelationId, InsertError, Key, Known, LapsePolicy, ManualClock,
+    Cache, Claim, ClaimError, CorrelationId, InsertError, Key, LapsePolicy, ManualClock, Outcome,
     Verdict, CORRELATION_ID_OVERHEAD, ENTRY_OVERHEAD,
 };
 
@@ -60,8 +60,10 @@ fn a_reused_slot_never_shows_the_id_of_the_entry_that_left_it() {
     guard.complete(&b"r"[..]).unwrap();
     // Expired, then inserted as a fact without an id.
     clock.advance(COMPLETED_TTL + secs(1));
-    let known =
-        Known::Unknown { marked_at: cache.now(), expires_at: cache.now().saturating_add(secs(5)) };
+    let known = Outcome::Unknown {
+        marked_at: cache.now(),
+        expires_at: cache.now().saturating_add(secs(5)),
+    };
     cache.insert(&k, fp("r"), known).unwrap();
     assert_eq!(shown(&cache, &k), None, "the dead entry's id went with it");
     // Forgotten, claimed with an id; its lease lapses to UNKNOWN (keeps it); a claim
@@ -78,7 +80,7 @@ fn a_reused_slot_never_shows_the_id_of_the_entry_that_left_it() {
     assert_eq!(shown(&cache, &k).as_deref(), Some("c-3"));
     // Past its TTL, a correlated insert over the dead entry shows the fact's id.
     clock.advance(COMPLETED_TTL + secs(1));
-    let fact = Known::Completed {
+    let fact = Outcome::Completed {
         body: Some("f".into()),
         completed_at: cache.now(),
         expires_at: cache.now().saturating_add(secs(5)),
@@ -86,8 +88,10 @@ fn a_reused_slot_never_shows_the_id_of_the_entry_that_left_it() {
     cache.insert_correlated(&k, fp("r"), fact, Some(&id("e-5"))).unwrap();
     assert_eq!(shown(&cache, &k).as_deref(), Some("e-5"));
     // An insert over it is refused and names the occupant's id, not the fact's.
-    let again =
-        Known::Unknown { marked_at: cache.now(), expires_at: cache.now().saturating_add(secs(5)) };
+    let again = Outcome::Unknown {
+        marked_at: cache.now(),
+        expires_at: cache.now().saturating_add(secs(5)),
+    };
     match cache.insert_correlated(&k, fp("r"), again, Some(&id("f-6"))) {
         Err(InsertError::Occupied(occupant)) => {
             assert_eq!(occupant.correlation_id, Some(id("e-5")));
@@ -160,7 +164,7 @@ fn filled_to(free: u64) -> Cache {
     let cache =
         builder(&clock).shards(1).max_bytes(MAX as usize).unknown_ttl(secs(1000)).build().unwrap();
     let mark = |client: &str| {
-        let known = Known::Unknown {
+        let known = Outcome::Unknown {
             marked_at: cache.now(),
             expires_at: cache.now().saturating_add(secs(500)),
         };
@@ -220,8 +224,10 @@ fn an_id_is_never_why_a_claim_is_refused_or_a_mark_is_left_out() {
 
     // A mark (from a snapshot or a store) that may have run: kept, id or not.
     let cache = filled_to(free);
-    let mark =
-        Known::Unknown { marked_at: cache.now(), expires_at: cache.now().saturating_add(secs(50)) };
+    let mark = Outcome::Unknown {
+        marked_at: cache.now(),
+        expires_at: cache.now().saturating_add(secs(50)),
+    };
     match cache.insert_correlated(&k, fp("r"), mark, Some(&trace)) {
         Ok(()) => assert!(matches!(cache.claim(&k, fp("r")), Ok(Claim::Unknown { .. }))),
         Err(e) => panic!("a mark left out for its correlation id: {e:?}"),

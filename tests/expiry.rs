@@ -310,14 +310,14 @@ fn a_fact_inserted_near_the_end_of_time_is_kept_until_the_last_deadline() {
     clock.advance(Duration::from_nanos(u64::MAX - 2 * MAX_TICK.as_nanos() as u64));
     let now = cache.now();
     let fact =
-        idemcache::Known::Unknown { marked_at: now, expires_at: now.saturating_add(secs(7200)) };
+        idemcache::Outcome::Unknown { marked_at: now, expires_at: now.saturating_add(secs(7200)) };
     cache.insert(&key("late"), fp("r"), fact).unwrap();
     let Ok(Claim::Unknown { expires_at, .. }) = cache.claim(&key("late"), fp("r")) else {
         panic!("expected the inserted mark")
     };
     assert_eq!(expires_at, now.saturating_add(MAX_TICK));
     clock.advance(MAX_TICK);
-    let too_late = idemcache::Known::Unknown {
+    let too_late = idemcache::Outcome::Unknown {
         marked_at: cache.now(),
         expires_at: cache.now().saturating_add(secs(5)),
     };

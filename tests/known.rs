@@ -7,16 +7,16 @@ use std::time::{Duration, SystemTime};
 
 use common::*;
 use idemcache::{
-    Bytes, Cache, Claim, EntryState, InsertError, Known, ManualClock, SetResultTtlError, Timestamp,
-    MAX_DURATION,
+    Bytes, Cache, Claim, EntryState, InsertError, ManualClock, Outcome, SetResultTtlError,
+    Timestamp, MAX_DURATION,
 };
 
 fn at(s: u64) -> Timestamp {
     Timestamp::from_nanos(s * 1_000_000_000)
 }
 
-fn completed(body: &'static [u8], completed_at: Timestamp, expires_at: Timestamp) -> Known {
-    Known::Completed { body: Some(Bytes::from_static(body)), completed_at, expires_at }
+fn completed(body: &'static [u8], completed_at: Timestamp, expires_at: Timestamp) -> Outcome {
+    Outcome::Completed { body: Some(Bytes::from_static(body)), completed_at, expires_at }
 }
 
 #[test]
@@ -40,7 +40,7 @@ fn an_inserted_result_is_replayed_with_its_original_times_and_counts_as_inserted
 fn an_inserted_unknown_blocks_claims_until_resolved_and_is_listed() {
     let (cache, clock) = cache();
     clock.advance(secs(10));
-    let known = Known::Unknown { marked_at: at(5), expires_at: at(40) };
+    let known = Outcome::Unknown { marked_at: at(5), expires_at: at(40) };
     cache.insert(&key("u"), fp("r"), known).unwrap();
     assert!(matches!(
         cache.claim(&key("u"), fp("r")),
@@ -123,7 +123,7 @@ fn a_fact_expiring_with_fresh_results_is_packed_and_any_other_is_kept_as_given()
     clock.advance(secs(1000));
     let now = clock_now(&cache);
     let body = Bytes::from(vec![7u8; 8]);
-    let fact = |expires_at| Known::Completed {
+    let fact = |expires_at| Outcome::Completed {
         body: Some(body.clone()),
         completed_at: at(900),
         expires_at,
@@ -140,7 +140,7 @@ fn a_fact_expiring_with_fresh_results_is_packed_and_any_other_is_kept_as_given()
 #[test]
 fn an_inserted_result_over_the_size_limit_is_kept_without_its_body() {
     let (cache, _clock) = cache();
-    let big = Known::Completed {
+    let big = Outcome::Completed {
         body: Some(Bytes::from(vec![1u8; MAX_RESULT + 1])),
         completed_at: Timestamp::ZERO,
         expires_at: at(10),

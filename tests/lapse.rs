@@ -139,7 +139,7 @@ fn insert_never_displaces_a_lapse_turned_unknown() {
     let _stale = acquire(&cache, &k, fp("r"));
     clock.advance(LEASE);
     let now = cache.now();
-    let known = idemcache::Known::Completed {
+    let known = idemcache::Outcome::Completed {
         body: Some(Bytes::from_static(b"x")),
         completed_at: now,
         expires_at: now.saturating_add(COMPLETED_TTL),

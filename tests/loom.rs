@@ -320,7 +320,7 @@ fn insert_racing_a_claim_one_takes_the_key() {
             let (cache, k) = (cache.clone(), k.clone());
             thread::spawn(move || {
                 let expires_at = idemcache::Timestamp::from_nanos(LEASE.as_nanos() as u64);
-                let fact = idemcache::Known::Completed {
+                let fact = idemcache::Outcome::Completed {
                     body: Some(Bytes::from_static(b"known")),
                     completed_at: idemcache::Timestamp::ZERO,
                     expires_at,

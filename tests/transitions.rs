@@ -148,8 +148,8 @@ fn resolve_and_forget_refuse_other_states_and_change_nothing() {
     assert_eq!(cache.forget(&absent), Err(ResolveError::NotFound));
     for k in [&processing, &completed] {
         let before = cache.peek(k);
-        assert_eq!(cache.resolve(k, &b"x"[..]), Err(ResolveError::NotUnknown));
-        assert_eq!(cache.forget(k), Err(ResolveError::NotUnknown));
+        assert_eq!(cache.resolve(k, &b"x"[..]), Err(ResolveError::NothingToSettle));
+        assert_eq!(cache.forget(k), Err(ResolveError::NothingToSettle));
         assert_eq!(cache.peek(k), before);
     }
     assert_eq!(cache.peek(&absent), None);

@@ -343,7 +343,7 @@ pub fn resolve(
             }
             Ok(0)
         }
-        Err(StoreError::NotUnknown(_)) => {
+        Err(StoreError::NothingToSettle(_)) => {
             let now = t.wait(t.store.record(key))?;
             let why = match now {
                 None => "it has no record".to_owned(),

@@ -115,7 +115,7 @@ pub fn run(db: &Db, run: Run) -> Result<u8, Failure> {
                         errln!("idem: {}: forgot the UNKNOWN outcome (--retry-unknown)", run.key)
                     }
                     // Settled by someone else meanwhile: the next look says how.
-                    Err(StoreError::NotUnknown(_)) => {}
+                    Err(StoreError::NothingToSettle(_)) => {}
                     Err(e) => return Err(db.failure(e)),
                 }
             }

@@ -1296,7 +1296,7 @@ async fn every_claimed_request_reports_one_decision_with_its_key_and_trace_id() 
         ("replayed", "k1", false),
         ("mismatch", "k1", false),
         ("released", "k2", true),
-        ("unknown", "k3", true),
+        ("marked_unknown", "k3", true),
         ("unknown", "k3", false),
         ("capacity_refused", "k4", false),
     ];

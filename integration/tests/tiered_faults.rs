@@ -897,10 +897,13 @@ fn tiered_errors_say_which_tier_refused_and_keep_their_cause() {
     assert_eq!(store.to_string(), lost().to_string());
     assert!(store.to_string().contains("named"), "the key is named: {store}");
     assert!(store.source().is_some_and(|e| e.to_string() == lost().to_string()));
-    let cache = TieredError::Cache(idemcache::ClaimError::CapacityExhausted);
+    let cache = TieredError::CacheRefused(idemcache::ClaimError::CapacityExhausted);
     assert!(cache.to_string().starts_with("the in-process cache refused: "), "{cache}");
     assert!(cache.source().is_some());
-    assert!(matches!(TieredError::from(StoreError::NotUnknown(k.clone())), TieredError::Store(_)));
+    assert!(matches!(
+        TieredError::from(StoreError::NothingToSettle(k.clone())),
+        TieredError::Store(_)
+    ));
 }
 
 // ---------------------------------------------------------------- the response body

@@ -275,7 +275,7 @@ impl Held {
         };
         let (settling, decision) = match policy {
             DropPolicy::Release => (self.release().map(drop), Decision::Released),
-            DropPolicy::MarkUnknown => (self.mark_unknown(), Decision::Unknown),
+            DropPolicy::MarkUnknown => (self.mark_unknown(), Decision::MarkedUnknown),
         };
         async move {
             settling.await;
@@ -470,7 +470,7 @@ pub(crate) mod durable {
             }
             Ok(TieredClaim::Unknown { .. }) => Found::Unknown,
             Ok(TieredClaim::Mismatch) => Found::Mismatch,
-            Err(TieredError::Cache(ClaimError::CapacityExhausted)) => Found::Full,
+            Err(TieredError::CacheRefused(ClaimError::CapacityExhausted)) => Found::Full,
             Err(TieredError::Store(e)) => Found::from_store_error(e),
             Err(e) => Found::Refused(e.to_string()),
         }

@@ -37,10 +37,13 @@ pub enum Decision {
     InProgress,
     /// `mismatch`: refused with 422, the key used for a different request.
     Mismatch,
-    /// `unknown`: the key's outcome is unknown: refused with 409 because an earlier
-    /// execution's is, or this execution's turned so (its response carried
-    /// [`OutcomeUnknown`](super::OutcomeUnknown), or its body failed mid-way).
+    /// `unknown`: refused with 409, an earlier execution's outcome unknown; nothing ran.
     Unknown,
+    /// `marked_unknown`: executed, and its outcome marked unknown: its response carried
+    /// [`OutcomeUnknown`](super::OutcomeUnknown), its body failed mid-way, or it
+    /// panicked under [`DropPolicy::MarkUnknown`](crate::DropPolicy::MarkUnknown).
+    /// Repeats are refused until a reconciler settles it.
+    MarkedUnknown,
     /// `released`: executed, and its key released so a retry runs again: a response not
     /// stored (5xx by default), an error from the service, a panic (under the
     /// default [`DropPolicy`](crate::DropPolicy)), or a handler that recorded its response
@@ -51,30 +54,37 @@ pub enum Decision {
     LeaseLost,
     /// `capacity_refused`: refused with 503, the cache full of in-flight work.
     CapacityRefused,
-    /// `store_error`: the records failed the request: the store unreachable (503), a
-    /// record unreadable (500), settings the backend refuses, or a completion the store
-    /// failed to record (answered, not recorded).
+    /// `store_error`: the records failed the request, and nothing it did stands: the
+    /// store unreachable (503) or a record unreadable (500) before it ran, settings the
+    /// backend refuses, or a one-commit transaction that did not commit (503: what the
+    /// handler wrote rolled back).
     StoreError,
+    /// `not_settled`: executed and answered, but the store failed to settle its claim
+    /// (record the response, or release the key): the record stays PROCESSING, so no
+    /// retry runs it again, until its lease lapses.
+    NotSettled,
 }
 
 impl Decision {
     /// Every decision, in the order the docs list them.
-    pub const ALL: [Decision; 10] = [
+    pub const ALL: [Decision; 12] = [
         Decision::Acquired,
         Decision::Replayed,
         Decision::ReplayedAfterWait,
         Decision::InProgress,
         Decision::Mismatch,
         Decision::Unknown,
+        Decision::MarkedUnknown,
         Decision::Released,
         Decision::LeaseLost,
         Decision::CapacityRefused,
         Decision::StoreError,
+        Decision::NotSettled,
     ];
 
     /// The decision's name: `acquired`, `replayed`, `replayed_after_wait`,
-    /// `in_progress`, `mismatch`, `unknown`, `released`, `lease_lost`,
-    /// `capacity_refused`, `store_error`.
+    /// `in_progress`, `mismatch`, `unknown`, `marked_unknown`, `released`, `lease_lost`,
+    /// `capacity_refused`, `store_error`, `not_settled`.
     pub fn as_str(self) -> &'static str {
         match self {
             Decision::Acquired => "acquired",
@@ -83,10 +93,12 @@ impl Decision {
             Decision::InProgress => "in_progress",
             Decision::Mismatch => "mismatch",
             Decision::Unknown => "unknown",
+            Decision::MarkedUnknown => "marked_unknown",
             Decision::Released => "released",
             Decision::LeaseLost => "lease_lost",
             Decision::CapacityRefused => "capacity_refused",
             Decision::StoreError => "store_error",
+            Decision::NotSettled => "not_settled",
         }
     }
 

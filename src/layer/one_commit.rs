@@ -20,7 +20,7 @@ use super::backend::{Found, Held, Renewal, Settled};
 use super::decision::Decision;
 use crate::store::{read_through_ttl, CLOCK_SLACK};
 use crate::store::{OneCommit, OpenClaim, StoreClaim, StoreError, TransactionalStore};
-use crate::{Cache, CorrelationId, DropPolicy, Fingerprint, Key, Known, Replay};
+use crate::{Cache, CorrelationId, DropPolicy, Fingerprint, Key, Outcome, Replay};
 
 /// A request extension the layer's one-commit mode
 /// ([`IdempotencyLayer::one_commit`](super::IdempotencyLayer::one_commit)) sets on every
@@ -128,7 +128,7 @@ fn keep(cache: &Cache, key: &Key, fp: Fingerprint, body: Bytes, left: Duration) 
     }
     let now = cache.now();
     let expires_at = now.saturating_add(left);
-    let known = Known::Completed { body: Some(body), completed_at: now, expires_at };
+    let known = Outcome::Completed { body: Some(body), completed_at: now, expires_at };
     let _ = cache.insert(key, fp, known);
 }
 

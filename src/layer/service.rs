@@ -573,7 +573,7 @@ where
             // The handler cannot tell whether its effect happened: never re-run blindly,
             // never replay this answer as if it had.
             held.mark_unknown().await;
-            asked.report(&settings, Decision::Unknown, took);
+            asked.report(&settings, Decision::MarkedUnknown, took);
             let (body, trailers) = match read {
                 Read::Whole(body, trailers) => (body, trailers),
                 Read::Failed => (Bytes::new(), None),
@@ -608,7 +608,7 @@ where
             Read::Failed => {
                 // The handler answered, so its effect may have happened: never re-run blindly.
                 held.mark_unknown().await;
-                asked.report(&settings, Decision::Unknown, took);
+                asked.report(&settings, Decision::MarkedUnknown, took);
                 let detail = "the response failed while being sent; its outcome is unknown";
                 return refuse(Refusal::Internal, detail, None);
             }
@@ -621,7 +621,7 @@ where
             let decision = match held.release().await {
                 Settled::Recorded => Decision::Released,
                 Settled::LeaseLost => Decision::Acquired,
-                Settled::Failed | Settled::NotCommitted(_) => Decision::StoreError,
+                Settled::Failed | Settled::NotCommitted(_) => Decision::NotSettled,
             };
             asked.report(&settings, decision, took);
         } else if stored {
@@ -640,7 +640,7 @@ where
                 Settled::LeaseLost => Decision::LeaseLost,
                 // The store failed to record it: answer this client (the effect happened);
                 // the store keeps the key from running again (see the module docs).
-                Settled::Failed => Decision::StoreError,
+                Settled::Failed => Decision::NotSettled,
                 // One commit: the handler's change did not commit with the record, so it
                 // did not happen; the client is told so, never the handler's answer.
                 Settled::NotCommitted(decision) => {

@@ -14,10 +14,10 @@
 use super::entry::State;
 use super::{deadline_after, Shard};
 use crate::config::Config;
-use crate::{CorrelationId, Fingerprint, Key, Known, Timestamp};
+use crate::{CorrelationId, Fingerprint, Key, Outcome, Timestamp};
 
 /// One live entry as a fact, with its claim's correlation id.
-pub(crate) type Exported = (Key, Fingerprint, Known, Option<CorrelationId>);
+pub(crate) type Exported = (Key, Fingerprint, Outcome, Option<CorrelationId>);
 
 impl Shard {
     /// Appends every live entry of this shard to `out` as a fact (see the module docs).
@@ -35,12 +35,12 @@ impl Shard {
             let key = e.key.clone();
             let fingerprint = e.fingerprint;
             let known = match state {
-                State::Completed => Known::Completed {
+                State::Completed => Outcome::Completed {
                     body: body.map(|r| self.results.sealed(r)),
                     completed_at: since,
                     expires_at: deadline,
                 },
-                State::Unknown => Known::Unknown { marked_at: since, expires_at: deadline },
+                State::Unknown => Outcome::Unknown { marked_at: since, expires_at: deadline },
                 State::Processing => {
                     // Kept as a guard's mark would be, and under `MarkUnknown` never less
                     // than the lapse would have kept it: the policy's ttl from the lease's
@@ -49,7 +49,7 @@ impl Shard {
                     let marked = deadline_after(now, cfg.unknown_ttl);
                     let lapsed =
                         cfg.lapse_policy.unknown_ttl().map(|ttl| deadline_after(deadline, ttl));
-                    Known::Unknown {
+                    Outcome::Unknown {
                         marked_at: now,
                         expires_at: lapsed.map_or(marked, |l| l.max(marked)),
                     }

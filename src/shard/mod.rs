@@ -59,7 +59,7 @@ use crate::stats::Counters;
 use crate::wait::Wakers;
 use crate::{
     Claim, ClaimError, CorrelationId, EntrySnapshot, FencingToken, Fingerprint, InsertError, Key,
-    Known, LeaseLost, RemovalCause, Replay, ResolveError, Timestamp, UnknownEntry,
+    LeaseLost, Outcome, RemovalCause, Replay, ResolveError, Timestamp, UnknownEntry,
 };
 
 /// Wheel work (node moves) an insert may spend reclaiming expired entries. An entry costs
@@ -666,7 +666,7 @@ impl Shard {
         if e.state == State::Unknown && same {
             Ok(slot)
         } else {
-            Err(ResolveError::NotUnknown)
+            Err(ResolveError::NothingToSettle)
         }
     }
 
@@ -681,14 +681,14 @@ impl Shard {
         hash: u64,
         key: &Key,
         fingerprint: Fingerprint,
-        known: &mut Known,
+        known: &mut Outcome,
         correlation_id: Option<&CorrelationId>,
         now: Timestamp,
         cfg: &Config,
     ) -> Result<(), InsertError> {
         let (since, deadline) = match *known {
-            Known::Completed { completed_at, expires_at, .. } => (completed_at, expires_at),
-            Known::Unknown { marked_at, expires_at } => (marked_at, expires_at),
+            Outcome::Completed { completed_at, expires_at, .. } => (completed_at, expires_at),
+            Outcome::Unknown { marked_at, expires_at } => (marked_at, expires_at),
         };
         if deadline <= now {
             return Err(InsertError::Expired);
@@ -727,7 +727,7 @@ impl Shard {
             deadline,
         );
         match known {
-            Known::Completed { body, .. } => {
+            Outcome::Completed { body, .. } => {
                 // Chunks hold results that expire together: pack only a fact that
                 // expires with the results completed now.
                 let ttl = if deadline == deadline_after(now, cfg.completed_ttl) {
@@ -738,7 +738,7 @@ impl Shard {
                 let kept = self.keep_result(body, ttl, now, cfg);
                 self.set_completed(slot, kept, since, deadline);
             }
-            Known::Unknown { .. } => self.unknown.push_back(slot, &mut self.wheel),
+            Outcome::Unknown { .. } => self.unknown.push_back(slot, &mut self.wheel),
         }
         self.counters.inserted += 1;
         self.sweep(now, SWEEP_WORK_PER_INSERT);

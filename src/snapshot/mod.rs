@@ -76,7 +76,7 @@ use std::time::SystemTime;
 
 pub use format::Snapshot;
 
-use crate::{Bytes, Cache, CorrelationId, Fingerprint, InsertError, Key, Known};
+use crate::{Bytes, Cache, CorrelationId, Fingerprint, InsertError, Key, Outcome};
 
 /// One entry of a snapshot, with wall-clock times.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,7 +105,9 @@ pub enum SnapshotState {
         /// When the result stops being replayed.
         expires_at: SystemTime,
     },
-    /// The outcome is unknown (also what a PROCESSING entry is written as).
+    /// The outcome is unknown to whoever loads the snapshot: marked UNKNOWN, or in flight
+    /// when the snapshot was taken (then marked at that instant: its holder will not
+    /// settle it in the process that loads it). The file does not tell the two apart.
     Unknown {
         /// When it was marked unknown.
         marked_at: SystemTime,
@@ -400,7 +402,7 @@ fn sync_directory(path: &Path) -> Result<(), SnapshotError> {
 }
 
 /// A cache's fact as wall-clock times: `now` on the cache's clock is `wall`.
-fn to_wall(known: Known, now: crate::Timestamp, wall: SystemTime) -> SnapshotState {
+fn to_wall(known: Outcome, now: crate::Timestamp, wall: SystemTime) -> SnapshotState {
     let at = |ts: crate::Timestamp| {
         let moved = if ts >= now {
             wall.checked_add(ts.saturating_duration_since(now))
@@ -410,12 +412,12 @@ fn to_wall(known: Known, now: crate::Timestamp, wall: SystemTime) -> SnapshotSta
         moved.unwrap_or(wall)
     };
     match known {
-        Known::Completed { body, completed_at, expires_at } => SnapshotState::Completed {
+        Outcome::Completed { body, completed_at, expires_at } => SnapshotState::Completed {
             body,
             completed_at: at(completed_at),
             expires_at: at(expires_at),
         },
-        Known::Unknown { marked_at, expires_at } => {
+        Outcome::Unknown { marked_at, expires_at } => {
             SnapshotState::Unknown { marked_at: at(marked_at), expires_at: at(expires_at) }
         }
     }
@@ -426,7 +428,7 @@ fn to_wall(known: Known, now: crate::Timestamp, wall: SystemTime) -> SnapshotSta
 /// is still at or before now); a deadline further ahead than the cache can keep (the
 /// wall clock stepped back since the save) is kept as far as it can be: the fact did
 /// not expire, and dropping it would let its key execute again.
-fn from_wall(state: SnapshotState, cache: &Cache, wall: SystemTime) -> (Known, bool) {
+fn from_wall(state: SnapshotState, cache: &Cache, wall: SystemTime) -> (Outcome, bool) {
     let now = cache.now();
     let at = |t: SystemTime| match t.duration_since(wall) {
         Ok(ahead) => now.saturating_add(ahead),
@@ -441,11 +443,11 @@ fn from_wall(state: SnapshotState, cache: &Cache, wall: SystemTime) -> (Known, b
         SnapshotState::Completed { body, completed_at, expires_at } => {
             let (expires_at, clamped) = deadline(expires_at);
             let completed_at = at(completed_at).min(now);
-            (Known::Completed { body, completed_at, expires_at }, clamped)
+            (Outcome::Completed { body, completed_at, expires_at }, clamped)
         }
         SnapshotState::Unknown { marked_at, expires_at } => {
             let (expires_at, clamped) = deadline(expires_at);
-            (Known::Unknown { marked_at: at(marked_at).min(now), expires_at }, clamped)
+            (Outcome::Unknown { marked_at: at(marked_at).min(now), expires_at }, clamped)
         }
     }
 }

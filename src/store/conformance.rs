@@ -202,8 +202,8 @@ async fn fencing<S: Store>(store: &S, run: &Run) {
     // Settled: the same token cannot settle it again.
     assert!(matches!(store.release(&k, token).await, Err(StoreError::LeaseLost(_))));
     assert!(matches!(store.complete(&k, token, body(), TTL).await, Err(StoreError::LeaseLost(_))));
-    assert!(matches!(store.resolve(&k, body(), TTL).await, Err(StoreError::NotUnknown(_))));
-    assert!(matches!(store.forget(&k).await, Err(StoreError::NotUnknown(_))));
+    assert!(matches!(store.resolve(&k, body(), TTL).await, Err(StoreError::NothingToSettle(_))));
+    assert!(matches!(store.forget(&k).await, Err(StoreError::NothingToSettle(_))));
     assert!(matches!(store.extend_lease(&k, token, LEASE).await, Err(StoreError::LeaseLost(_))));
 }
 

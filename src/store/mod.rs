@@ -95,8 +95,10 @@ pub enum StoreError {
     /// The token no longer owns the key named (its lease lapsed and it was taken over,
     /// or it was settled already): this write was refused.
     LeaseLost(Key),
-    /// `resolve` or `forget` on a key that has no UNKNOWN record.
-    NotUnknown(Key),
+    /// `resolve` or `forget` (or their fenced and listed forms) found nothing to settle:
+    /// the key has no UNKNOWN record (it is absent, PROCESSING or COMPLETED), or the one
+    /// it has is not the execution named. Nothing was changed.
+    NothingToSettle(Key),
     /// A duration of zero or over [`MAX_DURATION`](crate::MAX_DURATION), or a body too
     /// large for the store.
     InvalidInput(String),
@@ -121,7 +123,9 @@ impl fmt::Display for StoreError {
                 "the lease on {key:?} was lost: it lapsed, or the key was settled or has a \
                  newer owner"
             ),
-            StoreError::NotUnknown(key) => write!(f, "{key:?} has no UNKNOWN record"),
+            StoreError::NothingToSettle(key) => {
+                write!(f, "{key:?} has no UNKNOWN record to settle (of the execution named)")
+            }
             StoreError::InvalidInput(why) => write!(f, "invalid input: {why}"),
             StoreError::Backend(e) => write!(f, "the idempotency store failed: {e}"),
             StoreError::Corrupt(why) => write!(f, "an idempotency record is unreadable: {why}"),
@@ -205,7 +209,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// UNKNOWN → COMPLETED after checking the authority: the key's UNKNOWN record
     /// whichever execution it is (`execution: None`), or only if it is still the
-    /// execution claimed under `execution`'s token, else [`StoreError::NotUnknown`].
+    /// execution claimed under `execution`'s token, else [`StoreError::NothingToSettle`].
     ///
     /// The one fenced operation [`resolve`](Store::resolve) and
     /// [`resolve_listed`](Store::resolve_listed) are provided over. Required, with no
@@ -250,7 +254,7 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// `listed.token`. What a reconciler writes its verdict with, so that a verdict about
     /// one execution never settles another (the key forgotten, claimed again and marked
     /// again while the authority was being asked, perhaps by the same request within the
-    /// same clock tick): [`StoreError::NotUnknown`] then.
+    /// same clock tick): [`StoreError::NothingToSettle`] then.
     fn resolve_listed(
         &self,
         listed: &UnknownEntry<SystemTime>,
@@ -382,7 +386,7 @@ mod tests {
         let lost = StoreError::LeaseLost(key.clone());
         assert!(lost.source().is_none());
         assert!(lost.to_string().contains("lease on") && lost.to_string().contains("k-9"));
-        let not_unknown = StoreError::NotUnknown(key).to_string();
+        let not_unknown = StoreError::NothingToSettle(key).to_string();
         assert!(not_unknown.contains("k-9") && not_unknown.contains("no UNKNOWN record"));
         assert!(StoreError::Corrupt("x".into()).to_string().ends_with(": x"));
     }

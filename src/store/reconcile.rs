@@ -50,7 +50,7 @@ impl std::error::Error for ReconcileError {
 /// [`Verdict::Undecided`]: each conditional on the listed execution's fencing token, so
 /// a verdict never settles a later execution of the same key.
 ///
-/// A record no longer UNKNOWN when its verdict is written ([`StoreError::NotUnknown`]:
+/// A record no longer UNKNOWN when its verdict is written ([`StoreError::NothingToSettle`]:
 /// settled by another reconciler, expired) counts as left. Any other store error stops
 /// the pass: [`ReconcileError`] says what was done before it. A `result_ttl` of zero or
 /// over [`MAX_DURATION`](crate::MAX_DURATION) is refused before anything is listed.
@@ -96,7 +96,7 @@ where
         };
         match settled {
             Ok(count) => *count += 1,
-            Err(StoreError::NotUnknown(_)) => done.left += 1,
+            Err(StoreError::NothingToSettle(_)) => done.left += 1,
             Err(error) => return Err(stop(done, error)),
         }
     }

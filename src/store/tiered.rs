@@ -18,7 +18,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use super::encoding::{check_duration, from_micros, to_micros};
 use super::{Store, StoreClaim, StoreError};
 use crate::{
-    Cache, Claim, ClaimError, ClaimGuard, CorrelationId, FencingToken, Fingerprint, Key, Known,
+    Cache, Claim, ClaimError, ClaimGuard, CorrelationId, FencingToken, Fingerprint, Key, Outcome,
     Replay, Timestamp,
 };
 
@@ -109,8 +109,9 @@ pub enum TieredClaim<S: Store> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum TieredError {
-    /// The hot tier refused (full of in-flight work).
-    Cache(ClaimError),
+    /// The hot tier refused the claim, before the store was asked: full of entries it
+    /// may not evict, or its clock out of range ([`ClaimError`] says which).
+    CacheRefused(ClaimError),
     /// The store failed or refused.
     Store(StoreError),
 }
@@ -118,7 +119,7 @@ pub enum TieredError {
 impl std::fmt::Display for TieredError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TieredError::Cache(e) => write!(f, "the in-process cache refused: {e}"),
+            TieredError::CacheRefused(e) => write!(f, "the in-process cache refused: {e}"),
             TieredError::Store(e) => e.fmt(f),
         }
     }
@@ -127,7 +128,7 @@ impl std::fmt::Display for TieredError {
 impl std::error::Error for TieredError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            TieredError::Cache(e) => Some(e),
+            TieredError::CacheRefused(e) => Some(e),
             TieredError::Store(e) => Some(e),
         }
     }
@@ -262,7 +263,7 @@ impl<S: Store> Tiered<S> {
         correlation_id: Option<&CorrelationId>,
     ) -> Result<Result<TieredClaim<S>, Option<ClaimGuard>>, TieredError> {
         let claim = self.cache.claim_correlated(key, fingerprint, correlation_id);
-        Ok(Ok(match claim.map_err(TieredError::Cache)? {
+        Ok(Ok(match claim.map_err(TieredError::CacheRefused)? {
             Claim::Acquired(local) => return Ok(Err(Some(local))),
             // The hot path: the store's times were kept in front of the body.
             Claim::Completed(replay) => match replay.body.and_then(unpack) {
@@ -350,7 +351,7 @@ impl<S: Store> Tiered<S> {
         let Some(packed) = self.packed(record) else { return };
         let (whole, left) = read_through_ttl(record);
         let now = self.cache.now();
-        let known = Known::Completed {
+        let known = Outcome::Completed {
             body: Some(packed),
             completed_at: now.saturating_sub(whole.saturating_sub(left)),
             expires_at: now.saturating_add(left),

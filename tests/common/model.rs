@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use idemcache::{
     Bytes, Cache, Claim, ClaimError, ClaimGuard, CorrelationId, DropPolicy, EntrySnapshot,
-    EntryState, ExtendLeaseError, Fingerprint, InsertError, Key, Known, LapsePolicy, LeaseLost,
-    ManualClock, ResolveError, SetResultTtlError, Stats, Timestamp, Verdict,
+    EntryState, ExtendLeaseError, Fingerprint, InsertError, Key, LapsePolicy, LeaseLost,
+    ManualClock, Outcome, ResolveError, SetResultTtlError, Stats, Timestamp, Verdict,
     CORRELATION_ID_OVERHEAD, ENTRY_OVERHEAD,
 };
 
@@ -668,9 +668,9 @@ impl Harness {
                     Timestamp::from_nanos(now + ttl),
                 );
                 let known = if unknown {
-                    Known::Unknown { marked_at: since, expires_at }
+                    Outcome::Unknown { marked_at: since, expires_at }
                 } else {
-                    Known::Completed {
+                    Outcome::Completed {
                         body: Some(Bytes::from(body(len))),
                         completed_at: since,
                         expires_at,
@@ -714,7 +714,7 @@ impl Harness {
         match self.model.live(key) {
             None => Err(ResolveError::NotFound),
             Some(e) if e.state == MState::Unknown => Ok(()),
-            Some(_) => Err(ResolveError::NotUnknown),
+            Some(_) => Err(ResolveError::NothingToSettle),
         }
     }
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idemcache::snapshot::{read_bytes, Load, SnapshotError, SnapshotFile, SnapshotState};
-use idemcache::{Cache, Claim, CorrelationId, EntryState, Fingerprint, Key, Known, ManualClock};
+use idemcache::{Cache, Claim, CorrelationId, EntryState, Fingerprint, Key, ManualClock, Outcome};
 
 mod clamp;
 #[cfg(target_os = "linux")]
@@ -260,8 +260,11 @@ fn expiry_runs_on_across_a_restart_an_hour_later_has_an_hour_less() {
     let now = cache.now();
     let minutes = |m: u64| Duration::from_secs(60 * m);
     for (k, ttl) in [("half-hour", minutes(30)), ("two-hours", minutes(120))] {
-        let known =
-            Known::Completed { body: None, completed_at: now, expires_at: now.saturating_add(ttl) };
+        let known = Outcome::Completed {
+            body: None,
+            completed_at: now,
+            expires_at: now.saturating_add(ttl),
+        };
         cache.insert(&key(k), fp(k), known).unwrap();
     }
     SnapshotFile::new(&path).wall_clock(wall).save(&cache).unwrap();

@@ -188,7 +188,7 @@ pub async fn reconcile_as_checked<S: Store>(store: &S) {
 
 /// A verdict is about the execution that was listed: if the key is forgotten, claimed
 /// again (by another request, or by the same one) and marked UNKNOWN again while the
-/// authority was asked, settling the listed record is refused (`NotUnknown`) and the new
+/// authority was asked, settling the listed record is refused (`NothingToSettle`) and the new
 /// record stays UNKNOWN; the record listed now settles as usual. The listed execution is
 /// told apart by its token alone: a listing of the new record's fingerprint and mark
 /// time under the old token (what a mark within the same clock tick looks like) is
@@ -221,9 +221,15 @@ async fn verdicts_settle_only_the_listed_record<S: Store>(store: &S, run: &Run) 
         for earlier in [&stale, &same_tick] {
             let refused =
                 store.resolve_listed(earlier, Some(Bytes::from_static(b"stale")), TTL).await;
-            assert!(matches!(refused, Err(StoreError::NotUnknown(_))), "{request}: {refused:?}");
+            assert!(
+                matches!(refused, Err(StoreError::NothingToSettle(_))),
+                "{request}: {refused:?}"
+            );
             let refused = store.forget_listed(earlier).await;
-            assert!(matches!(refused, Err(StoreError::NotUnknown(_))), "{request}: {refused:?}");
+            assert!(
+                matches!(refused, Err(StoreError::NothingToSettle(_))),
+                "{request}: {refused:?}"
+            );
         }
         assert!(matches!(
             store.claim(&k, fp(request), LEASE).await.unwrap(),

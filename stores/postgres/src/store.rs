@@ -38,7 +38,8 @@ impl PostgresStore {
         let lapse_ttl = lapse_ttl_micros(self.lapse);
         let params: [&(dyn ToSql + Sync); 5] =
             [&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl, &listed];
-        let (at, until) = self.settle(&key, sql::RESOLVE, &params, StoreError::NotUnknown).await?;
+        let (at, until) =
+            self.settle(&key, sql::RESOLVE, &params, StoreError::NothingToSettle).await?;
         Ok(decode::replay(body, at, until))
     }
 
@@ -46,7 +47,7 @@ impl PostgresStore {
     async fn forget_where(&self, key: Key, listed: Option<i64>) -> Result<(), StoreError> {
         let lapse_ttl = lapse_ttl_micros(self.lapse);
         let params: [&(dyn ToSql + Sync); 3] = [&key.as_bytes(), &lapse_ttl, &listed];
-        self.settle(&key, sql::FORGET, &params, StoreError::NotUnknown).await.map(drop)
+        self.settle(&key, sql::FORGET, &params, StoreError::NothingToSettle).await.map(drop)
     }
 }
 

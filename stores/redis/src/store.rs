@@ -65,7 +65,7 @@ impl RedisStore {
         args.extend(body.as_deref().map(<[u8]>::to_vec));
         // The index's member for this mark is stale from now on (trimmed later).
         let (at, until) =
-            self.settle(&self.scripts.resolve, &key, args, StoreError::NotUnknown).await?;
+            self.settle(&self.scripts.resolve, &key, args, StoreError::NothingToSettle).await?;
         Ok(Replay::new(body, from_micros(at), from_micros(until)))
     }
 
@@ -73,7 +73,7 @@ impl RedisStore {
     async fn forget_where(&self, key: Key, listed: Option<Vec<u8>>) -> Result<(), StoreError> {
         // The index's member for this mark is stale from now on (trimmed later).
         let args = vec![number(lapse_ttl_micros(self.lapse)), listed.unwrap_or_default()];
-        self.settle(&self.scripts.forget, &key, args, StoreError::NotUnknown).await.map(drop)
+        self.settle(&self.scripts.forget, &key, args, StoreError::NothingToSettle).await.map(drop)
     }
 }
 

@@ -212,7 +212,7 @@ impl SqliteStore {
                 &key,
                 RESOLVE,
                 &[&key.as_bytes(), &stored, &micros(ttl), &lapse_ttl, &token],
-                StoreError::NotUnknown,
+                StoreError::NothingToSettle,
             )?;
             Ok(Replay::new(body, from_micros(at), from_micros(until)))
         })
@@ -229,7 +229,7 @@ impl SqliteStore {
             let token = listed.map(|l| l.token);
             let args = params![key.as_bytes(), lapse_ttl, token];
             match db.execute(FORGET, args).map_err(backend)? {
-                0 => Err(StoreError::NotUnknown(key)),
+                0 => Err(StoreError::NothingToSettle(key)),
                 _ => Ok(()),
             }
         })

@@ -65,9 +65,9 @@ fn a_listed_lapse_taken_over_is_never_settled_by_its_verdict() {
     };
     block_on(taking.mark_unknown(&k, token, Duration::from_secs(3600))).unwrap();
     let refused = block_on(marking.resolve_listed(&listed[0], Some(Bytes::from("x")), SEC_TTL));
-    assert!(matches!(refused, Err(StoreError::NotUnknown(_))), "{refused:?}");
+    assert!(matches!(refused, Err(StoreError::NothingToSettle(_))), "{refused:?}");
     let refused = block_on(marking.forget_listed(&listed[0]));
-    assert!(matches!(refused, Err(StoreError::NotUnknown(_))), "{refused:?}");
+    assert!(matches!(refused, Err(StoreError::NothingToSettle(_))), "{refused:?}");
     let now = block_on(marking.list_unknown(10)).unwrap();
     assert_eq!(now.len(), 1);
     assert_eq!(now[0].token, token);

@@ -500,7 +500,7 @@ async fn lapse_race(name: &str, purgers: usize) {
 }
 
 /// An operator resolving a listed lapse while purges run: the resolve applies (or, had
-/// someone else settled it, is NotUnknown), never a deadlock surfaced as Backend.
+/// someone else settled it, is NothingToSettle), never a deadlock surfaced as Backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn resolving_a_listed_lapse_while_purges_run() {

@@ -351,7 +351,7 @@ async fn a_completion_in_a_transaction_committed_after_the_lapse() {
     }
     for entry in &listed {
         let refused = ours.forget_listed(entry).await;
-        assert!(matches!(refused, Err(StoreError::NotUnknown(_))), "{refused:?}");
+        assert!(matches!(refused, Err(StoreError::NothingToSettle(_))), "{refused:?}");
     }
     db.drop().await;
 }

@@ -13,7 +13,7 @@
 //! are evicted, and a forgotten fact only sends its message to the database again.
 
 use crate::inbox::{check, Receipt};
-use idemcache::{Cache, EntryState, Fingerprint, InsertError, Key, Known};
+use idemcache::{Cache, EntryState, Fingerprint, InsertError, Key, Outcome};
 
 /// The scope prefix of the pre-filter's keys: the consumer follows it. Key parts are
 /// length-prefixed, so no consumer name can make two (consumer, id) pairs share a key.
@@ -100,7 +100,7 @@ impl KnownMessages {
     pub fn committed(&self, consumer: &str, message_id: &str, fingerprint: Fingerprint) -> bool {
         let Some(key) = key(consumer, message_id) else { return false };
         let now = self.cache.now();
-        let known = Known::Completed {
+        let known = Outcome::Completed {
             body: None,
             completed_at: now,
             expires_at: now.saturating_add(self.cache.completed_ttl()),

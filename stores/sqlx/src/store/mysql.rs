@@ -363,7 +363,7 @@ impl MySqlStore {
             body: body.as_deref(),
             ..Values::default()
         };
-        let now = self.settle(&key, &sql::RESOLVE, values, StoreError::NotUnknown).await?;
+        let now = self.settle(&key, &sql::RESOLVE, values, StoreError::NothingToSettle).await?;
         let until = now.saturating_add(values.duration);
         Ok(decode::replay(body, now, until))
     }
@@ -376,7 +376,7 @@ impl MySqlStore {
             lapse_ttl: lapse_ttl_micros(self.lapse),
             ..Values::default()
         };
-        self.settle(&key, &sql::FORGET, values, StoreError::NotUnknown).await.map(drop)
+        self.settle(&key, &sql::FORGET, values, StoreError::NothingToSettle).await.map(drop)
     }
 }
 

@@ -144,7 +144,7 @@ impl PgStore {
                 .bind(lapse_ttl_micros(self.lapse))
                 .bind(listed)
         };
-        let (at, until) = self.settle(&key, query, StoreError::NotUnknown).await?;
+        let (at, until) = self.settle(&key, query, StoreError::NothingToSettle).await?;
         Ok(decode::replay(body, at, until))
     }
 
@@ -156,7 +156,7 @@ impl PgStore {
                 .bind(lapse_ttl_micros(self.lapse))
                 .bind(listed)
         };
-        self.settle(&key, query, StoreError::NotUnknown).await.map(drop)
+        self.settle(&key, query, StoreError::NothingToSettle).await.map(drop)
     }
 }
 
