@@ -92,7 +92,7 @@
 //! | `idemcache-postgres` | `PostgresStore` (tokio-postgres, deadpool), its classifier, `complete_in`, the inbox and transitions on your own transaction | tokio-postgres, deadpool-postgres |
 //! | `idemcache-redis` | `RedisStore` (Lua scripts, Cluster-ready keys) | redis |
 //! | `idemcache-sql` | the inbox, conditional transitions and the records table in SQL, driver-free: statements per dialect and the decoding of their rows | none |
-//! | `idemcache-sqlx`, `idemcache-mysql-async` | those drivers' unique-violation classifiers; sqlx's inbox and transitions | sqlx, mysql_async |
+//! | `idemcache-sqlx` | `PgStore`, `MySqlStore`, sqlx's unique-violation classifier, inbox, outbox and transitions | sqlx |
 //! | `idemcache-any` | `open(url)`: any of the stores from `sqlite:`, `postgres://` or `redis://` | the three store crates |
 //!
 //! Each store crate tracks its driver's current release and re-exports it, so that an

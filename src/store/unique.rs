@@ -7,8 +7,13 @@
 //! `true`; other constraint failures (`NOT NULL`, `CHECK`, foreign keys) are real errors.
 //!
 //! Each store crate has its driver's classifier (`idemcache_sqlite::is_unique_violation`,
-//! `idemcache_postgres::…`, `idemcache_sqlx::…`, `idemcache_mysql_async::…`); these are
-//! the engines' own codes, for any other driver:
+//! `idemcache_postgres::…`, `idemcache_sqlx::…`); these are the engines' own codes, for
+//! any other driver. With mysql_async, for one:
+//!
+//! ```text
+//! let duplicate = matches!(&error, mysql_async::Error::Server(e) if is_unique_mysql_code(e.code));
+//! ```
+//!
 //!
 //! | engine | code |
 //! |---|---|

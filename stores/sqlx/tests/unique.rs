@@ -1,5 +1,7 @@
 //! The sqlx classifier against real engines: only a duplicate key (primary or `UNIQUE`)
-//! answers true; `NOT NULL`, `CHECK` and foreign-key failures do not. MariaDB/MySQL
+//! answers true; `NOT NULL`, `CHECK` and foreign-key failures do not. The engine's own
+//! code (`idemcache::store::unique`, what a user of any other driver classifies by:
+//! MySQL's error number, PostgreSQL's SQLSTATE) agrees on every probe. MariaDB/MySQL
 //! when `IDEMCACHE_MYSQL_URL` is set, PostgreSQL when `IDEMCACHE_POSTGRES_URL` is;
 //! skipped with a printed reason otherwise (CI sets both).
 
@@ -9,7 +11,7 @@ use idemcache_sqlx::is_unique_violation;
 /// The probes through one sqlx connection type (a macro: sqlx's executor bounds are
 /// per database).
 macro_rules! sqlx_engine {
-    ($connection:ty, $url:expr, $engine:expr) => {{
+    ($connection:ty, $url:expr, $engine:expr, $by_code:expr) => {{
         use sqlx::Connection;
         let table = format!("{}_sqlx", table());
         let mut db = <$connection>::connect($url).await.unwrap();
@@ -20,6 +22,8 @@ macro_rules! sqlx_engine {
             let error =
                 sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone())).execute(&mut db).await.unwrap_err();
             assert_eq!(is_unique_violation(&error), unique, "{sql}: {error}");
+            let by_code: fn(&dyn sqlx::error::DatabaseError) -> bool = $by_code;
+            assert_eq!(by_code(error.as_database_error().unwrap()), unique, "{sql}: {error}");
         }
         for sql in cleanup(&table) {
             sqlx::raw_sql(sqlx::AssertSqlSafe(sql.clone())).execute(&mut db).await.unwrap();
@@ -34,7 +38,10 @@ async fn sqlx_against_mariadb() {
         return;
     };
     // InnoDB: the engine that checks foreign keys.
-    sqlx_engine!(sqlx::MySqlConnection, &url, " ENGINE=InnoDB");
+    sqlx_engine!(sqlx::MySqlConnection, &url, " ENGINE=InnoDB", |e| {
+        let number = e.downcast_ref::<sqlx::mysql::MySqlDatabaseError>().number();
+        idemcache::store::unique::is_unique_mysql_code(number)
+    });
 }
 
 #[tokio::test]
@@ -45,5 +52,7 @@ async fn sqlx_against_postgres() {
     else {
         return;
     };
-    sqlx_engine!(sqlx::PgConnection, &url, "");
+    sqlx_engine!(sqlx::PgConnection, &url, "", |e| {
+        e.code().is_some_and(|code| idemcache::store::unique::is_unique_sqlstate(&code))
+    });
 }
