@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
+use idemcache::store::conformance::postgres_url_in_schema;
 use idemcache::store::{Store, StoreClaim};
 use idemcache::{Bytes, Fingerprint, Key};
 use idemcache_postgres::tokio_postgres::{self, NoTls};
@@ -78,13 +79,6 @@ impl Flags {
         };
         raw.parse().map_err(|e| format!("--{name} {raw}: {e}").into())
     }
-}
-
-/// The URL with `search_path` set to `schema`, so the store's unqualified names resolve
-/// there.
-fn scoped_url(url: &str, schema: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}options=-c%20search_path%3D{schema}")
 }
 
 async fn connect(url: &str) -> Result<tokio_postgres::Client> {
@@ -367,7 +361,7 @@ async fn claims(ctx: &Ctx, base: &str) -> Result<()> {
     }
     let mut stores = Vec::new();
     for name in &names {
-        let store = PostgresStore::connect(&scoped_url(base, name)).await?;
+        let store = PostgresStore::connect(&postgres_url_in_schema(base, name)).await?;
         store.pool().resize(workers);
         let _ =
             claim_load(&store, rate, workers, Duration::from_secs(2), Duration::from_secs(3600))
@@ -654,7 +648,7 @@ async fn run() -> Result<()> {
         return Err("--schema: lowercase letters and '_' only".into());
     }
     let admin = connect(&base).await?;
-    let ctx = Ctx { url: scoped_url(&base, &schema), flags, admin, schema };
+    let ctx = Ctx { url: postgres_url_in_schema(&base, &schema), flags, admin, schema };
     match command.as_str() {
         "load" => load(&ctx).await,
         "purge" => purge(&ctx).await,

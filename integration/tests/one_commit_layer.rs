@@ -305,8 +305,7 @@ async fn a_fresh_keys_claim_waits_out_locks_that_are_not_its_keys() {
     let admin = admin.pool().get().await.unwrap();
     let reset = format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}");
     admin.batch_execute(&reset).await.unwrap();
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let scoped = format!("{url}{sep}options=-c%20search_path%3D{schema}");
+    let scoped = conformance::postgres_url_in_schema(&url, &schema);
     let store = PostgresStore::connect(&scoped).await.unwrap();
     store.ensure_schema().await.unwrap();
     // One connection, whose claim statement is prepared already (by a first claim), as

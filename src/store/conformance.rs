@@ -84,6 +84,14 @@ pub fn service_url(var: &str, example: &str) -> Option<String> {
     url
 }
 
+/// A PostgreSQL connection URL whose sessions resolve unqualified names in `schema`
+/// first (`options=-c search_path=SCHEMA`): what a suite or benchmark that works in a
+/// schema of its own connects with, so the store's tables are created and read there.
+pub fn postgres_url_in_schema(url: &str, schema: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}options=-c%20search_path%3D{schema}")
+}
+
 /// The fingerprint of the request named `r`.
 pub fn fp(r: &str) -> Fingerprint {
     Fingerprint::of(r.as_bytes())

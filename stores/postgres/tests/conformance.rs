@@ -7,7 +7,9 @@
 
 use std::time::Duration;
 
-use idemcache::store::conformance::{self, acquire, fp, key, LEASE, SHORT_LEASE, TTL};
+use idemcache::store::conformance::{
+    self, acquire, fp, key, postgres_url_in_schema, LEASE, SHORT_LEASE, TTL,
+};
 use idemcache::store::{Store, StoreError, Tiered};
 use idemcache::{Cache, LapsePolicy};
 use idemcache_postgres::{tokio_postgres, PostgresStore};
@@ -96,8 +98,7 @@ async fn in_a_schema_of_its_own(
         .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"))
         .await
         .unwrap();
-    let separator = if url.contains('?') { '&' } else { '?' };
-    let own = format!("{url}{separator}options=-c%20search_path%3D{schema}");
+    let own = postgres_url_in_schema(&url, &schema);
     let store =
         PostgresStore::connect(&own).await.unwrap().with_lapse_policy(lapse_policy).unwrap();
     Some((admin, store, schema))

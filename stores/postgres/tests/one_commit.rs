@@ -14,14 +14,15 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use idemcache::store::conformance::service_url;
 use idemcache::store::{OpenClaim, Store, StoreClaim, StoreError};
 use idemcache::{Fingerprint, Key};
-use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
+use idemcache_postgres::tokio_postgres;
 use idemcache_postgres::{complete_in, PostgresStore};
+
+mod common;
+use common::{connect, OrdersDb as Db};
 
 const LEASE: Duration = Duration::from_secs(30);
 const KEPT: Duration = Duration::from_secs(600);
@@ -30,50 +31,6 @@ const KEPT: Duration = Duration::from_secs(600);
 const CHILD_KEY: &str = "IDEMCACHE_ONE_COMMIT_CHILD_KEY";
 /// The child process of the kill test: its orders table.
 const CHILD_TABLE: &str = "IDEMCACHE_ONE_COMMIT_CHILD_TABLE";
-
-async fn connect(url: &str) -> Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
-}
-
-/// A store over the test database, a table of this test's own for its orders, and a
-/// key no other run has used.
-struct Db {
-    url: String,
-    store: PostgresStore,
-    orders: String,
-}
-
-impl Db {
-    async fn new(name: &str) -> Option<Db> {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let url = service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")?;
-        let store = PostgresStore::connect(&url).await.unwrap();
-        store.ensure_schema().await.unwrap();
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let orders = format!("idemcache_one_commit_{name}_{}_{n}", std::process::id());
-        let sql = format!("CREATE TABLE {orders} (key TEXT PRIMARY KEY, item TEXT NOT NULL)");
-        connect(&url).await.batch_execute(&sql).await.unwrap();
-        Some(Db { url, store, orders })
-    }
-
-    fn key(&self) -> Key {
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-        Key::new("POST /orders", "one-commit", format!("{}-{nanos}", self.orders)).unwrap()
-    }
-
-    async fn orders_of(&self, key: &Key) -> i64 {
-        let sql = format!("SELECT count(*) FROM {} WHERE key = $1", self.orders);
-        let client = connect(&self.url).await;
-        client.query_one(&sql, &[&key.client_key()]).await.unwrap().get(0)
-    }
-
-    async fn drop_table(self) {
-        let sql = format!("DROP TABLE {}", self.orders);
-        connect(&self.url).await.batch_execute(&sql).await.unwrap();
-    }
-}
 
 /// The first execution as a handler writes it: the claim, the order, the record, in
 /// `tx`; the claim's answer if it was not acquired.
@@ -141,7 +98,7 @@ async fn duplicate(db: &Db, key: &Key) -> (i32, tokio::task::JoinHandle<StoreCla
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn the_claim_the_order_and_the_record_commit_together() {
-    let Some(db) = Db::new("together").await else { return };
+    let Some(db) = Db::new("one_commit", "together").await else { return };
     let key = db.key();
     let mut client = connect(&db.url).await;
     let tx = client.transaction().await.unwrap();
@@ -164,7 +121,7 @@ async fn the_claim_the_order_and_the_record_commit_together() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_rollback_leaves_no_record_and_the_retry_runs() {
-    let Some(db) = Db::new("rollback").await else { return };
+    let Some(db) = Db::new("one_commit", "rollback").await else { return };
     let key = db.key();
     let mut client = connect(&db.url).await;
     let tx = client.transaction().await.unwrap();
@@ -181,7 +138,7 @@ async fn a_rollback_leaves_no_record_and_the_retry_runs() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_duplicate_waits_on_the_row_and_replays_what_committed() {
-    let Some(db) = Db::new("waits").await else { return };
+    let Some(db) = Db::new("one_commit", "waits").await else { return };
     let key = db.key();
     let mut first = connect(&db.url).await;
     let tx = first.transaction().await.unwrap();
@@ -200,7 +157,7 @@ async fn a_duplicate_waits_on_the_row_and_replays_what_committed() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_duplicate_of_a_rolled_back_first_acquires() {
-    let Some(db) = Db::new("acquires").await else { return };
+    let Some(db) = Db::new("one_commit", "acquires").await else { return };
     let key = db.key();
     let mut first = connect(&db.url).await;
     let tx = first.transaction().await.unwrap();
@@ -216,7 +173,7 @@ async fn a_duplicate_of_a_rolled_back_first_acquires() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_lock_timeout_bounds_the_wait_with_in_progress() {
-    let Some(db) = Db::new("timeout").await else { return };
+    let Some(db) = Db::new("one_commit", "timeout").await else { return };
     let key = db.key();
     let mut first = connect(&db.url).await;
     let tx = first.transaction().await.unwrap();
@@ -238,7 +195,7 @@ async fn a_lock_timeout_bounds_the_wait_with_in_progress() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_reused_key_is_a_mismatch_and_writes_nothing() {
-    let Some(db) = Db::new("mismatch").await else { return };
+    let Some(db) = Db::new("one_commit", "mismatch").await else { return };
     let key = db.key();
     let mut client = connect(&db.url).await;
     let tx = client.transaction().await.unwrap();
@@ -254,7 +211,7 @@ async fn a_reused_key_is_a_mismatch_and_writes_nothing() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_record_the_stores_own_claim_holds_is_in_progress_and_fenced() {
-    let Some(db) = Db::new("fenced").await else { return };
+    let Some(db) = Db::new("one_commit", "fenced").await else { return };
     let key = db.key();
     // Another process's claim, committed on its own (the three-commit path).
     let held = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
@@ -281,8 +238,8 @@ async fn child_claims_and_waits_to_be_killed() {
     };
     let url = std::env::var("IDEMCACHE_POSTGRES_URL").unwrap();
     let store = PostgresStore::connect(&url).await.unwrap();
-    let key = Key::new("POST /orders", "one-commit", key).unwrap();
-    let db = Db { url: url.clone(), store, orders };
+    let db = Db { url: url.clone(), store, orders, suite: "one_commit" };
+    let key = Key::new("POST /orders", db.suite, key).unwrap();
     let mut client = connect(&url).await;
     let tx = client.transaction().await.unwrap();
     execute(&db, &tx, &key, b"never committed").await.unwrap();
@@ -298,7 +255,7 @@ async fn child_claims_and_waits_to_be_killed() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_process_killed_between_claim_and_commit_leaves_no_record() {
-    let Some(db) = Db::new("killed").await else { return };
+    let Some(db) = Db::new("one_commit", "killed").await else { return };
     let key = db.key();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_claims_and_waits_to_be_killed", "--nocapture", "--test-threads=1"])
@@ -331,7 +288,7 @@ async fn a_process_killed_between_claim_and_commit_leaves_no_record() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_transaction_from_the_stores_pool_runs_the_same_one_commit() {
-    let Some(db) = Db::new("pooled").await else { return };
+    let Some(db) = Db::new("one_commit", "pooled").await else { return };
     let key = db.key();
     let mut object = db.store.pool().get().await.unwrap();
     // Twice on one pooled connection: the second runs the statements it prepared.

@@ -15,79 +15,24 @@
 //! (`pg_sleep` inside PostgreSQL), and a waiting transaction is seen waiting in
 //! `pg_stat_activity` before the one it waits on ends.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use idemcache::store::conformance::service_url;
 use idemcache::store::{OpenClaim, Store, StoreClaim, StoreError};
 use idemcache::{Fingerprint, Key, LapsePolicy, MAX_DURATION};
-use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
-use idemcache_postgres::{complete_in, PostgresStore};
+use idemcache_postgres::complete_in;
+use idemcache_postgres::tokio_postgres::{self, Client};
+
+mod common;
+use common::{connect, OrdersDb as Db};
 
 const LEASE: Duration = Duration::from_secs(30);
 const KEPT: Duration = Duration::from_secs(600);
 /// A lease that runs out as soon as the server sleeps past it.
 const SHORT: Duration = Duration::from_millis(1);
 
-async fn connect(url: &str) -> Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
-}
-
 /// Sleeps on the server, past every `SHORT` lease claimed before.
 async fn server_sleep(client: &Client) {
     client.batch_execute("SELECT pg_sleep(0.01)").await.unwrap();
-}
-
-struct Db {
-    url: String,
-    store: PostgresStore,
-    orders: String,
-}
-
-impl Db {
-    async fn new(name: &str) -> Option<Db> {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let url = service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")?;
-        let store = PostgresStore::connect(&url).await.unwrap();
-        store.ensure_schema().await.unwrap();
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let orders = format!("idemcache_attack_{name}_{}_{n}", std::process::id());
-        let sql = format!("CREATE TABLE {orders} (key TEXT PRIMARY KEY, item TEXT NOT NULL)");
-        connect(&url).await.batch_execute(&sql).await.unwrap();
-        Some(Db { url, store, orders })
-    }
-
-    fn key(&self) -> Key {
-        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-        Key::new("POST /orders", "one-commit-attacks", format!("{}-{nanos}", self.orders)).unwrap()
-    }
-
-    async fn orders_of(&self, key: &Key) -> i64 {
-        let sql = format!("SELECT count(*) FROM {} WHERE key = $1", self.orders);
-        let client = connect(&self.url).await;
-        client.query_one(&sql, &[&key.client_key()]).await.unwrap().get(0)
-    }
-
-    /// The rows of `key` in the records table, whatever their state.
-    async fn records_of(&self, key: &Key) -> i64 {
-        let client = connect(&self.url).await;
-        let sql = "SELECT count(*) FROM idemcache_records WHERE key = $1";
-        client.query_one(sql, &[&key.as_bytes()]).await.unwrap().get(0)
-    }
-
-    /// The stored state of `key`'s record (1 PROCESSING, 2 COMPLETED, 3 UNKNOWN).
-    async fn state_of(&self, key: &Key) -> Option<i16> {
-        let client = connect(&self.url).await;
-        let sql = "SELECT state FROM idemcache_records WHERE key = $1";
-        client.query_opt(sql, &[&key.as_bytes()]).await.unwrap().map(|row| row.get(0))
-    }
-
-    async fn drop_table(self) {
-        let sql = format!("DROP TABLE {}", self.orders);
-        connect(&self.url).await.batch_execute(&sql).await.unwrap();
-    }
 }
 
 /// The first execution as a handler writes it, for the fingerprint of `request`.
@@ -163,7 +108,7 @@ fn duplicate(
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_duplicate_of_a_first_that_commits_another_fingerprint_is_a_mismatch() {
-    let Some(db) = Db::new("mismatch").await else { return };
+    let Some(db) = Db::new("attack", "mismatch").await else { return };
     let key = db.key();
     let mut first = connect(&db.url).await;
     let holder = pid_of(&first).await;
@@ -181,7 +126,7 @@ async fn a_duplicate_of_a_first_that_commits_another_fingerprint_is_a_mismatch()
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn eight_concurrent_duplicates_all_replay_and_one_order_is_written() {
-    let Some(db) = Db::new("eight").await else { return };
+    let Some(db) = Db::new("attack", "eight").await else { return };
     let key = db.key();
     let mut first = connect(&db.url).await;
     let holder = pid_of(&first).await;
@@ -204,7 +149,7 @@ async fn eight_concurrent_duplicates_all_replay_and_one_order_is_written() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn eight_duplicates_of_a_first_that_took_over_an_expired_record_all_replay() {
-    let Some(db) = Db::new("eight_dead").await else { return };
+    let Some(db) = Db::new("attack", "eight_dead").await else { return };
     let key = db.key();
     let mut first = connect(&db.url).await;
     let holder = pid_of(&first).await;
@@ -231,7 +176,7 @@ async fn eight_duplicates_of_a_first_that_took_over_an_expired_record_all_replay
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn eight_executions_after_a_rollback_write_one_order() {
-    let Some(db) = Db::new("eight_rollback").await else { return };
+    let Some(db) = Db::new("attack", "eight_rollback").await else { return };
     let db = std::sync::Arc::new(db);
     let key = db.key();
     let mut first = connect(&db.url).await;
@@ -279,7 +224,7 @@ async fn eight_executions_after_a_rollback_write_one_order() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_lapsed_store_claim_is_taken_over_and_its_old_holder_is_fenced() {
-    let Some(db) = Db::new("takeover").await else { return };
+    let Some(db) = Db::new("attack", "takeover").await else { return };
     let key = db.key();
     let held = db.store.claim(&key, Fingerprint::of(b"order"), SHORT).await.unwrap();
     let StoreClaim::Acquired { token: old, .. } = held else { panic!("{held:?}") };
@@ -309,7 +254,7 @@ async fn a_lapsed_store_claim_is_taken_over_and_its_old_holder_is_fenced() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_lapsed_store_claim_under_mark_unknown_is_unknown_and_never_acquired() {
-    let Some(db) = Db::new("unknown").await else { return };
+    let Some(db) = Db::new("attack", "unknown").await else { return };
     let store = db
         .store
         .clone()
@@ -340,7 +285,7 @@ async fn a_lapsed_store_claim_under_mark_unknown_is_unknown_and_never_acquired()
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_completion_after_the_lease_ran_out_is_lease_lost_and_nothing_completes() {
-    let Some(db) = Db::new("leaselost").await else { return };
+    let Some(db) = Db::new("attack", "leaselost").await else { return };
     let key = db.key();
     let mut client = connect(&db.url).await;
     let tx = client.transaction().await.unwrap();
@@ -367,7 +312,7 @@ async fn a_completion_after_the_lease_ran_out_is_lease_lost_and_nothing_complete
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_duplicate_under_stricter_isolation_errs_and_never_acquires() {
-    let Some(db) = Db::new("isolation").await else { return };
+    let Some(db) = Db::new("attack", "isolation").await else { return };
     for isolation in [
         "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ",
         "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
@@ -408,7 +353,7 @@ async fn a_duplicate_under_stricter_isolation_errs_and_never_acquires() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_statement_timeout_ending_the_wait_is_an_error_never_acquired() {
-    let Some(db) = Db::new("stmt_timeout").await else { return };
+    let Some(db) = Db::new("attack", "stmt_timeout").await else { return };
     let key = db.key();
     let mut first = connect(&db.url).await;
     let tx = first.transaction().await.unwrap();
@@ -427,7 +372,7 @@ async fn a_statement_timeout_ending_the_wait_is_an_error_never_acquired() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn an_invalid_lease_is_invalid_input_and_writes_nothing() {
-    let Some(db) = Db::new("invalid").await else { return };
+    let Some(db) = Db::new("attack", "invalid").await else { return };
     let key = db.key();
     let mut client = connect(&db.url).await;
     for lease in [Duration::ZERO, MAX_DURATION + Duration::from_micros(1), Duration::MAX] {
@@ -462,7 +407,7 @@ async fn an_invalid_lease_is_invalid_input_and_writes_nothing() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_replay_in_an_open_transaction_does_not_make_a_duplicate_in_progress() {
-    let Some(db) = Db::new("replay_lock").await else { return };
+    let Some(db) = Db::new("attack", "replay_lock").await else { return };
     let key = db.key();
     let mut client = connect(&db.url).await;
     let tx = client.transaction().await.unwrap();
@@ -493,7 +438,7 @@ async fn a_replay_in_an_open_transaction_does_not_make_a_duplicate_in_progress()
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn the_stores_own_replay_does_not_wait_on_a_one_commit_replay() {
-    let Some(db) = Db::new("replay_blocks").await else { return };
+    let Some(db) = Db::new("attack", "replay_blocks").await else { return };
     let key = db.key();
     let mut client = connect(&db.url).await;
     let tx = client.transaction().await.unwrap();
@@ -534,7 +479,7 @@ async fn the_stores_own_replay_does_not_wait_on_a_one_commit_replay() {
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_holders_completion_does_not_wait_on_a_duplicate_answered_in_progress() {
-    let Some(db) = Db::new("holder_blocked").await else { return };
+    let Some(db) = Db::new("attack", "holder_blocked").await else { return };
     let key = db.key();
     let held = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
     let StoreClaim::Acquired { token, .. } = held else { panic!("{held:?}") };

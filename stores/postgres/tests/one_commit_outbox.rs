@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use idemcache::store::conformance::service_url;
+use idemcache::store::conformance::{postgres_url_in_schema, service_url};
 use idemcache::store::{OpenClaim, StoreClaim, TransactionalStore};
 use idemcache::{Fingerprint, Key};
 use idemcache_postgres::outbox::{self, OutboxMessage, PublishError, Publisher, RelaySettings};
@@ -25,11 +25,6 @@ const KEPT: Duration = Duration::from_secs(600);
 const CHILD_SCHEMA: &str = "IDEMCACHE_OUTBOX_CHILD_SCHEMA";
 const CHILD_KEY: &str = "IDEMCACHE_OUTBOX_CHILD_KEY";
 const CHILD_INSTANT: &str = "IDEMCACHE_OUTBOX_CHILD_INSTANT";
-
-fn scoped(url: &str, schema: &str) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{sep}options=-c%20search_path%3D{schema}")
-}
 
 fn key(k: &str) -> Key {
     Key::new("POST /orders", "producer", k).unwrap()
@@ -76,7 +71,7 @@ async fn child_produces_and_waits_to_be_killed() {
         return;
     };
     let url = std::env::var("IDEMCACHE_POSTGRES_URL").unwrap();
-    let store = PostgresStore::connect(&scoped(&url, &schema)).await.unwrap();
+    let store = PostgresStore::connect(&postgres_url_in_schema(&url, &schema)).await.unwrap();
     let key = key(&k);
     if instant == "enqueued" {
         let mut tx = TransactionalStore::begin(&store).await.unwrap();
@@ -148,7 +143,7 @@ async fn a_one_commit_producer_killed_at_any_instant_publishes_each_committed_or
     let admin = admin.pool().get().await.unwrap();
     let reset = format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}");
     admin.batch_execute(&reset).await.unwrap();
-    let store = PostgresStore::connect(&scoped(&url, &schema)).await.unwrap();
+    let store = PostgresStore::connect(&postgres_url_in_schema(&url, &schema)).await.unwrap();
     idemcache::store::Store::ensure_schema(&store).await.unwrap();
     let client = store.pool().get().await.unwrap();
     outbox::ensure_schema(&**client).await.unwrap();

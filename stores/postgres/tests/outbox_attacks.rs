@@ -6,53 +6,17 @@
 //! Each test works in a schema of its own, dropped at its end; time is a clock moved by
 //! hand.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
-use idemcache::store::conformance::service_url;
 use idemcache_postgres::outbox::{
-    self, claim_due, enqueue, inspect, mark_delivered, mark_failed, Batch, Mark, OutboxMessage,
-    Retry,
+    claim_due, enqueue, inspect, mark_delivered, mark_failed, Batch, Mark, OutboxMessage, Retry,
 };
-use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
 use idemcache_sql::outbox::State;
 
+mod common;
+use common::SchemaDb as Db;
+
 const MIN: Duration = Duration::from_secs(60);
-
-struct Db {
-    url: String,
-    schema: String,
-}
-
-impl Db {
-    async fn new(name: &str) -> Option<Db> {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let url = service_url("IDEMCACHE_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test")?;
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let schema = format!("idemcache_outbox_{name}_{}_{n}", std::process::id());
-        let db = Db { url, schema };
-        db.raw().await.batch_execute(&format!("CREATE SCHEMA {}", db.schema)).await.unwrap();
-        outbox::ensure_schema(&db.client().await).await.unwrap();
-        Some(db)
-    }
-
-    async fn raw(&self) -> Client {
-        let (client, connection) = tokio_postgres::connect(&self.url, NoTls).await.unwrap();
-        tokio::spawn(connection);
-        client
-    }
-
-    async fn client(&self) -> Client {
-        let client = self.raw().await;
-        client.batch_execute(&format!("SET search_path TO {}", self.schema)).await.unwrap();
-        client
-    }
-
-    async fn drop(self) {
-        let admin = self.raw().await;
-        admin.batch_execute(&format!("DROP SCHEMA {} CASCADE", self.schema)).await.unwrap();
-    }
-}
 
 fn t0() -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)

@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idemcache::store::conformance::service_url;
+use idemcache::store::conformance::{postgres_url_in_schema, service_url};
 use idemcache::store::{Store, StoreClaim};
 use idemcache::{Bytes, Fingerprint, Key};
 
@@ -68,8 +68,7 @@ impl Schema {
             );
             admin.batch_execute(&ddl).await.unwrap();
         }
-        let sep = if url.contains('?') { '&' } else { '?' };
-        let scoped = format!("{url}{sep}options=-c%20search_path%3D{name}");
+        let scoped = postgres_url_in_schema(&url, &name);
         let store = PostgresStore::connect(&scoped).await.unwrap();
         store.ensure_schema().await.unwrap();
         admin

@@ -12,7 +12,9 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idemcache::store::conformance::{self, acquire, fp, key, service_url, LEASE, TTL};
+use idemcache::store::conformance::{
+    self, acquire, fp, key, postgres_url_in_schema, service_url, LEASE, TTL,
+};
 use idemcache::store::{OpenClaim, Store, StoreClaim, StoreError};
 use idemcache::LapsePolicy;
 use idemcache_postgres::PostgresStore;
@@ -229,8 +231,7 @@ async fn an_unreachable_server_is_a_typed_error_naming_it() {
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn the_tokio_postgres_store_and_this_one_share_a_table() {
     let Some(db) = Db::new("shared").await else { return };
-    let sep = if db.url.contains('?') { '&' } else { '?' };
-    let scoped = format!("{}{sep}options=-c%20search_path%3D{}", db.url, db.schema);
+    let scoped = postgres_url_in_schema(&db.url, &db.schema);
     let theirs = PostgresStore::connect(&scoped).await.unwrap();
     theirs.ensure_schema().await.unwrap();
     let ours = &db.store;
