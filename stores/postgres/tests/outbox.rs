@@ -9,15 +9,14 @@
 //! works in a schema of its own, dropped at its end; time is a clock moved by hand.
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use idemcache_postgres::outbox::{
     self, claim_due, enqueue, inspect, list_dead, mark_delivered, mark_failed, purge_delivered,
-    relay_loop, requeue, Batch, Mark, OutboxError, OutboxMessage, RelaySettings, Retry, Storage,
+    requeue, Batch, Mark, OutboxError, OutboxMessage, Retry, Storage,
 };
 use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
-use idemcache_sql::outbox::testing::{FlakyBroker, HandClock};
+use idemcache_sql::outbox::testing;
 use idemcache_sql::outbox::State;
 
 mod common;
@@ -236,85 +235,15 @@ async fn a_claim_skips_a_row_another_transaction_holds_instead_of_waiting() {
 ///
 /// The wait has no step bound: a bound in yields is a bound in time, and on a loaded
 /// machine it ended the wait before the relay had leased anything. A relay that never
-/// gets there fails the test through the guard instead of hanging the run.
-async fn run_until(
-    relay: impl Future<Output = std::convert::Infallible> + Send + 'static,
-    mut done: impl FnMut() -> bool,
-) {
-    let task = tokio::spawn(relay);
-    let waited = tokio::time::timeout(GUARD, async {
-        while !done() {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
-    task.abort();
-    let _ = task.await;
-    waited.expect("the relay never reached the instant to kill it");
-}
-
-/// How long a wait may take before the test calls it a hang (a failure guard, not a
-/// timing: nothing here waits for it to pass).
-const GUARD: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_relay_killed_mid_batch_loses_nothing() {
     let Some(db) = Db::new("killed").await else { return };
     let mut c = db.client().await;
-    let all: Vec<OutboxMessage> = (0..40)
-        .map(|i| {
-            let m = message(&format!("m-{i:02}"));
-            if i % 3 == 0 {
-                m.with_aggregate_key(format!("order-{}", i % 2))
-            } else {
-                m
-            }
-        })
-        .collect();
-    put(&mut c, &all).await;
-    let clock = HandClock::at(t0());
-    let broker = FlakyBroker::new(0, None);
-    let settings = RelaySettings::default()
-        .with_batch(8)
-        .unwrap()
-        .with_lease(secs(30))
-        .unwrap()
-        .with_retry(Retry::new(secs(1), secs(4), 50).unwrap());
-    let relay = |publisher: FlakyBroker| {
-        let (now, tick) = (clock.clone(), clock.clone());
-        relay_loop(
-            Storage::new(db.pool()),
-            publisher,
-            settings,
-            move || now.now(),
-            move |pause| {
-                tick.advance(pause);
-                tokio::task::yield_now()
-            },
-            |report| {
-                report.unwrap();
-            },
-        )
-    };
-    let first = broker.sharing(3, Some(12));
-    let watched = first.clone();
-    run_until(relay(first), move || watched.calls() >= 12).await;
-    assert!(count(&c, State::Leased).await > 0, "the killed relay left rows leased");
-    let second = broker.sharing(3, None);
-    let delivered = {
-        let c = db.client().await;
-        let relay = tokio::spawn(relay(second));
-        let delivered =
-            tokio::time::timeout(GUARD, async { while count(&c, State::Delivered).await < 40 {} })
-                .await;
-        relay.abort();
-        delivered
-    };
-    assert!(delivered.is_ok(), "every row delivered");
-    let unique: BTreeSet<String> = broker.confirmed().into_iter().collect();
-    assert_eq!(unique.len(), 40, "every message confirmed by the broker");
-    assert!(list_dead(&c, 10).await.unwrap().is_empty());
-    let _ = &mut c;
+    put(&mut c, &testing::killed_mid_batch_messages()).await;
+    let pool = db.pool();
+    let storage = || Storage::new(pool.clone());
+    testing::a_relay_killed_mid_batch_loses_nothing(storage, |state| count(&c, state)).await;
     db.drop().await;
 }

@@ -13,15 +13,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
 use idemcache::store::conformance::service_url;
-use idemcache_sql::outbox::testing::{FlakyBroker, HandClock};
+use idemcache_sql::outbox::testing;
 use idemcache_sql::outbox::State;
 use idemcache_sqlx::outbox::mysql::{
     self, claim_due, enqueue, inspect, list_dead, mark_delivered, mark_failed, purge_delivered,
     requeue, Storage,
 };
-use idemcache_sqlx::outbox::{
-    relay_loop, Batch, Mark, OutboxError, OutboxMessage, RelaySettings, Retry,
-};
+use idemcache_sqlx::outbox::{Batch, Mark, OutboxError, OutboxMessage, Retry};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, MySqlPool};
 
@@ -92,7 +90,7 @@ fn ids(batch: &Batch) -> Vec<&str> {
     batch.claimed.iter().map(|c| c.message.id()).collect()
 }
 
-async fn count(c: &mut MySqlConnection, state: State) -> i64 {
+async fn count<'c>(c: impl sqlx::Executor<'c, Database = sqlx::MySql>, state: State) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM idemcache_outbox WHERE state = ?")
         .bind(state.code())
         .fetch_one(c)
@@ -284,65 +282,10 @@ async fn a_claim_skips_a_row_another_transaction_holds_instead_of_waiting() {
 async fn a_relay_killed_mid_batch_loses_nothing() {
     let Some(db) = Db::new("killed").await else { return };
     let mut c = db.conn().await;
-    let all: Vec<OutboxMessage> = (0..40)
-        .map(|i| {
-            let m = message(&format!("m-{i:02}"));
-            if i % 3 == 0 {
-                m.with_aggregate_key(format!("order-{}", i % 2))
-            } else {
-                m
-            }
-        })
-        .collect();
-    put(&mut c, &all).await;
-    let clock = HandClock::at(t0());
-    let broker = FlakyBroker::new(0, None);
-    let settings = RelaySettings::default()
-        .with_batch(8)
-        .unwrap()
-        .with_lease(secs(30))
-        .unwrap()
-        .with_retry(Retry::new(secs(1), secs(4), 50).unwrap());
+    put(&mut c, &testing::killed_mid_batch_messages()).await;
     let pool = db.pool().await;
-    let relay = |publisher: FlakyBroker| {
-        let (now, tick) = (clock.clone(), clock.clone());
-        tokio::spawn(relay_loop(
-            Storage::new(pool.clone()),
-            publisher,
-            settings,
-            move || now.now(),
-            move |pause| {
-                tick.advance(pause);
-                tokio::task::yield_now()
-            },
-            |report| {
-                report.unwrap();
-            },
-        ))
-    };
-    let first = broker.sharing(3, Some(12));
-    let task = relay(first.clone());
-    // Killed at the instant it hangs on publish 12, mid-batch, with rows leased.
-    let reached = tokio::time::timeout(Duration::from_secs(120), async {
-        while first.calls() < 12 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
-    task.abort();
-    let _ = task.await;
-    assert!(reached.is_ok(), "the relay never reached publish 12");
-    assert!(count(&mut c, State::Leased).await > 0, "the killed relay left rows leased");
-    let task = relay(broker.sharing(3, None));
-    // A guard against a hang, not a timing: the loop ends as soon as all are delivered.
-    let delivered = tokio::time::timeout(Duration::from_secs(120), async {
-        while count(&mut c, State::Delivered).await < 40 {}
-    })
-    .await;
-    task.abort();
-    assert!(delivered.is_ok(), "every row delivered");
-    let unique: BTreeSet<String> = broker.confirmed().into_iter().collect();
-    assert_eq!(unique.len(), 40, "every message confirmed by the broker");
+    let storage = || Storage::new(pool.clone());
+    testing::a_relay_killed_mid_batch_loses_nothing(storage, |state| count(&pool, state)).await;
     pool.close().await;
     db.drop().await;
 }

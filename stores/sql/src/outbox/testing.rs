@@ -1,17 +1,124 @@
 //! What every driver's outbox suite uses to try its relay (feature `test-utils`): a
-//! broker that fails and hangs on cue ([`FlakyBroker`]) and a clock moved by hand
-//! ([`HandClock`]).
+//! broker that fails and hangs on cue ([`FlakyBroker`]), a clock moved by hand
+//! ([`HandClock`]), and the scenarios written once for every driver that runs on tokio
+//! ([`a_relay_killed_mid_batch_loses_nothing`]).
 //!
 //! Invariant: the broker confirms a message (records it) only in a publish that answers
 //! `Ok`; a publish it hangs never answers, as a broker that stopped responding, so that
 //! the relay awaiting it can be killed mid-batch.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use super::{OutboxMessage, PublishError, Publisher};
+use super::{
+    relay_loop, OutboxMessage, OutboxStorage, PublishError, Publisher, RelaySettings, Retry, State,
+};
+
+/// How long a scenario waits for an instant before it calls it a hang: a failure guard,
+/// not a timing (nothing waits for it to pass).
+pub const GUARD: Duration = Duration::from_secs(120);
+
+/// What [`a_relay_killed_mid_batch_loses_nothing`] relays: 40 messages `m-00`..`m-39`,
+/// every third under one of two aggregate keys. Enqueue them, in this order, into an
+/// empty outbox before it runs.
+pub fn killed_mid_batch_messages() -> Vec<OutboxMessage> {
+    (0..40)
+        .map(|i| {
+            let id = format!("m-{i:02}");
+            let m = OutboxMessage::new(id.clone(), "orders", id.into_bytes())
+                .with_header("kind", "created");
+            if i % 3 == 0 {
+                m.with_aggregate_key(format!("order-{}", i % 2))
+            } else {
+                m
+            }
+        })
+        .collect()
+}
+
+/// A relay killed mid-batch loses nothing: a relay whose broker fails every third
+/// publish is killed (its task aborted) at the instant it hangs on publish 12, with rows
+/// leased; a second relay, once those leases lapse on a clock moved by hand, delivers all
+/// 40 rows of [`killed_mid_batch_messages`], every message is confirmed, none is dead,
+/// and the rows of each aggregate key were first confirmed in the order they were
+/// enqueued. `storage` makes a relay's storage over the outbox, `count` counts its rows
+/// in a state. Runs on the caller's tokio runtime; each wait is bounded by [`GUARD`].
+pub async fn a_relay_killed_mid_batch_loses_nothing<S, N, NF>(storage: impl Fn() -> S, count: N)
+where
+    S: OutboxStorage + Send + Sync + 'static,
+    N: Fn(State) -> NF,
+    NF: Future<Output = i64>,
+{
+    let clock = HandClock::at(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    let broker = FlakyBroker::new(0, None);
+    let secs = Duration::from_secs;
+    let settings = RelaySettings::default()
+        .with_batch(8)
+        .and_then(|s| s.with_lease(secs(30)))
+        .expect("valid settings")
+        .with_retry(Retry::new(secs(1), secs(4), 50).expect("a valid retry"));
+    let relay = |publisher: FlakyBroker| {
+        let (now, tick) = (clock.clone(), clock.clone());
+        tokio::spawn(relay_loop(
+            storage(),
+            publisher,
+            settings,
+            move || now.now(),
+            move |pause| {
+                tick.advance(pause);
+                tokio::task::yield_now()
+            },
+            |report| {
+                report.expect("a batch's report");
+            },
+        ))
+    };
+    let first = broker.sharing(3, Some(12));
+    let task = relay(first.clone());
+    // Killed at the instant it hangs on publish 12, mid-batch, with rows leased.
+    let reached = tokio::time::timeout(GUARD, async {
+        while first.calls() < 12 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    task.abort();
+    let _ = task.await;
+    assert!(reached.is_ok(), "the relay never reached publish 12");
+    assert!(count(State::Leased).await > 0, "the killed relay left rows leased");
+    let task = relay(broker.sharing(3, None));
+    // The loop ends as soon as every row is delivered; the guard only stops a hang.
+    let delivered = tokio::time::timeout(GUARD, async {
+        while count(State::Delivered).await < 40 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    task.abort();
+    let _ = task.await;
+    assert!(delivered.is_ok(), "every row delivered");
+    assert_eq!(count(State::Dead).await, 0, "no row dead");
+    let confirmed = broker.confirmed();
+    let unique: BTreeSet<&String> = confirmed.iter().collect();
+    assert_eq!(unique.len(), 40, "every message confirmed by the broker");
+    let all = killed_mid_batch_messages();
+    let mut by_key: BTreeMap<&str, Vec<&String>> = BTreeMap::new();
+    let mut once = BTreeSet::new();
+    for id in confirmed.iter().filter(|id| once.insert(*id)) {
+        let message = all.iter().find(|m| m.id() == id.as_str()).expect("a message enqueued");
+        if let Some(key) = message.aggregate_key() {
+            by_key.entry(key).or_default().push(id);
+        }
+    }
+    for (key, order) in by_key {
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(order, sorted, "key {key}: first confirmed out of order");
+    }
+}
 
 /// A broker that fails every `fail_every`th publish (counted from 1), never answers
 /// publish number `hang_at`, and records every message id it confirmed, in order.
