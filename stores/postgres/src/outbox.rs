@@ -81,8 +81,9 @@ use idemcache_sql::outbox::{check_claim, clip_error, Next, State};
 // imports the whole outbox of this driver.
 pub use idemcache_sql::outbox::postgres::SCHEMA;
 pub use idemcache_sql::outbox::{
-    purge_loop, relay_batch, relay_loop, Batch, BatchReport, Claimed, Lease, Mark, OutboxError,
-    OutboxMessage, OutboxRow, OutboxStorage, PublishError, Publisher, RelaySettings, Retry,
+    purge_loop, relay_batch, relay_loop, Batch, BatchReport, Claimed, Lease, Mark, OutboxAdmin,
+    OutboxError, OutboxMessage, OutboxRow, OutboxStorage, PublishError, Publisher, RelaySettings,
+    Retry,
 };
 
 /// Creates the outbox's table and indexes if they do not exist, under an advisory lock
@@ -282,6 +283,28 @@ impl OutboxStorage for Storage {
         retry: &Retry,
     ) -> Result<Mark, OutboxError> {
         mark_failed(&**self.client().await?, lease, error, now, retry).await
+    }
+}
+
+impl OutboxAdmin for Storage {
+    async fn list_dead(&self, limit: usize) -> Result<Vec<OutboxRow>, OutboxError> {
+        list_dead(&**self.client().await?, limit).await
+    }
+
+    async fn inspect(&self, message_id: &str) -> Result<Option<OutboxRow>, OutboxError> {
+        inspect(&**self.client().await?, message_id).await
+    }
+
+    async fn requeue(&self, message_id: &str) -> Result<bool, OutboxError> {
+        requeue(&**self.client().await?, message_id).await
+    }
+
+    async fn purge_delivered(
+        &self,
+        cutoff: SystemTime,
+        limit: usize,
+    ) -> Result<usize, OutboxError> {
+        purge_delivered(&**self.client().await?, cutoff, limit).await
     }
 }
 

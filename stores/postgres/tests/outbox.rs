@@ -12,8 +12,8 @@ use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
 use idemcache_postgres::outbox::{
-    self, claim_due, enqueue, inspect, list_dead, mark_delivered, mark_failed, purge_delivered,
-    requeue, Batch, Mark, OutboxError, OutboxMessage, Retry, Storage,
+    self, claim_due, enqueue, inspect, mark_delivered, Batch, Mark, OutboxError, OutboxMessage,
+    Storage,
 };
 use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
 use idemcache_sql::outbox::testing;
@@ -98,63 +98,11 @@ async fn enqueue_commits_with_the_change_is_claimed_once_and_wakes_a_listener() 
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn leases_lapse_to_a_higher_token_keys_keep_order_failures_die_and_purge() {
     let Some(db) = Db::new("life").await else { return };
-    let mut c = db.client().await;
-    let k = |id: &str| message(id).with_aggregate_key("K");
-    put(&mut c, &[k("k1"), k("k2"), message("n1")]).await;
-
-    // Lapse and fencing.
-    let first = claim_due(&c, 10, MIN, t0()).await.unwrap();
-    assert_eq!(ids(&first), ["k1", "n1"], "k2 waits behind k1");
-    let old = first.claimed[0].lease.clone();
-    assert!(claim_due(&c, 10, MIN, t0() + MIN - secs(1)).await.unwrap().claimed.is_empty());
-    let again = claim_due(&c, 10, MIN, t0() + MIN).await.unwrap();
-    assert_eq!(ids(&again), ["k1", "n1"]);
-    let new = again.claimed[0].lease.clone();
-    assert_eq!((new.token, new.attempts), (2, 2));
-    assert_eq!(mark_delivered(&c, &old, t0() + MIN).await.unwrap(), Mark::Stale);
-    let retry = Retry::new(secs(10), secs(15), 3).unwrap();
-    assert_eq!(mark_failed(&c, &old, "late", t0(), &retry).await.unwrap(), Mark::Stale);
-
-    // k1 fails its third attempt: dead, and k2 still waits behind it.
-    assert_eq!(mark_failed(&c, &new, "down", t0() + MIN, &retry).await.unwrap(), Mark::Applied);
-    let row = inspect(&c, "k1").await.unwrap().unwrap();
-    assert_eq!(row.next_attempt_at, t0() + MIN + secs(15), "10 s doubled, capped at 15");
-    let third = claim_due(&c, 10, MIN, t0() + MIN + secs(15)).await.unwrap();
-    assert_eq!(ids(&third), ["k1"], "n1 is still leased");
-    let lease = &third.claimed[0].lease;
-    assert_eq!(lease.attempts, 3);
-    assert_eq!(mark_failed(&c, lease, "still down", t0(), &retry).await.unwrap(), Mark::Applied);
-    let dead = list_dead(&c, 10).await.unwrap();
-    assert_eq!(dead.len(), 1);
-    assert_eq!((dead[0].state, dead[0].last_error.as_deref()), (State::Dead, Some("still down")));
-    assert!(claim_due(&c, 10, MIN, t0() + 1000 * MIN)
-        .await
-        .unwrap()
-        .claimed
-        .iter()
-        .all(|c| c.message.id() == "n1"));
-
-    // Requeued, it is delivered, and k2 follows.
-    assert!(requeue(&c, "k1").await.unwrap());
-    assert!(!requeue(&c, "k1").await.unwrap());
-    let back = claim_due(&c, 10, MIN, t0()).await.unwrap();
-    assert_eq!(ids(&back), ["k1"]);
-    assert_eq!(back.claimed[0].lease.attempts, 1);
-    assert_eq!(mark_delivered(&c, &back.claimed[0].lease, t0()).await.unwrap(), Mark::Applied);
-    let k2 = claim_due(&c, 10, MIN, t0()).await.unwrap();
-    assert_eq!(ids(&k2), ["k2"]);
-    assert_eq!(
-        mark_delivered(&c, &k2.claimed[0].lease, t0() + secs(20)).await.unwrap(),
-        Mark::Applied
-    );
-
-    // Purge: delivered before the cutoff, oldest first, in batches.
-    assert_eq!(purge_delivered(&c, t0() + secs(30), 0).await.unwrap(), 0);
-    assert_eq!(purge_delivered(&c, t0() + secs(30), 1).await.unwrap(), 1);
-    assert!(inspect(&c, "k1").await.unwrap().is_none(), "oldest first");
-    assert_eq!(purge_delivered(&c, t0() + secs(10), 5).await.unwrap(), 0);
-    assert_eq!(purge_delivered(&c, t0() + secs(30), 5).await.unwrap(), 1);
-    assert!(inspect(&c, "n1").await.unwrap().is_some(), "undelivered rows stay");
+    let d = &db;
+    let put = move |messages: Vec<OutboxMessage>| async move {
+        put(&mut d.client().await, &messages).await;
+    };
+    testing::a_rows_life(&Storage::new(db.pool()), put).await;
     db.drop().await;
 }
 

@@ -37,6 +37,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
+mod admin;
 pub mod decode;
 pub mod mysql;
 pub mod postgres;
@@ -46,6 +47,7 @@ pub mod relay;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-utils")))]
 pub mod testing;
 
+pub use admin::OutboxAdmin;
 pub use purge_loop::purge_loop;
 pub use relay::{
     relay_batch, relay_loop, BatchReport, OutboxStorage, PublishError, Publisher, RelaySettings,

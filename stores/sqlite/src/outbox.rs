@@ -53,8 +53,9 @@ use idemcache_sql::outbox::{check_claim, clip_error, Next, State};
 // The outbox's vocabulary and relay (`idemcache-sql`'s), re-exported so that one path
 // imports the whole outbox of this driver.
 pub use idemcache_sql::outbox::{
-    purge_loop, relay_batch, relay_loop, Batch, BatchReport, Claimed, Lease, Mark, OutboxError,
-    OutboxMessage, OutboxRow, OutboxStorage, PublishError, Publisher, RelaySettings, Retry,
+    purge_loop, relay_batch, relay_loop, Batch, BatchReport, Claimed, Lease, Mark, OutboxAdmin,
+    OutboxError, OutboxMessage, OutboxRow, OutboxStorage, PublishError, Publisher, RelaySettings,
+    Retry,
 };
 
 /// The outbox's table, created by [`ensure_schema`] (idempotent): PostgreSQL's columns
@@ -301,6 +302,37 @@ impl OutboxStorage for Storage {
         retry: &Retry,
     ) -> impl std::future::Future<Output = Result<Mark, OutboxError>> + Send {
         std::future::ready(mark_failed(&self.connection(), lease, error, now, retry))
+    }
+}
+
+impl OutboxAdmin for Storage {
+    fn list_dead(
+        &self,
+        limit: usize,
+    ) -> impl std::future::Future<Output = Result<Vec<OutboxRow>, OutboxError>> + Send {
+        std::future::ready(list_dead(&self.connection(), limit))
+    }
+
+    fn inspect(
+        &self,
+        message_id: &str,
+    ) -> impl std::future::Future<Output = Result<Option<OutboxRow>, OutboxError>> + Send {
+        std::future::ready(inspect(&self.connection(), message_id))
+    }
+
+    fn requeue(
+        &self,
+        message_id: &str,
+    ) -> impl std::future::Future<Output = Result<bool, OutboxError>> + Send {
+        std::future::ready(requeue(&self.connection(), message_id))
+    }
+
+    fn purge_delivered(
+        &self,
+        cutoff: SystemTime,
+        limit: usize,
+    ) -> impl std::future::Future<Output = Result<usize, OutboxError>> + Send {
+        std::future::ready(purge_delivered(&self.connection(), cutoff, limit))
     }
 }
 

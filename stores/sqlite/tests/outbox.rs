@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, SystemTime};
 
-use idemcache_sql::outbox::testing::{FlakyBroker, HandClock};
+use idemcache::store::block_on;
+use idemcache_sql::outbox::testing::{self, FlakyBroker, HandClock};
 use idemcache_sqlite::outbox::{
     self, claim_due, enqueue, inspect, list_dead, mark_delivered, mark_failed, purge_delivered,
     relay_loop, requeue, Mark, OutboxError, OutboxMessage, RelaySettings, Retry, Storage,
@@ -307,6 +308,20 @@ fn an_unreachable_broker_claims_nothing_and_uses_no_attempt() {
         let row = inspect(&db, id).unwrap().unwrap();
         assert_eq!((row.state, row.attempts), (outbox_state("pending"), 0), "{id}");
     }
+}
+
+/// The life every driver's outbox lives (`idemcache_sql::outbox::testing::a_rows_life`),
+/// through this driver's `Storage`.
+#[test]
+fn a_rows_life_as_every_driver_lives_it() {
+    let file = TempDb::new("outbox", "life");
+    let storage = Storage::new(file.open("wal", secs(5)));
+    outbox::ensure_schema(&storage.connection()).unwrap();
+    let put = |messages: Vec<OutboxMessage>| {
+        put(&mut file.open("wal", secs(5)), &messages);
+        std::future::ready(())
+    };
+    block_on(testing::a_rows_life(&storage, put));
 }
 
 #[test]

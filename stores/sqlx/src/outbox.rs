@@ -13,8 +13,9 @@
 // The outbox's vocabulary and relay (`idemcache-sql`'s), re-exported so that one path
 // imports the whole outbox of this driver.
 pub use idemcache_sql::outbox::{
-    purge_loop, relay_batch, relay_loop, Batch, BatchReport, Claimed, Lease, Mark, OutboxError,
-    OutboxMessage, OutboxRow, OutboxStorage, PublishError, Publisher, RelaySettings, Retry,
+    purge_loop, relay_batch, relay_loop, Batch, BatchReport, Claimed, Lease, Mark, OutboxAdmin,
+    OutboxError, OutboxMessage, OutboxRow, OutboxStorage, PublishError, Publisher, RelaySettings,
+    Retry,
 };
 
 #[cfg(feature = "mysql")]

@@ -16,10 +16,9 @@ use idemcache::store::conformance::service_url;
 use idemcache_sql::outbox::testing;
 use idemcache_sql::outbox::State;
 use idemcache_sqlx::outbox::postgres::{
-    self, claim_due, enqueue, inspect, list_dead, mark_delivered, mark_failed, purge_delivered,
-    requeue, Storage,
+    self, claim_due, enqueue, inspect, mark_delivered, Storage,
 };
-use idemcache_sqlx::outbox::{Batch, Mark, OutboxError, OutboxMessage, Retry};
+use idemcache_sqlx::outbox::{Batch, Mark, OutboxError, OutboxMessage};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, PgPool};
 
@@ -155,59 +154,13 @@ async fn enqueue_commits_with_the_change_and_is_claimed_once() {
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn leases_lapse_to_a_higher_token_keys_keep_order_failures_die_and_purge() {
     let Some(db) = Db::new("life").await else { return };
-    let mut c = db.conn().await;
-    let k = |id: &str| message(id).with_aggregate_key("K");
-    put(&mut c, &[k("k1"), k("k2"), message("n1")]).await;
-
-    let first = claim_due(&mut c, 10, MIN, t0()).await.unwrap();
-    assert_eq!(ids(&first), ["k1", "n1"], "k2 waits behind k1");
-    let old = first.claimed[0].lease.clone();
-    assert!(claim_due(&mut c, 10, MIN, t0() + MIN - secs(1)).await.unwrap().claimed.is_empty());
-    let again = claim_due(&mut c, 10, MIN, t0() + MIN).await.unwrap();
-    assert_eq!(ids(&again), ["k1", "n1"]);
-    let new = again.claimed[0].lease.clone();
-    assert_eq!((new.token, new.attempts), (2, 2));
-    assert_eq!(mark_delivered(&mut c, &old, t0() + MIN).await.unwrap(), Mark::Stale);
-    let retry = Retry::new(secs(10), secs(15), 3).unwrap();
-    assert_eq!(mark_failed(&mut c, &old, "late", t0(), &retry).await.unwrap(), Mark::Stale);
-
-    assert_eq!(mark_failed(&mut c, &new, "down", t0() + MIN, &retry).await.unwrap(), Mark::Applied);
-    let row = inspect(&mut c, "k1").await.unwrap().unwrap();
-    assert_eq!(row.next_attempt_at, t0() + MIN + secs(15), "10 s doubled, capped at 15");
-    let third = claim_due(&mut c, 10, MIN, t0() + MIN + secs(15)).await.unwrap();
-    assert_eq!(ids(&third), ["k1"]);
-    let lease = &third.claimed[0].lease;
-    assert_eq!(
-        mark_failed(&mut c, lease, "still down", t0(), &retry).await.unwrap(),
-        Mark::Applied
-    );
-    let dead = list_dead(&mut c, 10).await.unwrap();
-    assert_eq!(dead.len(), 1);
-    assert_eq!((dead[0].state, dead[0].last_error.as_deref()), (State::Dead, Some("still down")));
-    let later = claim_due(&mut c, 10, MIN, t0() + 1000 * MIN).await.unwrap();
-    assert_eq!(ids(&later), ["n1"], "k2 waits behind dead k1");
-    assert_eq!(
-        mark_delivered(&mut c, &later.claimed[0].lease, t0() + secs(5)).await.unwrap(),
-        Mark::Applied
-    );
-
-    assert!(requeue(&mut c, "k1").await.unwrap());
-    assert!(!requeue(&mut c, "k1").await.unwrap());
-    let back = claim_due(&mut c, 10, MIN, t0()).await.unwrap();
-    assert_eq!(ids(&back), ["k1"]);
-    assert_eq!(back.claimed[0].lease.attempts, 1);
-    assert_eq!(
-        mark_delivered(&mut c, &back.claimed[0].lease, t0() + secs(10)).await.unwrap(),
-        Mark::Applied
-    );
-    let k2 = claim_due(&mut c, 10, MIN, t0()).await.unwrap();
-    assert_eq!(ids(&k2), ["k2"]);
-
-    assert_eq!(purge_delivered(&mut c, t0() + secs(30), 0).await.unwrap(), 0);
-    assert_eq!(purge_delivered(&mut c, t0() + secs(30), 1).await.unwrap(), 1);
-    assert!(inspect(&mut c, "n1").await.unwrap().is_none(), "oldest first");
-    assert_eq!(purge_delivered(&mut c, t0() + secs(30), 5).await.unwrap(), 1);
-    assert!(inspect(&mut c, "k2").await.unwrap().is_some(), "undelivered rows stay");
+    let pool = db.pool().await;
+    let d = &db;
+    let put = move |messages: Vec<OutboxMessage>| async move {
+        put(&mut d.conn().await, &messages).await;
+    };
+    testing::a_rows_life(&Storage::new(pool.clone()), put).await;
+    pool.close().await;
     db.drop().await;
 }
 

@@ -1,7 +1,8 @@
 //! What every driver's outbox suite uses to try its relay (feature `test-utils`): a
 //! broker that fails and hangs on cue ([`FlakyBroker`]), a clock moved by hand
-//! ([`HandClock`]), and the scenarios written once for every driver that runs on tokio
-//! ([`a_relay_killed_mid_batch_loses_nothing`]).
+//! ([`HandClock`]), and the scenarios written once for every driver: a row's whole life
+//! through [`OutboxStorage`] and [`OutboxAdmin`] ([`a_rows_life`], on any executor) and a
+//! relay killed mid-batch ([`a_relay_killed_mid_batch_loses_nothing`], on tokio).
 //!
 //! Invariant: the broker confirms a message (records it) only in a publish that answers
 //! `Ok`; a publish it hangs never answers, as a broker that stopped responding, so that
@@ -14,12 +15,95 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    relay_loop, OutboxMessage, OutboxStorage, PublishError, Publisher, RelaySettings, Retry, State,
+    relay_loop, Batch, Mark, OutboxAdmin, OutboxMessage, OutboxStorage, PublishError, Publisher,
+    RelaySettings, Retry, State,
 };
 
 /// How long a scenario waits for an instant before it calls it a hang: a failure guard,
 /// not a timing (nothing waits for it to pass).
 pub const GUARD: Duration = Duration::from_secs(120);
+
+/// The scenarios' first instant, on their clock moved by hand.
+fn t0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+}
+
+/// A message `id` on topic `orders`, its payload its id.
+fn message(id: &str) -> OutboxMessage {
+    OutboxMessage::new(id, "orders", id.as_bytes().to_vec()).with_header("kind", "created")
+}
+
+fn ids(batch: &Batch) -> Vec<&str> {
+    batch.claimed.iter().map(|c| c.message.id()).collect()
+}
+
+/// A row's whole life, on an empty outbox: a lease lapses and the row is claimed again
+/// under a higher token with one more attempt, and the old token's marks are `Stale`;
+/// rows of one aggregate key go one at a time, in order; a failure backs off (doubled,
+/// capped) and the last attempt's failure makes the row dead, listed with its error and
+/// holding back its key; a requeued row starts over (once: a second requeue changes
+/// nothing) and is delivered, and its key's next row follows; delivered rows are purged
+/// before a cutoff only, oldest first, in batches (`limit` 0 deletes nothing), and
+/// undelivered rows stay. `put` enqueues its messages in one committed transaction.
+pub async fn a_rows_life<S, P, PF>(storage: &S, put: P)
+where
+    S: OutboxStorage + OutboxAdmin,
+    P: Fn(Vec<OutboxMessage>) -> PF,
+    PF: Future<Output = ()>,
+{
+    let (min, secs) = (Duration::from_secs(60), Duration::from_secs);
+    let k = |id: &str| message(id).with_aggregate_key("K");
+    put(vec![k("k1"), k("k2"), message("n1")]).await;
+
+    let first = storage.claim_due(10, min, t0()).await.unwrap();
+    assert_eq!(ids(&first), ["k1", "n1"], "k2 waits behind k1");
+    let old = first.claimed[0].lease.clone();
+    let early = storage.claim_due(10, min, t0() + min - secs(1)).await.unwrap();
+    assert!(early.claimed.is_empty(), "nothing is due before the leases lapse");
+    let again = storage.claim_due(10, min, t0() + min).await.unwrap();
+    assert_eq!(ids(&again), ["k1", "n1"]);
+    let new = again.claimed[0].lease.clone();
+    assert_eq!((new.token, new.attempts), (2, 2));
+    assert_eq!(storage.mark_delivered(&old, t0() + min).await.unwrap(), Mark::Stale);
+    let retry = Retry::new(secs(10), secs(15), 3).unwrap();
+    assert_eq!(storage.mark_failed(&old, "late", t0(), &retry).await.unwrap(), Mark::Stale);
+
+    let failed = storage.mark_failed(&new, "down", t0() + min, &retry).await.unwrap();
+    assert_eq!(failed, Mark::Applied);
+    let row = storage.inspect("k1").await.unwrap().unwrap();
+    assert_eq!(row.next_attempt_at, t0() + min + secs(15), "10 s doubled, capped at 15");
+    let third = storage.claim_due(10, min, t0() + min + secs(15)).await.unwrap();
+    assert_eq!(ids(&third), ["k1"], "n1 is still leased");
+    let lease = &third.claimed[0].lease;
+    assert_eq!(lease.attempts, 3);
+    let died = storage.mark_failed(lease, "still down", t0(), &retry).await.unwrap();
+    assert_eq!(died, Mark::Applied);
+    let dead = storage.list_dead(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!((dead[0].state, dead[0].last_error.as_deref()), (State::Dead, Some("still down")));
+    let later = storage.claim_due(10, min, t0() + 1000 * min).await.unwrap();
+    assert_eq!(ids(&later), ["n1"], "k2 waits behind dead k1");
+    let n1 = storage.mark_delivered(&later.claimed[0].lease, t0() + secs(5)).await.unwrap();
+    assert_eq!(n1, Mark::Applied);
+
+    assert!(storage.requeue("k1").await.unwrap());
+    assert!(!storage.requeue("k1").await.unwrap(), "a pending row is not requeued");
+    let back = storage.claim_due(10, min, t0()).await.unwrap();
+    assert_eq!(ids(&back), ["k1"]);
+    assert_eq!(back.claimed[0].lease.attempts, 1, "attempts start over");
+    let k1 = storage.mark_delivered(&back.claimed[0].lease, t0() + secs(10)).await.unwrap();
+    assert_eq!(k1, Mark::Applied);
+    let k2 = storage.claim_due(10, min, t0()).await.unwrap();
+    assert_eq!(ids(&k2), ["k2"], "the key's next row follows");
+
+    assert_eq!(storage.purge_delivered(t0() + secs(30), 0).await.unwrap(), 0);
+    assert_eq!(storage.purge_delivered(t0() + secs(30), 1).await.unwrap(), 1);
+    assert!(storage.inspect("n1").await.unwrap().is_none(), "oldest first");
+    assert_eq!(storage.purge_delivered(t0() + secs(9), 5).await.unwrap(), 0, "k1 is younger");
+    assert_eq!(storage.purge_delivered(t0() + secs(30), 5).await.unwrap(), 1);
+    assert!(storage.inspect("k1").await.unwrap().is_none());
+    assert!(storage.inspect("k2").await.unwrap().is_some(), "undelivered rows stay");
+}
 
 /// What [`a_relay_killed_mid_batch_loses_nothing`] relays: 40 messages `m-00`..`m-39`,
 /// every third under one of two aggregate keys. Enqueue them, in this order, into an
@@ -27,9 +111,7 @@ pub const GUARD: Duration = Duration::from_secs(120);
 pub fn killed_mid_batch_messages() -> Vec<OutboxMessage> {
     (0..40)
         .map(|i| {
-            let id = format!("m-{i:02}");
-            let m = OutboxMessage::new(id.clone(), "orders", id.into_bytes())
-                .with_header("kind", "created");
+            let m = message(&format!("m-{i:02}"));
             if i % 3 == 0 {
                 m.with_aggregate_key(format!("order-{}", i % 2))
             } else {
@@ -52,7 +134,7 @@ where
     N: Fn(State) -> NF,
     NF: Future<Output = i64>,
 {
-    let clock = HandClock::at(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    let clock = HandClock::at(t0());
     let broker = FlakyBroker::new(0, None);
     let secs = Duration::from_secs;
     let settings = RelaySettings::default()

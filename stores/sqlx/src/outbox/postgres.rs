@@ -21,8 +21,8 @@ use idemcache_sql::outbox::postgres::{
 use idemcache_sql::outbox::{check_claim, clip_error};
 
 use super::{
-    database, failed_as, mark, raw_row, token, Batch, Lease, Mark, OutboxError, OutboxMessage,
-    OutboxRow, OutboxStorage, Retry,
+    database, failed_as, mark, raw_row, token, Batch, Lease, Mark, OutboxAdmin, OutboxError,
+    OutboxMessage, OutboxRow, OutboxStorage, Retry,
 };
 
 pub use idemcache_sql::outbox::postgres::{CHANNEL, SCHEMA};
@@ -234,6 +234,28 @@ impl OutboxStorage for Storage {
         retry: &Retry,
     ) -> Result<Mark, OutboxError> {
         mark_failed(&self.pool, lease, error, now, retry).await
+    }
+}
+
+impl OutboxAdmin for Storage {
+    async fn list_dead(&self, limit: usize) -> Result<Vec<OutboxRow>, OutboxError> {
+        list_dead(&self.pool, limit).await
+    }
+
+    async fn inspect(&self, message_id: &str) -> Result<Option<OutboxRow>, OutboxError> {
+        inspect(&self.pool, message_id).await
+    }
+
+    async fn requeue(&self, message_id: &str) -> Result<bool, OutboxError> {
+        requeue(&self.pool, message_id).await
+    }
+
+    async fn purge_delivered(
+        &self,
+        cutoff: SystemTime,
+        limit: usize,
+    ) -> Result<usize, OutboxError> {
+        purge_delivered(&self.pool, cutoff, limit).await
     }
 }
 
