@@ -9,14 +9,13 @@
 //! works in a schema of its own, dropped at its end; time is a clock moved by hand.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use idemcache_postgres::outbox::{
-    self, claim_due, enqueue, inspect, mark_delivered, Batch, Mark, OutboxError, OutboxMessage,
-    Storage,
+    self, claim_due, enqueue, inspect, mark_delivered, Mark, OutboxError, OutboxMessage, Storage,
 };
 use idemcache_postgres::tokio_postgres::{self, Client, NoTls};
-use idemcache_sql::outbox::testing;
+use idemcache_sql::outbox::testing::{self, ids, message, t0};
 use idemcache_sql::outbox::State;
 
 mod common;
@@ -24,16 +23,8 @@ use common::SchemaDb as Db;
 
 const MIN: Duration = Duration::from_secs(60);
 
-fn t0() -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
-}
-
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
-}
-
-fn message(id: &str) -> OutboxMessage {
-    OutboxMessage::new(id, "orders", id.as_bytes().to_vec()).with_header("kind", "created")
 }
 
 async fn put(c: &mut Client, messages: &[OutboxMessage]) {
@@ -42,10 +33,6 @@ async fn put(c: &mut Client, messages: &[OutboxMessage]) {
         enqueue(&tx, m).await.unwrap();
     }
     tx.commit().await.unwrap();
-}
-
-fn ids(batch: &Batch) -> Vec<&str> {
-    batch.claimed.iter().map(|c| c.message.id()).collect()
 }
 
 async fn count(c: &Client, state: State) -> i64 {

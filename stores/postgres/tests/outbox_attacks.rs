@@ -6,28 +6,21 @@
 //! Each test works in a schema of its own, dropped at its end; time is a clock moved by
 //! hand.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use idemcache_postgres::outbox::{
-    claim_due, enqueue, inspect, mark_delivered, mark_failed, Batch, Mark, OutboxMessage, Retry,
+    claim_due, enqueue, inspect, mark_delivered, mark_failed, Mark, OutboxMessage, Retry,
 };
 use idemcache_sql::outbox::State;
 
 mod common;
 use common::SchemaDb as Db;
+use idemcache_sql::outbox::testing::{ids, t0};
 
 const MIN: Duration = Duration::from_secs(60);
 
-fn t0() -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
-}
-
 fn message(id: &str) -> OutboxMessage {
     OutboxMessage::new(id, "orders", id.as_bytes().to_vec())
-}
-
-fn ids(batch: &Batch) -> Vec<&str> {
-    batch.claimed.iter().map(|c| c.message.id()).collect()
 }
 
 /// "A message with an aggregate key is not due while an earlier message (in enqueue

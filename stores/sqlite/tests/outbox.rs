@@ -12,10 +12,10 @@ use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use idemcache::store::block_on;
-use idemcache_sql::outbox::testing::{self, FlakyBroker, HandClock};
+use idemcache_sql::outbox::testing::{self, ids, message, t0, FlakyBroker, HandClock};
 use idemcache_sqlite::outbox::{
     self, claim_due, enqueue, inspect, list_dead, mark_delivered, mark_failed, purge_delivered,
     relay_loop, requeue, Mark, OutboxError, OutboxMessage, RelaySettings, Retry, Storage,
@@ -27,10 +27,6 @@ use common::TempDb;
 
 const MIN: Duration = Duration::from_secs(60);
 
-fn t0() -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
-}
-
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
@@ -41,20 +37,12 @@ fn memory() -> Connection {
     db
 }
 
-fn message(id: &str) -> OutboxMessage {
-    OutboxMessage::new(id, "orders", id.as_bytes().to_vec()).with_header("kind", "created")
-}
-
 fn put(db: &mut Connection, messages: &[OutboxMessage]) {
     let tx = db.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
     for m in messages {
         enqueue(&tx, m).unwrap();
     }
     tx.commit().unwrap();
-}
-
-fn ids(batch: &outbox::Batch) -> Vec<&str> {
-    batch.claimed.iter().map(|c| c.message.id()).collect()
 }
 
 #[test]

@@ -5,8 +5,9 @@
 //! Time is a clock moved by hand: nothing sleeps.
 
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
+use idemcache_sql::outbox::testing::t0;
 use idemcache_sql::outbox::testing::HandClock;
 use idemcache_sqlite::outbox::{
     self, claim_due, enqueue, inspect, mark_failed, Mark, OutboxError, OutboxMessage, PublishError,
@@ -15,10 +16,6 @@ use idemcache_sqlite::outbox::{
 use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
 
 const MIN: Duration = Duration::from_secs(60);
-
-fn t0() -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
-}
 
 fn message(id: &str) -> OutboxMessage {
     OutboxMessage::new(id, "orders", id.as_bytes().to_vec())

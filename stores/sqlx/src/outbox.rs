@@ -18,6 +18,84 @@ pub use idemcache_sql::outbox::{
     Retry,
 };
 
+/// An engine module's `Storage`: a relay's and an operator's outbox over a sqlx pool
+/// (`$pool`), each operation the module's free function of the same name on the pool,
+/// but the claim, which is the module's `claim_from_pool` (an engine's claim may need a
+/// connection of its own for its transaction). Written once for both engines.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+macro_rules! pool_storage {
+    ($pool:ty, $doc:literal) => {
+        #[doc = $doc]
+        #[derive(Debug, Clone)]
+        pub struct Storage {
+            pool: $pool,
+        }
+
+        impl Storage {
+            /// The storage over `pool` (the schema is not created: [`ensure_schema`]).
+            pub fn new(pool: $pool) -> Storage {
+                Storage { pool }
+            }
+
+            /// The pool, for the operations neither trait runs.
+            pub fn pool(&self) -> &$pool {
+                &self.pool
+            }
+        }
+
+        impl OutboxStorage for Storage {
+            async fn claim_due(
+                &self,
+                batch: usize,
+                lease: Duration,
+                now: SystemTime,
+            ) -> Result<Batch, OutboxError> {
+                claim_from_pool(&self.pool, batch, lease, now).await
+            }
+
+            async fn mark_delivered(
+                &self,
+                lease: &Lease,
+                now: SystemTime,
+            ) -> Result<Mark, OutboxError> {
+                mark_delivered(&self.pool, lease, now).await
+            }
+
+            async fn mark_failed(
+                &self,
+                lease: &Lease,
+                error: &str,
+                now: SystemTime,
+                retry: &Retry,
+            ) -> Result<Mark, OutboxError> {
+                mark_failed(&self.pool, lease, error, now, retry).await
+            }
+        }
+
+        impl OutboxAdmin for Storage {
+            async fn list_dead(&self, limit: usize) -> Result<Vec<OutboxRow>, OutboxError> {
+                list_dead(&self.pool, limit).await
+            }
+
+            async fn inspect(&self, message_id: &str) -> Result<Option<OutboxRow>, OutboxError> {
+                inspect(&self.pool, message_id).await
+            }
+
+            async fn requeue(&self, message_id: &str) -> Result<bool, OutboxError> {
+                requeue(&self.pool, message_id).await
+            }
+
+            async fn purge_delivered(
+                &self,
+                cutoff: SystemTime,
+                limit: usize,
+            ) -> Result<usize, OutboxError> {
+                purge_delivered(&self.pool, cutoff, limit).await
+            }
+        }
+    };
+}
+
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;

@@ -10,13 +10,13 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use idemcache::store::conformance::service_url;
-use idemcache_sql::outbox::testing;
+use idemcache_sql::outbox::testing::{self, ids, message, t0};
 use idemcache_sql::outbox::State;
 use idemcache_sqlx::outbox::mysql::{self, claim_due, enqueue, inspect, mark_delivered, Storage};
-use idemcache_sqlx::outbox::{Batch, Mark, OutboxError, OutboxMessage};
+use idemcache_sqlx::outbox::{Mark, OutboxError, OutboxMessage};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, MySqlPool};
 
@@ -63,16 +63,8 @@ impl Db {
     }
 }
 
-fn t0() -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
-}
-
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
-}
-
-fn message(id: &str) -> OutboxMessage {
-    OutboxMessage::new(id, "orders", id.as_bytes().to_vec()).with_header("kind", "created")
 }
 
 async fn put(c: &mut MySqlConnection, messages: &[OutboxMessage]) {
@@ -81,10 +73,6 @@ async fn put(c: &mut MySqlConnection, messages: &[OutboxMessage]) {
         enqueue(&mut tx, m).await.unwrap();
     }
     tx.commit().await.unwrap();
-}
-
-fn ids(batch: &Batch) -> Vec<&str> {
-    batch.claimed.iter().map(|c| c.message.id()).collect()
 }
 
 async fn count<'c>(c: impl sqlx::Executor<'c, Database = sqlx::MySql>, state: State) -> i64 {

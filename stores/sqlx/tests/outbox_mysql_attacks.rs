@@ -8,12 +8,13 @@
 //! time is a clock moved by hand.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use idemcache::store::conformance::service_url;
+use idemcache_sql::outbox::testing::{ids, t0};
 use idemcache_sql::outbox::{MAX_HEADERS, MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN};
 use idemcache_sqlx::outbox::mysql::{self, claim_due, enqueue, inspect, mark_delivered};
-use idemcache_sqlx::outbox::{Batch, Mark, OutboxMessage};
+use idemcache_sqlx::outbox::{Mark, OutboxMessage};
 use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection};
 
 const MIN: Duration = Duration::from_secs(60);
@@ -50,16 +51,8 @@ impl Db {
     }
 }
 
-fn t0() -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
-}
-
 fn message(id: &str) -> OutboxMessage {
     OutboxMessage::new(id, "orders", id.as_bytes().to_vec())
-}
-
-fn ids(batch: &Batch) -> Vec<&str> {
-    batch.claimed.iter().map(|c| c.message.id()).collect()
 }
 
 /// The most headers `check` takes, each as long as it takes: the guide promises they are

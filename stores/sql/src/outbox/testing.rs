@@ -23,17 +23,18 @@ use super::{
 /// not a timing (nothing waits for it to pass).
 pub const GUARD: Duration = Duration::from_secs(120);
 
-/// The scenarios' first instant, on their clock moved by hand.
-fn t0() -> SystemTime {
+/// The scenarios' first instant, on their clock moved by hand (2027-01-15).
+pub fn t0() -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
 }
 
-/// A message `id` on topic `orders`, its payload its id.
-fn message(id: &str) -> OutboxMessage {
+/// A message `id` on topic `orders`, its payload its id, with one header.
+pub fn message(id: &str) -> OutboxMessage {
     OutboxMessage::new(id, "orders", id.as_bytes().to_vec()).with_header("kind", "created")
 }
 
-fn ids(batch: &Batch) -> Vec<&str> {
+/// The ids of a batch's claimed messages, in claim order.
+pub fn ids(batch: &Batch) -> Vec<&str> {
     batch.claimed.iter().map(|c| c.message.id()).collect()
 }
 

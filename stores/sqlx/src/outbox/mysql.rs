@@ -241,71 +241,17 @@ where
     Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
 }
 
-/// A relay's storage over a sqlx MySQL pool: a claim takes a connection for its
-/// transaction, a mark one for its statement.
-#[derive(Debug, Clone)]
-pub struct Storage {
-    pool: MySqlPool,
-}
+pool_storage!(MySqlPool, "A relay's and an operator's storage over a sqlx MySQL pool: a claim takes a connection for its transaction, every other operation one for its statement.");
 
-impl Storage {
-    /// The storage over `pool` (the schema is not created: [`ensure_schema`]).
-    pub fn new(pool: MySqlPool) -> Storage {
-        Storage { pool }
-    }
-
-    /// The pool, for the operations a relay does not run.
-    pub fn pool(&self) -> &MySqlPool {
-        &self.pool
-    }
-}
-
-impl OutboxStorage for Storage {
-    async fn claim_due(
-        &self,
-        batch: usize,
-        lease: Duration,
-        now: SystemTime,
-    ) -> Result<Batch, OutboxError> {
-        let mut conn = self.pool.acquire().await.map_err(database)?;
-        claim_due(&mut conn, batch, lease, now).await
-    }
-
-    async fn mark_delivered(&self, lease: &Lease, now: SystemTime) -> Result<Mark, OutboxError> {
-        mark_delivered(&self.pool, lease, now).await
-    }
-
-    async fn mark_failed(
-        &self,
-        lease: &Lease,
-        error: &str,
-        now: SystemTime,
-        retry: &Retry,
-    ) -> Result<Mark, OutboxError> {
-        mark_failed(&self.pool, lease, error, now, retry).await
-    }
-}
-
-impl OutboxAdmin for Storage {
-    async fn list_dead(&self, limit: usize) -> Result<Vec<OutboxRow>, OutboxError> {
-        list_dead(&self.pool, limit).await
-    }
-
-    async fn inspect(&self, message_id: &str) -> Result<Option<OutboxRow>, OutboxError> {
-        inspect(&self.pool, message_id).await
-    }
-
-    async fn requeue(&self, message_id: &str) -> Result<bool, OutboxError> {
-        requeue(&self.pool, message_id).await
-    }
-
-    async fn purge_delivered(
-        &self,
-        cutoff: SystemTime,
-        limit: usize,
-    ) -> Result<usize, OutboxError> {
-        purge_delivered(&self.pool, cutoff, limit).await
-    }
+/// The claim on a connection of the pool's, for its transaction.
+async fn claim_from_pool(
+    pool: &MySqlPool,
+    batch: usize,
+    lease: Duration,
+    now: SystemTime,
+) -> Result<Batch, OutboxError> {
+    let mut conn = pool.acquire().await.map_err(database)?;
+    claim_due(&mut conn, batch, lease, now).await
 }
 
 fn raw(row: &MySqlRow) -> Result<RawRow, OutboxError> {
