@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use axum::body::Body;
 use axum::http::{Request, Response};
 use bytes::Bytes;
-use idemcache::layer::{IdempotencyLayer, LayerBody};
+use idemcache::layer::{Decision, IdempotencyLayer, LayerBody};
 use idemcache::store::{
     Record, RecordFilter, RecordState, Store, StoreClaim, StoreError, Tiered, TieredClaim,
     TieredError,
@@ -42,6 +42,20 @@ struct Faults {
     extends: Mutex<Vec<Duration>>,
     /// Seconds added to every time the store reports (its clock vs ours).
     skew_secs: AtomicI64,
+    /// A pool each extend_lease takes a connection (a permit) of first, as a store does
+    /// whose pool the handlers share.
+    pool: Mutex<Option<Arc<Semaphore>>>,
+    /// How many releases fail with a Backend error (the store cut).
+    failing_releases: AtomicUsize,
+    /// How many mark_unknown calls fail with a Backend error (the store cut).
+    failing_marks: AtomicUsize,
+}
+
+impl Faults {
+    /// Whether the next call counted by `calls` fails (and one fewer will).
+    fn fails(calls: &AtomicUsize) -> bool {
+        calls.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok()
+    }
 }
 
 struct Faulty<S> {
@@ -120,6 +134,11 @@ impl<S: Store> Store for Faulty<S> {
         lease: Duration,
     ) -> Result<SystemTime, StoreError> {
         self.f.extends.lock().unwrap().push(lease);
+        let pool = self.f.pool.lock().unwrap().clone();
+        let _connection = match &pool {
+            Some(pool) => Some(pool.acquire().await.unwrap()),
+            None => None,
+        };
         let failing = self.f.failing_extends.load(Ordering::SeqCst);
         if failing > 0 {
             self.f.failing_extends.store(failing - 1, Ordering::SeqCst);
@@ -128,6 +147,9 @@ impl<S: Store> Store for Faulty<S> {
         self.inner.extend_lease(key, token, lease).await.map(|t| self.t(t))
     }
     async fn release(&self, key: &Key, token: FencingToken) -> Result<(), StoreError> {
+        if Faults::fails(&self.f.failing_releases) {
+            return Err(StoreError::Backend("the store was cut".into()));
+        }
         self.inner.release(key, token).await
     }
     async fn mark_unknown(
@@ -136,6 +158,9 @@ impl<S: Store> Store for Faulty<S> {
         token: FencingToken,
         ttl: Duration,
     ) -> Result<(), StoreError> {
+        if Faults::fails(&self.f.failing_marks) {
+            return Err(StoreError::Backend("the store was cut".into()));
+        }
         self.inner.mark_unknown(key, token, ttl).await
     }
     async fn resolve_fenced(
@@ -368,6 +393,39 @@ async fn does_another_instance_run_it_while_a_renews(
 
 /// A renewal the store fails once (a blip) is tried again at the next beat: the lease
 /// never lapses while the handler runs, and another instance never runs it a second time.
+/// A handler holding the only connection of the pool the store shares, past a renewal
+/// beat: the renewal waits for that connection while the handler goes on, finishes and
+/// gives it back, and the request is answered. (The renewal used to be awaited instead of
+/// the handler: both waited on each other for ever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_waiting_for_the_handlers_pooled_connection_does_not_stop_the_handler() {
+    let path = scratch("pooled");
+    let (store, f) = faulty(&path).await;
+    let pool = Arc::new(Semaphore::new(1));
+    *f.pool.lock().unwrap() = Some(pool.clone());
+    // A beat every 100 ms; the handler holds the connection for 250 ms.
+    let tiered = Tiered::new(Cache::builder().build().unwrap(), store)
+        .with_lease(Duration::from_millis(300));
+    let svc = IdempotencyLayer::tiered(tiered).layer(tower::service_fn(
+        move |_: Request<LayerBody<Body>>| {
+            let pool = pool.clone();
+            async move {
+                let connection = pool.acquire_owned().await.unwrap();
+                tokio::time::sleep(Duration::from_millis(250)).await; // its work
+                drop(connection);
+                Ok::<_, Infallible>(Response::builder().status(201).body(Body::empty()).unwrap())
+            }
+        },
+    ));
+    let request = Request::post("/x").header("idempotency-key", "pooled").body(Body::empty());
+    // A guard against the deadlock, not a timing: the answer comes as the handler ends.
+    let answered = tokio::time::timeout(Duration::from_secs(30), svc.oneshot(request.unwrap()))
+        .await
+        .expect("the handler and its renewal waited on each other");
+    assert_eq!(answered.unwrap().status(), 201);
+    assert!(!f.extends.lock().unwrap().is_empty(), "the lease was renewed meanwhile");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_renewal_is_retried_and_the_request_never_runs_twice() {
     let (b_runs, extends, _) = does_another_instance_run_it_while_a_renews("f3", |f| {
@@ -1051,4 +1109,98 @@ async fn an_unreadable_record_is_corrupt_not_unavailable_and_nothing_runs() {
     // Named, it can be forgotten, and the listing works again.
     reader.forget(&k).await.unwrap();
     assert!(reader.list_unknown(10).await.unwrap().is_empty());
+}
+
+// ---------------------------------------------------------------- decisions a store failed
+
+/// A layer over `tiered` whose decisions are collected, and a handler answering `status`
+/// (with `OutcomeUnknown` if `unknown`).
+fn reporting<S: Store>(
+    tiered: Tiered<S>,
+    status: u16,
+    unknown: bool,
+) -> (
+    impl tower::Service<
+            Request<Body>,
+            Response = Response<LayerBody<Body>>,
+            Error = Infallible,
+            Future = impl Send,
+        > + Clone,
+    Arc<Mutex<Vec<Decision>>>,
+) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let layer =
+        IdempotencyLayer::tiered(tiered).on_decision(move |e| s.lock().unwrap().push(e.decision));
+    let svc = layer.layer(tower::service_fn(move |_: Request<LayerBody<Body>>| async move {
+        let mut response = Response::builder().status(status).body(Body::from("x")).unwrap();
+        if unknown {
+            response.extensions_mut().insert(idemcache::layer::OutcomeUnknown);
+        }
+        Ok::<_, Infallible>(response)
+    }));
+    (svc, seen)
+}
+
+/// A completion the store refuses is `not_settled`, and the layer marks the record
+/// UNKNOWN: the retry is refused (409), never run.
+#[tokio::test]
+async fn a_refused_completion_is_not_settled_and_its_record_unknown() {
+    let (store, f) = faulty(&scratch("refused-completion")).await;
+    let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
+    let (svc, seen) = reporting(tiered.clone(), 201, false);
+    f.refused_completions.store(1, Ordering::SeqCst);
+    assert_eq!(svc.clone().oneshot(request("rc")).await.unwrap().status(), 201);
+    let record = tiered.store().record(&key("rc")).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Unknown);
+    assert_eq!(svc.clone().oneshot(request("rc")).await.unwrap().status(), 409);
+    assert_eq!(*seen.lock().unwrap(), [Decision::NotSettled, Decision::Unknown]);
+}
+
+/// A 5xx whose release the store fails is `not_settled`, not `released`: the key is
+/// still held, and the retry is refused while the lease runs.
+#[tokio::test]
+async fn a_failed_release_is_not_settled() {
+    let (store, f) = faulty(&scratch("failed-release")).await;
+    let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
+    let (svc, seen) = reporting(tiered.clone(), 503, false);
+    f.failing_releases.store(1, Ordering::SeqCst);
+    assert_eq!(svc.clone().oneshot(request("fr")).await.unwrap().status(), 503);
+    assert_eq!(svc.clone().oneshot(request("fr")).await.unwrap().status(), 409);
+    assert_eq!(*seen.lock().unwrap(), [Decision::NotSettled, Decision::InProgress]);
+}
+
+/// An `OutcomeUnknown` answer whose mark the store fails is `not_settled`, not
+/// `marked_unknown`: the record is still PROCESSING (taken over once its lease lapses).
+#[tokio::test]
+async fn a_failed_mark_is_not_settled() {
+    let (store, f) = faulty(&scratch("failed-mark")).await;
+    let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
+    let (svc, seen) = reporting(tiered.clone(), 201, true);
+    f.failing_marks.store(1, Ordering::SeqCst);
+    assert_eq!(svc.clone().oneshot(request("fm")).await.unwrap().status(), 201);
+    let record = tiered.store().record(&key("fm")).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Processing);
+    assert_eq!(*seen.lock().unwrap(), [Decision::NotSettled]);
+}
+
+/// A panic under `DropPolicy::MarkUnknown` over a store is `marked_unknown`, its record
+/// UNKNOWN, and the retry is refused as `unknown`.
+#[tokio::test]
+async fn a_panic_under_mark_unknown_is_marked_unknown_in_the_store() {
+    let (store, _) = faulty(&scratch("panic-mark")).await;
+    let cache = Cache::builder().drop_policy(DropPolicy::MarkUnknown).build().unwrap();
+    let tiered = Tiered::new(cache, store);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let layer = IdempotencyLayer::tiered(tiered.clone())
+        .on_decision(move |e| s.lock().unwrap().push(e.decision));
+    let svc = H::new(Semaphore::MAX_PERMITS).service(&layer);
+    let mut panicking = request("pm");
+    panicking.headers_mut().insert("x-panic", "1".parse().unwrap());
+    assert_eq!(svc.clone().oneshot(panicking).await.unwrap().status(), 500);
+    let record = tiered.store().record(&key("pm")).await.unwrap().unwrap();
+    assert_eq!(record.state, RecordState::Unknown);
+    assert_eq!(svc.clone().oneshot(request("pm")).await.unwrap().status(), 409);
+    assert_eq!(*seen.lock().unwrap(), [Decision::MarkedUnknown, Decision::Unknown]);
 }

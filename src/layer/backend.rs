@@ -60,6 +60,18 @@ pub(crate) enum Settled {
     NotCommitted(Decision),
 }
 
+impl Settled {
+    /// The decision to report for a release or a mark meant to be `meant`: `meant`, unless
+    /// the store failed it ([`Decision::NotSettled`]: the key stays held until its lease
+    /// lapses, whatever was meant).
+    pub(crate) fn reported_as(self, meant: Decision) -> Decision {
+        match self {
+            Settled::Failed => Decision::NotSettled,
+            _ => meant,
+        }
+    }
+}
+
 /// How [`Held::extend_lease`] ended.
 pub(crate) enum Renewal {
     Renewed,
@@ -253,13 +265,13 @@ impl Held {
     }
 
     /// Marks the outcome unknown: never re-run blindly.
-    pub(crate) fn mark_unknown(self) -> Settling<()> {
+    pub(crate) fn mark_unknown(self) -> Settling<Settled> {
         match self {
-            Held::Memory(guard, _) => {
-                // Lost (another owner took the key): nothing of this claim to mark.
-                let _lost = guard.mark_unknown();
-                Settling::Done(Some(()))
-            }
+            // Lost (another owner took the key): nothing of this claim to mark.
+            Held::Memory(guard, _) => Settling::Done(Some(match guard.mark_unknown() {
+                Ok(()) => Settled::Recorded,
+                Err(_) => Settled::LeaseLost,
+            })),
             #[cfg(feature = "store")]
             Held::Durable(held) => Settling::Pending(held.mark_unknown()),
         }
@@ -274,13 +286,10 @@ impl Held {
             Held::Durable(held) => held.drop_policy(),
         };
         let (settling, decision) = match policy {
-            DropPolicy::Release => (self.release().map(drop), Decision::Released),
+            DropPolicy::Release => (self.release(), Decision::Released),
             DropPolicy::MarkUnknown => (self.mark_unknown(), Decision::MarkedUnknown),
         };
-        async move {
-            settling.await;
-            decision
-        }
+        async move { settling.await.reported_as(decision) }
     }
 }
 
@@ -293,22 +302,6 @@ pub(crate) enum Settling<T> {
     /// The store's answer, to come.
     #[cfg(feature = "store")]
     Pending(durable::BoxFuture<'static, T>),
-}
-
-impl<T: Unpin + Send + 'static> Settling<T> {
-    /// This settling with its answer mapped by `f`.
-    fn map<U>(self, f: fn(T) -> U) -> Settling<U>
-    where
-        U: Send + 'static,
-    {
-        match self {
-            Settling::Done(done) => Settling::Done(done.map(f)),
-            #[cfg(feature = "store")]
-            Settling::Pending(pending) => {
-                Settling::Pending(Box::pin(async move { f(pending.await) }))
-            }
-        }
-    }
 }
 
 impl<T: Unpin> std::future::Future for Settling<T> {
@@ -387,7 +380,7 @@ pub(crate) mod durable {
         fn extend_lease(&mut self, lease: Duration) -> BoxFuture<'_, Renewal>;
         fn complete(self: Box<Self>, body: Bytes) -> BoxFuture<'static, Settled>;
         fn release(self: Box<Self>) -> BoxFuture<'static, Settled>;
-        fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()>;
+        fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, Settled>;
         /// The claim for a handler's own transaction (`InTransaction`), if it may
         /// complete it there.
         fn open_claim(&self) -> Option<crate::store::OpenClaim>;
@@ -532,11 +525,14 @@ pub(crate) mod durable {
             })
         }
 
-        fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()> {
-            let store = self.store;
-            Box::pin(
-                async move { drop(timed(store, "mark_unknown", self.guard.mark_unknown()).await) },
-            )
+        fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, Settled> {
+            Box::pin(async move {
+                match timed(self.store, "mark_unknown", self.guard.mark_unknown()).await {
+                    Ok(()) => Settled::Recorded,
+                    Err(TieredError::Store(StoreError::LeaseLost(_))) => Settled::LeaseLost,
+                    Err(_) => Settled::Failed,
+                }
+            })
         }
 
         fn open_claim(&self) -> Option<crate::store::OpenClaim> {

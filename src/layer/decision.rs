@@ -59,9 +59,11 @@ pub enum Decision {
     /// backend refuses, or a one-commit transaction that did not commit (503: what the
     /// handler wrote rolled back).
     StoreError,
-    /// `not_settled`: executed and answered, but the store failed to settle its claim
-    /// (record the response, or release the key): the record stays PROCESSING, so no
-    /// retry runs it again, until its lease lapses.
+    /// `not_settled`: executed and answered, but the store failed to settle its claim as
+    /// the answer said (record the response, release the key, or mark it unknown). After
+    /// a failed recording the layer marks the record UNKNOWN if the store takes that
+    /// mark; otherwise the record stays PROCESSING until its lease lapses. A retry is
+    /// refused until then, and then runs again.
     NotSettled,
 }
 

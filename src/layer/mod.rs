@@ -106,7 +106,7 @@
 //! | `idemcache_decisions_total` | counter | `decision` ([`Decision::as_str`]), `scope`, `store` |
 //! | `idemcache_execution_seconds` | histogram | `scope`, `store`: handler start to response read whole |
 //! | `idemcache_wait_seconds` | histogram | `scope`, `store`: claims that waited for a duplicate ([`IdempotencyLayer::wait`]) |
-//! | `idemcache_store_seconds` | histogram | `operation` (`claim`, `complete`, `release`, `mark_unknown`, `extend_lease`), `store`: each call through a durable tier; a `claim` the hot tier answers (a replay it keeps, a duplicate in this process) is timed too, in microseconds, the rest are store round trips |
+//! | `idemcache_store_seconds` | histogram | `operation` (`claim`, `complete`, `release`, `mark_unknown`, `extend_lease`), `store`: each call that reaches the store (a `claim` the hot tier answers, a replay it keeps or a duplicate in this process, sends nothing to the store and is not timed) |
 //! | `idemcache_entries`, `idemcache_bytes` | gauge | `store`: the cache's [`Stats`](crate::Stats) |
 //! | `idemcache_unknown` | gauge | `store`: live UNKNOWN records (in the store, over a durable one), counted up to 10,000 |
 //!

@@ -261,10 +261,13 @@ impl<S: TransactionalStore> DurableHeld for TxHeld<S> {
         })
     }
 
-    fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, ()> {
+    fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, Settled> {
         // Never asked (the layer releases a claim that `rolls_back` instead): what the
         // handler wrote is undone, so a retry runs again.
-        Box::pin(self.roll_back())
+        Box::pin(async move {
+            self.roll_back().await;
+            Settled::Recorded
+        })
     }
 
     fn open_claim(&self) -> Option<OpenClaim> {

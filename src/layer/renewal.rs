@@ -4,6 +4,8 @@
 //! response body) is being awaited, the lease is renewed at least every `beat` (a third
 //! of the lease) — when the future is pending at the beat, and also when it is ready at
 //! once past the beat (a body whose frames are always ready never lets a timer fire) —
+//! and the future is polled while its renewal waits (a renewal waiting for a pooled
+//! connection the handler holds must not stop the handler that would give it back) —
 //! until the backend says the key is lost, or the handler hands the claim over to its
 //! own transaction (see [`OpenClaim`](crate::store::OpenClaim)), after which it is never
 //! asked again. A panic
@@ -114,13 +116,40 @@ impl Renewing {
                 true => tokio::time::timeout_at(self.next, caught(future.as_mut())).await.ok(),
             };
             timed = true;
-            if Instant::now() >= self.next {
-                self.renew().await;
-            }
+            let outcome = match outcome {
+                None if Instant::now() >= self.next => self.renew_while(future.as_mut()).await,
+                Some(_) if Instant::now() >= self.next => {
+                    self.renew().await;
+                    outcome
+                }
+                outcome => outcome,
+            };
             if let Some(outcome) = outcome {
                 return outcome;
             }
         }
+    }
+
+    /// Renews while `future` goes on being polled, so that a renewal that waits (for a
+    /// connection of the pool the handler holds one of, say) never stops the execution
+    /// that would let it go; the future's outcome if it finished meanwhile (returned once
+    /// the renewal ended).
+    async fn renew_while<F: Future>(
+        &mut self,
+        mut future: Pin<&mut F>,
+    ) -> Option<Result<F::Output, Panicked>> {
+        let mut finished = None;
+        let mut renewal = std::pin::pin!(self.renew());
+        std::future::poll_fn(|cx| {
+            if finished.is_none() {
+                if let Poll::Ready(outcome) = std::pin::pin!(caught(future.as_mut())).poll(cx) {
+                    finished = Some(outcome);
+                }
+            }
+            renewal.as_mut().poll(cx)
+        })
+        .await;
+        finished
     }
 
     /// Reads `body` whole, frame by frame, renewing the lease meanwhile.

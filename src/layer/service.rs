@@ -528,8 +528,9 @@ where
                 renewing.read(body).await.map(|read| (parts, read))
             }
             Ok(Err(e)) => {
-                renewing.into_held().release().await;
-                asked.report(&settings, Decision::Released, Some(started.elapsed()));
+                let released = renewing.into_held().release().await;
+                let decision = released.reported_as(Decision::Released);
+                asked.report(&settings, decision, Some(started.elapsed()));
                 return Err(e);
             }
             Err(panicked) => Err(panicked),
@@ -562,8 +563,8 @@ where
         {
             // One commit keeps no UNKNOWN: what the handler wrote is rolled back, so nothing
             // happened in the database, and the client must not be told otherwise.
-            held.release().await;
-            asked.report(&settings, Decision::Released, took);
+            let decision = held.release().await.reported_as(Decision::Released);
+            asked.report(&settings, decision, took);
             let detail = "the outcome could not be recorded (the handler marked it unknown, or \
                       its response failed while being sent): the transaction holding its \
                       changes was rolled back; a retry runs again";
@@ -572,8 +573,8 @@ where
         if parts.extensions.get::<OutcomeUnknown>().is_some() {
             // The handler cannot tell whether its effect happened: never re-run blindly,
             // never replay this answer as if it had.
-            held.mark_unknown().await;
-            asked.report(&settings, Decision::MarkedUnknown, took);
+            let decision = held.mark_unknown().await.reported_as(Decision::MarkedUnknown);
+            asked.report(&settings, decision, took);
             let (body, trailers) = match read {
                 Read::Whole(body, trailers) => (body, trailers),
                 Read::Failed => (Bytes::new(), None),
@@ -600,15 +601,15 @@ where
             Read::Whole(body, trailers) => (body, trailers),
             // A response that is not kept (a 5xx) releases its key whatever its body does.
             Read::Failed if !stored => {
-                held.release().await;
-                asked.report(&settings, Decision::Released, took);
+                let decision = held.release().await.reported_as(Decision::Released);
+                asked.report(&settings, decision, took);
                 let detail = "the response failed while being sent; it was not kept";
                 return refuse(Refusal::Internal, detail, None);
             }
             Read::Failed => {
                 // The handler answered, so its effect may have happened: never re-run blindly.
-                held.mark_unknown().await;
-                asked.report(&settings, Decision::MarkedUnknown, took);
+                let decision = held.mark_unknown().await.reported_as(Decision::MarkedUnknown);
+                asked.report(&settings, decision, took);
                 let detail = "the response failed while being sent; its outcome is unknown";
                 return refuse(Refusal::Internal, detail, None);
             }
@@ -654,8 +655,8 @@ where
             };
             asked.report(&settings, decision, took);
         } else {
-            held.release().await;
-            asked.report(&settings, Decision::Released, took);
+            let decision = held.release().await.reported_as(Decision::Released);
+            asked.report(&settings, decision, took);
         }
         Ok(Response::from_parts(parts, LayerBody::buffered(body, trailers)))
     }
