@@ -8,7 +8,6 @@
 //! unreadable rows are `Corrupt`, and a relay killed mid-batch loses nothing. Each test
 //! works in a schema of its own, dropped at its end; time is a clock moved by hand.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use idemcache_postgres::outbox::{
@@ -116,32 +115,18 @@ async fn unreadable_rows_are_corrupt_and_do_not_block_the_others() {
 
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn concurrent_relays_never_lease_one_row() {
+async fn concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue() {
     let Some(db) = Db::new("skip").await else { return };
-    let mut c = db.client().await;
-    let all: Vec<OutboxMessage> = (0..300).map(|i| message(&format!("m-{i}"))).collect();
-    put(&mut c, &all).await;
-    let mut relays = Vec::new();
-    for _ in 0..4 {
-        let client = db.client().await;
-        relays.push(tokio::spawn(async move {
-            let mut got = Vec::new();
-            loop {
-                let batch = claim_due(&client, 5, 100 * MIN, t0()).await.unwrap();
-                if batch.claimed.is_empty() {
-                    return got;
-                }
-                got.extend(batch.claimed.into_iter().map(|c| c.message.id().to_owned()));
-            }
-        }));
-    }
-    let mut seen = BTreeSet::new();
-    for relay in relays {
-        for id in relay.await.unwrap() {
-            assert!(seen.insert(id.clone()), "{id} leased twice");
-        }
-    }
-    assert_eq!(seen.len(), 300);
+    let d = &db;
+    let put = move |messages: Vec<OutboxMessage>| async move {
+        put(&mut d.client().await, &messages).await;
+    };
+    let pool = db.pool();
+    testing::concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue(
+        || Storage::new(pool.clone()),
+        put,
+    )
+    .await;
     db.drop().await;
 }
 

@@ -8,7 +8,6 @@
 //! rows are `Corrupt`, and a relay killed mid-batch loses nothing. Each test works in a
 //! database of its own, dropped at its end; time is a clock moved by hand.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -159,38 +158,17 @@ async fn unreadable_rows_are_corrupt_and_do_not_block_the_others() {
 #[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue() {
     let Some(db) = Db::new("skip").await else { return };
-    let mut c = db.conn().await;
-    let all: Vec<OutboxMessage> = (0..300).map(|i| message(&format!("m-{i}"))).collect();
-    put(&mut c, &all).await;
-    let mut relays = Vec::new();
-    for _ in 0..4 {
-        let mut conn = db.conn().await;
-        relays.push(tokio::spawn(async move {
-            let mut got = Vec::new();
-            loop {
-                let batch = claim_due(&mut conn, 5, 100 * MIN, t0()).await.unwrap();
-                if batch.claimed.is_empty() {
-                    return got;
-                }
-                got.extend(batch.claimed.into_iter().map(|c| c.message.id().to_owned()));
-            }
-        }));
-    }
-    // Enqueues meanwhile: none waits on a claim's locks (READ COMMITTED: no gap locks).
-    for i in 0..20 {
-        put(&mut c, &[message(&format!("late-{i}"))]).await;
-    }
-    let mut seen = BTreeSet::new();
-    for relay in relays {
-        for id in relay.await.unwrap() {
-            assert!(seen.insert(id.clone()), "{id} leased twice");
-        }
-    }
-    let rest = claim_due(&mut c, 1000, 100 * MIN, t0()).await.unwrap();
-    for claimed in rest.claimed {
-        assert!(seen.insert(claimed.message.id().to_owned()), "leased twice");
-    }
-    assert_eq!(seen.len(), 320);
+    let pool = db.pool().await;
+    let d = &db;
+    let put = move |messages: Vec<OutboxMessage>| async move {
+        put(&mut d.conn().await, &messages).await;
+    };
+    testing::concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue(
+        || Storage::new(pool.clone()),
+        put,
+    )
+    .await;
+    pool.close().await;
     db.drop().await;
 }
 

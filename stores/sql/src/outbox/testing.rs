@@ -1,7 +1,9 @@
 //! What every driver's outbox suite uses to try its relay (feature `test-utils`): a
 //! broker that fails and hangs on cue ([`FlakyBroker`]), a clock moved by hand
 //! ([`HandClock`]), and the scenarios written once for every driver: a row's whole life
-//! through [`OutboxStorage`] and [`OutboxAdmin`] ([`a_rows_life`], on any executor) and a
+//! through [`OutboxStorage`] and [`OutboxAdmin`] ([`a_rows_life`], on any executor),
+//! relays claiming at once beside enqueues
+//! ([`concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue`], on tokio) and a
 //! relay killed mid-batch ([`a_relay_killed_mid_batch_loses_nothing`], on tokio).
 //!
 //! Invariant: the broker confirms a message (records it) only in a publish that answers
@@ -104,6 +106,55 @@ where
     assert_eq!(storage.purge_delivered(t0() + secs(30), 5).await.unwrap(), 1);
     assert!(storage.inspect("k1").await.unwrap().is_none());
     assert!(storage.inspect("k2").await.unwrap().is_some(), "undelivered rows stay");
+}
+
+/// Four relays claiming at once, five rows a claim, while 20 more rows are enqueued one
+/// transaction at a time: no row is leased by two claims, no enqueue waits on a claim's
+/// locks (it finishes while the relays run), and the 320 rows are all leased once the
+/// relays and a last claim are done. On an empty outbox; `storage` makes one relay's
+/// storage (each on connections of its own), `put` enqueues in one committed transaction.
+pub async fn concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue<S, P, PF>(
+    storage: impl Fn() -> S,
+    put: P,
+) where
+    S: OutboxStorage + Send + Sync + 'static,
+    P: Fn(Vec<OutboxMessage>) -> PF,
+    PF: Future<Output = ()>,
+{
+    let long = Duration::from_secs(6000);
+    put((0..300).map(|i| message(&format!("m-{i}"))).collect()).await;
+    let relays: Vec<_> = (0..4)
+        .map(|_| {
+            let storage = storage();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                loop {
+                    let batch = storage.claim_due(5, long, t0()).await.unwrap();
+                    if batch.claimed.is_empty() {
+                        return got;
+                    }
+                    got.extend(batch.claimed.into_iter().map(|c| c.message.id().to_owned()));
+                }
+            })
+        })
+        .collect();
+    let enqueues = async {
+        for i in 0..20 {
+            put(vec![message(&format!("late-{i}"))]).await;
+        }
+    };
+    tokio::time::timeout(GUARD, enqueues).await.expect("an enqueue waited on a claim");
+    let mut seen = BTreeSet::new();
+    for relay in relays {
+        for id in relay.await.expect("a relay") {
+            assert!(seen.insert(id.clone()), "{id} leased twice");
+        }
+    }
+    for claimed in storage().claim_due(1000, long, t0()).await.unwrap().claimed {
+        let id = claimed.message.id().to_owned();
+        assert!(seen.insert(id.clone()), "{id} leased twice");
+    }
+    assert_eq!(seen.len(), 320, "every row leased");
 }
 
 /// What [`a_relay_killed_mid_batch_loses_nothing`] relays: 40 messages `m-00`..`m-39`,
