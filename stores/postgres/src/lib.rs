@@ -133,13 +133,13 @@ use tokio_postgres::NoTls;
 use idemcache::store::encoding::{at_server, check_lapse_policy, check_url};
 use idemcache::store::StoreError;
 use idemcache::{Key, LapsePolicy};
-use idemcache_sql::records::decode;
 
 #[cfg(doc)]
 use idemcache::store::Store;
 
 pub use {deadpool_postgres, tokio_postgres};
 
+mod errors;
 mod in_transaction;
 pub mod inbox;
 mod one_commit;
@@ -147,6 +147,8 @@ pub mod outbox;
 mod store;
 mod transition;
 
+pub use errors::is_unique_violation;
+use errors::{backend, column, conflict, MAX_CONFLICTS};
 pub use in_transaction::{complete_in, Transaction};
 pub use one_commit::PooledTransaction;
 pub use transition::transition;
@@ -200,13 +202,6 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
-/// Whether a tokio-postgres error is a unique violation (SQLSTATE 23505): for your own
-/// business tables, whose `UNIQUE` constraint is the backstop behind the cache (see
-/// [`idemcache::store::unique`]). Other constraint failures are real errors.
-pub fn is_unique_violation(error: &tokio_postgres::Error) -> bool {
-    error.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION)
-}
-
 /// `host:port/db` of `config`, as a connection error names the server.
 fn server_of(config: &tokio_postgres::Config) -> String {
     use tokio_postgres::config::Host;
@@ -218,31 +213,6 @@ fn server_of(config: &tokio_postgres::Config) -> String {
     };
     let port = config.get_ports().first().copied().unwrap_or(5432);
     format!("{host}:{port}/{}", config.get_dbname().unwrap_or(""))
-}
-
-/// How many times a statement runs again after a serialization failure or a deadlock.
-const MAX_CONFLICTS: usize = 16;
-
-/// Whether `e` is a serialization failure or a deadlock (SQLSTATE 40001, 40P01).
-fn conflict(e: &tokio_postgres::Error) -> bool {
-    e.code().is_some_and(|code| idemcache_sql::transition::is_conflict_sqlstate(code.code()))
-}
-
-fn backend(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
-    StoreError::Backend(Box::new(e))
-}
-
-/// Column `i` of `row` as a `T`; a value of another type, or NULL where a value
-/// belongs, is [`StoreError::Corrupt`] naming the record's key, never a panic.
-fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
-    row: &'a tokio_postgres::Row,
-    i: usize,
-    key: &[u8],
-) -> Result<T, StoreError> {
-    row.try_get(i).map_err(|e| {
-        let name = row.columns().get(i).map_or("?", |c| c.name());
-        decode::unreadable(key, name, e)
-    })
 }
 
 impl PostgresStore {
