@@ -1113,6 +1113,9 @@ async fn an_unreadable_record_is_corrupt_not_unavailable_and_nothing_runs() {
 
 // ---------------------------------------------------------------- decisions a store failed
 
+/// The decisions a layer reported, in order.
+type Seen = Arc<Mutex<Vec<Decision>>>;
+
 /// A layer over `tiered` whose decisions are collected, and a handler answering `status`
 /// (with `OutcomeUnknown` if `unknown`).
 fn reporting<S: Store>(
@@ -1126,9 +1129,9 @@ fn reporting<S: Store>(
             Error = Infallible,
             Future = impl Send,
         > + Clone,
-    Arc<Mutex<Vec<Decision>>>,
+    Seen,
 ) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen = Seen::default();
     let s = seen.clone();
     let layer =
         IdempotencyLayer::tiered(tiered).on_decision(move |e| s.lock().unwrap().push(e.decision));
