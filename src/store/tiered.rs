@@ -52,11 +52,14 @@ pub(crate) fn read_through_ttl(record: &Replay<SystemTime>) -> (Duration, Durati
 /// (the HTTP layer's renewal beat), none for an execution shorter than that. A renewal
 /// has two thirds of the lease to land: 6.7 s here, against a worst renewal of 54 ms
 /// measured on the four stores under saturating load (`benches/lease.rs`, BENCHMARKS.md).
-/// Choose a longer lease when the store can stall for seconds (a Redis Cluster failover
-/// takes its `cluster-node-timeout`, 15 s by default) or when an execution that claims
-/// through [`Tiered`] directly runs longer than this without
-/// [`TieredGuard::extend_lease`]: a lease that ends mid-execution lets a retry run the
-/// request again (under [`LapsePolicy::TakeOver`](crate::LapsePolicy::TakeOver)).
+/// A renewal also waits for a connection of the store's pool: with handlers holding
+/// connections of the same pool, keep the lease at least 1.5 times the pool's wait
+/// timeout (10 s covers the 5 s of a pool a store's `connect` builds). Choose a longer
+/// lease when the store can stall for seconds (a Redis Cluster failover takes its
+/// `cluster-node-timeout`, 15 s by default) or when an execution that claims through
+/// [`Tiered`] directly runs longer than this without [`TieredGuard::extend_lease`]: a
+/// lease that ends mid-execution lets a retry run the request again (under
+/// [`LapsePolicy::TakeOver`](crate::LapsePolicy::TakeOver)).
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
 /// A [`Cache`] in front of a [`Store`]. Cheap to clone (the store is shared).
@@ -157,10 +160,10 @@ impl<S: Store> Tiered<S> {
 
     /// The lease a claim takes in the store ([`lease`](Tiered::lease) reads it): how
     /// long a crashed holder's keys stay blocked, and how long a claim holds without
-    /// renewal. The HTTP layer renews every third of it while the handler runs; code
-    /// that claims through `Tiered` itself renews with [`TieredGuard::extend_lease`] or
-    /// sets a lease longer than its slowest execution ([`DEFAULT_LEASE`] says how to
-    /// choose).
+    /// renewal. Through the HTTP layer it does not bound the handler (the layer renews
+    /// every third of it while the handler runs); code that claims through `Tiered`
+    /// itself renews with [`TieredGuard::extend_lease`] or sets a lease longer than its
+    /// slowest execution. [`DEFAULT_LEASE`] says how to choose.
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
