@@ -485,6 +485,15 @@ pub(crate) mod durable {
         }
     }
 
+    /// How a guard's settling call ended, in the layer's terms.
+    fn settled<T>(outcome: Result<T, TieredError>) -> Settled {
+        match outcome {
+            Ok(_) => Settled::Recorded,
+            Err(TieredError::Store(StoreError::LeaseLost(_))) => Settled::LeaseLost,
+            Err(_) => Settled::Failed,
+        }
+    }
+
     impl<S: Store> DurableHeld for Guard<S> {
         fn lease(&self) -> Duration {
             self.lease
@@ -507,31 +516,19 @@ pub(crate) mod durable {
 
         fn complete(self: Box<Self>, body: Bytes) -> BoxFuture<'static, Settled> {
             Box::pin(async move {
-                match timed(self.store, "complete", self.guard.complete(body)).await {
-                    Ok(_) => Settled::Recorded,
-                    Err(TieredError::Store(StoreError::LeaseLost(_))) => Settled::LeaseLost,
-                    Err(_) => Settled::Failed,
-                }
+                settled(timed(self.store, "complete", self.guard.complete(body)).await)
             })
         }
 
         fn release(self: Box<Self>) -> BoxFuture<'static, Settled> {
-            Box::pin(async move {
-                match timed(self.store, "release", self.guard.release()).await {
-                    Ok(()) => Settled::Recorded,
-                    Err(TieredError::Store(StoreError::LeaseLost(_))) => Settled::LeaseLost,
-                    Err(_) => Settled::Failed,
-                }
-            })
+            Box::pin(
+                async move { settled(timed(self.store, "release", self.guard.release()).await) },
+            )
         }
 
         fn mark_unknown(self: Box<Self>) -> BoxFuture<'static, Settled> {
             Box::pin(async move {
-                match timed(self.store, "mark_unknown", self.guard.mark_unknown()).await {
-                    Ok(()) => Settled::Recorded,
-                    Err(TieredError::Store(StoreError::LeaseLost(_))) => Settled::LeaseLost,
-                    Err(_) => Settled::Failed,
-                }
+                settled(timed(self.store, "mark_unknown", self.guard.mark_unknown()).await)
             })
         }
 
