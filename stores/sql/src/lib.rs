@@ -58,6 +58,7 @@
 #![doc(html_root_url = "https://docs.rs/idemcache-sql/0.1.0")]
 
 pub mod inbox;
+pub mod one_commit;
 pub mod outbox;
 pub mod records;
 pub mod transition;

@@ -31,3 +31,12 @@ pub(crate) fn read_error(key: &[u8], e: rusqlite::Error) -> StoreError {
         e => backend(e),
     }
 }
+
+/// `SQLITE_BUSY` or `SQLITE_LOCKED` (any extended code): another connection holds the
+/// lock this statement needs.
+pub(crate) fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy) | Some(rusqlite::ErrorCode::DatabaseLocked)
+    )
+}

@@ -9,11 +9,11 @@
 
 use std::time::{Duration, SystemTime};
 
-use rusqlite::{OptionalExtension, Transaction};
+use rusqlite::{Connection, OptionalExtension, Transaction};
 
 use idemcache::store::encoding::{check_duration, from_micros, lapse_ttl_micros, micros};
 use idemcache::store::{OpenClaim, StoreClaim, StoreError};
-use idemcache::{Bytes, Fingerprint, Key, Replay};
+use idemcache::{Bytes, FencingToken, Fingerprint, Key, Replay};
 
 use crate::errors::backend;
 use crate::statements::COMPLETE;
@@ -127,10 +127,21 @@ pub fn complete_in(
     let ttl = claim.result_ttl();
     check_duration("result TTL", ttl)?;
     claim.hand_over();
-    let key = claim.key();
-    let args = rusqlite::params![key.as_bytes(), claim.token().get() as i64, body, micros(ttl)];
+    complete_on(tx, claim.key(), claim.token(), body, ttl)
+}
+
+/// The completion [`complete_in`] writes, on `db`, in the transaction it is in: the
+/// claim of `key` under `token`, handed over already, its TTL checked.
+pub(crate) fn complete_on(
+    db: &Connection,
+    key: &Key,
+    token: FencingToken,
+    body: Option<&[u8]>,
+    ttl: Duration,
+) -> Result<Replay<SystemTime>, StoreError> {
+    let args = rusqlite::params![key.as_bytes(), token.get() as i64, body, micros(ttl)];
     let settled: Option<(i64, i64)> =
-        tx.query_row(COMPLETE, args, |r| Ok((r.get(0)?, r.get(1)?))).optional().map_err(backend)?;
+        db.query_row(COMPLETE, args, |r| Ok((r.get(0)?, r.get(1)?))).optional().map_err(backend)?;
     let (at, until) = settled.ok_or_else(|| StoreError::LeaseLost(key.clone()))?;
     Ok(Replay::new(body.map(Bytes::copy_from_slice), from_micros(at), from_micros(until)))
 }

@@ -72,11 +72,13 @@
 use std::time::SystemTime;
 
 use rusqlite::types::ValueRef;
-use rusqlite::{params, Connection, ErrorCode, OptionalExtension, Transaction};
+use rusqlite::{params, Connection, OptionalExtension, Transaction};
 
 use idemcache::store::encoding::to_micros;
 use idemcache::Fingerprint;
 use idemcache_sql::inbox::check;
+
+use crate::errors::is_busy;
 
 // The inbox's vocabulary and its purge loop (`idemcache-sql`'s), re-exported so that one
 // path imports the whole inbox of this driver.
@@ -215,12 +217,6 @@ pub fn purge(conn: &Connection, cutoff: SystemTime, limit: usize) -> Result<usiz
     }
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     conn.execute(PURGE, params![to_micros(cutoff), limit]).map_err(database)
-}
-
-/// `SQLITE_BUSY` or `SQLITE_LOCKED` (any extended code): another connection holds the
-/// lock this statement needs.
-fn is_busy(e: &rusqlite::Error) -> bool {
-    matches!(e.sqlite_error_code(), Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked))
 }
 
 fn database(e: rusqlite::Error) -> InboxError {

@@ -28,7 +28,7 @@
 // crate's `cargo doc --no-deps`); `.ci/package` checks the version.
 #![doc(html_root_url = "https://docs.rs/idemcache-sqlite/0.1.0")]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -47,6 +47,7 @@ mod transition;
 
 mod errors;
 mod in_transaction;
+mod one_commit;
 mod records;
 mod schema;
 mod statements;
@@ -57,6 +58,7 @@ mod worker;
 /// for code written when they were this crate's own.
 pub use idemcache::store::{Record, RecordState};
 pub use in_transaction::complete_in;
+pub use one_commit::SqliteTransaction;
 pub use schema::{create_schema, SQLITE_SCHEMA};
 pub use transition::transition;
 
@@ -88,6 +90,9 @@ pub struct SqliteStore {
     database: Arc<str>,
     /// What a lapsed lease becomes, for this handle's statements.
     lapse: LapsePolicy,
+    /// The database file, which another connection can open (one-commit mode's
+    /// transactions do); `None` in memory.
+    file: Option<Arc<PathBuf>>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -141,14 +146,16 @@ impl SqliteStore {
     pub async fn open_path(path: impl AsRef<Path>) -> Result<SqliteStore, StoreError> {
         let path = path.as_ref().to_owned();
         let database = path.display().to_string();
-        Self::opened(&database.clone(), move || {
+        let file = Arc::new(path.clone());
+        let store = Self::opened(&database.clone(), move || {
             let named = database;
             let db = Connection::open(&path).map_err(|e| opening(&named, e))?;
             db.pragma_update(None, "journal_mode", "WAL").map_err(|e| opening(&named, e))?;
             db.busy_timeout(Duration::from_secs(10)).map_err(|e| opening(&named, e))?;
             Ok(db)
         })
-        .await
+        .await?;
+        Ok(SqliteStore { file: Some(file), ..store })
     }
 
     /// A store whose worker thread opens its connection with `open`.
@@ -175,8 +182,10 @@ impl SqliteStore {
     pub fn from_connection(db: Connection) -> SqliteStore {
         // Setting this pragma does not fail on an open connection (it sets a flag).
         let _ = db.pragma_update(None, "read_uncommitted", false);
+        let file = db.path().filter(|p| !p.is_empty()).map(|p| Arc::new(PathBuf::from(p)));
         let database = db.path().filter(|p| !p.is_empty()).unwrap_or(":memory:").to_owned();
-        let (store, worker) = Self::start(&database);
+        let (mut store, worker) = Self::start(&database);
+        store.file = file;
         drop(worker.run(move |slot| {
             *slot = Some(db);
             Ok(())

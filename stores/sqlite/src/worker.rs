@@ -69,7 +69,12 @@ impl SqliteStore {
                     job(&mut db);
                 }
             });
-        let store = SqliteStore { jobs, database: database.into(), lapse: LapsePolicy::TakeOver };
+        let store = SqliteStore {
+            jobs,
+            database: database.into(),
+            lapse: LapsePolicy::TakeOver,
+            file: None,
+        };
         (store, Opener { open, spawned: spawned.err().map(|e| e.to_string()) })
     }
 

@@ -161,12 +161,11 @@ impl crate::MySqlStore {
     ///   it exclusively locked, so that it can take a dead record over): end `tx` at
     ///   once when not `Acquired`. Locking reads see the latest committed row, so any
     ///   isolation level works (but for the snapshot isolation above).
-    /// - **The token is minted on a connection of the store's pool**, committed on its
-    ///   own before the claim locks anything (minted in `tx`, the counter's row would
-    ///   stay locked until your commit, and every claim would queue behind it). So the
-    ///   claim needs a second connection for a moment: if `tx` is from the same pool, size
-    ///   it above the transactions claiming at once. A dead record is taken over under a
-    ///   token above its own, so its old holder stays fenced.
+    /// - **The token is minted in `tx`**, from an `AUTO_INCREMENT` sequence whose
+    ///   value is handed out under a latch held for the statement only: the claim
+    ///   needs no second connection, and its mint makes no claim wait for `tx`. A dead
+    ///   record is taken over under a token above its own, so its old holder stays
+    ///   fenced.
     /// - **A deadlock is an error, never retried here**: InnoDB has rolled back all of
     ///   `tx` (error 1213, in [`StoreError::Backend`] as the `sqlx::Error`); run the
     ///   request again in a new transaction, which waits, replays or runs as any claim
@@ -185,7 +184,21 @@ impl crate::MySqlStore {
         fp: Fingerprint,
         lease: Duration,
     ) -> Result<StoreClaim, StoreError> {
-        match self.claim_in_conn(tx, key, fp, lease).await {
+        self.claim_in_bounded(tx, key, fp, lease, lease, None).await
+    }
+
+    /// [`claim_in`](Self::claim_in), its waits bounded by `wait` rather than the lease
+    /// (whole seconds, at least 1), an acquired record keeping `correlation_id`.
+    pub(crate) async fn claim_in_bounded(
+        &self,
+        tx: &mut sqlx::MySqlConnection,
+        key: &Key,
+        fp: Fingerprint,
+        lease: Duration,
+        wait: Duration,
+        correlation_id: Option<&str>,
+    ) -> Result<StoreClaim, StoreError> {
+        match self.claim_in_conn(tx, key, fp, lease, wait, correlation_id).await {
             Err(StoreError::Backend(e)) if mysql_not_readable_now(&*e) => {
                 Ok(StoreClaim::InProgress { lease_ends_at: SystemTime::now() })
             }

@@ -161,19 +161,29 @@ async fn concurrent_claims_of_a_dead_record_race_to_exactly_one_takeover() {
     db.drop().await;
 }
 
-/// The counter is a row in the database: a new pool (a restarted process) is handed
-/// larger tokens; with the row gone, a claim is a typed error naming it.
+/// The sequence is durable: a new pool (a restarted process) is handed larger tokens,
+/// a database an earlier release counted in (`idemcache_tokens`) is handed tokens 2^32
+/// above that counter once the schema is ensured, and with the sequence gone a claim is
+/// a typed error naming it.
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_MYSQL_URL"]
-async fn tokens_increase_across_pools_and_a_missing_counter_is_named() {
+async fn tokens_increase_across_pools_and_upgrades_and_a_missing_sequence_is_named() {
     let Some(db) = Db::new("tokens").await else { return };
     let first = acquire(&db.store, &key("tokens-1")).await;
     let restarted = Db::store(&db.options);
     let second = acquire(&restarted, &key("tokens-2")).await;
     assert!(second > first, "{second} after {first}");
-    db.execute(format!("DELETE FROM {}.idemcache_tokens", db.name)).await;
-    match restarted.claim(&key("tokens-3"), fp("r"), LEASE).await {
-        Err(StoreError::Backend(why)) => assert!(why.to_string().contains("idemcache_tokens")),
+    // An earlier release's processes went on counting far beyond this sequence.
+    let earlier = u64::MAX >> 8;
+    db.execute(format!("UPDATE {}.idemcache_tokens SET next = {earlier}", db.name)).await;
+    restarted.ensure_schema().await.unwrap();
+    let upgraded = acquire(&restarted, &key("tokens-3")).await;
+    assert!(upgraded.get() > earlier + (1 << 32), "{upgraded:?} after the counter's {earlier}");
+    db.execute(format!("DROP TABLE {}.idemcache_token_seq", db.name)).await;
+    match restarted.claim(&key("tokens-4"), fp("r"), LEASE).await {
+        Err(StoreError::Backend(why)) => {
+            assert!(why.to_string().contains("idemcache_token_seq"), "{why}")
+        }
         other => panic!("expected a backend error, got {other:?}"),
     }
     db.drop().await;

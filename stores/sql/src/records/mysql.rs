@@ -11,13 +11,19 @@
 //!   whatever the session's time zone). Every write but the claim first reads it with
 //!   [`NOW`] and binds it ([`Param::Now`]), so the write is judged by the server's clock
 //!   read a moment before, and returns what it stored without a second read.
-//! - **Tokens** come from [`MINT`]: `UPDATE idemcache_tokens SET next =
-//!   LAST_INSERT_ID(next + 1)`, one row committed in a transaction of its own, before
-//!   the claim's (so the counter's lock is held for that statement only). The token is
-//!   the statement's last-insert id (the OK packet's; `SELECT LAST_INSERT_ID()` on the
-//!   same connection says the same). It increases across processes and restarts because
-//!   the counter is a durable row; a token minted for a claim that took nothing is
-//!   never used, which costs nothing.
+//! - **Tokens** come from [`MINT`]: an insert into `idemcache_token_seq`, whose
+//!   `AUTO_INCREMENT` column hands each insert a value no other insert gets, then
+//!   [`MINTED`] deletes the row again. The token is the insert's last-insert id (the OK
+//!   packet's). InnoDB allocates the value under a latch held for the statement only,
+//!   never returns it (not on a rollback either) and keeps the counter across
+//!   restarts (MySQL 8.0, MariaDB 10.2.4 and later), so the mint locks nothing another
+//!   claim waits for, wherever it runs: on a connection of its own, or in the caller's
+//!   own transaction (the one-commit claim, which so needs no second connection). A
+//!   token minted for a claim that took nothing is never used, which costs nothing.
+//!   (An earlier release counted in the one row of `idemcache_tokens`, which each mint
+//!   locked until its transaction ended; [`SCHEMA`] starts the sequence 2^32 above that
+//!   counter, so processes of that release still running during an upgrade mint tokens
+//!   no new one will.)
 //! - **The claim** is one transaction on one connection, at READ COMMITTED (`SET
 //!   TRANSACTION ISOLATION LEVEL READ COMMITTED` before it begins): [`LOOK`] reads the
 //!   server's now and the key's record with `SELECT ... FOR UPDATE`, which locks the
@@ -36,7 +42,7 @@
 //!   refuses InnoDB writes at READ COMMITTED, error 1665: use `ROW` or `MIXED`, the
 //!   defaults of MySQL and MariaDB.)
 //! - **The claim in a caller's transaction** (one commit per first execution): the token
-//!   minted as above, then [`TAKE_NEW_OR_LOCK`] inserts the record or locks the key's
+//!   minted as above, in that transaction, then [`TAKE_NEW_OR_LOCK`] inserts the record or locks the key's
 //!   row, and [`LOOK`] reads it; the decision is made on that locked row as above. The
 //!   transaction, its isolation and its end are the caller's; [`bound_claim_wait`]
 //!   bounds the wait on another transaction's row.
@@ -135,7 +141,8 @@ pub struct Statement {
 }
 
 /// The schema, one statement each (MySQL's prepared statements take one at a time):
-/// the token counter and its one row, then the records table with its expiry index.
+/// the earlier release's token counter and its one row, the token sequence started
+/// above it ([`MINT`]), then the records table with its expiry index.
 /// Each is idempotent, and safe to run from several processes at once. Columns as in
 /// PostgreSQL's; `key` holds a key's stored form, at most 1,300 bytes or so (a
 /// `VARBINARY(1536)` primary key: InnoDB's index limit is 3072 bytes); the fingerprint
@@ -147,6 +154,16 @@ pub const SCHEMA: &[&str] = &[
         next BIGINT NOT NULL
     ) ENGINE = InnoDB",
     "INSERT INTO idemcache_tokens (id, next) VALUES (1, 0) ON DUPLICATE KEY UPDATE id = id",
+    "CREATE TABLE IF NOT EXISTS idemcache_token_seq (
+        id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY
+    ) ENGINE = InnoDB",
+    // The sequence starts above every token the earlier release's counter handed out,
+    // with 2^32 to spare for that release's processes still running: an explicit id
+    // lifts the `AUTO_INCREMENT` counter (never lowers it), and is deleted at once.
+    "INSERT IGNORE INTO idemcache_token_seq (id)
+        SELECT next + 4294967296 FROM idemcache_tokens WHERE id = 1",
+    "DELETE FROM idemcache_token_seq
+        WHERE id = (SELECT next + 4294967296 FROM idemcache_tokens WHERE id = 1)",
     "CREATE TABLE IF NOT EXISTS idemcache_records (
         `key`       VARBINARY(1536) NOT NULL PRIMARY KEY,
         fingerprint VARBINARY(255) NOT NULL,
@@ -201,13 +218,16 @@ macro_rules! unknown_or_lapsed {
 /// The server's now (one `BIGINT` column, µs).
 pub const NOW: Statement = Statement { sql: concat!("SELECT ", now!()), params: &[] };
 
-/// A new token: the statement's last-insert id. Run it in a transaction of its own,
-/// committed at once, so the counter's row is locked for this statement only. One row
-/// matched, or the counter's row is missing (run the schema again).
-pub const MINT: Statement = Statement {
-    sql: "UPDATE idemcache_tokens SET next = LAST_INSERT_ID(next + 1) WHERE id = 1",
-    params: &[],
-};
+/// A new token: the statement's last-insert id, a value of `idemcache_token_seq`'s
+/// `AUTO_INCREMENT` column no other insert is given. Run anywhere (autocommit, or the
+/// caller's transaction: it locks only the row it inserts), then [`MINTED`].
+pub const MINT: Statement =
+    Statement { sql: "INSERT INTO idemcache_token_seq () VALUES ()", params: &[] };
+
+/// The row [`MINT`] inserted, deleted (the sequence keeps its counter, not its rows).
+/// One row matched; none is harmless (a row left behind costs a few bytes).
+pub const MINTED: Statement =
+    Statement { sql: "DELETE FROM idemcache_token_seq WHERE id = ?", params: &[Param::Token] };
 
 /// Run before the claim's transaction begins: it sets the isolation of the next one
 /// only (not the session's), so that the claim takes no gap locks.
@@ -549,6 +569,7 @@ mod tests {
         let all = [
             NOW,
             MINT,
+            MINTED,
             LOOK,
             TAKE_NEW,
             TAKE_NEW_OR_LOCK,

@@ -253,20 +253,26 @@ impl MySqlStore {
         }
     }
 
-    /// A new token from the durable counter, committed on its own.
-    async fn mint(&self, conn: &mut MySqlConnection) -> Result<i64, StoreError> {
+    /// A new token, in a transaction of its own on `conn` (committed even on a pool
+    /// whose sessions run with `autocommit` off).
+    async fn mint_committed(&self, conn: &mut MySqlConnection) -> Result<i64, StoreError> {
         let fail = |e| self.failed(e);
         let mut tx = self.begin(conn).await?;
-        let done = sqlx::query(sql::MINT.sql).execute(&mut *tx).await.map_err(fail)?;
+        let token = self.mint(&mut tx).await?;
         tx.commit().await.map_err(fail)?;
-        if done.rows_affected() != 1 {
-            return Err(StoreError::Backend(
-                "the token counter's row (idemcache_tokens, id 1) is missing: run ensure_schema"
-                    .into(),
-            ));
-        }
-        i64::try_from(done.last_insert_id())
-            .map_err(|_| StoreError::Backend("the token counter passed i64::MAX".into()))
+        Ok(token)
+    }
+
+    /// A new token ([`MINT`](sql::MINT), then [`MINTED`](sql::MINTED)) on `conn`, in
+    /// the transaction it is in: the mint locks only its own row.
+    async fn mint(&self, conn: &mut MySqlConnection) -> Result<i64, StoreError> {
+        let fail = |e| self.failed(e);
+        let done = sqlx::query(sql::MINT.sql).execute(&mut *conn).await.map_err(fail)?;
+        let token = i64::try_from(done.last_insert_id())
+            .map_err(|_| StoreError::Backend("the token sequence passed i64::MAX".into()))?;
+        let minted = Values { token, ..Values::default() };
+        bind(&sql::MINTED, &minted).execute(&mut *conn).await.map_err(fail)?;
+        Ok(token)
     }
 
     /// One attempt of a claim, in a transaction on `conn`: the answer, or `None` when a
@@ -396,10 +402,10 @@ fn look_row(look: &MySqlRow, key: &[u8]) -> Result<Option<ClaimRow>, StoreError>
     }))
 }
 
-/// The least `innodb_lock_wait_timeout` (whole seconds) that covers `lease`, within
+/// The least `innodb_lock_wait_timeout` (whole seconds) that covers `wait`, within
 /// what the servers accept (1 to 1,073,741,824).
-fn wait_seconds(lease: Duration) -> u64 {
-    let seconds = lease.as_secs().saturating_add(u64::from(lease.subsec_nanos() > 0));
+fn wait_seconds(wait: Duration) -> u64 {
+    let seconds = wait.as_secs().saturating_add(u64::from(wait.subsec_nanos() > 0));
     seconds.clamp(1, 1 << 30)
 }
 
@@ -410,6 +416,16 @@ fn in_tx(e: sqlx::Error) -> StoreError {
     StoreError::Backend(Box::new(e))
 }
 
+/// What a claim in a caller's transaction asks for, and the token minted for it.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    key: &'a Key,
+    fp: Fingerprint,
+    lease: Duration,
+    token: i64,
+    correlation_id: Option<&'a str>,
+}
+
 /// A record the claim's own lock should have kept from changing did change: a server
 /// that does not lock as InnoDB does.
 fn moved_under_lock(key: &Key) -> StoreError {
@@ -418,34 +434,34 @@ fn moved_under_lock(key: &Key) -> StoreError {
 
 impl MySqlStore {
     /// The claim of `key` in a caller's transaction on `conn` (`MySqlStore::claim_in`
-    /// documents the contract): a token minted on a pooled connection of the store's
-    /// own, committed there before this claim takes any lock; then, with its lock waits
-    /// bounded by the lease (MariaDB: each waiting statement's own `SET STATEMENT`;
-    /// MySQL: the session's, restored after, whatever happened), the
-    /// claim under the key's row lock ([`take_locked`](Self::take_locked)). Never
-    /// commits, rolls back or retries: an error of a statement comes back as it is.
+    /// documents the contract): a token minted in that transaction (the mint locks only
+    /// its own row, [`sql::MINT`]); then, with its lock waits bounded by `wait` in whole
+    /// seconds, at least 1 (MariaDB: each waiting statement's own `SET STATEMENT`;
+    /// MySQL: the session's, restored after, whatever happened), the claim under the
+    /// key's row lock ([`take_locked`](Self::take_locked)), an acquired record keeping
+    /// `correlation_id`. Never commits, rolls back or retries: an error of a statement
+    /// comes back as it is.
     pub(crate) async fn claim_in_conn(
         &self,
         conn: &mut MySqlConnection,
         key: &Key,
         fp: Fingerprint,
         lease: Duration,
+        wait: Duration,
+        correlation_id: Option<&str>,
     ) -> Result<StoreClaim, StoreError> {
         check_duration("lease", lease)?;
-        // Minted before the claim takes the row, on a connection of its own: the
-        // counter's row is then locked for that one statement, not until the caller's
-        // commit (which would queue every claim behind this transaction), and no
-        // transaction waiting on this claim's row holds a connection it needs.
-        let token = self.mint_pooled().await?;
-        let seconds = wait_seconds(lease);
+        let token = self.mint(conn).await?;
+        let claim = Asked { key, fp, lease, token, correlation_id };
+        let seconds = wait_seconds(wait);
         if self.is_mariadb(conn).await? {
             // The bound is each waiting statement's own: nothing to restore, so a claim
             // dropped mid-way leaves the session as it was.
-            return self.take_locked(conn, key, fp, lease, token, Some(seconds)).await;
+            return self.take_locked(conn, claim, Some(seconds)).await;
         }
         let bound = sql::bound_claim_wait(seconds);
         sqlx::raw_sql(AssertSqlSafe(bound)).execute(&mut *conn).await.map_err(in_tx)?;
-        let answer = self.take_locked(conn, key, fp, lease, token, None).await;
+        let answer = self.take_locked(conn, claim, None).await;
         let restored = sqlx::raw_sql(sql::RESTORE_CLAIM_WAIT).execute(&mut *conn).await;
         let answer = answer?;
         restored.map_err(in_tx)?;
@@ -466,12 +482,6 @@ impl MySqlStore {
         Ok(*self.mariadb.get_or_init(|| executed == 1))
     }
 
-    /// A token minted on a pooled connection.
-    async fn mint_pooled(&self) -> Result<i64, StoreError> {
-        let mut pooled = self.connection().await?;
-        self.mint(&mut pooled).await
-    }
-
     /// The claim of `key` under its row lock, in the caller's transaction on `conn`:
     /// [`TAKE_NEW_OR_LOCK`](sql::TAKE_NEW_OR_LOCK) with `token`, then
     /// [`LOOK`](sql::LOOK). With `bound` (MariaDB), each statement that can wait on a
@@ -481,12 +491,10 @@ impl MySqlStore {
     async fn take_locked(
         &self,
         conn: &mut MySqlConnection,
-        stored: &Key,
-        asked: Fingerprint,
-        lease: Duration,
-        token: i64,
+        claim: Asked<'_>,
         bound: Option<u64>,
     ) -> Result<StoreClaim, StoreError> {
+        let Asked { key: stored, fp: asked, lease, token, correlation_id } = claim;
         let key = stored.as_bytes();
         let fingerprint = asked.to_bytes();
         let values = Values {
@@ -495,6 +503,7 @@ impl MySqlStore {
             token,
             duration: micros(lease),
             lapse_ttl: lapse_ttl_micros(self.lapse),
+            correlation_id,
             ..Values::default()
         };
         let waiting = |statement: &Statement, values| match bound {
@@ -528,7 +537,7 @@ impl MySqlStore {
             ClaimStep::Dead => {
                 // The dead record's claim may have minted after this one did (and its
                 // lease run out since): a token above it, minted now it is locked.
-                let token = if token > row.token { token } else { self.mint_pooled().await? };
+                let token = if token > row.token { token } else { self.mint(conn).await? };
                 let take = Values { token, ..held };
                 let done = waiting(&sql::TAKE_OVER, &take).execute(&mut *conn).await;
                 if done.map_err(in_tx)?.rows_affected() != 1 {
@@ -604,7 +613,7 @@ impl Store for MySqlStore {
             let values = Values {
                 key: &key,
                 fingerprint: &fingerprint,
-                token: self.mint(&mut conn).await?,
+                token: self.mint_committed(&mut conn).await?,
                 duration: micros(lease),
                 lapse_ttl: lapse_ttl_micros(self.lapse),
                 correlation_id: correlation_id.as_deref(),

@@ -1,0 +1,96 @@
+//! The one-commit mode's suite (`idemcache_sql::one_commit::testing`) on SQLite: the
+//! layer's transaction is a `SqliteTransaction`, a connection of its own to the store's
+//! file. Needs no service: a database file of the test's own.
+
+mod common;
+
+use idemcache_sql::one_commit::testing::{self, Boxed, Orders, Tx};
+use idemcache_sqlite::rusqlite::{params, Connection, OptionalExtension};
+use idemcache_sqlite::SqliteStore;
+
+use common::TempDb;
+
+struct Sqlite {
+    db: TempDb,
+    store: SqliteStore,
+}
+
+impl Sqlite {
+    fn connection(&self) -> Connection {
+        let path = self.db.url();
+        Connection::open(path.trim_start_matches("sqlite:")).unwrap()
+    }
+}
+
+impl Orders for Sqlite {
+    type Store = SqliteStore;
+
+    fn engine(&self) -> &'static str {
+        "SQLite"
+    }
+
+    fn store(&self) -> SqliteStore {
+        self.store.clone()
+    }
+
+    fn write<'a>(tx: &'a mut Tx<Self>, key: String, item: String) -> Boxed<'a, ()> {
+        Box::pin(async move {
+            let sql = "INSERT INTO orders (key, item) VALUES (?1, ?2)";
+            tx.run(move |db| db.execute(sql, params![key, item])).await.unwrap().unwrap();
+        })
+    }
+
+    fn lease_ended<'a>(tx: &'a mut Tx<Self>, key: Vec<u8>) -> Boxed<'a, bool> {
+        Box::pin(async move {
+            let sql = "SELECT expires_at <= CAST(unixepoch('subsec') * 1000000 AS INTEGER) \
+                       FROM idemcache_records WHERE key = ?1";
+            tx.run(move |db| db.query_row(sql, [key], |r| r.get(0))).await.unwrap().unwrap()
+        })
+    }
+
+    fn committed(&self, key: &str) -> Boxed<'_, (i64, i64)> {
+        let db = self.connection();
+        let key = key.to_owned();
+        Box::pin(async move {
+            let count = |sql: &str| db.query_row(sql, [&key], |r| r.get(0)).unwrap();
+            let orders = count("SELECT count(*) FROM orders WHERE key = ?1");
+            let records = count("SELECT count(*) FROM idemcache_records WHERE instr(key, ?1) > 0");
+            (orders, records)
+        })
+    }
+
+    fn correlation_id(&self, key: &str) -> Boxed<'_, Option<String>> {
+        let db = self.connection();
+        let key = key.to_owned();
+        Box::pin(async move {
+            let sql = "SELECT correlation_id FROM idemcache_records WHERE instr(key, ?1) > 0";
+            db.query_row(sql, [&key], |r| r.get(0)).optional().unwrap().flatten()
+        })
+    }
+
+    fn claims_waiting(&self) -> Boxed<'_, Option<i64>> {
+        Box::pin(async { None })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_commit_mode_holds_on_sqlite() {
+    use idemcache::store::Store;
+    let db = TempDb::new("one-commit-layer", "suite");
+    let store = SqliteStore::connect(&db.url()).await.unwrap();
+    store.ensure_schema().await.unwrap();
+    let engine = Sqlite { db, store };
+    let ddl = "CREATE TABLE orders (key TEXT NOT NULL, item TEXT NOT NULL)";
+    engine.connection().execute(ddl, []).unwrap();
+    testing::run(&engine).await;
+}
+
+#[tokio::test]
+async fn a_store_without_a_file_refuses_one_commit_mode_by_name() {
+    use idemcache::store::{StoreError, TransactionalStore};
+    let store = SqliteStore::connect("sqlite::memory:").await.unwrap();
+    match TransactionalStore::begin(&store).await {
+        Err(StoreError::InvalidInput(why)) => assert!(why.contains(":memory:"), "{why}"),
+        other => panic!("expected InvalidInput, got {:?}", other.map(drop)),
+    }
+}
