@@ -262,6 +262,7 @@ async fn a_duplicate_waits_then_replays<E: Orders>(engine: &E, run: &str) {
             // The duplicate's claim waits on the first's transaction, where the engine
             // can show it.
             while engine.claims_waiting().await == Some(0) {
+                assert!(!duplicate.is_finished(), "{on}: the duplicate answered while held");
                 tokio::task::yield_now().await;
             }
             drop(held);
