@@ -1,20 +1,21 @@
 //! The PostgreSQL inbox against a real server (`IDEMCACHE_POSTGRES_URL`; skipped with a
-//! printed reason when unset): New / Duplicate / Mismatch, a rollback leaves nothing,
-//! consumers are apart, a second delivery of an uncommitted message is InFlight at once
-//! (the advisory lock) and its transaction stays usable, READ COMMITTED sees a record
+//! printed reason when unset): the inbox's suite (`idemcache_sql::inbox::testing`), then
+//! what is PostgreSQL's own: a second delivery is InFlight at once (the advisory lock)
+//! and its transaction goes on, a missing table is named, READ COMMITTED sees a record
 //! committed mid-transaction, REPEATABLE READ and SERIALIZABLE answer InFlight for one
-//! committed after their snapshot, concurrent deliveries apply a message once, purges
-//! go in bounded batches. Each test works in a schema of its own, dropped at its end.
+//! committed after their snapshot, and the schema is made safely from several clients.
+//! Each test works in a schema of its own, dropped at its end.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use idemcache::store::conformance::service_url;
+use idemcache::store::conformance::{self, service_url};
 use idemcache::Fingerprint;
-use idemcache_postgres::inbox::{
-    self, ensure_schema, purge, receive, InboxError, Purger, Receipt, Retention,
-};
+use idemcache_postgres::inbox::{self, ensure_schema, purge, receive, InboxError, Receipt};
 use idemcache_postgres::tokio_postgres::{self, Client, GenericClient, IsolationLevel, NoTls};
+use idemcache_postgres::{PooledTransaction, PostgresStore};
+use idemcache_sql::inbox::testing::{self, Boxed};
 
 /// The consumer these tests receive as. Advisory locks are per database, not per
 /// schema: a name of their own keeps other suites on the same server from holding
@@ -84,91 +85,144 @@ async fn once(c: &mut Client, consumer: &str, id: &str, fp: Fingerprint) -> Rece
     receipt
 }
 
-#[tokio::test]
+/// The inbox's suite (`idemcache_sql::inbox::testing`) on this driver: each transaction
+/// a `PooledTransaction` of a store whose connections work in a schema of their own.
+struct Postgres {
+    store: PostgresStore,
+}
+
+fn micros(at: SystemTime) -> i64 {
+    at.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_micros() as i64
+}
+
+impl testing::Inbox for Postgres {
+    type Tx = PooledTransaction;
+
+    fn engine(&self) -> &'static str {
+        "PostgreSQL (tokio-postgres)"
+    }
+
+    fn begin(&self) -> Boxed<'_, PooledTransaction> {
+        Box::pin(async move { PooledTransaction::begin(&self.store).await.unwrap() })
+    }
+
+    fn receive<'a>(
+        tx: &'a mut PooledTransaction,
+        consumer: &'a str,
+        id: &'a str,
+        fp: Fingerprint,
+    ) -> Boxed<'a, Result<Receipt, InboxError>> {
+        Box::pin(receive(&*tx, consumer, id, fp))
+    }
+
+    fn credit<'a>(tx: &'a mut PooledTransaction, account: &'a str, amount: i64) -> Boxed<'a, ()> {
+        Box::pin(async move {
+            let sql = "INSERT INTO entries (account, amount) VALUES ($1, $2)";
+            tx.execute(sql, &[&account, &amount]).await.unwrap();
+        })
+    }
+
+    fn commit(tx: PooledTransaction) -> Boxed<'static, ()> {
+        Box::pin(async move { tx.commit().await.unwrap() })
+    }
+
+    fn rollback(tx: PooledTransaction) -> Boxed<'static, ()> {
+        Box::pin(async move { tx.rollback().await.unwrap() })
+    }
+
+    fn records(&self, consumer: &str) -> Boxed<'_, i64> {
+        let consumer = consumer.to_owned();
+        Box::pin(async move {
+            let c = self.store.pool().get().await.unwrap();
+            let sql = "SELECT count(*) FROM idemcache_inbox WHERE consumer = $1";
+            c.query_one(sql, &[&consumer]).await.unwrap().get(0)
+        })
+    }
+
+    fn balance(&self, account: &str) -> Boxed<'_, i64> {
+        let account = account.to_owned();
+        Box::pin(async move {
+            let c = self.store.pool().get().await.unwrap();
+            let sql = "SELECT coalesce(sum(amount), 0)::bigint FROM entries WHERE account = $1";
+            c.query_one(sql, &[&account]).await.unwrap().get(0)
+        })
+    }
+
+    fn store_unreadable<'a>(&'a self, consumer: &'a str, id: &'a str) -> Boxed<'a, ()> {
+        Box::pin(async move {
+            let c = self.store.pool().get().await.unwrap();
+            let sql = "INSERT INTO idemcache_inbox VALUES ($1, $2, '\\x010203', 0)";
+            c.execute(sql, &[&consumer, &id]).await.unwrap();
+        })
+    }
+
+    fn received<'a>(&'a self, consumer: &'a str, id: &'a str, at: SystemTime) -> Boxed<'a, ()> {
+        Box::pin(async move {
+            let c = self.store.pool().get().await.unwrap();
+            let sql = "UPDATE idemcache_inbox SET received_at = $1 \
+                       WHERE consumer = $2 AND message_id = $3";
+            c.execute(sql, &[&micros(at), &consumer, &id]).await.unwrap();
+        })
+    }
+
+    fn purge(&self, cutoff: SystemTime, limit: usize) -> Boxed<'_, Result<usize, InboxError>> {
+        Box::pin(async move {
+            let c = self.store.pool().get().await.unwrap();
+            purge(&**c, cutoff, limit).await
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn new_duplicate_mismatch_rollback_and_consumers_apart() {
-    let Some(db) = Db::new("basic").await else { return };
-    let mut c = db.client().await;
-    ensure_schema(&c).await.unwrap(); // idempotent
-    let (a, b) = (Fingerprint::of(b"a"), Fingerprint::of(b"b"));
-    assert_eq!(once(&mut c, LEDGER, "m-1", a).await, Receipt::New);
-    assert_eq!(once(&mut c, LEDGER, "m-1", a).await, Receipt::Duplicate);
-    assert_eq!(once(&mut c, LEDGER, "m-1", b).await, Receipt::Mismatch);
-    for (consumer, id) in [
-        ("idemcache-inbox-test-audit", "m-1"),
-        ("Idemcache-inbox-test-ledger", "m-1"),
-        (LEDGER, "M-1"),
-        (LEDGER, "m-1 "),
-    ] {
-        assert_eq!(once(&mut c, consumer, id, a).await, Receipt::New, "{consumer:?} {id:?}");
-    }
-    assert_eq!(rows(&c).await, 5);
-
-    // A rollback leaves neither the record nor the change.
-    {
-        let tx = c.transaction().await.unwrap();
-        assert_eq!(receive(&tx, LEDGER, "m-2", a).await.unwrap(), Receipt::New);
-        // Twice in the claiming transaction: its own record.
-        assert_eq!(receive(&tx, LEDGER, "m-2", a).await.unwrap(), Receipt::Duplicate);
-        tx.execute("UPDATE accounts SET balance = balance + 5", &[]).await.unwrap();
-        tx.rollback().await.unwrap();
-    }
-    assert_eq!((rows(&c).await, balance(&c).await), (5, 0));
-    assert_eq!(once(&mut c, LEDGER, "m-2", a).await, Receipt::New);
-
-    // Refused input, an unreadable row, a missing table: typed errors.
-    let tx = c.transaction().await.unwrap();
-    for (consumer, id) in [("", "m"), ("c", ""), ("c", "m\0")] {
-        let e = receive(&tx, consumer, id, a).await.unwrap_err();
-        assert!(matches!(e, InboxError::InvalidInput(_)), "{e:?}");
-    }
-    tx.execute("INSERT INTO idemcache_inbox VALUES ('idemcache-inbox-test-ledger', 'short', '\\x010203', 0)", &[])
+async fn the_inbox_holds_on_postgres() {
+    let Some(db) = Db::new("suite").await else { return };
+    let scoped = conformance::postgres_url_in_schema(&db.url, &db.schema);
+    let store = PostgresStore::connect(&scoped).await.unwrap();
+    let c = db.client().await;
+    c.batch_execute("CREATE TABLE entries (account TEXT NOT NULL, amount BIGINT NOT NULL)")
         .await
         .unwrap();
-    let e = receive(&tx, LEDGER, "short", a).await.unwrap_err();
-    assert!(matches!(e, InboxError::Corrupt(_)) && e.to_string().contains("3 bytes"), "{e}");
-    tx.rollback().await.unwrap();
-    let mut bare = db.raw().await;
-    bare.batch_execute("SET search_path TO pg_catalog").await.unwrap();
-    let tx = bare.transaction().await.unwrap();
-    let e = receive(&tx, LEDGER, "m", a).await.unwrap_err();
-    assert!(matches!(e, InboxError::Database(_)), "{e:?}");
-    assert!(e.to_string().contains("idemcache_inbox\" does not exist"), "{e}");
-    drop(tx);
+    testing::run(Arc::new(Postgres { store })).await;
     db.drop().await;
 }
 
+/// PostgreSQL's own: a second delivery is InFlight at once (the advisory lock, no wait
+/// for the first transaction), and its transaction goes on.
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn a_second_delivery_of_an_uncommitted_message_is_in_flight_at_once() {
+async fn a_second_delivery_is_in_flight_at_once_and_its_transaction_goes_on() {
     let Some(db) = Db::new("inflight").await else { return };
     let fp = Fingerprint::of(b"a");
-    for (id, first_commits) in [("m-commit", true), ("m-rollback", false)] {
-        let mut first = db.client().await;
-        let mut second = db.client().await;
-        let tx1 = first.transaction().await.unwrap();
-        assert_eq!(receive(&tx1, LEDGER, id, fp).await.unwrap(), Receipt::New);
+    let (mut first, mut second) = (db.client().await, db.client().await);
+    let tx1 = first.transaction().await.unwrap();
+    assert_eq!(receive(&tx1, LEDGER, "m-1", fp).await.unwrap(), Receipt::New);
+    let tx2 = second.transaction().await.unwrap();
+    let started = Instant::now();
+    // A timeout, so that a receive that waits fails the test instead of hanging it.
+    let second_delivery = receive(&tx2, LEDGER, "m-1", fp);
+    let receipt = tokio::time::timeout(Duration::from_secs(10), second_delivery).await;
+    assert_eq!(receipt.expect("the second delivery waited").unwrap(), Receipt::InFlight);
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(2), "waited {waited:?} for the first transaction");
+    assert_eq!(receive(&tx2, LEDGER, "m-1-other", fp).await.unwrap(), Receipt::New);
+    tx2.rollback().await.unwrap();
+    tx1.rollback().await.unwrap();
+    db.drop().await;
+}
 
-        let tx2 = second.transaction().await.unwrap();
-        let started = Instant::now();
-        // A timeout, so that a receive that waits fails the test instead of hanging it.
-        let second_delivery = receive(&tx2, LEDGER, id, fp);
-        let receipt = tokio::time::timeout(Duration::from_secs(10), second_delivery).await;
-        assert_eq!(receipt.expect("the second delivery waited").unwrap(), Receipt::InFlight);
-        let waited = started.elapsed();
-        assert!(waited < Duration::from_secs(2), "waited {waited:?} for the first transaction");
-        // Its transaction is still usable: another message is claimed in it.
-        assert_eq!(receive(&tx2, LEDGER, &format!("{id}-other"), fp).await.unwrap(), Receipt::New);
-        tx2.rollback().await.unwrap();
-
-        if first_commits {
-            tx1.commit().await.unwrap();
-            assert_eq!(once(&mut second, LEDGER, id, fp).await, Receipt::Duplicate);
-        } else {
-            tx1.rollback().await.unwrap();
-            assert_eq!(once(&mut second, LEDGER, id, fp).await, Receipt::New);
-        }
-    }
+/// A missing table is the database's error, naming it.
+#[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
+async fn a_missing_table_is_a_database_error_naming_it() {
+    let Some(db) = Db::new("missing").await else { return };
+    let mut bare = db.raw().await;
+    bare.batch_execute("SET search_path TO pg_catalog").await.unwrap();
+    let tx = bare.transaction().await.unwrap();
+    let e = receive(&tx, LEDGER, "m", Fingerprint::of(b"a")).await.unwrap_err();
+    assert!(matches!(e, InboxError::Database(_)), "{e:?}");
+    assert!(e.to_string().contains("idemcache_inbox\" does not exist"), "{e}");
+    drop(tx);
     db.drop().await;
 }
 
@@ -221,86 +275,6 @@ async fn snapshot_isolation_answers_in_flight_for_a_record_committed_after_the_s
         assert_eq!(receive(&tx2, LEDGER, &format!("{id}-2"), fp).await.unwrap(), Receipt::New);
         tx2.commit().await.unwrap();
     }
-    db.drop().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn concurrent_deliveries_of_one_message_apply_it_once() {
-    let Some(db) = Db::new("concurrent").await else { return };
-    let fp = Fingerprint::of(b"5");
-    let mut tasks = Vec::new();
-    for _ in 0..8 {
-        let mut c = db.client().await;
-        tasks.push(tokio::spawn(async move {
-            let mut receipts = Vec::new();
-            for _ in 0..10 {
-                let tx = c.transaction().await.unwrap();
-                let receipt = receive(&tx, LEDGER, "m-concurrent", fp).await.unwrap();
-                receipts.push(receipt);
-                match receipt {
-                    Receipt::New => {
-                        tx.execute("UPDATE accounts SET balance = balance + 5", &[]).await.unwrap();
-                        tx.commit().await.unwrap();
-                    }
-                    _ => tx.rollback().await.unwrap(),
-                }
-            }
-            receipts
-        }));
-    }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    assert_eq!(all.iter().filter(|r| **r == Receipt::New).count(), 1, "{all:?}");
-    assert!(all.iter().all(|r| matches!(r, Receipt::New | Receipt::Duplicate | Receipt::InFlight)));
-    let c = db.client().await;
-    assert_eq!(balance(&c).await, 5);
-    db.drop().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn purge_in_bounded_batches_and_never_within_a_horizon_of_a_start() {
-    let Some(db) = Db::new("purge").await else { return };
-    let mut c = db.client().await;
-    let fp = Fingerprint::of(b"a");
-    let hour = Duration::from_secs(3600);
-    let crash = SystemTime::UNIX_EPOCH + 100_000 * hour;
-    let us = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_micros() as i64;
-    for i in 0..5 {
-        let id = format!("old-{i}");
-        assert_eq!(once(&mut c, LEDGER, &id, fp).await, Receipt::New);
-        let at = us(crash) + i;
-        c.execute("UPDATE idemcache_inbox SET received_at = $1 WHERE message_id = $2", &[&at, &id])
-            .await
-            .unwrap();
-    }
-    assert_eq!(once(&mut c, LEDGER, "recent", fp).await, Receipt::New);
-    let recent = us(crash + 240 * hour);
-    c.execute(
-        "UPDATE idemcache_inbox SET received_at = $1 WHERE message_id = 'recent'",
-        &[&recent],
-    )
-    .await
-    .unwrap();
-
-    // Ten days down, then a restart: the first purge may delete nothing.
-    let restart = crash + 240 * hour;
-    let purger = Purger::new(Retention::new(24 * hour, hour).unwrap(), restart);
-    assert_eq!(purger.cutoff(restart + Duration::from_secs(1)), None);
-    assert_eq!(once(&mut c, LEDGER, "old-0", fp).await, Receipt::Duplicate, "redelivered in time");
-    let cutoff = purger.cutoff(restart + hour).unwrap();
-    assert_eq!(purge(&c, cutoff, 0).await.unwrap(), 0);
-    assert_eq!(purge(&c, cutoff, 2).await.unwrap(), 2);
-    // Oldest first.
-    assert_eq!(once(&mut c, LEDGER, "old-2", fp).await, Receipt::Duplicate);
-    assert_eq!(purge(&c, cutoff, 2).await.unwrap(), 2);
-    assert_eq!(purge(&c, cutoff, 2).await.unwrap(), 1);
-    assert_eq!(purge(&c, cutoff, 2).await.unwrap(), 0);
-    assert_eq!(rows(&c).await, 1);
-    assert_eq!(once(&mut c, LEDGER, "recent", fp).await, Receipt::Duplicate);
     db.drop().await;
 }
 

@@ -1,8 +1,9 @@
 //! Conditional transitions against a real PostgreSQL (`IDEMCACHE_POSTGRES_URL`; skipped
-//! with a printed reason when unset): a payment provider's callbacks, each in its own
-//! transaction that books a ledger entry only when the transition applied. The ledger
-//! in the database is the witness: one entry per payment however many callbacks come,
-//! one after the other or at once, under `READ COMMITTED` and `REPEATABLE READ`.
+//! with a printed reason when unset): the transitions' suite
+//! (`idemcache_sql::transition::testing`, at `READ COMMITTED`, PostgreSQL's default),
+//! then what is PostgreSQL's own: duplicate and mistyped ids, concurrent callbacks under
+//! `REPEATABLE READ` conflict and their retries are duplicates, every column type
+//! (enums too) answers as the database compares.
 //!
 //! Every test creates tables of its own (pid and counter in the name) and drops them.
 
@@ -12,6 +13,8 @@ use std::sync::Arc;
 use idemcache::store::conformance::service_url;
 use idemcache_postgres::tokio_postgres::{self, Client, IsolationLevel, NoTls, Transaction};
 use idemcache_postgres::transition;
+use idemcache_postgres::{PooledTransaction, PostgresStore};
+use idemcache_sql::transition::testing::{self, Boxed, Payments};
 use idemcache_sql::transition::{StatusColumn, Transition, TransitionError};
 
 const EXAMPLE: &str = "postgres://postgres@127.0.0.1:5432/test";
@@ -35,7 +38,8 @@ impl Tables {
         let url = service_url("IDEMCACHE_POSTGRES_URL", EXAMPLE)?;
         let n = format!("{}_{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
         let tables =
-            Tables { url, payments: format!("tr_payments_{n}"), ledger: format!("tr_ledger_{n}") };
+            // The ledger named for its payments, as the suite's fixture books in it.
+            Tables { url, payments: format!("tr_payments_{n}"), ledger: format!("tr_payments_{n}_ledger") };
         let (payments, ledger) = (&tables.payments, &tables.ledger);
         connect(&tables.url)
             .await
@@ -55,11 +59,6 @@ impl Tables {
 
     async fn client(&self) -> Client {
         connect(&self.url).await
-    }
-
-    async fn status(&self, id: &str) -> Option<String> {
-        let sql = format!("SELECT status FROM {} WHERE id = $1", self.payments);
-        self.client().await.query_one(&sql, &[&id]).await.unwrap().get(0)
     }
 
     async fn ledger(&self, id: &str) -> i64 {
@@ -122,76 +121,6 @@ const READ_COMMITTED: IsolationLevel = IsolationLevel::ReadCommitted;
 
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn a_duplicate_success_callback_is_ok_with_no_second_effect() {
-    let Some(t) = Tables::new().await else { return };
-    let mut client = t.client().await;
-    assert_eq!(t.on_success(&mut client, READ_COMMITTED, "p1").await.unwrap(), Transition::Applied);
-    for _ in 0..3 {
-        let again = t.on_success(&mut client, READ_COMMITTED, "p1").await.unwrap();
-        assert_eq!(again, Transition::AlreadyInTarget);
-    }
-    assert_eq!((t.status("p1").await.as_deref(), t.ledger("p1").await), (Some("PAID"), 1));
-    t.drop_tables().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn paid_to_pending_is_refused_unknown_ids_are_not_found() {
-    let Some(t) = Tables::new().await else { return };
-    let mut client = t.client().await;
-    let column = t.column();
-    let tx = client.transaction().await.unwrap();
-    let outcome = transition(&tx, &column, &"p2", &["FAILED"], "PENDING").await.unwrap();
-    assert_eq!(outcome, Transition::Illegal { current: "PAID".into() });
-    let outcome = transition(&tx, &column, &"p404", &["PENDING"], "PAID").await.unwrap();
-    assert_eq!(outcome, Transition::NotFound);
-    tx.commit().await.unwrap();
-    assert_eq!(t.status("p2").await.as_deref(), Some("PAID"));
-    t.drop_tables().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn a_rolled_back_transition_leaves_the_row_for_the_redelivery() {
-    let Some(t) = Tables::new().await else { return };
-    let mut client = t.client().await;
-    {
-        let tx = client.transaction().await.unwrap();
-        let outcome = transition(&tx, &t.column(), &"p1", &["PENDING"], "PAID").await.unwrap();
-        assert_eq!(outcome, Transition::Applied);
-        tx.rollback().await.unwrap();
-    }
-    assert_eq!(t.status("p1").await.as_deref(), Some("PENDING"));
-    assert_eq!(t.on_success(&mut client, READ_COMMITTED, "p1").await.unwrap(), Transition::Applied);
-    assert_eq!(t.ledger("p1").await, 1);
-    t.drop_tables().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn injection_attempts_are_refused_and_values_are_bound() {
-    let Some(t) = Tables::new().await else { return };
-    let mut client = t.client().await;
-    let hostile_table = format!("{}; DROP TABLE {}", t.payments, t.ledger);
-    for (table, id, status) in [
-        (hostile_table.as_str(), "id", "status"),
-        (&t.payments, "id\"; DROP TABLE x; --", "status"),
-        (&t.payments, "id", "status = 'PAID' --"),
-    ] {
-        let refused = StatusColumn::new(table, id, status).unwrap_err();
-        assert!(matches!(refused, TransitionError::InvalidIdentifier { .. }), "{refused:?}");
-    }
-    let hostile = format!("PENDING'); DROP TABLE {}; --", t.ledger);
-    let tx = client.transaction().await.unwrap();
-    let outcome = transition(&tx, &t.column(), &"p1", &[hostile.as_str()], "PAID").await.unwrap();
-    assert_eq!(outcome, Transition::Illegal { current: "PENDING".into() });
-    tx.commit().await.unwrap();
-    assert_eq!(t.ledger("p1").await, 0, "the ledger table still exists");
-    t.drop_tables().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn null_statuses_duplicate_ids_and_mistyped_ids_are_typed_errors() {
     let Some(t) = Tables::new().await else { return };
     let mut client = t.client().await;
@@ -226,31 +155,6 @@ async fn null_statuses_duplicate_ids_and_mistyped_ids_are_typed_errors() {
     assert!(matches!(error, TransitionError::Database { .. }), "{error:?}");
     assert!(error.to_string().contains(&format!("transition of {loose}.status")), "{error}");
     client.batch_execute(&format!("DROP TABLE {loose}")).await.unwrap();
-    t.drop_tables().await;
-}
-
-/// Every answer but NotFound leaves the row locked until the transaction ends, so it
-/// still holds when the caller commits: another transaction cannot take the row's lock
-/// (`NOWAIT`: refused at once with SQLSTATE 55P03, no timing involved) until then.
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn an_answer_holds_the_row_until_the_transaction_ends() {
-    let Some(t) = Tables::new().await else { return };
-    let (mut client, mut other) = (t.client().await, t.client().await);
-    let grab = format!("SELECT status FROM {} WHERE id = 'p2' FOR UPDATE NOWAIT", t.payments);
-    for to in ["PAID", "REFUNDED"] {
-        let tx = client.transaction().await.unwrap();
-        let outcome = transition(&tx, &t.column(), &"p2", &["PENDING"], to).await.unwrap();
-        assert!(matches!(outcome, Transition::AlreadyInTarget | Transition::Illegal { .. }));
-        let competing = other.transaction().await.unwrap();
-        let refused = competing.query(&grab, &[]).await.unwrap_err();
-        assert_eq!(refused.code(), Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE));
-        competing.rollback().await.unwrap();
-        tx.commit().await.unwrap();
-        let competing = other.transaction().await.unwrap();
-        competing.query(&grab, &[]).await.unwrap();
-        competing.rollback().await.unwrap();
-    }
     t.drop_tables().await;
 }
 
@@ -290,21 +194,6 @@ async fn concurrent_callbacks(t: &Arc<Tables>, isolation: IsolationLevel) -> Vec
         outcomes.push(handler.await.unwrap());
     }
     outcomes
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn concurrent_callbacks_under_read_committed_apply_once() {
-    let Some(t) = Tables::new().await else { return };
-    let t = Arc::new(t);
-    let outcomes = concurrent_callbacks(&t, READ_COMMITTED).await;
-    // The losers waited on the winner's row lock, re-checked the row, and read PAID.
-    let applied = outcomes.iter().filter(|o| **o == (Some(Transition::Applied), None)).count();
-    let duplicates =
-        outcomes.iter().filter(|o| **o == (Some(Transition::AlreadyInTarget), None)).count();
-    assert_eq!((applied, duplicates), (1, 7), "{outcomes:?}");
-    assert_eq!(t.ledger("p1").await, 1);
-    Arc::into_inner(t).unwrap().drop_tables().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -420,5 +309,115 @@ async fn a_status_outside_an_enum_type_is_refused_by_the_database() {
         .get(0);
     assert_eq!(status, "PENDING");
     client.batch_execute(&format!("DROP TABLE {table}; DROP TYPE {kind}")).await.unwrap();
+    t.drop_tables().await;
+}
+
+/// The transitions' suite through tokio-postgres: each transaction a
+/// `PooledTransaction`, the ledger `{payments}_ledger`.
+struct Suite {
+    store: PostgresStore,
+    payments: String,
+}
+
+impl Payments for Suite {
+    type Tx = PooledTransaction;
+
+    fn engine(&self) -> &'static str {
+        "PostgreSQL (tokio-postgres)"
+    }
+
+    fn table(&self) -> &str {
+        &self.payments
+    }
+
+    fn begin(&self) -> Boxed<'_, PooledTransaction> {
+        Box::pin(async move { PooledTransaction::begin(&self.store).await.unwrap() })
+    }
+
+    fn transition<'a>(
+        tx: &'a mut PooledTransaction,
+        column: &'a StatusColumn,
+        id: &'a str,
+        from: &'a [&'a str],
+        to: &'a str,
+    ) -> Boxed<'a, Result<Transition, TransitionError>> {
+        Box::pin(async move { transition(&*tx, column, &id, from, to).await })
+    }
+
+    fn load<'a>(
+        tx: &'a mut PooledTransaction,
+        table: &'a str,
+        id: &'a str,
+    ) -> Boxed<'a, Option<String>> {
+        Box::pin(async move {
+            let sql = format!("SELECT status FROM {table} WHERE id = $1");
+            tx.query_one(&sql, &[&id]).await.unwrap().get(0)
+        })
+    }
+
+    fn book<'a>(tx: &'a mut PooledTransaction, table: &'a str, id: &'a str) -> Boxed<'a, ()> {
+        Box::pin(async move {
+            let sql =
+                format!("INSERT INTO {table}_ledger SELECT id, amount FROM {table} WHERE id = $1");
+            tx.execute(&sql, &[&id]).await.unwrap();
+        })
+    }
+
+    fn commit(tx: PooledTransaction) -> Boxed<'static, ()> {
+        Box::pin(async move { tx.commit().await.unwrap() })
+    }
+
+    fn rollback(tx: PooledTransaction) -> Boxed<'static, ()> {
+        Box::pin(async move { tx.rollback().await.unwrap() })
+    }
+
+    fn insert<'a>(&'a self, id: &'a str, status: Option<&'a str>) -> Boxed<'a, ()> {
+        Box::pin(async move {
+            let c = self.store.pool().get().await.unwrap();
+            let sql = format!("INSERT INTO {} VALUES ($1, $2, 500)", self.payments);
+            c.execute(&sql, &[&id, &status]).await.unwrap();
+        })
+    }
+
+    fn status<'a>(&'a self, id: &'a str) -> Boxed<'a, Option<String>> {
+        Box::pin(async move {
+            let c = self.store.pool().get().await.unwrap();
+            let sql = format!("SELECT status FROM {} WHERE id = $1", self.payments);
+            c.query_one(&sql, &[&id]).await.unwrap().get(0)
+        })
+    }
+
+    fn ledger<'a>(&'a self, id: &'a str) -> Boxed<'a, i64> {
+        Box::pin(async move {
+            let c = self.store.pool().get().await.unwrap();
+            let sql = format!("SELECT count(*) FROM {}_ledger WHERE payment = $1", self.payments);
+            c.query_one(&sql, &[&id]).await.unwrap().get(0)
+        })
+    }
+
+    fn row_held<'a>(&'a self, id: &'a str) -> Boxed<'a, bool> {
+        Box::pin(async move {
+            let mut c = connect(&self.store_url()).await;
+            let tx = c.transaction().await.unwrap();
+            let sql = format!("SELECT 1 FROM {} WHERE id = $1 FOR UPDATE NOWAIT", self.payments);
+            let held = tx.query(&sql, &[&id]).await.is_err();
+            tx.rollback().await.unwrap();
+            held
+        })
+    }
+}
+
+impl Suite {
+    fn store_url(&self) -> String {
+        service_url("IDEMCACHE_POSTGRES_URL", EXAMPLE).unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
+async fn transitions_hold_on_postgres() {
+    let Some(t) = Tables::new().await else { return };
+    let store = PostgresStore::connect(&t.url).await.unwrap();
+    testing::run(Arc::new(Suite { store, payments: t.payments.clone() })).await;
     t.drop_tables().await;
 }

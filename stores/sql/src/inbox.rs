@@ -86,6 +86,8 @@ mod filter;
 pub mod postgres;
 mod purge_loop;
 mod retention;
+#[cfg(feature = "test-utils")]
+pub mod testing;
 
 pub use filter::KnownMessages;
 pub use purge_loop::purge_loop;

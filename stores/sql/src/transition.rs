@@ -46,6 +46,8 @@
 mod column;
 mod error;
 mod plan;
+#[cfg(feature = "test-utils")]
+pub mod testing;
 
 pub use column::{Dialect, StatusColumn, MAX_IDENTIFIER_LEN};
 pub use error::TransitionError;

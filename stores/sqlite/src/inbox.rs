@@ -72,7 +72,7 @@
 use std::time::SystemTime;
 
 use rusqlite::types::ValueRef;
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use idemcache::store::encoding::to_micros;
 use idemcache::Fingerprint;
@@ -121,7 +121,9 @@ pub fn ensure_schema(conn: &Connection) -> Result<(), InboxError> {
     conn.execute_batch(SCHEMA).map_err(database)
 }
 
-/// Claims (consumer, message id) inside `tx`, the transaction that applies the message:
+/// Claims (consumer, message id) inside `tx`, the transaction that applies the message
+/// (a `rusqlite::Transaction`, or the connection of a [`SqliteTransaction`](crate::SqliteTransaction) in the layer's
+/// one-commit mode; a connection in no transaction is refused as `InvalidInput`):
 /// [`Receipt::New`] if this transaction inserted the record (apply, commit, then
 /// acknowledge), [`Receipt::Duplicate`] or [`Receipt::Mismatch`] if a record is there
 /// with this or another fingerprint, [`Receipt::InFlight`] if another connection holds
@@ -161,12 +163,20 @@ pub fn ensure_schema(conn: &Connection) -> Result<(), InboxError> {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn receive(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     consumer: &str,
     message_id: &str,
     fingerprint: Fingerprint,
 ) -> Result<Receipt, InboxError> {
     check(consumer, message_id)?;
+    if tx.is_autocommit() {
+        // The record would commit at once, before the change it records.
+        return Err(InboxError::InvalidInput(
+            "receive runs in the transaction that applies the message; this connection is \
+             in none"
+                .into(),
+        ));
+    }
     let fp = fingerprint.to_bytes();
     let inserted = match tx.execute(CLAIM, params![consumer, message_id, &fp[..]]) {
         Ok(n) => n,

@@ -11,7 +11,7 @@
 use std::fmt;
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
-use rusqlite::{Connection, ToSql, Transaction};
+use rusqlite::{Connection, ToSql};
 
 use idemcache_sql::transition::{
     is_conflict_sqlite_code, Dialect, Plan, ReadRow, StatusColumn, StoredStatus, Transition,
@@ -59,14 +59,16 @@ use idemcache_sql::transition::{
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
-/// Run it in a transaction begun `IMMEDIATE` (rusqlite's
+/// `tx` is the connection of your transaction (a `rusqlite::Transaction`, or the one a
+/// [`SqliteTransaction`](crate::SqliteTransaction) lends in the layer's one-commit
+/// mode). Run it in a transaction begun `IMMEDIATE` (rusqlite's
 /// `transaction_with_behavior(TransactionBehavior::Immediate)`): the write lock is then
 /// held from the start, so the read sees what the `UPDATE` saw and the answer holds until
 /// you commit. In a `DEFERRED` transaction that read before, another connection's commit
 /// makes the `UPDATE` fail with `SQLITE_BUSY_SNAPSHOT`
 /// ([`TransitionError::Conflict`]: roll back and run it again).
 pub fn transition(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     column: &StatusColumn,
     id: impl ToSql,
     from: &[&str],

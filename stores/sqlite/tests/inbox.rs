@@ -1,15 +1,18 @@
 //! The SQLite inbox against real SQLite (files in the temp dir, WAL, several
-//! connections): New / Duplicate / Mismatch, a rollback leaves nothing, consumers are
-//! apart, a second delivery of an uncommitted message answers InFlight within the busy
-//! timeout, a deferred transaction's stale snapshot is InFlight (never New), purges go
-//! in bounded batches and never within a horizon of a start, and the pre-filter answers
-//! a known duplicate without a transaction.
+//! connections): the inbox's suite (`idemcache_sql::inbox::testing`), then what is
+//! SQLite's own: a fingerprint that is no blob and a missing table are typed errors, an
+//! immediate second transaction fails at `BEGIN` after the busy timeout, a deferred
+//! transaction's stale snapshot is InFlight (never New), a receive outside a
+//! transaction is refused, and the pre-filter answers a known duplicate without a
+//! transaction.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use idemcache::{Cache, Fingerprint};
-use idemcache_sql::inbox::{InboxError, KnownMessages, Purger, Receipt, Retention};
-use idemcache_sqlite::inbox::{self, ensure_schema, purge, receive};
+use idemcache_sql::inbox::testing::{self, Boxed, Inbox};
+use idemcache_sql::inbox::{InboxError, KnownMessages, Receipt};
+use idemcache_sqlite::inbox::{self, ensure_schema, receive};
 use idemcache_sqlite::rusqlite::{params, Connection, TransactionBehavior};
 
 mod common;
@@ -35,10 +38,6 @@ fn memory() -> Connection {
     conn
 }
 
-fn rows(conn: &Connection) -> i64 {
-    conn.query_row("SELECT count(*) FROM idemcache_inbox", [], |r| r.get(0)).unwrap()
-}
-
 fn balance(conn: &Connection) -> i64 {
     conn.query_row("SELECT balance FROM accounts WHERE id = 'a1'", [], |r| r.get(0)).unwrap()
 }
@@ -54,87 +53,16 @@ fn once(conn: &mut Connection, consumer: &str, id: &str, fp: Fingerprint) -> Rec
 }
 
 #[test]
-fn new_then_duplicate_then_mismatch() {
-    let mut conn = memory();
-    ensure_schema(&conn).unwrap(); // idempotent
-    let (a, b) = (Fingerprint::of(b"a"), Fingerprint::of(b"b"));
-    assert_eq!(once(&mut conn, "ledger", "m-1", a), Receipt::New);
-    assert_eq!(once(&mut conn, "ledger", "m-1", a), Receipt::Duplicate);
-    assert_eq!(once(&mut conn, "ledger", "m-1", b), Receipt::Mismatch);
-    assert_eq!(rows(&conn), 1);
-    let stored: Vec<u8> =
-        conn.query_row("SELECT fingerprint FROM idemcache_inbox", [], |r| r.get(0)).unwrap();
-    assert_eq!(stored, a.to_bytes(), "the first fingerprint is kept, never overwritten");
-}
-
-#[test]
-fn a_second_receive_in_the_claiming_transaction_is_a_duplicate() {
+fn a_fingerprint_that_is_no_blob_and_a_missing_table_are_typed_errors() {
     let mut conn = memory();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
     let fp = Fingerprint::of(b"a");
-    assert_eq!(receive(&tx, "ledger", "m-1", fp).unwrap(), Receipt::New);
-    assert_eq!(receive(&tx, "ledger", "m-1", fp).unwrap(), Receipt::Duplicate);
-    assert_eq!(receive(&tx, "ledger", "m-1", Fingerprint::of(b"b")).unwrap(), Receipt::Mismatch);
-}
-
-#[test]
-fn a_rollback_leaves_neither_the_record_nor_the_change() {
-    let db = ledger("rollback");
-    let mut conn = db.open("wal", Duration::from_secs(1));
-    let fp = Fingerprint::of(b"a");
-    {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
-        assert_eq!(receive(&tx, "ledger", "m-1", fp).unwrap(), Receipt::New);
-        tx.execute("UPDATE accounts SET balance = balance + 5", []).unwrap();
-        tx.rollback().unwrap();
-    }
-    {
-        // Dropped without commit: rusqlite rolls back.
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
-        assert_eq!(receive(&tx, "ledger", "m-1", fp).unwrap(), Receipt::New);
-    }
-    assert_eq!((rows(&conn), balance(&conn)), (0, 0));
-    assert_eq!(once(&mut conn, "ledger", "m-1", fp), Receipt::New, "the redelivery applies it");
-}
-
-#[test]
-fn consumers_and_ids_are_apart_byte_for_byte() {
-    let mut conn = memory();
-    let fp = Fingerprint::of(b"a");
-    for (consumer, id) in [
-        ("ledger", "m-1"),
-        ("audit", "m-1"),
-        ("Ledger", "m-1"),
-        ("ledger", "M-1"),
-        ("ledger", "m-1 "),
-        ("ledger", "ünï"),
-    ] {
-        assert_eq!(once(&mut conn, consumer, id, fp), Receipt::New, "{consumer:?} {id:?}");
-    }
-    assert_eq!(once(&mut conn, "audit", "m-1", fp), Receipt::Duplicate);
-    assert_eq!(rows(&conn), 6);
-}
-
-#[test]
-fn refused_input_and_unreadable_rows_are_typed_errors() {
-    let mut conn = memory();
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
-    let fp = Fingerprint::of(b"a");
-    for (consumer, id) in [("", "m"), ("c", ""), ("c", "m\0")] {
-        let e = receive(&tx, consumer, id, fp).unwrap_err();
-        assert!(matches!(e, InboxError::InvalidInput(_)), "{e:?}");
-    }
-    tx.execute(
-        "INSERT INTO idemcache_inbox VALUES ('ledger', 'short', x'010203', 0),
-                                            ('ledger', 'text', 'not a blob', 0)",
-        [],
-    )
-    .unwrap();
-    for id in ["short", "text"] {
-        let e = receive(&tx, "ledger", id, fp).unwrap_err();
-        assert!(matches!(e, InboxError::Corrupt(_)), "{e:?}");
-        assert!(e.to_string().contains(&format!("message {id:?}")), "{e}");
-    }
+    // SQLite lets any column hold any type.
+    tx.execute("INSERT INTO idemcache_inbox VALUES ('ledger', 'text', 'not a blob', 0)", [])
+        .unwrap();
+    let e = receive(&tx, "ledger", "text", fp).unwrap_err();
+    assert!(matches!(e, InboxError::Corrupt(_)), "{e:?}");
+    assert!(e.to_string().contains("message \"text\""), "{e}");
     drop(tx);
     // A missing table is a database error that says so.
     let mut bare = Connection::open_in_memory().unwrap();
@@ -142,43 +70,6 @@ fn refused_input_and_unreadable_rows_are_typed_errors() {
     let e = receive(&tx, "ledger", "m", fp).unwrap_err();
     assert!(matches!(e, InboxError::Database(_)), "{e:?}");
     assert!(e.to_string().contains("no such table: idemcache_inbox"), "{e}");
-}
-
-#[test]
-fn a_second_delivery_of_an_uncommitted_message_is_in_flight_within_the_busy_timeout() {
-    for first_commits in [true, false] {
-        let db = ledger("inflight");
-        let mut first = db.open("wal", Duration::from_secs(5));
-        let mut second = db.open("wal", Duration::from_millis(200));
-        let fp = Fingerprint::of(b"a");
-        let tx1 = first.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
-        assert_eq!(receive(&tx1, "ledger", "m-1", fp).unwrap(), Receipt::New);
-
-        // A deferred second transaction: its INSERT waits the busy timeout, then InFlight.
-        let started = Instant::now();
-        {
-            let tx2 = second.transaction().unwrap();
-            assert_eq!(receive(&tx2, "ledger", "m-1", fp).unwrap(), Receipt::InFlight);
-            assert_eq!(receive(&tx2, "ledger", "m-2", fp).unwrap(), Receipt::InFlight);
-            tx2.rollback().unwrap();
-        }
-        // An immediate one waits at BEGIN and fails there, after the same bound.
-        let e = second.transaction_with_behavior(TransactionBehavior::Immediate).unwrap_err();
-        assert_eq!(
-            e.sqlite_error_code(),
-            Some(idemcache_sqlite::rusqlite::ErrorCode::DatabaseBusy)
-        );
-        let waited = started.elapsed();
-        assert!(waited < Duration::from_secs(3), "waited {waited:?}, bound 3 × 200 ms");
-
-        if first_commits {
-            tx1.commit().unwrap();
-            assert_eq!(once(&mut second, "ledger", "m-1", fp), Receipt::Duplicate);
-        } else {
-            tx1.rollback().unwrap();
-            assert_eq!(once(&mut second, "ledger", "m-1", fp), Receipt::New);
-        }
-    }
 }
 
 #[test]
@@ -195,64 +86,6 @@ fn a_deferred_transactions_stale_snapshot_is_in_flight_never_new() {
     assert_eq!(receive(&tx2, "ledger", "m-1", fp).unwrap(), Receipt::InFlight);
     tx2.rollback().unwrap();
     assert_eq!(once(&mut second, "ledger", "m-1", fp), Receipt::Duplicate);
-}
-
-/// Sets every record's `received_at` to `at` (the test's own clock stands in for
-/// SQLite's).
-fn received_at(conn: &Connection, id: &str, at: SystemTime) {
-    let us = at.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_micros() as i64;
-    conn.execute(
-        "UPDATE idemcache_inbox SET received_at = ?1 WHERE message_id = ?2",
-        params![us, id],
-    )
-    .unwrap();
-}
-
-#[test]
-fn purge_deletes_only_older_records_in_bounded_batches() {
-    let mut conn = memory();
-    let fp = Fingerprint::of(b"a");
-    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-    for i in 0..5 {
-        assert_eq!(once(&mut conn, "ledger", &format!("old-{i}"), fp), Receipt::New);
-        received_at(&conn, &format!("old-{i}"), t0 + Duration::from_secs(i));
-    }
-    assert_eq!(once(&mut conn, "ledger", "new", fp), Receipt::New);
-    received_at(&conn, "new", t0 + Duration::from_secs(100));
-    let cutoff = t0 + Duration::from_secs(100);
-    assert_eq!(purge(&conn, cutoff, 0).unwrap(), 0);
-    assert_eq!(purge(&conn, cutoff, 2).unwrap(), 2);
-    // Oldest first: old-0 and old-1 are gone, old-2 still answers Duplicate.
-    assert_eq!(once(&mut conn, "ledger", "old-2", fp), Receipt::Duplicate);
-    assert_eq!(purge(&conn, cutoff, 2).unwrap(), 2);
-    assert_eq!(purge(&conn, cutoff, 2).unwrap(), 1);
-    assert_eq!(purge(&conn, cutoff, 2).unwrap(), 0);
-    assert_eq!(rows(&conn), 1, "the record at the cutoff is kept");
-    assert_eq!(once(&mut conn, "ledger", "new", fp), Receipt::Duplicate);
-}
-
-#[test]
-fn after_a_long_downtime_nothing_is_purged_until_redeliveries_had_their_horizon() {
-    let mut conn = memory();
-    let fp = Fingerprint::of(b"a");
-    let hour = Duration::from_secs(3600);
-    let retention = Retention::new(24 * hour, hour).unwrap();
-    // Committed, not acknowledged, then the consumer was down for ten days.
-    let crash = SystemTime::UNIX_EPOCH + 100_000 * hour;
-    assert_eq!(once(&mut conn, "ledger", "pending", fp), Receipt::New);
-    received_at(&conn, "pending", crash);
-    let restart = crash + 240 * hour;
-    let purger = Purger::new(retention, restart);
-
-    // The first purge after the restart: nothing may go.
-    let now = restart + Duration::from_secs(1);
-    assert_eq!(purger.cutoff(now), None);
-    // The broker redelivers within the horizon: the record is still there.
-    assert_eq!(once(&mut conn, "ledger", "pending", fp), Receipt::Duplicate);
-    // A horizon after the restart, the window applies and the old record goes.
-    let cutoff = purger.cutoff(restart + hour).unwrap();
-    assert_eq!(purge(&conn, cutoff, 100).unwrap(), 1);
-    assert_eq!(rows(&conn), 0);
 }
 
 /// A consumer as the pre-filter is meant to be used, counting the transactions it opens.
@@ -316,4 +149,126 @@ fn the_pre_filter_answers_a_known_duplicate_without_a_transaction_and_never_new(
     assert_eq!(balance(&second), 5 + 1 + 5);
     // The module re-exports the vocabulary.
     let _: Option<inbox::Receipt> = None;
+}
+
+/// SQLite's own: a second delivery whose transaction is immediate waits at `BEGIN` for
+/// the write lock and fails there after the busy timeout (a deferred one answers
+/// InFlight, as the suite checks).
+#[test]
+fn an_immediate_second_transaction_fails_at_begin_after_the_busy_timeout() {
+    let db = ledger("immediate");
+    let mut first = db.open("wal", Duration::from_secs(5));
+    let mut second = db.open("wal", Duration::from_millis(200));
+    let tx1 = first.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
+    assert_eq!(receive(&tx1, "ledger", "m-1", Fingerprint::of(b"a")).unwrap(), Receipt::New);
+    let started = Instant::now();
+    let e = second.transaction_with_behavior(TransactionBehavior::Immediate).unwrap_err();
+    assert_eq!(e.sqlite_error_code(), Some(idemcache_sqlite::rusqlite::ErrorCode::DatabaseBusy));
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(3), "waited {waited:?}, bound 3 × 200 ms");
+}
+
+/// The inbox's suite (`idemcache_sql::inbox::testing`) on SQLite: each transaction a
+/// deferred one on a connection of its own, whose busy timeout (200 ms) bounds a second
+/// delivery's wait.
+struct Sqlite(TempDb);
+
+impl Sqlite {
+    fn connection(&self) -> Connection {
+        self.0.open("wal", Duration::from_millis(200))
+    }
+}
+
+fn micros(at: SystemTime) -> i64 {
+    at.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_micros() as i64
+}
+
+impl Inbox for Sqlite {
+    type Tx = Connection;
+
+    fn engine(&self) -> &'static str {
+        "SQLite"
+    }
+
+    fn begin(&self) -> Boxed<'_, Connection> {
+        let db = self.connection();
+        db.execute_batch("BEGIN").unwrap();
+        Box::pin(async move { db })
+    }
+
+    fn receive<'a>(
+        tx: &'a mut Connection,
+        consumer: &'a str,
+        id: &'a str,
+        fp: Fingerprint,
+    ) -> Boxed<'a, Result<Receipt, InboxError>> {
+        Box::pin(async move { inbox::receive(tx, consumer, id, fp) })
+    }
+
+    fn credit<'a>(tx: &'a mut Connection, account: &'a str, amount: i64) -> Boxed<'a, ()> {
+        let sql = "INSERT INTO entries (account, amount) VALUES (?1, ?2)";
+        tx.execute(sql, params![account, amount]).unwrap();
+        Box::pin(async {})
+    }
+
+    fn commit(tx: Connection) -> Boxed<'static, ()> {
+        tx.execute_batch("COMMIT").unwrap();
+        Box::pin(async {})
+    }
+
+    fn rollback(tx: Connection) -> Boxed<'static, ()> {
+        tx.execute_batch("ROLLBACK").unwrap();
+        Box::pin(async {})
+    }
+
+    fn records(&self, consumer: &str) -> Boxed<'_, i64> {
+        let sql = "SELECT count(*) FROM idemcache_inbox WHERE consumer = ?1";
+        let n = self.connection().query_row(sql, [consumer], |r| r.get(0)).unwrap();
+        Box::pin(async move { n })
+    }
+
+    fn balance(&self, account: &str) -> Boxed<'_, i64> {
+        let sql = "SELECT coalesce(sum(amount), 0) FROM entries WHERE account = ?1";
+        let n = self.connection().query_row(sql, [account], |r| r.get(0)).unwrap();
+        Box::pin(async move { n })
+    }
+
+    fn store_unreadable<'a>(&'a self, consumer: &'a str, id: &'a str) -> Boxed<'a, ()> {
+        let sql = "INSERT INTO idemcache_inbox VALUES (?1, ?2, X'010203', 0)";
+        self.connection().execute(sql, [consumer, id]).unwrap();
+        Box::pin(async {})
+    }
+
+    fn received<'a>(&'a self, consumer: &'a str, id: &'a str, at: SystemTime) -> Boxed<'a, ()> {
+        let sql = "UPDATE idemcache_inbox SET received_at = ?1 \
+                   WHERE consumer = ?2 AND message_id = ?3";
+        self.connection().execute(sql, params![micros(at), consumer, id]).unwrap();
+        Box::pin(async {})
+    }
+
+    fn purge(&self, cutoff: SystemTime, limit: usize) -> Boxed<'_, Result<usize, InboxError>> {
+        let purged = inbox::purge(&self.connection(), cutoff, limit);
+        Box::pin(async move { purged })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inbox_holds_on_sqlite() {
+    let db = TempDb::new("inbox-suite", "suite");
+    let conn = db.open("wal", Duration::from_millis(200));
+    inbox::ensure_schema(&conn).unwrap();
+    let ddl = "CREATE TABLE entries (account TEXT NOT NULL, amount INTEGER NOT NULL)";
+    conn.execute(ddl, []).unwrap();
+    testing::run(Arc::new(Sqlite(db))).await;
+}
+
+#[test]
+fn a_receive_outside_a_transaction_is_refused_and_records_nothing() {
+    let conn = Connection::open_in_memory().unwrap();
+    inbox::ensure_schema(&conn).unwrap();
+    let e = inbox::receive(&conn, "ledger", "m-1", Fingerprint::of(b"a")).unwrap_err();
+    assert!(matches!(e, InboxError::InvalidInput(_)), "{e:?}");
+    let rows: i64 =
+        conn.query_row("SELECT count(*) FROM idemcache_inbox", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 0);
 }

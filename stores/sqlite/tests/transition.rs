@@ -1,13 +1,16 @@
 //! Conditional transitions against SQLite files (WAL, as several processes share one):
-//! a payment provider's callbacks, each run in its own `IMMEDIATE` transaction that
-//! writes a ledger entry only when the transition applied. The ledger in the database
-//! is the witness: one entry per payment however many callbacks arrive, at once or not.
+//! the transitions' suite (`idemcache_sql::transition::testing`), then what is SQLite's
+//! own: a misspelled column is an error (not a silent NotFound), statuses of other
+//! types are corrupt, a non-unique id is corrupt and rolled back, integer ids and
+//! schema-qualified tables, a deferred transaction's stale snapshot is a conflict to
+//! retry, every declared type and collation answers as the database compares.
 
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use std::time::Duration;
 
+use idemcache_sql::transition::testing::{self, Boxed, Payments};
 use idemcache_sql::transition::{StatusColumn, Transition, TransitionError};
-use idemcache_sqlite::rusqlite::{Connection, ToSql, TransactionBehavior};
+use idemcache_sqlite::rusqlite::{params, Connection, ToSql, TransactionBehavior};
 use idemcache_sqlite::transition;
 
 mod common;
@@ -72,72 +75,6 @@ fn alone(
     let outcome = transition(&tx, column, id, from, to)?;
     tx.commit().unwrap();
     Ok(outcome)
-}
-
-#[test]
-fn a_duplicate_success_callback_is_ok_with_no_second_effect() {
-    let db = Db::new();
-    let mut conn = db.open();
-    assert_eq!(on_success(&mut conn, "p1").unwrap(), Transition::Applied);
-    assert_eq!((status(&conn, "p1").as_deref(), ledger(&conn, "p1")), (Some("PAID"), 1));
-    for _ in 0..3 {
-        assert_eq!(on_success(&mut conn, "p1").unwrap(), Transition::AlreadyInTarget);
-    }
-    assert_eq!((status(&conn, "p1").as_deref(), ledger(&conn, "p1")), (Some("PAID"), 1));
-}
-
-#[test]
-fn paid_to_pending_is_refused_and_changes_nothing() {
-    let db = Db::new();
-    let mut conn = db.open();
-    // A retry flow may move FAILED back to PENDING; a PAID payment never.
-    let outcome = alone(&mut conn, &payments(), "p2", &["FAILED"], "PENDING").unwrap();
-    assert_eq!(outcome, Transition::Illegal { current: "PAID".into() });
-    assert_eq!(status(&conn, "p2").as_deref(), Some("PAID"));
-}
-
-#[test]
-fn an_unknown_id_is_not_found() {
-    let db = Db::new();
-    let mut conn = db.open();
-    let outcome = alone(&mut conn, &payments(), "p404", &["PENDING"], "PAID").unwrap();
-    assert_eq!(outcome, Transition::NotFound);
-}
-
-#[test]
-fn a_rolled_back_transition_leaves_the_row_for_the_redelivery() {
-    let db = Db::new();
-    let mut conn = db.open();
-    {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
-        let outcome = transition(&tx, &payments(), "p1", &["PENDING"], "PAID").unwrap();
-        assert_eq!(outcome, Transition::Applied);
-        // Dropped without commit: the effect failed, or the process died.
-    }
-    assert_eq!(status(&conn, "p1").as_deref(), Some("PENDING"));
-    assert_eq!(on_success(&mut conn, "p1").unwrap(), Transition::Applied);
-    assert_eq!(ledger(&conn, "p1"), 1);
-}
-
-#[test]
-fn injection_attempts_are_refused_before_any_sql_runs() {
-    let db = Db::new();
-    let mut conn = db.open();
-    for (table, id, status) in [
-        ("payments; DROP TABLE x", "id", "status"),
-        ("payments", "id; DROP TABLE x", "status"),
-        ("payments", "id", "status = 'PAID'; DROP TABLE x; --"),
-        ("payments`; DROP TABLE x; --", "id", "status"),
-    ] {
-        let refused = StatusColumn::new(table, id, status).unwrap_err();
-        assert!(matches!(refused, TransitionError::InvalidIdentifier { .. }), "{refused:?}");
-    }
-    // Values are bound, so a hostile status is just a string that matches nothing.
-    let hostile = "PENDING'); DROP TABLE x; --";
-    let outcome = alone(&mut conn, &payments(), "p1", &[hostile], "PAID").unwrap();
-    assert_eq!(outcome, Transition::Illegal { current: "PENDING".into() });
-    let kept: i64 = conn.query_row("SELECT count(*) FROM x", [], |r| r.get(0)).unwrap();
-    assert_eq!(kept, 0, "table x still exists");
 }
 
 #[test]
@@ -221,52 +158,6 @@ fn integer_ids_and_schema_qualified_tables() {
     assert_eq!(again, Transition::AlreadyInTarget);
     let missing = alone(&mut conn, &orders, 42, &["NEW"], "SHIPPED").unwrap();
     assert_eq!(missing, Transition::NotFound);
-}
-
-#[test]
-fn an_answer_holds_the_database_until_the_transaction_ends() {
-    let db = Db::new();
-    let (mut conn, mut other) = (db.open(), db.open());
-    // Refused at once instead of waiting: no timing involved.
-    other.busy_timeout(Duration::ZERO).unwrap();
-    for to in ["PAID", "REFUNDED"] {
-        // Deferred: the write lock comes from the transition's UPDATE, even one that
-        // matches no row.
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Deferred).unwrap();
-        let outcome = transition(&tx, &payments(), "p2", &["PENDING"], to).unwrap();
-        assert!(matches!(outcome, Transition::AlreadyInTarget | Transition::Illegal { .. }));
-        let refused = other.transaction_with_behavior(TransactionBehavior::Immediate);
-        assert!(refused.is_err(), "the database was not locked after {to}");
-        drop(refused);
-        tx.commit().unwrap();
-        other.transaction_with_behavior(TransactionBehavior::Immediate).unwrap().commit().unwrap();
-    }
-}
-
-#[test]
-fn concurrent_callbacks_on_their_own_connections_apply_once() {
-    const CALLBACKS: usize = 8;
-    let db = Db::new();
-    let start = Arc::new(Barrier::new(CALLBACKS));
-    let outcomes: Vec<Transition> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..CALLBACKS)
-            .map(|_| {
-                let (db, start) = (&db, start.clone());
-                s.spawn(move || {
-                    let mut conn = db.open();
-                    start.wait();
-                    on_success(&mut conn, "p1").unwrap()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    let applied = outcomes.iter().filter(|o| **o == Transition::Applied).count();
-    assert_eq!(applied, 1, "{outcomes:?}");
-    assert!(outcomes
-        .iter()
-        .all(|o| matches!(o, Transition::Applied | Transition::AlreadyInTarget)));
-    assert_eq!(ledger(&db.open(), "p1"), 1);
 }
 
 #[test]
@@ -359,4 +250,89 @@ fn the_collation_that_matched_the_update_decides_the_answer() {
             assert_eq!(outcome.unwrap(), expected, "{collation} {id}");
         }
     }
+}
+
+/// The transitions' suite on SQLite: each transaction a deferred one on a connection of
+/// its own (the callback's), whose busy timeout (30 s) the suite's waits stay within.
+struct Suite(Db);
+
+impl Payments for Suite {
+    type Tx = Connection;
+
+    fn engine(&self) -> &'static str {
+        "SQLite"
+    }
+
+    fn table(&self) -> &str {
+        "payments"
+    }
+
+    fn begin(&self) -> Boxed<'_, Connection> {
+        let conn = self.0.open();
+        conn.execute_batch("BEGIN").unwrap();
+        Box::pin(async move { conn })
+    }
+
+    fn transition<'a>(
+        tx: &'a mut Connection,
+        column: &'a StatusColumn,
+        id: &'a str,
+        from: &'a [&'a str],
+        to: &'a str,
+    ) -> Boxed<'a, Result<Transition, TransitionError>> {
+        Box::pin(async move { transition(tx, column, id, from, to) })
+    }
+
+    fn load<'a>(tx: &'a mut Connection, _: &'a str, id: &'a str) -> Boxed<'a, Option<String>> {
+        let loaded = status(tx, id);
+        Box::pin(async move { loaded })
+    }
+
+    fn book<'a>(tx: &'a mut Connection, _: &'a str, id: &'a str) -> Boxed<'a, ()> {
+        let sql = "INSERT INTO ledger SELECT id, amount FROM payments WHERE id = ?";
+        tx.execute(sql, [id]).unwrap();
+        Box::pin(async {})
+    }
+
+    fn commit(tx: Connection) -> Boxed<'static, ()> {
+        tx.execute_batch("COMMIT").unwrap();
+        Box::pin(async {})
+    }
+
+    fn rollback(tx: Connection) -> Boxed<'static, ()> {
+        tx.execute_batch("ROLLBACK").unwrap();
+        Box::pin(async {})
+    }
+
+    fn insert<'a>(&'a self, id: &'a str, status: Option<&'a str>) -> Boxed<'a, ()> {
+        let sql = "INSERT INTO payments VALUES (?1, ?2, 500)";
+        self.0.open().execute(sql, params![id, status]).unwrap();
+        Box::pin(async {})
+    }
+
+    fn status<'a>(&'a self, id: &'a str) -> Boxed<'a, Option<String>> {
+        let status = status(&self.0.open(), id);
+        Box::pin(async move { status })
+    }
+
+    fn ledger<'a>(&'a self, id: &'a str) -> Boxed<'a, i64> {
+        let entries = ledger(&self.0.open(), id);
+        Box::pin(async move { entries })
+    }
+
+    fn row_held<'a>(&'a self, _: &'a str) -> Boxed<'a, bool> {
+        // SQLite locks the database, not the row: the write lock, refused at once.
+        let mut other = self.0.open();
+        other.busy_timeout(Duration::ZERO).unwrap();
+        let held = match other.transaction_with_behavior(TransactionBehavior::Immediate) {
+            Ok(tx) => tx.rollback().map(|()| false).unwrap(),
+            Err(_) => true,
+        };
+        Box::pin(async move { held })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transitions_hold_on_sqlite() {
+    testing::run(Arc::new(Suite(Db::new()))).await;
 }

@@ -17,16 +17,19 @@ fn transitions_need_the_postgres_and_mysql_features() {
     );
 }
 
-/// The suite every engine passes: `$connection` its sqlx connection, `$transition` its
+/// What both engines run: `$connection` the engine's sqlx connection, `$transition` its
 /// `transition` function, `$var`/`$example` its URL's variable, `$engine` appended to
-/// each `CREATE TABLE`.
+/// each `CREATE TABLE`, `$name` the engine's name in a breach. The suite itself is
+/// `idemcache_sql::transition::testing`'s, which every driver runs; this fixture and
+/// the tests beside it are sqlx's.
 #[cfg(all(feature = "postgres", feature = "mysql"))]
 macro_rules! suite {
-    ($connection:ty, $transition:path, $var:expr, $example:expr, $engine:expr) => {
+    ($connection:ty, $transition:path, $var:expr, $example:expr, $engine:expr, $name:expr) => {
         use std::sync::atomic::{AtomicU64, Ordering};
         use std::sync::Arc;
 
         use idemcache::store::conformance::service_url;
+        use idemcache_sql::transition::testing::{self, Boxed, Payments};
         use idemcache_sql::transition::{StatusColumn, Transition, TransitionError};
         use sqlx::{AssertSqlSafe, Connection};
 
@@ -86,7 +89,8 @@ macro_rules! suite {
                 let t = Tables {
                     url,
                     payments: format!("tr_sqlx_payments_{n}"),
-                    ledger: format!("tr_sqlx_ledger_{n}"),
+                    // Named for its payments, as the suite's fixture books in it.
+                    ledger: format!("tr_sqlx_payments_{n}_ledger"),
                 };
                 let mut conn = t.conn().await;
                 run(
@@ -171,74 +175,9 @@ macro_rules! suite {
             }
         }
 
-        #[tokio::test]
-        #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
-        async fn a_duplicate_success_callback_is_ok_with_no_second_effect() {
-            let Some(t) = Tables::new().await else { return };
-            let mut conn = t.conn().await;
-            assert_eq!(t.on_success(&mut conn, "p1").await.unwrap(), Transition::Applied);
-            for _ in 0..3 {
-                let again = t.on_success(&mut conn, "p1").await.unwrap();
-                assert_eq!(again, Transition::AlreadyInTarget);
-            }
-            assert_eq!((t.status("p1").await.as_deref(), t.ledger("p1").await), (Some("PAID"), 1));
-            t.drop_tables().await;
-        }
 
-        #[tokio::test]
-        #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
-        async fn paid_to_pending_is_refused_unknown_ids_are_not_found() {
-            let Some(t) = Tables::new().await else { return };
-            let mut conn = t.conn().await;
-            let column = t.column();
-            let outcome = alone(&mut conn, &column, &"p2", &["FAILED"], "PENDING").await;
-            assert_eq!(outcome.unwrap(), Transition::Illegal { current: "PAID".into() });
-            assert_eq!(t.status("p2").await.as_deref(), Some("PAID"));
-            let outcome = alone(&mut conn, &column, &"p404", &["PENDING"], "PAID").await;
-            assert_eq!(outcome.unwrap(), Transition::NotFound);
-            t.drop_tables().await;
-        }
 
-        #[tokio::test]
-        #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
-        async fn a_rolled_back_transition_leaves_the_row_for_the_redelivery() {
-            let Some(t) = Tables::new().await else { return };
-            let mut conn = t.conn().await;
-            {
-                let mut tx = conn.begin().await.unwrap();
-                let outcome = transition(&mut tx, &t.column(), &"p1", &["PENDING"], "PAID").await;
-                assert_eq!(outcome.unwrap(), Transition::Applied);
-                tx.rollback().await.unwrap();
-            }
-            assert_eq!(t.status("p1").await.as_deref(), Some("PENDING"));
-            assert_eq!(t.on_success(&mut conn, "p1").await.unwrap(), Transition::Applied);
-            assert_eq!(t.ledger("p1").await, 1);
-            t.drop_tables().await;
-        }
 
-        #[tokio::test]
-        #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
-        async fn injection_attempts_are_refused_and_values_are_bound() {
-            let Some(t) = Tables::new().await else { return };
-            let mut conn = t.conn().await;
-            let hostile_table = format!("{}; DROP TABLE {}", t.payments, t.ledger);
-            for (table, id, status) in [
-                (hostile_table.as_str(), "id", "status"),
-                (&t.payments, "id`; DROP TABLE x; --", "status"),
-                (&t.payments, "id", "status = 'PAID' --"),
-            ] {
-                let refused = StatusColumn::new(table, id, status).unwrap_err();
-                assert!(
-                    matches!(refused, TransitionError::InvalidIdentifier { .. }),
-                    "{refused:?}"
-                );
-            }
-            let hostile = format!("PENDING'); DROP TABLE {}; --", t.ledger);
-            let outcome = alone(&mut conn, &t.column(), &"p1", &[hostile.as_str()], "PAID").await;
-            assert_eq!(outcome.unwrap(), Transition::Illegal { current: "PENDING".into() });
-            assert_eq!(t.ledger("p1").await, 0, "the ledger table still exists");
-            t.drop_tables().await;
-        }
 
         #[tokio::test]
         #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
@@ -265,74 +204,99 @@ macro_rules! suite {
             t.drop_tables().await;
         }
 
-        /// Every answer but NotFound leaves the row locked until the transaction ends,
-        /// so it still holds when the caller commits: another transaction cannot take
-        /// the row's lock (`NOWAIT`: refused at once, no timing involved) until then.
-        #[tokio::test]
-        #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
-        async fn an_answer_holds_the_row_until_the_transaction_ends() {
-            let Some(t) = Tables::new().await else { return };
-            let (mut conn, mut other) = (t.conn().await, t.conn().await);
-            let grab =
-                format!("SELECT status FROM {} WHERE id = 'p2' FOR UPDATE NOWAIT", t.payments);
-            for to in ["PAID", "REFUNDED"] {
-                let mut tx = conn.begin().await.unwrap();
-                let outcome = transition(&mut tx, &t.column(), &"p2", &["PENDING"], to).await;
-                assert!(matches!(
-                    outcome.unwrap(),
-                    Transition::AlreadyInTarget | Transition::Illegal { .. }
-                ));
-                let mut competing = other.begin().await.unwrap();
-                let refused =
-                    sqlx::query(AssertSqlSafe(grab.clone())).fetch_all(&mut *competing).await;
-                assert!(refused.is_err(), "the row was not locked after {to}");
-                competing.rollback().await.unwrap();
-                tx.commit().await.unwrap();
-                let mut competing = other.begin().await.unwrap();
-                sqlx::query(AssertSqlSafe(grab.clone())).fetch_all(&mut *competing).await.unwrap();
-                competing.rollback().await.unwrap();
-            }
-            t.drop_tables().await;
+
+
+        /// The transitions' suite on this engine: each transaction from a pool of the
+        /// test's own (`'static`, as the suite holds it), statements with the test's
+        /// own ids as literals.
+        struct Suite {
+            tables: Tables,
+            pool: sqlx::Pool<<Db as Connection>::Database>,
         }
 
-        /// 8 handlers, each on its own connection and in its own transaction (the
-        /// engine's default isolation), load the payment (a plain read: the snapshot),
-        /// wait until all have, then transition it and book on Applied.
+        impl Payments for Suite {
+            type Tx = sqlx::Transaction<'static, <Db as Connection>::Database>;
+
+            fn engine(&self) -> &'static str {
+                $name
+            }
+
+            fn table(&self) -> &str {
+                &self.tables.payments
+            }
+
+            fn begin(&self) -> Boxed<'_, Self::Tx> {
+                Box::pin(async move { self.pool.begin().await.unwrap() })
+            }
+
+            fn transition<'a>(
+                tx: &'a mut Self::Tx,
+                column: &'a StatusColumn,
+                id: &'a str,
+                from: &'a [&'a str],
+                to: &'a str,
+            ) -> Boxed<'a, Result<Transition, TransitionError>> {
+                Box::pin(async move { transition(tx, column, &id, from, to).await })
+            }
+
+            fn load<'a>(
+                tx: &'a mut Self::Tx,
+                table: &'a str,
+                id: &'a str,
+            ) -> Boxed<'a, Option<String>> {
+                Box::pin(one_text(tx, format!("SELECT status FROM {table} WHERE id = '{id}'")))
+            }
+
+            fn book<'a>(tx: &'a mut Self::Tx, table: &'a str, id: &'a str) -> Boxed<'a, ()> {
+                let sql = format!(
+                    "INSERT INTO {table}_ledger SELECT id, amount FROM {table} WHERE id = '{id}'"
+                );
+                Box::pin(run(tx, sql))
+            }
+
+            fn commit(tx: Self::Tx) -> Boxed<'static, ()> {
+                Box::pin(async move { tx.commit().await.unwrap() })
+            }
+
+            fn rollback(tx: Self::Tx) -> Boxed<'static, ()> {
+                Box::pin(async move { tx.rollback().await.unwrap() })
+            }
+
+            fn insert<'a>(&'a self, id: &'a str, status: Option<&'a str>) -> Boxed<'a, ()> {
+                let status = status.map_or("NULL".to_owned(), |s| format!("'{s}'"));
+                let sql = format!("INSERT INTO {} VALUES ('{id}', {status}, 500)", self.table());
+                Box::pin(async move { run(&mut self.tables.conn().await, sql).await })
+            }
+
+            fn status<'a>(&'a self, id: &'a str) -> Boxed<'a, Option<String>> {
+                Box::pin(self.tables.status(id))
+            }
+
+            fn ledger<'a>(&'a self, id: &'a str) -> Boxed<'a, i64> {
+                Box::pin(self.tables.ledger(id))
+            }
+
+            fn row_held<'a>(&'a self, id: &'a str) -> Boxed<'a, bool> {
+                Box::pin(async move {
+                    let mut other = self.tables.conn().await;
+                    let mut tx = other.begin().await.unwrap();
+                    let grab =
+                        format!("SELECT status FROM {} WHERE id = '{id}' FOR UPDATE NOWAIT", self.table());
+                    let held = sqlx::query(AssertSqlSafe(grab)).fetch_all(&mut *tx).await.is_err();
+                    tx.rollback().await.unwrap();
+                    held
+                })
+            }
+        }
+
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         #[ignore = "needs its engine's URL: IDEMCACHE_POSTGRES_URL or IDEMCACHE_MYSQL_URL"]
-        async fn concurrent_callbacks_apply_once_the_rest_are_duplicates() {
-            const CALLBACKS: usize = 8;
-            let Some(t) = Tables::new().await else { return };
-            let t = Arc::new(t);
-            let loaded = Arc::new(tokio::sync::Barrier::new(CALLBACKS));
-            let mut handlers = Vec::new();
-            for _ in 0..CALLBACKS {
-                let (t, loaded) = (t.clone(), loaded.clone());
-                handlers.push(tokio::spawn(async move {
-                    let mut conn = t.conn().await;
-                    let mut tx = conn.begin().await.unwrap();
-                    let load = format!("SELECT status FROM {} WHERE id = 'p1'", t.payments);
-                    assert_eq!(one_text(&mut tx, load).await.as_deref(), Some("PENDING"));
-                    loaded.wait().await;
-                    let outcome =
-                        transition(&mut tx, &t.column(), &"p1", &["PENDING"], "PAID").await;
-                    let outcome = outcome.unwrap();
-                    if outcome == Transition::Applied {
-                        t.book(&mut tx, "p1").await;
-                    }
-                    tx.commit().await.unwrap();
-                    outcome
-                }));
-            }
-            let mut outcomes = Vec::new();
-            for handler in handlers {
-                outcomes.push(handler.await.unwrap());
-            }
-            let applied = outcomes.iter().filter(|o| **o == Transition::Applied).count();
-            let duplicates = outcomes.iter().filter(|o| **o == Transition::AlreadyInTarget).count();
-            assert_eq!((applied, duplicates), (1, CALLBACKS - 1), "{outcomes:?}");
-            assert_eq!(t.ledger("p1").await, 1);
-            Arc::into_inner(t).unwrap().drop_tables().await;
+        async fn transitions_hold() {
+            let Some(tables) = Tables::new().await else { return };
+            let pool = sqlx::Pool::connect(&tables.url).await.unwrap();
+            let suite = Arc::new(Suite { tables, pool });
+            testing::run(suite.clone()).await;
+            Arc::into_inner(suite).unwrap().tables.drop_tables().await;
         }
 
         /// On `column`'s table holding p1 PENDING and p2 REFUNDED (`column_type` names
@@ -364,7 +328,8 @@ mod postgres {
         idemcache_sqlx::transition::postgres::transition,
         "IDEMCACHE_POSTGRES_URL",
         "postgres://postgres@127.0.0.1:5432/test",
-        ""
+        "",
+        "PostgreSQL (sqlx)"
     );
 
     /// Under `REPEATABLE READ`, a transaction whose snapshot predates a concurrent
@@ -449,7 +414,8 @@ mod mysql {
         idemcache_sqlx::transition::mysql::transition,
         "IDEMCACHE_MYSQL_URL",
         "mysql://root@127.0.0.1:3306/test",
-        " ENGINE=InnoDB"
+        " ENGINE=InnoDB",
+        "MySQL/MariaDB (sqlx)"
     );
 
     /// Why the read after the `UPDATE` must lock: under `REPEATABLE READ` a transaction
