@@ -56,6 +56,35 @@ impl crate::PgStore {
         self.claim_in_correlated(tx, key, fp, lease, None).await
     }
 
+    /// [`claim_in`](Self::claim_in) as the layer's one-commit mode makes it: first the
+    /// claim's turn on its key (`claim_turn`, an advisory lock every one-commit claim of
+    /// the key takes), waited for at most `wait` (`lock_timeout`, the bound ending with
+    /// the turn), then the claim, an acquired record keeping `correlation_id`. A turn
+    /// another transaction holds past `wait` is `InProgress`; `tx` is then aborted.
+    pub(crate) async fn claim_in_bounded(
+        &self,
+        tx: &mut Transaction<'_, sqlx::Postgres>,
+        key: &Key,
+        fp: Fingerprint,
+        lease: Duration,
+        wait: Duration,
+        correlation_id: Option<&str>,
+    ) -> Result<StoreClaim, StoreError> {
+        use idemcache_sql::records::postgres::{bound_claim_wait, claim_turn, RESET_CLAIM_WAIT};
+        let turn = format!(
+            "{}; {}; {RESET_CLAIM_WAIT}",
+            bound_claim_wait(wait),
+            claim_turn(key.as_bytes())
+        );
+        match sqlx::raw_sql(sqlx::AssertSqlSafe(turn)).execute(&mut **tx).await {
+            Err(e) if lock_wait_ran_out(&e) => {
+                return Ok(StoreClaim::InProgress { lease_ends_at: SystemTime::now() });
+            }
+            taken => taken.map_err(|e| StoreError::Backend(Box::new(e)))?,
+        };
+        self.claim_in_correlated(tx, key, fp, lease, correlation_id).await
+    }
+
     /// [`claim_in`](Self::claim_in), an acquired record keeping `correlation_id`.
     pub(crate) async fn claim_in_correlated(
         &self,
