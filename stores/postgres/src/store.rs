@@ -17,7 +17,8 @@ use idemcache::store::encoding::{check_duration, lapse_ttl_micros, micros};
 use idemcache::store::record::{judge, StoredRecord};
 use idemcache::store::{Record, RecordFilter, RecordState, Store, StoreClaim, StoreError};
 use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, Replay, UnknownEntry};
-use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
+use idemcache_sql::records::claim_loop::{ClaimAnswer, ClaimLoop, ClaimStatement};
+use idemcache_sql::records::decode::{self, ClaimRow};
 use idemcache_sql::records::listing::{removal_mask, removed, Listing};
 use idemcache_sql::records::postgres as sql;
 
@@ -114,11 +115,9 @@ const CLAIM_TYPES: &[Type] = &[Type::BYTEA, Type::BYTEA, Type::INT8, Type::INT8,
 /// The types of [`sql::TURN_UNKNOWN`]'s parameters.
 const TURN_UNKNOWN_TYPES: &[Type] = &[Type::BYTEA, Type::INT8, Type::INT8];
 
-/// The claim of `key`: `first` ([`sql::CLAIM`], or in a caller's transaction
-/// [`sql::CLAIM_ABSENT`], which locks no row it does not take), [`sql::CLAIM`] for a dead
-/// record, and under `MarkUnknown` the turn of a lapsed lease; each run again when a
-/// concurrent writer got between the statement's look and its write (no row, or a dead
-/// record not taken).
+/// The claim of `key`, starting with `first` ([`sql::CLAIM`], or in a caller's
+/// transaction [`sql::CLAIM_ABSENT`]): the statements `idemcache-sql`'s [`ClaimLoop`]
+/// names, run here, their rows decoded for it; it decides.
 pub(crate) async fn claim_on(
     statements: &impl Statements,
     first: &'static str,
@@ -130,31 +129,36 @@ pub(crate) async fn claim_on(
 ) -> Result<StoreClaim, StoreError> {
     check_duration("lease", lease)?;
     let fp_bytes = fp.to_bytes().to_vec();
-    let mut statement = first;
-    for _ in 0..16 {
-        let params: [&(dyn ToSql + Sync); 5] =
-            [&key, &fp_bytes, &micros(lease), &lapse_ttl, &correlation_id];
-        let rows = statements.rows(statement, &params, CLAIM_TYPES).await?;
-        let Some(row) = rows.first() else { continue };
-        match decode::claim(key, fp, &claim_row(row, key)?)? {
-            ClaimStep::Answer(answer) => return Ok(answer),
-            // Dead: `CLAIM_ABSENT` does not take it; `CLAIM` did not because a concurrent
-            // writer got between. `CLAIM` takes it next.
-            ClaimStep::Dead => statement = sql::CLAIM,
-            ClaimStep::TurnUnknown { token } => {
-                let turned = statements
-                    .rows(sql::TURN_UNKNOWN, &[&key, &token, &lapse_ttl], TURN_UNKNOWN_TYPES)
-                    .await?;
-                // None: the record moved on since (settled, turned by another claim's
-                // statement): look again.
-                let Some(turned) = turned.first() else { continue };
-                let stored: Option<Vec<u8>> = column(turned, 0, key)?;
-                let marked_at = column(turned, 1, key)?;
-                return decode::turned_unknown(key, fp, stored.as_deref(), marked_at);
+    let mut claim = ClaimLoop::new(first, key, fp);
+    loop {
+        let statement = claim.next()?;
+        let rows = match statement {
+            ClaimStatement::Claim(text) => {
+                let params: [&(dyn ToSql + Sync); 5] =
+                    [&key, &fp_bytes, &micros(lease), &lapse_ttl, &correlation_id];
+                statements.rows(text, &params, CLAIM_TYPES).await?
             }
+            ClaimStatement::TurnUnknown { token } => {
+                let params: [&(dyn ToSql + Sync); 3] = [&key, &token, &lapse_ttl];
+                statements.rows(sql::TURN_UNKNOWN, &params, TURN_UNKNOWN_TYPES).await?
+            }
+        };
+        let answer = match (statement, rows.first()) {
+            (_, None) => claim.answer(ClaimAnswer::Nothing),
+            (ClaimStatement::Claim(_), Some(row)) => {
+                claim.answer(ClaimAnswer::Claimed(&claim_row(row, key)?))
+            }
+            (ClaimStatement::TurnUnknown { .. }, Some(row)) => {
+                let fingerprint: Option<Vec<u8>> = column(row, 0, key)?;
+                let marked_at = column(row, 1, key)?;
+                let fingerprint = fingerprint.as_deref();
+                claim.answer(ClaimAnswer::Turned { fingerprint, marked_at })
+            }
+        };
+        if let Some(answer) = answer? {
+            return Ok(answer);
         }
     }
-    Err(StoreError::Backend("the claim kept racing a concurrent writer".into()))
 }
 
 impl Store for PostgresStore {

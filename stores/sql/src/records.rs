@@ -14,6 +14,7 @@
 //! unknown TTL ago is UNKNOWN to every statement (listed, settled by `resolve` and
 //! `forget`, kept by the purge) until a claim turns it.
 
+pub mod claim_loop;
 pub mod decode;
 pub mod listing;
 pub mod mysql;

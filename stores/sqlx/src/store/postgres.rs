@@ -18,7 +18,8 @@ use idemcache::store::encoding::{check_lapse_policy, lapse_ttl_micros};
 use idemcache::store::record::{judge, StoredRecord};
 use idemcache::store::{Record, RecordFilter, RecordState, Store, StoreClaim, StoreError};
 use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
-use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
+use idemcache_sql::records::claim_loop::{ClaimAnswer, ClaimLoop, ClaimStatement};
+use idemcache_sql::records::decode::{self, ClaimRow};
 use idemcache_sql::records::listing::{removal_mask, removed, Listing};
 use idemcache_sql::records::postgres as sql;
 
@@ -211,7 +212,7 @@ fn stored_row(row: &PgRow) -> Result<(i64, StoredRecord), StoreError> {
 /// One of the claim's statements with its values: where it runs (the store's pool, or a
 /// caller's transaction) builds its query from it.
 /// (Owned, so that the future running it need not borrow the loop's locals.)
-pub(crate) enum ClaimStatement {
+pub(crate) enum BoundClaim {
     /// [`sql::CLAIM`], or [`sql::CLAIM_ABSENT`] (`statement`: they bind alike).
     Claim {
         statement: &'static str,
@@ -225,11 +226,11 @@ pub(crate) enum ClaimStatement {
     TurnUnknown { key: Vec<u8>, token: i64, lapse_ttl: i64 },
 }
 
-impl ClaimStatement {
+impl BoundClaim {
     /// The statement bound to its values.
     fn query(&self) -> sqlx::query::Query<'_, Postgres, sqlx::postgres::PgArguments> {
         match self {
-            ClaimStatement::Claim { statement, key, fp, lease, lapse_ttl, correlation_id } => {
+            BoundClaim::Claim { statement, key, fp, lease, lapse_ttl, correlation_id } => {
                 sqlx::query(*statement)
                     .bind(&key[..])
                     .bind(&fp[..])
@@ -237,7 +238,7 @@ impl ClaimStatement {
                     .bind(*lapse_ttl)
                     .bind(correlation_id.as_deref())
             }
-            ClaimStatement::TurnUnknown { key, token, lapse_ttl } => {
+            BoundClaim::TurnUnknown { key, token, lapse_ttl } => {
                 sqlx::query(sql::TURN_UNKNOWN).bind(&key[..]).bind(*token).bind(*lapse_ttl)
             }
         }
@@ -250,14 +251,14 @@ pub(crate) trait RunsClaim {
     /// Runs `statement` and returns its rows.
     fn rows(
         &mut self,
-        statement: ClaimStatement,
+        statement: BoundClaim,
     ) -> impl Future<Output = Result<Vec<PgRow>, StoreError>> + Send;
 }
 
 impl RunsClaim for &PgStore {
     fn rows(
         &mut self,
-        statement: ClaimStatement,
+        statement: BoundClaim,
     ) -> impl Future<Output = Result<Vec<PgRow>, StoreError>> + Send {
         let store = *self;
         async move { store.rows(|| statement.query()).await }
@@ -265,17 +266,15 @@ impl RunsClaim for &PgStore {
 }
 
 impl RunsClaim for &mut sqlx::PgConnection {
-    async fn rows(&mut self, statement: ClaimStatement) -> Result<Vec<PgRow>, StoreError> {
+    async fn rows(&mut self, statement: BoundClaim) -> Result<Vec<PgRow>, StoreError> {
         let found = statement.query().fetch_all(&mut **self).await;
         found.map_err(|e| StoreError::Backend(Box::new(e)))
     }
 }
 
-/// The claim of `key`: `first` ([`sql::CLAIM`], or in a caller's transaction
-/// [`sql::CLAIM_ABSENT`], which locks no row it does not take), [`sql::CLAIM`] for a dead
-/// record, and under `MarkUnknown` the turn of a lapsed lease; each run again when a
-/// concurrent writer got between the statement's look and its write (no row, or a dead
-/// record not taken).
+/// The claim of `key`, starting with `first` ([`sql::CLAIM`], or in a caller's
+/// transaction [`sql::CLAIM_ABSENT`]): the statements `idemcache-sql`'s [`ClaimLoop`]
+/// names, run `on` the pool or the transaction, their rows decoded for it; it decides.
 pub(crate) async fn claim_on(
     on: &mut impl RunsClaim,
     first: &'static str,
@@ -286,35 +285,39 @@ pub(crate) async fn claim_on(
     correlation_id: Option<&str>,
 ) -> Result<StoreClaim, StoreError> {
     check_duration("lease", lease)?;
-    let mut statement = first;
-    for _ in 0..16 {
-        let claim = ClaimStatement::Claim {
-            statement,
-            key: key.to_vec(),
-            fp: fp.to_bytes().to_vec(),
-            lease: micros(lease),
-            lapse_ttl,
-            correlation_id: correlation_id.map(str::to_owned),
-        };
-        let found = on.rows(claim).await?;
-        let Some(row) = found.first() else { continue };
-        match decode::claim(key, fp, &claim_row(row, key)?)? {
-            ClaimStep::Answer(answer) => return Ok(answer),
-            // Dead: `CLAIM_ABSENT` does not take it; `CLAIM` did not because a concurrent
-            // writer got between. `CLAIM` takes it next.
-            ClaimStep::Dead => statement = sql::CLAIM,
-            ClaimStep::TurnUnknown { token } => {
-                let turn = ClaimStatement::TurnUnknown { key: key.to_vec(), token, lapse_ttl };
-                let turned = on.rows(turn).await?;
-                // None: the record moved on since: look again.
-                let Some(turned) = turned.first() else { continue };
-                let stored: Option<Vec<u8>> = column(turned, 0, key)?;
-                let marked_at = column(turned, 1, key)?;
-                return decode::turned_unknown(key, fp, stored.as_deref(), marked_at);
+    let mut claim = ClaimLoop::new(first, key, fp);
+    loop {
+        let statement = claim.next()?;
+        let bound = match statement {
+            ClaimStatement::Claim(text) => BoundClaim::Claim {
+                statement: text,
+                key: key.to_vec(),
+                fp: fp.to_bytes().to_vec(),
+                lease: micros(lease),
+                lapse_ttl,
+                correlation_id: correlation_id.map(str::to_owned),
+            },
+            ClaimStatement::TurnUnknown { token } => {
+                BoundClaim::TurnUnknown { key: key.to_vec(), token, lapse_ttl }
             }
+        };
+        let rows = on.rows(bound).await?;
+        let answer = match (statement, rows.first()) {
+            (_, None) => claim.answer(ClaimAnswer::Nothing),
+            (ClaimStatement::Claim(_), Some(row)) => {
+                claim.answer(ClaimAnswer::Claimed(&claim_row(row, key)?))
+            }
+            (ClaimStatement::TurnUnknown { .. }, Some(row)) => {
+                let fingerprint: Option<Vec<u8>> = column(row, 0, key)?;
+                let marked_at = column(row, 1, key)?;
+                let fingerprint = fingerprint.as_deref();
+                claim.answer(ClaimAnswer::Turned { fingerprint, marked_at })
+            }
+        };
+        if let Some(answer) = answer? {
+            return Ok(answer);
         }
     }
-    Err(StoreError::Backend("the claim kept racing a concurrent writer".into()))
 }
 
 impl Store for PgStore {
