@@ -31,9 +31,12 @@ use bytes::Bytes;
 use super::{Store, StoreClaim, StoreError, Tiered, TieredClaim};
 use crate::{Cache, FencingToken, Fingerprint, Key};
 
+mod crash;
 mod lapse;
 mod records;
 pub mod unique;
+
+pub use crash::{kill_child_at, wait_to_be_killed_at};
 
 pub use lapse::{reconcile_as_checked, run_mark_unknown, SHORT_LEASE};
 

@@ -12,10 +12,9 @@
 //! No test waits on a clock: a waiting duplicate is seen waiting in `pg_stat_activity`
 //! (its backend waits on a lock) before the first transaction ends.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use idemcache::store::conformance;
 use idemcache::store::{OpenClaim, Store, StoreClaim, StoreError};
 use idemcache::{Fingerprint, Key};
 use idemcache_postgres::tokio_postgres;
@@ -243,13 +242,7 @@ async fn child_claims_and_waits_to_be_killed() {
     let mut client = connect(&url).await;
     let tx = client.transaction().await.unwrap();
     execute(&db, &tx, &key, b"never committed").await.unwrap();
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "claimed").unwrap();
-    out.flush().unwrap();
-    drop(out);
-    // Until killed: stdin stays open while the parent lives.
-    let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await;
-    panic!("the parent should have killed this process");
+    conformance::wait_to_be_killed_at("claimed");
 }
 
 #[tokio::test]
@@ -257,21 +250,15 @@ async fn child_claims_and_waits_to_be_killed() {
 async fn a_process_killed_between_claim_and_commit_leaves_no_record() {
     let Some(db) = Db::new("one_commit", "killed").await else { return };
     let key = db.key();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_claims_and_waits_to_be_killed", "--nocapture", "--test-threads=1"])
-        .env(CHILD_KEY, key.client_key())
-        .env(CHILD_TABLE, &db.orders)
-        .env("IDEMCACHE_POSTGRES_URL", &db.url)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    let claimed = stdout.lines().map_while(Result::ok).any(|line| line.contains("claimed"));
-    assert!(claimed, "the child claimed before it was killed");
-    // SIGKILL: no destructor, no rollback sent; the server sees the connection drop.
-    child.kill().unwrap();
-    child.wait().unwrap();
+    conformance::kill_child_at(
+        "child_claims_and_waits_to_be_killed",
+        &[
+            (CHILD_KEY, key.client_key()),
+            (CHILD_TABLE, &db.orders),
+            ("IDEMCACHE_POSTGRES_URL", &db.url),
+        ],
+        "claimed",
+    );
 
     // The retry waits on the dead transaction's row until the server has rolled it
     // back, then acquires: nothing was left PROCESSING to lapse or take over.

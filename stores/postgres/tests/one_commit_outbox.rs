@@ -5,12 +5,10 @@
 //! message is published exactly once, and nothing of an uncommitted one ever is.
 //! Against a real PostgreSQL (`IDEMCACHE_POSTGRES_URL`), in a schema of its own.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use idemcache::store::conformance::{postgres_url_in_schema, service_url};
+use idemcache::store::conformance::{self, postgres_url_in_schema, service_url};
 use idemcache::store::{OpenClaim, StoreClaim, TransactionalStore};
 use idemcache::{Fingerprint, Key};
 use idemcache_postgres::outbox::{self, OutboxMessage, PublishError, Publisher, RelaySettings};
@@ -50,18 +48,6 @@ async fn produce(store: &PostgresStore, key: &Key) {
     TransactionalStore::complete_and_commit(store, tx, &claim, Some(b"201")).await.unwrap();
 }
 
-fn say(line: &str) {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}").unwrap();
-    out.flush().unwrap();
-}
-
-/// Waits until the parent kills this process: stdin stays open while the parent lives.
-async fn until_killed() -> ! {
-    let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await;
-    panic!("the parent should have killed this process");
-}
-
 /// The kill test's child (a no-op run as a test of its own).
 #[tokio::test]
 async fn child_produces_and_waits_to_be_killed() {
@@ -86,37 +72,25 @@ async fn child_produces_and_waits_to_be_killed() {
         );
         assert!(matches!(claimed.await.unwrap(), StoreClaim::Acquired { .. }));
         order_and_message(&tx, &key).await;
-        say("enqueued");
-        until_killed().await;
+        conformance::wait_to_be_killed_at("enqueued");
     }
     produce(&store, &key).await;
-    say("committed");
-    until_killed().await;
+    conformance::wait_to_be_killed_at("committed");
 }
 
 /// Runs the child for `key`, waits for its line, and kills it (SIGKILL: no destructor,
 /// no rollback sent; the server sees the connection drop).
 fn kill_child_at(url: &str, schema: &str, key: &str, instant: &str) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_produces_and_waits_to_be_killed",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_SCHEMA, schema)
-        .env(CHILD_KEY, key)
-        .env(CHILD_INSTANT, instant)
-        .env("IDEMCACHE_POSTGRES_URL", url)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    let said = stdout.lines().map_while(Result::ok).any(|line| line.contains(instant));
-    assert!(said, "the child reached {instant} before it was killed");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    conformance::kill_child_at(
+        "child_produces_and_waits_to_be_killed",
+        &[
+            (CHILD_SCHEMA, schema),
+            (CHILD_KEY, key),
+            (CHILD_INSTANT, instant),
+            ("IDEMCACHE_POSTGRES_URL", url),
+        ],
+        instant,
+    );
 }
 
 /// A broker that confirms everything and keeps the ids it was handed.

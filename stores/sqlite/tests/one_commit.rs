@@ -7,11 +7,10 @@
 //! replays what the first committed; a reused key is `Mismatch`; a record the store's
 //! own claim holds is `InProgress`; a zero lease is refused before anything is written.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use idemcache::store::conformance;
 use idemcache::store::{block_on, OpenClaim, Store, StoreClaim, StoreError};
 use idemcache::{Fingerprint, Key};
 use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
@@ -167,29 +166,17 @@ fn child_claims_and_waits_to_be_killed() {
     };
     tx.execute("INSERT INTO orders (key) VALUES ('k1')", []).unwrap();
     complete_in(&tx, &OpenClaim::new(key(), token, KEPT), Some(b"never committed")).unwrap();
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "claimed").unwrap();
-    out.flush().unwrap();
-    drop(out);
-    let _ = std::io::stdin().read_line(&mut String::new()); // until killed
-    panic!("the parent should have killed this process");
+    conformance::wait_to_be_killed_at("claimed");
 }
 
 #[test]
 fn a_process_killed_between_claim_and_commit_leaves_no_record() {
     let (path, store) = database("killed");
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_claims_and_waits_to_be_killed", "--nocapture", "--test-threads=1"])
-        .env(CHILD_DB, &path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    let claimed = stdout.lines().map_while(Result::ok).any(|line| line.contains("claimed"));
-    assert!(claimed, "the child claimed before it was killed");
-    child.kill().unwrap(); // SIGKILL: no rollback, the write lock's holder gone
-    child.wait().unwrap();
+    conformance::kill_child_at(
+        "child_claims_and_waits_to_be_killed",
+        &[(CHILD_DB, path.to_str().unwrap())],
+        "claimed",
+    );
     assert!(block_on(store.record(&key())).unwrap().is_none(), "nothing left PROCESSING");
     execute(&store, &mut connection(&path), true).unwrap();
     assert_eq!(orders(&path), 1);

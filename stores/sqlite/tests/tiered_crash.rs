@@ -4,12 +4,11 @@
 //! (`unixepoch` overridden on the store's connection), so the boundary is exact and the
 //! test waits for no clock.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use idemcache::store::conformance;
 use idemcache::store::{block_on, Store, StoreClaim, Tiered, TieredClaim, DEFAULT_LEASE};
 use idemcache::{Cache, Fingerprint, Key};
 use idemcache_sqlite::rusqlite::functions::FunctionFlags;
@@ -54,14 +53,8 @@ fn child_claims_through_tiered_and_waits_to_be_killed() {
     let store = pinned_store(open(&path), &Arc::new(AtomicI64::new(T0)));
     let tiered = Tiered::new(Cache::builder().build().unwrap(), store);
     let claim = block_on(tiered.claim(&key(), Fingerprint::of(b"order"))).unwrap();
-    let TieredClaim::Acquired(guard) = claim else { panic!("the child acquires") };
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "claimed").unwrap();
-    out.flush().unwrap();
-    drop(out);
-    let _ = std::io::stdin().read_line(&mut String::new()); // until killed
-    drop(guard);
-    panic!("the parent should have killed this process");
+    let TieredClaim::Acquired(_held) = claim else { panic!("the child acquires") };
+    conformance::wait_to_be_killed_at("claimed");
 }
 
 #[test]
@@ -71,23 +64,11 @@ fn a_killed_holders_key_is_free_when_the_default_lease_ends() {
     let path = file.url().strip_prefix("sqlite:").unwrap().to_owned();
     let clock = Arc::new(AtomicI64::new(T0));
     let store = pinned_store(open(&path), &clock);
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child_claims_through_tiered_and_waits_to_be_killed",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_DB, &path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    let claimed = stdout.lines().map_while(Result::ok).any(|line| line.contains("claimed"));
-    assert!(claimed, "the child claimed before it was killed");
-    child.kill().unwrap(); // SIGKILL: the guard never runs, the record stays PROCESSING
-    child.wait().unwrap();
+    conformance::kill_child_at(
+        "child_claims_through_tiered_and_waits_to_be_killed",
+        &[(CHILD_DB, &path)],
+        "claimed",
+    );
 
     let lease = DEFAULT_LEASE.as_micros() as i64;
     let ends = UNIX_EPOCH + Duration::from_micros((T0 + lease) as u64);

@@ -18,13 +18,11 @@
 //! (`LOCK WAIT`) before the first transaction ends, and a lease is seen over by polling
 //! the store's read of the record.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idemcache::store::conformance::service_url;
+use idemcache::store::conformance::{self, service_url};
 use idemcache::store::{OpenClaim, RecordState, Store, StoreClaim, StoreError};
 use idemcache::{Fingerprint, Key, LapsePolicy};
 use idemcache_sqlx::MySqlStore;
@@ -664,13 +662,7 @@ async fn child_claims_and_waits_to_be_killed() {
     let key = Key::new("POST /orders", "sqlx-one-commit", key).unwrap();
     let mut tx = db.pool.begin().await.unwrap();
     db.execute(&mut tx, &key, b"never committed").await.unwrap();
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "claimed").unwrap();
-    out.flush().unwrap();
-    drop(out);
-    // Until killed: stdin stays open while the parent lives.
-    let _ = tokio::task::spawn_blocking(|| std::io::stdin().read_line(&mut String::new())).await;
-    panic!("the parent should have killed this process");
+    conformance::wait_to_be_killed_at("claimed");
 }
 
 #[tokio::test]
@@ -678,21 +670,15 @@ async fn child_claims_and_waits_to_be_killed() {
 async fn a_process_killed_between_claim_and_commit_leaves_no_record() {
     let Some(db) = Db::new("killed").await else { return };
     let key = db.key();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_claims_and_waits_to_be_killed", "--nocapture", "--test-threads=1"])
-        .env(CHILD_KEY, key.client_key())
-        .env(CHILD_TABLE, &db.orders)
-        .env("IDEMCACHE_MYSQL_URL", &db.url)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    let claimed = stdout.lines().map_while(Result::ok).any(|line| line.contains("claimed"));
-    assert!(claimed, "the child claimed before it was killed");
-    // SIGKILL: no destructor, no rollback sent; the server sees the connection drop.
-    child.kill().unwrap();
-    child.wait().unwrap();
+    conformance::kill_child_at(
+        "child_claims_and_waits_to_be_killed",
+        &[
+            (CHILD_KEY, key.client_key()),
+            (CHILD_TABLE, &db.orders),
+            ("IDEMCACHE_MYSQL_URL", &db.url),
+        ],
+        "claimed",
+    );
 
     // The retry waits on the dead transaction's row until the server has rolled it
     // back, then acquires: nothing was left PROCESSING to lapse or take over.
