@@ -96,20 +96,18 @@ async fn leases_lapse_to_a_higher_token_keys_keep_order_failures_die_and_purge()
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn unreadable_rows_are_corrupt_and_do_not_block_the_others() {
     let Some(db) = Db::new("corrupt").await else { return };
-    let mut c = db.client().await;
-    put(&mut c, &[message("bad-headers"), message("bad-state"), message("good")]).await;
-    c.batch_execute(
-        "UPDATE idemcache_outbox SET headers = '\\x0009' WHERE message_id = 'bad-headers';
-         UPDATE idemcache_outbox SET state = 9 WHERE message_id = 'bad-state';",
-    )
-    .await
-    .unwrap();
-    let e = inspect(&c, "bad-state").await.unwrap_err();
-    assert!(matches!(e, OutboxError::Corrupt(_)) && e.to_string().contains("state 9"), "{e}");
-    let batch = claim_due(&c, 10, MIN, t0()).await.unwrap();
-    assert_eq!(ids(&batch), ["good"]);
-    assert_eq!(batch.unreadable.len(), 1);
-    assert!(batch.unreadable[0].to_string().contains("bad-headers"));
+    let d = &db;
+    let put = move |messages: Vec<OutboxMessage>| async move {
+        put(&mut d.client().await, &messages).await;
+    };
+    let spoil = || async {
+        let spoiled =
+            "UPDATE idemcache_outbox SET headers = '\\x0009' WHERE message_id = 'bad-headers';
+                       UPDATE idemcache_outbox SET state = 9 WHERE message_id = 'bad-state';";
+        d.client().await.batch_execute(spoiled).await.unwrap();
+    };
+    let storage = Storage::new(db.pool());
+    testing::unreadable_rows_are_corrupt_and_hold_back_no_other(&storage, put, spoil).await;
     db.drop().await;
 }
 

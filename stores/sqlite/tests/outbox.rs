@@ -344,24 +344,27 @@ fn delivered_rows_are_purged_in_batches_and_nothing_else_is() {
     assert!(inspect(&db, "pending").unwrap().is_some(), "an undelivered row is never purged");
 }
 
+/// Unreadable rows as every driver meets them
+/// (`idemcache_sql::outbox::testing::unreadable_rows_are_corrupt_and_hold_back_no_other`),
+/// then SQLite's own: other columns of the wrong type, written by hand.
 #[test]
 fn unreadable_rows_are_corrupt_never_a_panic_and_do_not_block_the_others() {
-    let mut db = memory();
-    put(&mut db, &[message("bad-headers"), message("bad-state"), message("good")]);
-    db.execute_batch(
-        "UPDATE idemcache_outbox SET headers = x'0009' WHERE message_id = 'bad-headers';
-         UPDATE idemcache_outbox SET state = 9 WHERE message_id = 'bad-state';",
-    )
-    .unwrap();
-    let e = inspect(&db, "bad-state").unwrap_err();
-    assert!(matches!(e, OutboxError::Corrupt(_)), "{e:?}");
-    assert!(e.to_string().contains("\"bad-state\"") && e.to_string().contains("state 9"), "{e}");
-    let batch = claim_due(&db, 10, MIN, t0()).unwrap();
-    assert_eq!(ids(&batch), ["good"]);
-    assert_eq!(batch.unreadable.len(), 1);
-    let why = batch.unreadable[0].to_string();
-    assert!(why.contains("bad-headers") && why.contains("headers"), "{why}");
-    // Other columns of the wrong type, written by hand.
+    let file = TempDb::new("outbox", "corrupt");
+    let storage = Storage::new(file.open("wal", secs(5)));
+    outbox::ensure_schema(&storage.connection()).unwrap();
+    let put = |messages: Vec<OutboxMessage>| {
+        put(&mut file.open("wal", secs(5)), &messages);
+        std::future::ready(())
+    };
+    let spoil = || {
+        let spoiled =
+            "UPDATE idemcache_outbox SET headers = x'0009' WHERE message_id = 'bad-headers';
+                       UPDATE idemcache_outbox SET state = 9 WHERE message_id = 'bad-state';";
+        file.open("wal", secs(5)).execute_batch(spoiled).unwrap();
+        std::future::ready(())
+    };
+    block_on(testing::unreadable_rows_are_corrupt_and_hold_back_no_other(&storage, put, spoil));
+    let db = file.open("wal", secs(5));
     db.execute_batch("UPDATE idemcache_outbox SET attempts = 'many' WHERE message_id = 'good'")
         .unwrap();
     assert!(matches!(inspect(&db, "good"), Err(OutboxError::Corrupt(_))));

@@ -2,6 +2,7 @@
 //! broker that fails and hangs on cue ([`FlakyBroker`]), a clock moved by hand
 //! ([`HandClock`]), and the scenarios written once for every driver: a row's whole life
 //! through [`OutboxStorage`] and [`OutboxAdmin`] ([`a_rows_life`], on any executor),
+//! rows it cannot read ([`unreadable_rows_are_corrupt_and_hold_back_no_other`]),
 //! relays claiming at once beside enqueues
 //! ([`concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue`], on tokio) and a
 //! relay killed mid-batch ([`a_relay_killed_mid_batch_loses_nothing`], on tokio).
@@ -17,8 +18,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    relay_loop, Batch, Mark, OutboxAdmin, OutboxMessage, OutboxStorage, PublishError, Publisher,
-    RelaySettings, Retry, State,
+    relay_loop, Batch, Mark, OutboxAdmin, OutboxError, OutboxMessage, OutboxStorage, PublishError,
+    Publisher, RelaySettings, Retry, State,
 };
 
 /// How long a scenario waits for an instant before it calls it a hang: a failure guard,
@@ -106,6 +107,35 @@ where
     assert_eq!(storage.purge_delivered(t0() + secs(30), 5).await.unwrap(), 1);
     assert!(storage.inspect("k1").await.unwrap().is_none());
     assert!(storage.inspect("k2").await.unwrap().is_some(), "undelivered rows stay");
+}
+
+/// Rows the outbox cannot read are `Corrupt` naming them, never a panic, and hold back
+/// no other row: `bad-headers` (its headers do not decode) is set aside by a claim, in
+/// its `unreadable` naming the row; `bad-state` (state 9) is `Corrupt` to `inspect`,
+/// naming the state; `good` is claimed. On an empty outbox; `put` enqueues in one
+/// committed transaction; `spoil` writes, by hand in the driver's dialect, headers
+/// `0x00 0x09` to `bad-headers` and state 9 to `bad-state`.
+pub async fn unreadable_rows_are_corrupt_and_hold_back_no_other<S, P, PF, X, XF>(
+    storage: &S,
+    put: P,
+    spoil: X,
+) where
+    S: OutboxStorage + OutboxAdmin,
+    P: Fn(Vec<OutboxMessage>) -> PF,
+    PF: Future<Output = ()>,
+    X: FnOnce() -> XF,
+    XF: Future<Output = ()>,
+{
+    put(vec![message("bad-headers"), message("bad-state"), message("good")]).await;
+    spoil().await;
+    let e = storage.inspect("bad-state").await.unwrap_err();
+    assert!(matches!(e, OutboxError::Corrupt(_)), "{e:?}");
+    assert!(e.to_string().contains("\"bad-state\"") && e.to_string().contains("state 9"), "{e}");
+    let batch = storage.claim_due(10, Duration::from_secs(60), t0()).await.unwrap();
+    assert_eq!(ids(&batch), ["good"], "the unreadable rows hold back no other");
+    assert_eq!(batch.unreadable.len(), 1, "{:?}", batch.unreadable);
+    let why = batch.unreadable[0].to_string();
+    assert!(why.contains("bad-headers") && why.contains("headers"), "{why}");
 }
 
 /// Four relays claiming at once, five rows a claim, while 20 more rows are enqueued one
