@@ -6,8 +6,9 @@
 //! The loop: the first statement ([`CLAIM`], or [`CLAIM_ABSENT`] in a caller's
 //! transaction, which locks no row it does not take); a dead record it read is taken by
 //! [`CLAIM`] next; under `LapsePolicy::MarkUnknown` a lapsed lease is turned UNKNOWN by
-//! [`TURN_UNKNOWN`], fenced by the lapsed claim's token; a statement that found no row
-//! (a concurrent writer got between its look and its write) runs again.
+//! [`TURN_UNKNOWN`], fenced by the lapsed claim's token; a claim statement that found no
+//! row (a concurrent writer got between its look and its write) runs again, and a turn
+//! that found none (the record moved on since) looks again with the claim statement.
 //!
 //! Invariant: every answer a claim gives is [`decode::claim`]'s or
 //! [`decode::turned_unknown`]'s verdict on a row a statement returned; a claim that keeps
@@ -63,6 +64,8 @@ pub enum ClaimAnswer<'r> {
 pub struct ClaimLoop<'k> {
     key: &'k [u8],
     asked: Fingerprint,
+    /// The claim statement a look runs: `first`, then [`CLAIM`] once a record was dead.
+    look: &'static str,
     next: ClaimStatement,
     run: u32,
 }
@@ -71,7 +74,7 @@ impl<'k> ClaimLoop<'k> {
     /// The claim of `key` (its stored form) for the request `asked`, starting with
     /// `first` ([`CLAIM`], or [`CLAIM_ABSENT`](super::postgres::CLAIM_ABSENT)).
     pub fn new(first: &'static str, key: &'k [u8], asked: Fingerprint) -> ClaimLoop<'k> {
-        ClaimLoop { key, asked, next: ClaimStatement::Claim(first), run: 0 }
+        ClaimLoop { key, asked, look: first, next: ClaimStatement::Claim(first), run: 0 }
     }
 
     /// The statement to run now; [`gave_up`](Self::gave_up) once the claim ran
@@ -89,15 +92,19 @@ impl<'k> ClaimLoop<'k> {
     pub fn answer(&mut self, answer: ClaimAnswer<'_>) -> Result<Option<StoreClaim>, StoreError> {
         self.run += 1;
         match (self.next, answer) {
-            // A concurrent writer got between the statement's look and its write: look
-            // again, with the same statement.
-            (_, ClaimAnswer::Nothing) => Ok(None),
+            // A concurrent writer got between the statement's look and its write, or the
+            // lapsed record moved on before its turn: look again.
+            (_, ClaimAnswer::Nothing) => {
+                self.next = ClaimStatement::Claim(self.look);
+                Ok(None)
+            }
             (ClaimStatement::Claim(_), ClaimAnswer::Claimed(row)) => {
                 match decode::claim(self.key, self.asked, row)? {
                     ClaimStep::Answer(answer) => Ok(Some(answer)),
                     // Dead: the first statement did not take it (`CLAIM_ABSENT`), or a
                     // concurrent writer got between `CLAIM`'s look and its write.
                     ClaimStep::Dead => {
+                        self.look = CLAIM;
                         self.next = ClaimStatement::Claim(CLAIM);
                         Ok(None)
                     }
@@ -139,6 +146,7 @@ mod tests {
             expires_at: 1,
             live,
             lapsed,
+            took_over: false,
         }
     }
 
@@ -157,6 +165,22 @@ mod tests {
         let turned = ClaimAnswer::Turned { fingerprint: Some(&stored), marked_at: Some(5) };
         let answer = claim.answer(turned).unwrap();
         assert!(matches!(answer, Some(StoreClaim::Unknown { .. })), "{answer:?}");
+    }
+
+    #[test]
+    fn a_turn_that_finds_nothing_looks_again_with_the_claim_statement() {
+        let mut claim = ClaimLoop::new(CLAIM_ABSENT, b"k", Fingerprint::of(b"r"));
+        let lapsed = row(1, 9, false, true);
+        assert!(claim.answer(ClaimAnswer::Claimed(&lapsed)).unwrap().is_none());
+        assert_eq!(claim.next().unwrap(), ClaimStatement::TurnUnknown { token: 9 });
+        // The record moved on (completed meanwhile): look, never turn again.
+        assert!(claim.answer(ClaimAnswer::Nothing).unwrap().is_none());
+        assert_eq!(claim.next().unwrap(), ClaimStatement::Claim(CLAIM_ABSENT));
+        // Once a record was dead, a look is CLAIM's, which takes it.
+        let dead = row(2, 7, false, false);
+        assert!(claim.answer(ClaimAnswer::Claimed(&dead)).unwrap().is_none());
+        assert!(claim.answer(ClaimAnswer::Nothing).unwrap().is_none());
+        assert_eq!(claim.next().unwrap(), ClaimStatement::Claim(CLAIM));
     }
 
     #[test]
