@@ -397,7 +397,9 @@ impl Cache {
                 correlation_id,
                 now,
                 cfg,
-                |slot, token, lease_ends_at| self.guard(shard, slot, token, lease_ends_at),
+                |slot, token, lease_ends_at, took_over| {
+                    self.guard(shard, slot, token, lease_ends_at, took_over)
+                },
             )
         })
     }
@@ -429,8 +431,16 @@ impl Cache {
         Some(replay)
     }
 
-    fn guard(&self, shard: usize, slot: u32, token: u64, lease_ends_at: Timestamp) -> Claim {
-        Claim::Acquired(ClaimGuard::new(self.clone(), Ticket { shard, slot, token }, lease_ends_at))
+    fn guard(
+        &self,
+        shard: usize,
+        slot: u32,
+        token: u64,
+        lease_ends_at: Timestamp,
+        took_over: bool,
+    ) -> Claim {
+        let ticket = Ticket { shard, slot, token };
+        Claim::Acquired(ClaimGuard::new(self.clone(), ticket, lease_ends_at, took_over))
     }
 
     /// Claims `key`, waiting up to `timeout` while another caller is executing it.
@@ -469,7 +479,9 @@ impl Cache {
                 None,
                 now,
                 &self.inner.config,
-                |slot, token, lease_ends_at| self.guard(shard, slot, token, lease_ends_at),
+                |slot, token, lease_ends_at, took_over| {
+                    self.guard(shard, slot, token, lease_ends_at, took_over)
+                },
             );
             let lease_ends_at = match claim {
                 Ok(Claim::InProgress { lease_ends_at, .. }) => lease_ends_at,
@@ -560,8 +572,9 @@ impl Cache {
         let (hash, shard) = self.locate(key);
         let mut waker = Some(waker);
         let (claim, unfiled) = self.with_shard(shard, |s, now, cfg| {
-            let acquired =
-                |slot, token, lease_ends_at| self.guard(shard, slot, token, lease_ends_at);
+            let acquired = |slot, token, lease_ends_at, took_over| {
+                self.guard(shard, slot, token, lease_ends_at, took_over)
+            };
             let claim = s.claim(hash, key, fingerprint, correlation_id, now, cfg, acquired);
             let unfiled = if let Ok(Claim::InProgress { .. }) = claim {
                 s.counters.in_progress -= 1;

@@ -27,6 +27,8 @@ pub struct ClaimGuard {
     /// How long `complete` keeps the result; the cache's `completed_ttl` unless overridden.
     result_ttl: Duration,
     finished: bool,
+    /// Whether this claim took over an earlier execution whose lease lapsed.
+    took_over: bool,
 }
 
 impl fmt::Debug for ClaimGuard {
@@ -39,14 +41,27 @@ impl fmt::Debug for ClaimGuard {
 }
 
 impl ClaimGuard {
-    pub(crate) fn new(cache: Cache, ticket: Ticket, lease_ends_at: Timestamp) -> ClaimGuard {
+    pub(crate) fn new(
+        cache: Cache,
+        ticket: Ticket,
+        lease_ends_at: Timestamp,
+        took_over: bool,
+    ) -> ClaimGuard {
         let result_ttl = cache.config().completed_ttl;
-        ClaimGuard { cache, ticket, lease_ends_at, result_ttl, finished: false }
+        ClaimGuard { cache, ticket, lease_ends_at, result_ttl, finished: false, took_over }
     }
 
     /// This claim's fencing token; pass it to the authority with the write.
     pub fn token(&self) -> FencingToken {
         FencingToken(self.ticket.token)
+    }
+
+    /// Whether this claim took the key over from an earlier execution whose lease lapsed
+    /// (under `LapsePolicy::TakeOver`) rather than finding it absent or expired. That
+    /// execution may have had its effects before it stopped: check the authority (by the
+    /// key) before acting again where a second effect would matter.
+    pub fn took_over(&self) -> bool {
+        self.took_over
     }
 
     /// When the lease lapses unless extended (as of the last claim or extension).

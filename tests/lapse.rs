@@ -23,10 +23,17 @@ fn the_default_takes_a_lapsed_lease_over() {
     assert_eq!(cache.lapse_policy(), LapsePolicy::TakeOver);
     let k = key("a");
     let stale = acquire(&cache, &k, fp("r"));
+    assert!(!stale.took_over(), "an absent key is acquired, not taken over");
     clock.advance(LEASE);
-    assert!(cache.claim(&k, fp("r")).unwrap().is_acquired());
+    let Claim::Acquired(taker) = cache.claim(&k, fp("r")).unwrap() else { panic!("taken over") };
+    assert!(taker.took_over(), "the answer says the key was taken over");
     assert_eq!(stale.complete(&b"late"[..]), Err(LeaseLost));
     assert_eq!(cache.stats().lapsed_unknown, 0);
+    // A completed result that expired is no takeover: its execution finished.
+    taker.complete(&b"done"[..]).unwrap();
+    clock.advance(COMPLETED_TTL);
+    let Claim::Acquired(again) = cache.claim(&k, fp("r")).unwrap() else { panic!("acquired") };
+    assert!(!again.took_over());
 }
 
 #[test]

@@ -90,7 +90,7 @@ pub fn run(db: &Db, run: Run) -> Result<u8, Failure> {
             None => return Ok(exit::signal_code(signals.received().unwrap_or(0))),
         };
         match claim {
-            StoreClaim::Acquired { token, lease_ends_at } => {
+            StoreClaim::Acquired { token, lease_ends_at, .. } => {
                 return execute(db, &run, &key, token, lease_ends_at, &signals)
             }
             StoreClaim::Completed(replay) => return replay_outcome(&run.key, replay.body),

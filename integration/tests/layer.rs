@@ -1417,3 +1417,43 @@ async fn a_panicking_store_when_is_settled_and_reported_as_a_panicking_handler()
     assert_eq!(req("k", "{}").send(addr).await.status, 500);
     assert_eq!(handler.runs(), 2);
 }
+
+/// A handler is told when its execution took the key over from an earlier one whose
+/// lease lapsed (`Claimed::took_over`), and not when the key was absent: the earlier
+/// execution may have had its effects.
+#[tokio::test]
+async fn a_handler_is_told_its_execution_took_a_lapsed_key_over() {
+    use idemcache::layer::Claimed;
+    use idemcache::ManualClock;
+    use tower::{Layer, ServiceExt};
+    let clock = ManualClock::new();
+    let lease = Duration::from_secs(10);
+    let cache = Cache::builder().clock(clock.clone()).lease(lease).build().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<Claimed>::new()));
+    let told = seen.clone();
+    let inner = tower::service_fn(move |request: axum::http::Request<LayerBody<Body>>| {
+        told.lock().unwrap().push(request.extensions().get::<Claimed>().unwrap().clone());
+        async { Ok::<_, Infallible>(StatusCode::CREATED.into_response()) }
+    });
+    let service = IdempotencyLayer::new(cache.clone()).layer(inner);
+    let request = |key: &str| {
+        axum::http::Request::post("/orders").header("idempotency-key", key).body(Body::empty())
+    };
+    let fresh = service.clone().oneshot(request("k1").unwrap()).await.unwrap();
+    assert_eq!(fresh.status(), StatusCode::CREATED);
+    let first = seen.lock().unwrap()[0].clone();
+    assert!(!first.took_over(), "an absent key is no takeover");
+    // Another process's execution of k2 (the same request) that stopped renewing.
+    let k2 = match first.key().tenant() {
+        Some(tenant) => Key::new(first.key().scope(), tenant, "k2").unwrap(),
+        None => Key::without_tenant(first.key().scope(), "k2").unwrap(),
+    };
+    let Claim::Acquired(stalled) = cache.claim(&k2, first.fingerprint()).unwrap() else {
+        panic!("the stalled execution acquires")
+    };
+    clock.advance(lease);
+    let taken = service.clone().oneshot(request("k2").unwrap()).await.unwrap();
+    assert_eq!(taken.status(), StatusCode::CREATED);
+    assert!(seen.lock().unwrap()[1].took_over(), "the handler is told of the takeover");
+    assert!(stalled.complete(Bytes::from_static(b"late")).is_err(), "the stalled one is fenced");
+}

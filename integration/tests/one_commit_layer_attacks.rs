@@ -413,7 +413,7 @@ async fn one_commit_takes_over_a_lapsed_store_claim_and_fences_it() {
     let key = idemcache::Key::without_tenant("POST /orders", client_key.as_str()).unwrap();
     let fp = idemcache::Fingerprint::builder().method("POST").path("/orders").body(b"x").finish();
     let claimed = Store::claim(&store, &key, fp, Duration::from_millis(200)).await.unwrap();
-    let StoreClaim::Acquired { token, lease_ends_at } = claimed else { panic!("{claimed:?}") };
+    let StoreClaim::Acquired { token, lease_ends_at, .. } = claimed else { panic!("{claimed:?}") };
     let (status, _, body) = send(&app, &client_key).await;
     assert_eq!(status, StatusCode::CONFLICT, "a live claim is in progress: {body}");
     while std::time::SystemTime::now() < lease_ends_at + Duration::from_millis(50) {

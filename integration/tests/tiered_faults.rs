@@ -100,8 +100,8 @@ impl<S: Store> Store for Faulty<S> {
         self.f.claims.fetch_add(1, Ordering::SeqCst);
         let c = self.inner.claim_correlated(key, fp, lease, correlation_id).await?;
         Ok(match c {
-            StoreClaim::Acquired { token, lease_ends_at } => {
-                StoreClaim::Acquired { token, lease_ends_at: self.t(lease_ends_at) }
+            StoreClaim::Acquired { token, lease_ends_at, took_over } => {
+                StoreClaim::Acquired { token, lease_ends_at: self.t(lease_ends_at), took_over }
             }
             StoreClaim::Completed(r) => StoreClaim::Completed(self.r(r)),
             StoreClaim::InProgress { lease_ends_at } => {

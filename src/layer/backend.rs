@@ -186,6 +186,15 @@ fn from_cache(cache: &Cache, claim: Result<Claim, ClaimError>) -> Found {
 }
 
 impl Held {
+    /// Whether the claim took the key over from an earlier execution whose lease lapsed.
+    pub(crate) fn took_over(&self) -> bool {
+        match self {
+            Held::Memory(guard, _) => guard.took_over(),
+            #[cfg(feature = "store")]
+            Held::Durable(held) => held.took_over(),
+        }
+    }
+
     /// The lease each renewal asks for: the one the claim was taken with (a duration,
     /// never a remainder computed against another machine's clock).
     pub(crate) fn lease(&self) -> Duration {
@@ -376,6 +385,7 @@ pub(crate) mod durable {
 
     pub(crate) trait DurableHeld: Send {
         fn lease(&self) -> Duration;
+        fn took_over(&self) -> bool;
         fn drop_policy(&self) -> DropPolicy;
         fn extend_lease(&mut self, lease: Duration) -> BoxFuture<'_, Renewal>;
         fn complete(self: Box<Self>, body: Bytes) -> BoxFuture<'static, Settled>;
@@ -497,6 +507,10 @@ pub(crate) mod durable {
     impl<S: Store> DurableHeld for Guard<S> {
         fn lease(&self) -> Duration {
             self.lease
+        }
+
+        fn took_over(&self) -> bool {
+            self.guard.took_over()
         }
 
         fn drop_policy(&self) -> DropPolicy {

@@ -33,6 +33,7 @@ pub struct Claimed {
     key: Key,
     fingerprint: Fingerprint,
     correlation_id: Option<CorrelationId>,
+    took_over: bool,
 }
 
 impl Claimed {
@@ -40,8 +41,9 @@ impl Claimed {
         key: Key,
         fingerprint: Fingerprint,
         correlation_id: Option<CorrelationId>,
+        took_over: bool,
     ) -> Claimed {
-        Claimed { key, fingerprint, correlation_id }
+        Claimed { key, fingerprint, correlation_id, took_over }
     }
 
     /// The key the layer holds for this request (its scope, tenant and client key).
@@ -58,6 +60,15 @@ impl Claimed {
     /// ([`IdempotencyLayer::correlation_id`](super::IdempotencyLayer::correlation_id)).
     pub fn correlation_id(&self) -> Option<&CorrelationId> {
         self.correlation_id.as_ref()
+    }
+
+    /// Whether this execution took the key over from an earlier one whose lease lapsed
+    /// (its process crashed or stalled past the lease): that execution may have had
+    /// its effects. A handler whose effect is outside the store checks the authority
+    /// (by [`downstream_key`](Self::downstream_key), which is the same in both) before
+    /// acting again.
+    pub fn took_over(&self) -> bool {
+        self.took_over
     }
 
     /// The idempotency key of this execution's call named `purpose` to an outside system

@@ -110,6 +110,7 @@ struct TxHeld<S: TransactionalStore> {
     lease: Duration,
     /// The cache in front, told of the record once it committed, and the fingerprint.
     hot: Option<(Cache, Fingerprint)>,
+    took_over: bool,
 }
 
 /// The hot tier's replay of `key`, if it keeps one with its body (one kept without is
@@ -162,12 +163,12 @@ impl<S: TransactionalStore> Durable for OneCommit<S> {
             let wait = wait.unwrap_or(Duration::ZERO);
             let claiming = store.claim_in(&mut tx, key, fp, self.lease(), wait, correlation_id);
             let found = match timed(name, "claim", claiming).await {
-                Ok(StoreClaim::Acquired { token, .. }) => {
+                Ok(StoreClaim::Acquired { token, took_over, .. }) => {
                     let claim = OpenClaim::new(key.clone(), token, self.completed_ttl());
                     let tx = HeldTransaction::new(tx);
                     let lease = self.lease();
                     let hot = self.cache().map(|cache| (cache.clone(), fp));
-                    let held = TxHeld { store: store.clone(), tx, claim, lease, hot };
+                    let held = TxHeld { store: store.clone(), tx, claim, lease, hot, took_over };
                     return (Found::Acquired(Held::Durable(Box::new(held))), false);
                 }
                 Ok(StoreClaim::Completed(replay)) => {
@@ -218,6 +219,10 @@ impl<S: TransactionalStore> TxHeld<S> {
 impl<S: TransactionalStore> DurableHeld for TxHeld<S> {
     fn lease(&self) -> Duration {
         self.lease
+    }
+
+    fn took_over(&self) -> bool {
+        self.took_over
     }
 
     fn drop_policy(&self) -> DropPolicy {
@@ -384,7 +389,7 @@ mod tests {
             }
             tx.claimed = Some((key.as_bytes().to_vec(), fp));
             let token = FencingToken::new(self.0.tokens.fetch_add(1, Ordering::Relaxed) + 1);
-            Ok(StoreClaim::Acquired { token, lease_ends_at: now + lease })
+            Ok(StoreClaim::Acquired { token, lease_ends_at: now + lease, took_over: false })
         }
 
         async fn complete_in(

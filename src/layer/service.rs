@@ -375,8 +375,8 @@ where
         asked.waited = waited;
         let decision = match found {
             Found::Acquired(held) => {
-                let claimed =
-                    Claimed::new(asked.key.clone(), fingerprint, asked.correlation_id.clone());
+                let (key, correlation_id) = (asked.key.clone(), asked.correlation_id.clone());
+                let claimed = Claimed::new(key, fingerprint, correlation_id, held.took_over());
                 request.extensions_mut().insert(claimed);
                 // Reported when the execution settles its claim.
                 let run = execution(&settings, inner, request, held, asked);

@@ -362,7 +362,7 @@ impl Shard {
         correlation_id: Option<&CorrelationId>,
         now: Timestamp,
         cfg: &Config,
-        acquired: impl FnOnce(u32, u64, Timestamp) -> Claim,
+        acquired: impl FnOnce(u32, u64, Timestamp, bool) -> Claim,
     ) -> Result<Claim, ClaimError> {
         let existing = self.find(hash, key);
         if let Some(slot) = existing {
@@ -370,9 +370,12 @@ impl Shard {
                 return Ok(self.answer(slot, fingerprint));
             }
         }
+        // A dead entry still PROCESSING is an earlier execution whose lease lapsed: this
+        // claim takes it over.
+        let took_over = existing.is_some_and(|slot| self.entry(slot).state == State::Processing);
         let (slot, token, lease_ends_at) =
             self.acquire(existing, hash, key, fingerprint, correlation_id, now, cfg)?;
-        Ok(acquired(slot, token, lease_ends_at))
+        Ok(acquired(slot, token, lease_ends_at, took_over))
     }
 
     /// Absent or dead → PROCESSING under a new fencing token. Kept out of line so the

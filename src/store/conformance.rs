@@ -108,7 +108,7 @@ pub async fn acquire<S: Store>(store: &S, k: &Key) -> FencingToken {
 /// [`acquire`], with the lease's end as the store said it.
 async fn acquire_until<S: Store>(store: &S, k: &Key) -> (FencingToken, SystemTime) {
     match store.claim(k, fp("r"), LEASE).await.unwrap() {
-        StoreClaim::Acquired { token, lease_ends_at } => (token, lease_ends_at),
+        StoreClaim::Acquired { token, lease_ends_at, .. } => (token, lease_ends_at),
         other => panic!("expected Acquired, got {other:?}"),
     }
 }
@@ -116,9 +116,14 @@ async fn acquire_until<S: Store>(store: &S, k: &Key) -> (FencingToken, SystemTim
 /// Claims `k` for the request `r` until the store's clock has passed what holds it (a
 /// lease or TTL a few ms long); returns the token. Panics after ~4 s.
 pub async fn until_acquired<S: Store>(store: &S, k: &Key, r: &str) -> FencingToken {
+    until_taken(store, k, r).await.0
+}
+
+/// [`until_acquired`], with whether the claim took the key over from a lapsed execution.
+async fn until_taken<S: Store>(store: &S, k: &Key, r: &str) -> (FencingToken, bool) {
     for _ in 0..2000 {
         match store.claim(k, fp(r), LEASE).await.unwrap() {
-            StoreClaim::Acquired { token, .. } => return token,
+            StoreClaim::Acquired { token, took_over, .. } => return (token, took_over),
             _ => pause(Duration::from_millis(2)).await,
         }
     }
@@ -222,11 +227,12 @@ async fn fencing<S: Store>(store: &S, run: &Run) {
 async fn takeover<S: Store>(store: &S, run: &Run) {
     let k = run.key("lapsed");
     let stale = match store.claim(&k, fp("r"), Duration::from_millis(20)).await.unwrap() {
-        StoreClaim::Acquired { token, .. } => token,
-        other => panic!("{other:?}"),
+        StoreClaim::Acquired { token, took_over: false, .. } => token,
+        other => panic!("an absent key is acquired, not taken over: {other:?}"),
     };
-    let fresh = until_acquired(store, &k, "r").await;
+    let (fresh, took_over) = until_taken(store, &k, "r").await;
     assert!(fresh > stale);
+    assert!(took_over, "a lapsed execution's key is taken over, and the answer says so");
     let renewed = store.extend_lease(&k, stale, LEASE).await;
     assert!(matches!(renewed, Err(StoreError::LeaseLost(_))), "{renewed:?}");
     let late = store.complete(&k, stale, Some(Bytes::from_static(b"stale")), TTL).await;
@@ -249,8 +255,10 @@ async fn expiry<S: Store>(store: &S, run: &Run, purges_itself: bool) {
             .await
             .unwrap();
     }
-    // The last one expires: a claim of a different request then acquires (absent).
-    until_acquired(store, &run.key("short4"), "another request").await;
+    // The last one expires: a claim of a different request then acquires (absent), no
+    // takeover: the earlier execution completed.
+    let (_, took_over) = until_taken(store, &run.key("short4"), "another request").await;
+    assert!(!took_over, "an expired result's key is acquired, not taken over");
     let mut purged = 0;
     loop {
         let n = store.purge_expired(2).await.unwrap();

@@ -70,6 +70,11 @@ pub enum StoreClaim {
         token: FencingToken,
         /// When the lease lapses on the store's clock unless the key completes first.
         lease_ends_at: SystemTime,
+        /// Whether this claim took the key over from an earlier execution whose lease
+        /// lapsed (under `LapsePolicy::TakeOver`), rather than finding it absent or
+        /// expired: that execution may have had its effects, so check the authority
+        /// before acting again where a second effect would matter.
+        took_over: bool,
     },
     /// Completed before: replay.
     Completed(Replay<SystemTime>),

@@ -307,7 +307,7 @@ impl<S: Store> Tiered<S> {
         let claiming = self.store.claim_correlated(key, fingerprint, self.lease, correlation_id);
         let durable = claiming.await?;
         Ok(match durable {
-            StoreClaim::Acquired { token, lease_ends_at } => {
+            StoreClaim::Acquired { token, lease_ends_at, took_over } => {
                 let mut local = local.0.take();
                 if let Some(local) = &mut local {
                     // Local duplicates' `Retry-After` is the store's lease, not the cache's.
@@ -318,6 +318,7 @@ impl<S: Store> Tiered<S> {
                     key: key.clone(),
                     token,
                     lease_ends_at,
+                    took_over,
                     local,
                 })
             }
@@ -420,6 +421,7 @@ pub struct TieredGuard<S> {
     key: Key,
     token: FencingToken,
     lease_ends_at: SystemTime,
+    took_over: bool,
     local: Option<ClaimGuard>,
 }
 
@@ -427,6 +429,13 @@ impl<S: Store> TieredGuard<S> {
     /// The store's fencing token for this claim: carry it into your own writes.
     pub fn token(&self) -> FencingToken {
         self.token
+    }
+
+    /// Whether the store's claim took the key over from an earlier execution whose
+    /// lease lapsed ([`StoreClaim::Acquired`]'s `took_over`): that execution may have
+    /// had its effects; check before acting again where a second effect would matter.
+    pub fn took_over(&self) -> bool {
+        self.took_over
     }
 
     /// When the store's lease lapses (the store's clock).

@@ -22,7 +22,7 @@ pub const SHORT_LEASE: Duration = Duration::from_millis(200);
 /// Claims `k` for `r` with [`SHORT_LEASE`], which must be acquired.
 async fn acquire_short<S: Store>(store: &S, k: &Key, r: &str) -> (FencingToken, SystemTime) {
     match store.claim(k, fp(r), SHORT_LEASE).await.unwrap() {
-        StoreClaim::Acquired { token, lease_ends_at } => (token, lease_ends_at),
+        StoreClaim::Acquired { token, lease_ends_at, .. } => (token, lease_ends_at),
         other => panic!("expected Acquired, got {other:?}"),
     }
 }

@@ -196,7 +196,7 @@ pub(super) async fn inspection<S: Store>(store: &S, run: &Run) {
 pub(super) async fn lapsed_is_unknown<S: Store>(store: &S, run: &Run, short: Duration) {
     let k = key(&format!("{}inspect-lapse", run.0));
     let (token, ends) = match store.claim(&k, fp("r"), short).await.unwrap() {
-        StoreClaim::Acquired { token, lease_ends_at } => (token, lease_ends_at),
+        StoreClaim::Acquired { token, lease_ends_at, .. } => (token, lease_ends_at),
         other => panic!("expected Acquired, got {other:?}"),
     };
     let mut seen = None;

@@ -63,6 +63,7 @@ fn claim_row(row: &tokio_postgres::Row, key: &[u8]) -> Result<ClaimRow, StoreErr
         expires_at: column(row, 5, key)?,
         live: column(row, 6, key)?,
         lapsed: column(row, 7, key)?,
+        took_over: column(row, 8, key)?,
     })
 }
 

@@ -73,7 +73,8 @@ end
 /// ARGV: fingerprint, lease in µs, the unknown TTL of lapses in µs (0: `TakeOver`), the
 /// token whose lapse this call may turn UNKNOWN (0: none), the correlation id an
 /// acquired record keeps in its field `corr` (empty: none). Replies `{state, fp, token,
-/// body, settled, expires}`; state 0 is acquired, 4 "lapsed under token, put its index
+/// body, settled, expires}`; state 0 is acquired (`settled` 1 when it took over a
+/// PROCESSING record whose lease lapsed), 4 "lapsed under token, put its index
 /// member in and ask again", 3 also when this call turned the lapse.
 const CLAIM: &str = r"
 local rec = record()
@@ -101,8 +102,11 @@ if ARGV[5] ~= '' then
 else
   redis.call('HSET', KEYS[1], 'state', 1, 'fp', ARGV[1], 'token', fmt(token), 'started', fmt(now), 'expires', fmt(ends))
 end
-redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil((ends + lapse) / 1000)))
-return {0, false, token, false, false, ends}
+-- Kept past the lease (the unknown TTL, or at least one lease more), so that a claim
+-- after a lapse finds the execution it takes over.
+redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil((ends + math.max(lapse, tonumber(ARGV[2]))) / 1000)))
+-- The settled slot of an acquired reply: 1 when a lapsed execution was taken over.
+return {0, false, token, false, (rec and rec.state == 1) and 1 or false, ends}
 ";
 
 /// ARGV: token, TTL in µs, then the body if there is one.
@@ -115,12 +119,12 @@ return {now, ends}
 ";
 
 /// ARGV: token, lease in µs, the unknown TTL of lapses in µs (the key outlives the
-/// lease by it).
+/// lease by it, or by one lease more if that is longer, as the claim keeps it).
 const EXTEND_LEASE: &str = r"
 if not owned(ARGV[1]) then return false end
 local ends = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'expires', fmt(ends))
-redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil((ends + tonumber(ARGV[3])) / 1000)))
+redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil((ends + math.max(tonumber(ARGV[3]), tonumber(ARGV[2]))) / 1000)))
 return {now, ends}
 ";
 

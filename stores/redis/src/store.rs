@@ -146,6 +146,7 @@ impl Store for RedisStore {
                 return Ok(StoreClaim::Acquired {
                     token: FencingToken::new(token as u64),
                     lease_ends_at: from_micros(expires),
+                    took_over: settled.is_some(),
                 });
             }
             let fp = fp.ok_or_else(|| corrupt(key.as_bytes(), "it has no fingerprint"))?;

@@ -129,6 +129,8 @@ pub(crate) fn claim_locked(
         }
         return Ok(StoreClaim::Unknown { marked_at: from_micros(row.expires_at) });
     }
+    // Dead from here on; still PROCESSING, it is an earlier execution whose lease lapsed.
+    let took_over = row.as_ref().is_some_and(|row| row.state == PROCESSING);
     if let Some(row) = row.filter(|row| row.expires_at > now) {
         // Live since the first look (another claim's, committed in between): answered
         // without writing.
@@ -145,6 +147,7 @@ pub(crate) fn claim_locked(
     Ok(StoreClaim::Acquired {
         token: FencingToken::new(token as u64),
         lease_ends_at: from_micros(lease_ends_at),
+        took_over,
     })
 }
 

@@ -49,6 +49,9 @@ pub struct ClaimRow {
     /// Whether it is a PROCESSING record whose lease lapsed less than the unknown TTL
     /// ago (never under `TakeOver`): a lapse to turn UNKNOWN.
     pub lapsed: bool,
+    /// When taken: whether the claim replaced a PROCESSING record whose lease lapsed
+    /// (a takeover), rather than an absent or expired key. False for a record read.
+    pub took_over: bool,
 }
 
 /// What a claim does with its answer row.
@@ -81,6 +84,7 @@ pub fn claim(
         return Ok(ClaimStep::Answer(StoreClaim::Acquired {
             token: fencing_token(row.token),
             lease_ends_at: from_micros(row.expires_at),
+            took_over: row.took_over,
         }));
     }
     if row.lapsed {
@@ -199,6 +203,7 @@ mod tests {
             expires_at: 20,
             live: true,
             lapsed: false,
+            took_over: false,
         }
     }
 
@@ -212,7 +217,8 @@ mod tests {
             acquired,
             ClaimStep::Answer(StoreClaim::Acquired {
                 token: FencingToken::new(7),
-                lease_ends_at: from_micros(20)
+                lease_ends_at: from_micros(20),
+                took_over: false,
             })
         );
         assert!(matches!(

@@ -123,6 +123,7 @@ macro_rules! claim {
             "WITH ",
             now!(),
             ",
+         before AS (SELECT r.state FROM idemcache_records r WHERE r.key = $1),
          taken AS (
              INSERT INTO idemcache_records AS r
                  (key, fingerprint, state, token, body, started_at, settled_at, expires_at,
@@ -135,13 +136,14 @@ macro_rules! claim {
              RETURNING token, expires_at
          )
          SELECT 0::smallint AS state, token, NULL::bytea AS fingerprint, NULL::bytea AS body,
-                NULL::bigint AS settled_at, expires_at, true AS live, false AS lapsed
+                NULL::bigint AS settled_at, expires_at, true AS live, false AS lapsed,
+                coalesce((SELECT state = 1 FROM before), false) AS took_over
          FROM taken
          UNION ALL
          SELECT r.state, r.token, r.fingerprint, r.body, r.settled_at, r.expires_at,
                 r.expires_at > now.us, ",
             lapsed_within!("$4"),
-            "
+            ", false AS took_over
          FROM idemcache_records r, now
          WHERE r.key = $1 AND NOT EXISTS (SELECT 1 FROM taken)"
         )
@@ -153,7 +155,10 @@ macro_rules! claim {
 /// acquired record keeps: take the key if absent or dead, else read its holder; one
 /// statement. Returns at most one row, a
 /// [`ClaimRow`](super::decode::ClaimRow): `state, token, fingerprint, body,
-/// settled_at, expires_at, live, lapsed` (named so, for a driver's error to name). No row: a holder committed after this
+/// settled_at, expires_at, live, lapsed, took_over` (named so, for a driver's error to
+/// name). `took_over` is the state the record had in the statement's snapshot (a
+/// PROCESSING record taken is a takeover): a record that changed hands while the
+/// statement waited for its row is reported as it was when the statement began. No row: a holder committed after this
 /// statement's snapshot blocked the insert but is not visible to the read: run it again.
 pub const CLAIM: &str = claim!(
     "ON CONFLICT (key) DO UPDATE SET

@@ -295,7 +295,10 @@ impl MySqlStore {
             Err(e) => return Err(fail(e)),
         };
         let values = Values { now: column(&look, 0, key)?, ..values };
-        let write = match look_row(&look, key)? {
+        let found = look_row(&look, key)?;
+        // A dead record still PROCESSING is an earlier execution whose lease lapsed.
+        let took_over = found.as_ref().is_some_and(|row| row.state == decode::PROCESSING);
+        let write = match found {
             None => bind(&sql::TAKE_NEW, &values),
             Some(row) => {
                 let held = Values { held: Some(row.token), ..values };
@@ -348,6 +351,7 @@ impl MySqlStore {
         Ok(Some(StoreClaim::Acquired {
             token: decode::fencing_token(values.token),
             lease_ends_at: from_micros(values.now.saturating_add(values.duration)),
+            took_over,
         }))
     }
 
@@ -399,6 +403,7 @@ fn look_row(look: &MySqlRow, key: &[u8]) -> Result<Option<ClaimRow>, StoreError>
         expires_at: column(look, 6, key)?,
         live: column(look, 7, key)?,
         lapsed: column(look, 8, key)?,
+        took_over: false,
     }))
 }
 
@@ -518,9 +523,11 @@ impl MySqlStore {
         let now: i64 = column(&look, 0, key)?;
         let row = look_row(&look, key)?.ok_or_else(|| moved_under_lock(stored))?;
         if row.token == token {
+            // Inserted by this claim: the key was absent.
             return Ok(StoreClaim::Acquired {
                 token: decode::fencing_token(token),
                 lease_ends_at: from_micros(row.expires_at),
+                took_over: false,
             });
         }
         let held = Values { now, held: Some(row.token), ..values };
@@ -546,6 +553,7 @@ impl MySqlStore {
                 Ok(StoreClaim::Acquired {
                     token: decode::fencing_token(token),
                     lease_ends_at: from_micros(now.saturating_add(take.duration)),
+                    took_over: row.state == decode::PROCESSING,
                 })
             }
         }

@@ -187,6 +187,7 @@ fn claim_row(row: &PgRow, key: &[u8]) -> Result<ClaimRow, StoreError> {
         expires_at: column(row, 5, key)?,
         live: column(row, 6, key)?,
         lapsed: column(row, 7, key)?,
+        took_over: column(row, 8, key)?,
     })
 }
 
