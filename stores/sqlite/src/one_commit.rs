@@ -39,6 +39,9 @@ use crate::SqliteStore;
 /// wait), as the store's own connection does.
 const BUSY_AFTER_CLAIM: Duration = Duration::from_secs(10);
 
+/// The longest busy timeout SQLite takes: `i32::MAX` milliseconds (24.8 days).
+const LONGEST_BUSY_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+
 /// One first execution's transaction in the layer's one-commit mode over SQLite: a
 /// connection of its own to the store's database file, owned by a thread of its own.
 /// The handler finds it in `HeldTransaction<SqliteTransaction>` and writes with
@@ -124,7 +127,9 @@ impl TransactionalStore for SqliteStore {
         let correlation_id = correlation_id.map(|c| c.as_str().to_owned());
         tx.own
             .run(move |db| {
-                db.busy_timeout(wait).map_err(backend)?;
+                // SQLite counts the timeout in an `int` of milliseconds (rusqlite panics
+                // above it): a longer wait is as long as SQLite can wait.
+                db.busy_timeout(wait.min(LONGEST_BUSY_TIMEOUT)).map_err(backend)?;
                 let began = db.execute_batch("BEGIN IMMEDIATE");
                 db.busy_timeout(BUSY_AFTER_CLAIM).map_err(backend)?;
                 match began {

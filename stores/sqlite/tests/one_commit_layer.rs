@@ -94,3 +94,25 @@ async fn a_store_without_a_file_refuses_one_commit_mode_by_name() {
         other => panic!("expected InvalidInput, got {:?}", other.map(drop)),
     }
 }
+
+/// A wait longer than SQLite's busy timeout can count (an `int` of milliseconds) is as
+/// long as it can wait: the claim acquires, never a panic of the transaction's thread.
+#[tokio::test]
+async fn a_wait_past_sqlites_longest_busy_timeout_still_claims() {
+    use idemcache::store::{Store, StoreClaim, TransactionalStore};
+    use idemcache::{Fingerprint, Key};
+    use std::time::Duration;
+    let db = TempDb::new("one-commit-layer", "long-wait");
+    let store = SqliteStore::connect(&db.url()).await.unwrap();
+    store.ensure_schema().await.unwrap();
+    let key = Key::without_tenant("POST /orders", "long-wait").unwrap();
+    for wait in [Duration::from_secs(30 * 86_400), Duration::MAX] {
+        let mut tx = TransactionalStore::begin(&store).await.unwrap();
+        let lease = Duration::from_secs(30);
+        let fp = Fingerprint::of(b"o");
+        let claimed = TransactionalStore::claim_in(&store, &mut tx, &key, fp, lease, wait, None);
+        let claimed = claimed.await;
+        assert!(matches!(claimed, Ok(StoreClaim::Acquired { .. })), "{wait:?}: {claimed:?}");
+        TransactionalStore::rollback(&store, tx).await.unwrap();
+    }
+}

@@ -358,3 +358,38 @@ async fn a_refused_connection_is_named_as_refused_not_a_pool_timeout() {
     assert!(matches!(error, StoreError::Backend(_)), "{error:?}");
     assert!(said.contains("refused") && said.contains(&port.to_string()), "{said}");
 }
+
+/// A key's tokens only grow: eight claims at once with a 1 ms lease, forty times, and
+/// the record ends under the largest token any claim acquired. (A claim that minted
+/// before a later claim took the key, and found that one dead in turn, took it over
+/// under its older, lower token: 20 rounds in 40 before a takeover minted again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
+async fn a_takeover_never_carries_a_token_below_the_record_it_replaces() {
+    let Some(db) = Db::new("monotonic").await else { return };
+    let mut lowered = Vec::new();
+    for round in 0..40 {
+        let k = key(&format!("monotonic-{round}"));
+        let claims: Vec<_> = (0..8)
+            .map(|i| {
+                let (store, k) = (db.store.clone(), k.clone());
+                let asked = fp(&format!("r{i}"));
+                tokio::spawn(async move { store.claim(&k, asked, Duration::from_millis(1)).await })
+            })
+            .collect();
+        let mut acquired = Vec::new();
+        for claim in claims {
+            if let StoreClaim::Acquired { token, .. } = claim.await.unwrap().unwrap() {
+                acquired.push(token.get());
+            }
+        }
+        let sql = "SELECT token FROM idemcache_records WHERE `key` = ?";
+        let last: i64 =
+            sqlx::query_scalar(sql).bind(k.as_bytes()).fetch_one(db.store.pool()).await.unwrap();
+        if Some(last as u64) < acquired.iter().copied().max() {
+            lowered.push((round, acquired, last));
+        }
+    }
+    assert!(lowered.is_empty(), "{} rounds lowered a token: {:?}", lowered.len(), lowered.first());
+    db.drop().await;
+}

@@ -294,15 +294,22 @@ impl MySqlStore {
             }
             Err(e) => return Err(fail(e)),
         };
-        let values = Values { now: column(&look, 0, key)?, ..values };
+        let mut values = Values { now: column(&look, 0, key)?, ..values };
         let found = look_row(&look, key)?;
         // A dead record still PROCESSING is an earlier execution whose lease lapsed.
         let took_over = found.as_ref().is_some_and(|row| row.state == decode::PROCESSING);
         let write = match found {
             None => bind(&sql::TAKE_NEW, &values),
             Some(row) => {
+                let step = decode::claim(key, asked, &row)?;
+                if step == ClaimStep::Dead && values.token <= row.token {
+                    // The dead record's claim minted after this one did (and its lease
+                    // ran out since): a token above it, minted now its row is locked, so
+                    // the key's tokens only grow.
+                    values.token = self.mint(&mut tx).await?;
+                }
                 let held = Values { held: Some(row.token), ..values };
-                match decode::claim(key, asked, &row)? {
+                match step {
                     ClaimStep::Answer(answer) => {
                         tx.rollback().await.map_err(fail)?;
                         return Ok(Some(answer));
