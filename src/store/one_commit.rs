@@ -33,7 +33,8 @@ pub trait TransactionalStore: Send + Sync + 'static {
     /// The store's name, for metrics (as [`Store::name`](super::Store::name)).
     fn name(&self) -> &'static str;
 
-    /// Opens a transaction (READ COMMITTED, the databases' default), whose first
+    /// Opens a transaction at the database's default isolation (READ COMMITTED on
+    /// PostgreSQL, REPEATABLE READ on MySQL/MariaDB; SQLite's are serializable), whose first
     /// statement is [`claim_in`](Self::claim_in)'s: a store may send its `BEGIN` with
     /// the claim, so run nothing in it before.
     fn begin(&self) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;

@@ -20,9 +20,11 @@ use idemcache_sql::transition::{
 
 /// Moves the row of `column`'s table whose id is `id` from any status in `from` to
 /// `to` inside `tx`, and says what it found (see [`Transition`]): do the effect of
-/// [`Transition::Applied`] in `tx` too, and commit both together. `tx` is taken as
-/// [`complete_in`](crate::complete_in) and [`inbox::receive`](crate::inbox::receive)
-/// take it: pass `&tx`.
+/// [`Transition::Applied`] in `tx` too, and commit both together. `tx` is your
+/// transaction's connection, as [`inbox::receive`](crate::inbox::receive) takes it (a
+/// `&rusqlite::Transaction`, or the connection a `SqliteTransaction` lends); a
+/// connection in no transaction is refused ([`TransitionError::InvalidInput`]): the
+/// transition would commit on its own, before the effect it stands for.
 ///
 /// `id` is any value rusqlite binds (an integer, a `&str`, ...); the status column holds
 /// text. A NULL or non-text status is [`TransitionError::Corrupt`]; invalid input
@@ -75,6 +77,14 @@ pub fn transition(
     to: &str,
 ) -> Result<Transition, TransitionError> {
     let plan = column.plan(Dialect::Sqlite, from, to)?;
+    if tx.is_autocommit() {
+        return Err(TransitionError::InvalidInput {
+            column: format!("{}.{}", column.table(), column.status_column()),
+            reason: "the transition runs in the transaction of its effect; this connection \
+                     is in none"
+                .into(),
+        });
+    }
     let shown = Shown(&id);
     let to = plan.to();
     // The plan's parameters, the same for both statements: target, sources, id.

@@ -336,3 +336,14 @@ impl Payments for Suite {
 async fn transitions_hold_on_sqlite() {
     testing::run(Arc::new(Suite(Db::new()))).await;
 }
+
+/// A transition on a connection in no transaction would commit on its own, before the
+/// effect it stands for: refused, and the row is as it was.
+#[test]
+fn a_transition_outside_a_transaction_is_refused_and_changes_nothing() {
+    let db = Db::new();
+    let conn = db.open();
+    let refused = transition(&conn, &payments(), "p1", &["PENDING"], "PAID").unwrap_err();
+    assert!(matches!(refused, TransitionError::InvalidInput { .. }), "{refused:?}");
+    assert_eq!(status(&conn, "p1").as_deref(), Some("PENDING"));
+}

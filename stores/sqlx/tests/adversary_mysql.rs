@@ -396,7 +396,10 @@ async fn a_completion_over_an_autocommit_off_pool_is_durable() {
 }
 
 /// The same pool claiming: its claim must be answered, and must not leave the token
-/// counter's row locked for every other store's claim.
+/// counter's row locked for every other store's claim; its reads (`record`, `records`)
+/// must leave no transaction open on the session either, or its next claim fails
+/// (`SET TRANSACTION` inside one, error 1568), as it did before they ran in
+/// transactions of their own.
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_claim_over_an_autocommit_off_pool_answers_and_blocks_no_one() {
@@ -416,6 +419,14 @@ async fn a_claim_over_an_autocommit_off_pool_answers_and_blocks_no_one() {
     let other = ours.claim(&key("autocommit-ours"), fp("r"), LEASE).await;
     assert!(matches!(claimed, Ok(StoreClaim::Acquired { .. })), "{claimed:?}");
     assert!(matches!(other, Ok(StoreClaim::Acquired { .. })), "{other:?}");
+    assert!(theirs.record(&key("autocommit-theirs")).await.unwrap().is_some());
+    let next = theirs.claim(&key("autocommit-after-read"), fp("r"), LEASE).await;
+    assert!(matches!(next, Ok(StoreClaim::Acquired { .. })), "after record: {next:?}");
+    let listed = theirs.records(&idemcache::store::RecordFilter::default(), None, 10).await;
+    assert!(!listed.unwrap().is_empty());
+    let last = theirs.claim(&key("autocommit-after-list"), fp("r"), LEASE).await;
+    assert!(matches!(last, Ok(StoreClaim::Acquired { .. })), "after records: {last:?}");
+    drop(theirs);
     db.drop().await;
 }
 

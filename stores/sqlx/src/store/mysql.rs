@@ -780,10 +780,13 @@ impl Store for MySqlStore {
 
     async fn record(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let values = Values { key: key.as_bytes(), ..Values::default() };
-        let row = bind(&sql::RECORD, &values)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.failed(e))?;
+        // In a transaction of its own, as every operation: a session with autocommit off
+        // would otherwise keep the read's transaction (and its metadata lock) open.
+        let fail = |e| self.failed(e);
+        let mut conn = self.connection().await?;
+        let mut tx = self.begin(&mut conn).await?;
+        let row = bind(&sql::RECORD, &values).fetch_optional(&mut *tx).await.map_err(fail)?;
+        tx.commit().await.map_err(fail)?;
         match row {
             Some(row) => {
                 let stored = stored_row(&row, 1)?;
@@ -806,7 +809,9 @@ impl Store for MySqlStore {
         let mut listing = Listing::new(filter, after, limit, lapse_ttl_micros(self.lapse));
         let mut conn = self.connection().await?;
         while !listing.done() {
-            let now = now(&mut conn).await.map_err(fail)?;
+            // Each page in a transaction of its own, as every operation (see `record`).
+            let mut tx = self.begin(&mut conn).await?;
+            let now = now(&mut tx).await.map_err(fail)?;
             let values = Values {
                 now,
                 lapse_ttl: listing.lapse_ttl(),
@@ -817,7 +822,8 @@ impl Store for MySqlStore {
                 mask: listing.mask().into(),
                 ..Values::default()
             };
-            let rows = bind(&sql::RECORDS, &values).fetch_all(&mut *conn).await.map_err(fail)?;
+            let rows = bind(&sql::RECORDS, &values).fetch_all(&mut *tx).await.map_err(fail)?;
+            tx.commit().await.map_err(fail)?;
             let rows =
                 rows.iter().map(|r| Ok((now, stored_row(r, 0)?))).collect::<Result<Vec<_>, _>>()?;
             listing.take(rows)?;
