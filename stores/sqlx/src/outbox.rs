@@ -96,6 +96,74 @@ macro_rules! pool_storage {
     };
 }
 
+/// An engine module's operator operations (`list_dead`, `inspect`, `requeue`,
+/// `purge_delivered`) over any executor of `$db`, each one of the engine's statements
+/// (`LIST_DEAD`, `INSPECT`, `REQUEUE`, `PURGE` in scope) bound through the module's
+/// `id` (a message id as the engine's column takes it) and `limit` (a count as its
+/// `LIMIT` takes it). Written once for both engines.
+#[cfg(any(feature = "mysql", feature = "postgres"))]
+macro_rules! admin_operations {
+    ($db:ty) => {
+        /// Up to `limit` dead rows, oldest first.
+        pub async fn list_dead<'e, E>(
+            executor: E,
+            limit: usize,
+        ) -> Result<Vec<OutboxRow>, OutboxError>
+        where
+            E: Executor<'e, Database = $db>,
+        {
+            let rows = sqlx::query(LIST_DEAD)
+                .bind(self::limit(limit))
+                .fetch_all(executor)
+                .await
+                .map_err(database)?;
+            rows.iter().map(|r| decode::row(raw(r)?).map(|(_, row)| row)).collect()
+        }
+
+        /// The row of `message_id`, in any state, or `None`.
+        pub async fn inspect<'e, E>(
+            executor: E,
+            message_id: &str,
+        ) -> Result<Option<OutboxRow>, OutboxError>
+        where
+            E: Executor<'e, Database = $db>,
+        {
+            let query = sqlx::query(INSPECT).bind(id(message_id));
+            let found = query.fetch_optional(executor).await.map_err(database)?;
+            found.map(|r| decode::row(raw(&r)?).map(|(_, row)| row)).transpose()
+        }
+
+        /// Makes a dead row pending again, due at once, its attempts reset: `true` if it
+        /// was dead.
+        pub async fn requeue<'e, E>(executor: E, message_id: &str) -> Result<bool, OutboxError>
+        where
+            E: Executor<'e, Database = $db>,
+        {
+            let query = sqlx::query(REQUEUE).bind(id(message_id));
+            let done = query.execute(executor).await.map_err(database)?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        /// Deletes up to `limit` rows delivered before `cutoff` (oldest first) and
+        /// returns how many. `limit` 0 deletes nothing.
+        pub async fn purge_delivered<'e, E>(
+            executor: E,
+            cutoff: SystemTime,
+            limit: usize,
+        ) -> Result<usize, OutboxError>
+        where
+            E: Executor<'e, Database = $db>,
+        {
+            if limit == 0 {
+                return Ok(0);
+            }
+            let query = sqlx::query(PURGE).bind(to_micros(cutoff)).bind(self::limit(limit));
+            let done = query.execute(executor).await.map_err(database)?;
+            Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+        }
+    };
+}
+
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;

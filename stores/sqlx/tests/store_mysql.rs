@@ -1,20 +1,22 @@
 //! `MySqlStore` against a real MySQL or MariaDB (`IDEMCACHE_MYSQL_URL`; skipped with a
-//! printed reason when unset): the conformance suite, the `MarkUnknown` sub-suite,
-//! concurrent claims of one key (absent, or dead) race to exactly one Acquired, tokens
-//! keep increasing for a new pool (a restart), a session's time zone does not move the
-//! store's clock, rows the store cannot read are `Corrupt` naming their key (never a
-//! panic), a missing token counter is a typed error, a completion in the caller's
-//! transaction commits or rolls back with it and is fenced by its token.
+//! printed reason when unset): the suite both sqlx engines share (`common::store_suite!`:
+//! the conformance suite, the `MarkUnknown` sub-suite, concurrent claims of an absent or
+//! dead key race to exactly one Acquired, unreadable rows are `Corrupt`, a completion in
+//! the caller's transaction commits or rolls back with it), and what is MySQL's own:
+//! tokens keep increasing for a new pool (a restart) and across the upgrade of the token
+//! counter, a missing sequence is named, a column of another type is `Corrupt`, a
+//! session's time zone does not move the store's clock, a refused connection is named.
 //!
 //! Every test works in a database of its own (pid and counter in the name) and drops
 //! it: no other suite on the same server meets its records.
 
+#[macro_use]
+mod common;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idemcache::store::conformance::{self, acquire, fp, key, service_url, LEASE, TTL};
-use idemcache::store::{OpenClaim, Store, StoreClaim, StoreError};
-use idemcache::LapsePolicy;
+use idemcache::store::conformance::service_url;
 use idemcache_sqlx::MySqlStore;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, MySqlPool};
@@ -45,11 +47,21 @@ impl Db {
         Some(Db { admin, name, options, store })
     }
 
-    /// A store over a new pool on this database (another process's, or a restart's).
+    /// A store over a new pool on the database of `options`.
     fn store(options: &MySqlConnectOptions) -> MySqlStore {
         MySqlStore::from_pool(
             MySqlPoolOptions::new().max_connections(8).connect_lazy_with(options.clone()),
         )
+    }
+
+    /// A store over a new pool on this database (another process's, or a restart's).
+    fn another(&self) -> MySqlStore {
+        Db::store(&self.options)
+    }
+
+    /// The records table's qualified name.
+    fn records(&self) -> String {
+        format!("{}.idemcache_records", self.name)
     }
 
     async fn execute(&self, sql: String) {
@@ -61,105 +73,16 @@ impl Db {
     }
 }
 
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_MYSQL_URL"]
-async fn mysql_conforms() {
-    let Some(db) = Db::new("conforms").await else { return };
-    conformance::run(&db.store).await;
-    conformance::run(&db.store).await;
-    // The schema again, on a database that has it: nothing changes.
-    db.store.ensure_schema().await.unwrap();
-    let said = format!("{:?}", db.store);
-    assert!(said.starts_with("MySqlStore { server: \"MySQL at "), "{said}");
-    db.drop().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_MYSQL_URL"]
-async fn mysql_under_mark_unknown_never_re_runs_a_lapsed_lease() {
-    let Some(db) = Db::new("lapse").await else { return };
-    let ttl = Duration::from_secs(3600);
-    let store = db.store.clone().with_lapse_policy(LapsePolicy::MarkUnknown { ttl }).unwrap();
-    assert_eq!(store.lapse_policy(), LapsePolicy::MarkUnknown { ttl });
-    conformance::run_mark_unknown(&store, ttl, true).await;
-    conformance::reconcile_as_checked(&store).await;
-    let refused =
-        db.store.clone().with_lapse_policy(LapsePolicy::MarkUnknown { ttl: Duration::ZERO });
-    assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
-    db.drop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs IDEMCACHE_MYSQL_URL"]
-async fn two_tiered_instances_execute_each_key_exactly_once() {
-    let Some(db) = Db::new("tiered").await else { return };
-    let (second, restarted) = (Db::store(&db.options), Db::store(&db.options));
-    conformance::tiered_exactly_once(db.store.clone(), second, restarted, "sqlx-my").await;
-    db.drop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs IDEMCACHE_MYSQL_URL"]
-async fn concurrent_claims_of_one_key_race_to_exactly_one_acquired() {
-    let Some(db) = Db::new("race").await else { return };
-    for round in 0..4 {
-        let k = key(&format!("race-{round}"));
-        let claims: Vec<_> = (0..16)
-            .map(|i| {
-                // Two pools: two processes' worth of connections.
-                let store = if i % 2 == 0 { db.store.clone() } else { Db::store(&db.options) };
-                let k = k.clone();
-                tokio::spawn(async move { store.claim(&k, fp("r"), LEASE).await.unwrap() })
-            })
-            .collect();
-        let mut acquired = 0;
-        for claim in claims {
-            match claim.await.unwrap() {
-                StoreClaim::Acquired { .. } => acquired += 1,
-                StoreClaim::InProgress { .. } => {}
-                other => panic!("{other:?}"),
-            }
-        }
-        assert_eq!(acquired, 1, "round {round}: exactly one claim acquired");
-    }
-    db.drop().await;
-}
-
-/// A dead record (its lease ended a minute ago, as the server's clock has it) claimed
-/// by 16 at once from two pools: one takes it over under a new token, the rest find it
-/// in progress, and the dead lease's token is refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs IDEMCACHE_MYSQL_URL"]
-async fn concurrent_claims_of_a_dead_record_race_to_exactly_one_takeover() {
-    let Some(db) = Db::new("takeover").await else { return };
-    let k = key("takeover");
-    let stale = acquire(&db.store, &k).await;
-    let table = format!("{}.idemcache_records", db.name);
-    // The lease's end a minute in the past: the lease and a minute before the claim.
-    let back = 60_000_000 + LEASE.as_micros();
-    db.execute(format!("UPDATE {table} SET expires_at = expires_at - {back}")).await;
-    let claims: Vec<_> = (0..16)
-        .map(|i| {
-            let store = if i % 2 == 0 { db.store.clone() } else { Db::store(&db.options) };
-            let k = k.clone();
-            tokio::spawn(async move { store.claim(&k, fp("r"), LEASE).await.unwrap() })
-        })
-        .collect();
-    let mut fresh = Vec::new();
-    for claim in claims {
-        match claim.await.unwrap() {
-            StoreClaim::Acquired { token, .. } => fresh.push(token),
-            StoreClaim::InProgress { .. } => {}
-            other => panic!("{other:?}"),
-        }
-    }
-    assert_eq!(fresh.len(), 1, "exactly one claim took the dead record over: {fresh:?}");
-    assert!(fresh[0] > stale);
-    let late = db.store.complete(&k, stale, None, TTL).await;
-    assert!(matches!(late, Err(StoreError::LeaseLost(_))), "{late:?}");
-    db.store.complete(&k, fresh[0], None, TTL).await.unwrap();
-    db.drop().await;
-}
+store_suite!(
+    store: MySqlStore,
+    needs: "needs IDEMCACHE_MYSQL_URL",
+    said: "MySqlStore { server: \"MySQL at ",
+    down: "mysql://root@127.0.0.1:1/test",
+    named: "MySQL at 127.0.0.1:1/test",
+    unparsable: "mysql://app:p@ss/word@db/x",
+    tag: "sqlx-my",
+    short_fingerprint: "fingerprint = x'010203'"
+);
 
 /// The sequence is durable: a new pool (a restarted process) is handed larger tokens,
 /// a database an earlier release counted in (`idemcache_tokens`) is handed tokens 2^32
@@ -189,39 +112,20 @@ async fn tokens_increase_across_pools_and_upgrades_and_a_missing_sequence_is_nam
     db.drop().await;
 }
 
-/// Rows the schema allows but the store cannot read (an UNKNOWN without its mark time,
-/// a fingerprint of the wrong length, a column of another type) are `Corrupt` naming
-/// their key; named, the record can be forgotten.
+/// A column of another type than the schema's is `Corrupt` naming the key and the
+/// column, never a panic.
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_MYSQL_URL"]
-async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
-    let Some(db) = Db::new("corrupt").await else { return };
+async fn a_column_of_another_type_is_corrupt_not_a_panic() {
+    let Some(db) = Db::new("odd_type").await else { return };
     let store = &db.store;
-    let k = key("sqlx-no-mark");
-    let token = acquire(store, &k).await;
-    store.mark_unknown(&k, token, TTL).await.unwrap();
-    let table = format!("{}.idemcache_records", db.name);
-    db.execute(format!("UPDATE {table} SET settled_at = NULL")).await;
-    match store.list_unknown(10).await {
-        Err(StoreError::Corrupt(why)) => assert!(why.contains("sqlx-no-mark"), "{why}"),
-        other => panic!("expected Corrupt, got {other:?}"),
-    }
-    db.execute(format!("UPDATE {table} SET fingerprint = x'010203'")).await;
-    match store.claim(&k, fp("r"), LEASE).await {
-        Err(StoreError::Corrupt(why)) => {
-            assert!(why.contains("sqlx-no-mark") && why.contains("16 bytes"), "{why}")
-        }
-        other => panic!("expected Corrupt, got {other:?}"),
-    }
-    store.forget(&k).await.unwrap();
-    assert!(store.list_unknown(10).await.unwrap().is_empty());
-
+    let table = db.records();
     let k = key("sqlx-odd-type");
     let token = acquire(store, &k).await;
     store.complete(&k, token, None, TTL).await.unwrap();
     db.execute(format!("ALTER TABLE {table} MODIFY token VARCHAR(20) NOT NULL")).await;
     // A new pool: the old one's prepared statements know the old column types.
-    let store = Db::store(&db.options);
+    let store = db.another();
     match store.claim(&k, fp("r"), LEASE).await {
         Err(StoreError::Corrupt(why)) => {
             assert!(why.contains("sqlx-odd-type") && why.contains("column token"), "{why}")
@@ -229,55 +133,6 @@ async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
         other => panic!("expected Corrupt, got {other:?}"),
     }
     db.drop().await;
-}
-
-/// `complete_in`: rolled back, the record stays PROCESSING; committed, it replays; a
-/// stale token is refused and its transaction can roll back.
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_MYSQL_URL"]
-async fn a_completion_in_the_callers_transaction_commits_with_it() {
-    let Some(db) = Db::new("in_tx").await else { return };
-    let store = &db.store;
-    let k = key("sqlx-in-tx");
-    let token = acquire(store, &k).await;
-    let claim = OpenClaim::new(k.clone(), token, TTL);
-
-    let mut tx = store.pool().begin().await.unwrap();
-    MySqlStore::complete_in(&mut tx, &claim, Some(b"paid")).await.unwrap();
-    assert!(claim.handed_over());
-    tx.rollback().await.unwrap();
-    assert!(matches!(
-        store.claim(&k, fp("r"), LEASE).await.unwrap(),
-        StoreClaim::InProgress { .. }
-    ));
-
-    let mut tx = store.pool().begin().await.unwrap();
-    let record = MySqlStore::complete_in(&mut tx, &claim, Some(b"paid")).await.unwrap();
-    tx.commit().await.unwrap();
-    match store.claim(&k, fp("r"), LEASE).await.unwrap() {
-        StoreClaim::Completed(replay) => assert_eq!(replay, record),
-        other => panic!("{other:?}"),
-    }
-
-    let stale = OpenClaim::new(k.clone(), token, TTL);
-    let mut tx = store.pool().begin().await.unwrap();
-    let refused = MySqlStore::complete_in(&mut tx, &stale, Some(b"again")).await;
-    assert!(matches!(refused, Err(StoreError::LeaseLost(_))), "{refused:?}");
-    tx.rollback().await.unwrap();
-    db.drop().await;
-}
-
-#[tokio::test]
-async fn an_unreachable_server_is_a_typed_error_naming_it() {
-    let store = MySqlStore::connect("mysql://root@127.0.0.1:1/test").await.unwrap();
-    match store.claim(&key("down"), fp("r"), LEASE).await {
-        Err(e @ StoreError::Backend(_)) => {
-            assert!(e.to_string().contains("MySQL at 127.0.0.1:1/test"), "{e}")
-        }
-        other => panic!("expected a backend error, got {other:?}"),
-    }
-    let refused = MySqlStore::connect("mysql://app:p@ss/word@db/x").await;
-    assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
 }
 
 /// Times are the server's UTC microseconds whatever a session's time zone: a handle

@@ -1,22 +1,22 @@
 //! `PgStore` against a real PostgreSQL (`IDEMCACHE_POSTGRES_URL`; skipped with a printed
-//! reason when unset): the conformance suite, the `MarkUnknown` sub-suite, concurrent
-//! claims of one key race to exactly one Acquired, rows the store cannot read are
-//! `Corrupt` naming their key (never a panic), a completion in the caller's transaction
-//! commits or rolls back with it and is fenced by its token, and one table written by
-//! this store and by `idemcache-postgres`'s (tokio-postgres) behaves as one store.
+//! reason when unset): the suite both sqlx engines share (`common::store_suite!`: the
+//! conformance suite, the `MarkUnknown` sub-suite, concurrent claims of an absent or
+//! dead key race to exactly one Acquired, unreadable rows are `Corrupt`, a completion in
+//! the caller's transaction commits or rolls back with it), and what is PostgreSQL's
+//! own: a state the decoding does not know or of another type is `Corrupt`, one table
+//! written by this store and by `idemcache-postgres`'s (tokio-postgres) behaves as one
+//! store, and an earlier release's table is brought up to date.
 //!
 //! Every test works in a schema of its own (pid and counter in the name), selected by
 //! its pool's `search_path`, and drops it: no other suite on the same database (the
 //! tokio-postgres store's, purging under another policy) meets its records.
 
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+#[macro_use]
+mod common;
 
-use idemcache::store::conformance::{
-    self, acquire, fp, key, postgres_url_in_schema, service_url, LEASE, TTL,
-};
-use idemcache::store::{OpenClaim, Store, StoreClaim, StoreError};
-use idemcache::LapsePolicy;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use idemcache::store::conformance::{postgres_url_in_schema, service_url};
 use idemcache_postgres::PostgresStore;
 use idemcache_sqlx::PgStore;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -50,6 +50,17 @@ impl Db {
         Some(Db { admin, url, schema, store })
     }
 
+    /// A store over a new pool in this schema (another process's, or a restart's).
+    fn another(&self) -> PgStore {
+        let options = self.store.pool().connect_options().as_ref().clone();
+        PgStore::from_pool(PgPoolOptions::new().max_connections(8).connect_lazy_with(options))
+    }
+
+    /// The records table's qualified name.
+    fn records(&self) -> String {
+        format!("{}.idemcache_records", self.schema)
+    }
+
     async fn execute(&self, sql: String) {
         sqlx::raw_sql(AssertSqlSafe(sql)).execute(&self.admin).await.unwrap();
     }
@@ -59,97 +70,25 @@ impl Db {
     }
 }
 
+store_suite!(
+    store: PgStore,
+    needs: "needs IDEMCACHE_POSTGRES_URL",
+    said: "PgStore { server: \"PostgreSQL at ",
+    down: "postgres://postgres@127.0.0.1:1/test",
+    named: "PostgreSQL at 127.0.0.1:1/test",
+    unparsable: "postgres://app:p@ss/word@db/x",
+    tag: "sqlx-pg",
+    short_fingerprint: "fingerprint = '\\x010203'::bytea"
+);
+
+/// A state the decoding does not know, or a state column of another type, is
+/// `Corrupt` naming the key and what it found, never a panic.
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn postgres_conforms() {
-    let Some(db) = Db::new("conforms").await else { return };
-    conformance::run(&db.store).await;
-    // Twice on one table: every call keys its records apart.
-    conformance::run(&db.store).await;
-    let said = format!("{:?}", db.store);
-    assert!(said.starts_with("PgStore { server: \"PostgreSQL at "), "{said}");
-    db.drop().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn postgres_under_mark_unknown_never_re_runs_a_lapsed_lease() {
-    let Some(db) = Db::new("lapse").await else { return };
-    let ttl = Duration::from_secs(3600);
-    let store = db.store.clone().with_lapse_policy(LapsePolicy::MarkUnknown { ttl }).unwrap();
-    assert_eq!(store.lapse_policy(), LapsePolicy::MarkUnknown { ttl });
-    conformance::run_mark_unknown(&store, ttl, true).await;
-    conformance::reconcile_as_checked(&store).await;
-    let refused =
-        db.store.clone().with_lapse_policy(LapsePolicy::MarkUnknown { ttl: Duration::ZERO });
-    assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
-    db.drop().await;
-}
-
-/// Two `Tiered` instances (separate caches, separate pools) over one schema, hammered
-/// with concurrent duplicates: each key runs once; a restarted one replays.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn two_tiered_instances_execute_each_key_exactly_once() {
-    let Some(db) = Db::new("tiered").await else { return };
-    let options = db.store.pool().connect_options().as_ref().clone();
-    let other = || PgStore::from_pool(PgPoolOptions::new().connect_lazy_with(options.clone()));
-    conformance::tiered_exactly_once(db.store.clone(), other(), other(), "sqlx-pg").await;
-    db.drop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn concurrent_claims_of_one_key_race_to_exactly_one_acquired() {
-    let Some(db) = Db::new("race").await else { return };
-    for round in 0..4 {
-        let k = key(&format!("race-{round}"));
-        let claims: Vec<_> = (0..16)
-            .map(|_| {
-                let (store, k) = (db.store.clone(), k.clone());
-                tokio::spawn(async move { store.claim(&k, fp("r"), LEASE).await.unwrap() })
-            })
-            .collect();
-        let mut acquired = 0;
-        for claim in claims {
-            match claim.await.unwrap() {
-                StoreClaim::Acquired { .. } => acquired += 1,
-                StoreClaim::InProgress { .. } => {}
-                other => panic!("{other:?}"),
-            }
-        }
-        assert_eq!(acquired, 1, "round {round}: exactly one claim acquired");
-    }
-    db.drop().await;
-}
-
-/// Rows the schema allows but the store cannot read (an UNKNOWN without its mark time,
-/// a fingerprint of the wrong length, a state the decoding does not know) are
-/// `Corrupt` naming their key; named, the record can be forgotten.
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
-    let Some(db) = Db::new("corrupt").await else { return };
+async fn an_unknown_state_or_a_column_of_another_type_is_corrupt_not_a_panic() {
+    let Some(db) = Db::new("odd_state").await else { return };
     let store = &db.store;
-    let k = key("sqlx-no-mark");
-    let token = acquire(store, &k).await;
-    store.mark_unknown(&k, token, TTL).await.unwrap();
-    let table = format!("{}.idemcache_records", db.schema);
-    db.execute(format!("UPDATE {table} SET settled_at = NULL")).await;
-    match store.list_unknown(10).await {
-        Err(StoreError::Corrupt(why)) => assert!(why.contains("sqlx-no-mark"), "{why}"),
-        other => panic!("expected Corrupt, got {other:?}"),
-    }
-    db.execute(format!("UPDATE {table} SET fingerprint = '\\x010203'::bytea")).await;
-    match store.claim(&k, fp("r"), LEASE).await {
-        Err(StoreError::Corrupt(why)) => {
-            assert!(why.contains("sqlx-no-mark") && why.contains("16 bytes"), "{why}")
-        }
-        other => panic!("expected Corrupt, got {other:?}"),
-    }
-    store.forget(&k).await.unwrap();
-    assert!(store.list_unknown(10).await.unwrap().is_empty());
-
+    let table = db.records();
     // A state the contract does not know (the schema's CHECK dropped, as a hand-made
     // table might lack it), and a state column of another type.
     let k = key("sqlx-odd-state");
@@ -165,8 +104,7 @@ async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
     }
     db.execute(format!("ALTER TABLE {table} ALTER COLUMN state TYPE integer")).await;
     // A new pool: the old one's prepared statements return the old column types.
-    let options = store.pool().connect_options().as_ref().clone();
-    let store = PgStore::from_pool(PgPoolOptions::new().connect_lazy_with(options));
+    let store = db.another();
     match store.claim(&k, fp("r"), LEASE).await {
         Err(StoreError::Corrupt(why)) => {
             assert!(why.contains("sqlx-odd-state") && why.contains("column state"), "{why}")
@@ -174,55 +112,6 @@ async fn rows_the_store_cannot_read_are_corrupt_not_a_panic() {
         other => panic!("expected Corrupt, got {other:?}"),
     }
     db.drop().await;
-}
-
-/// `complete_in`: rolled back, the record stays PROCESSING; committed, it replays; a
-/// stale token is refused and its transaction can roll back.
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn a_completion_in_the_callers_transaction_commits_with_it() {
-    let Some(db) = Db::new("in_tx").await else { return };
-    let store = &db.store;
-    let k = key("sqlx-in-tx");
-    let token = acquire(store, &k).await;
-    let claim = OpenClaim::new(k.clone(), token, TTL);
-
-    let mut tx = store.pool().begin().await.unwrap();
-    PgStore::complete_in(&mut tx, &claim, Some(b"paid")).await.unwrap();
-    assert!(claim.handed_over());
-    tx.rollback().await.unwrap();
-    assert!(matches!(
-        store.claim(&k, fp("r"), LEASE).await.unwrap(),
-        StoreClaim::InProgress { .. }
-    ));
-
-    let mut tx = store.pool().begin().await.unwrap();
-    let record = PgStore::complete_in(&mut tx, &claim, Some(b"paid")).await.unwrap();
-    tx.commit().await.unwrap();
-    match store.claim(&k, fp("r"), LEASE).await.unwrap() {
-        StoreClaim::Completed(replay) => assert_eq!(replay, record),
-        other => panic!("{other:?}"),
-    }
-
-    let stale = OpenClaim::new(k.clone(), token, TTL);
-    let mut tx = store.pool().begin().await.unwrap();
-    let refused = PgStore::complete_in(&mut tx, &stale, Some(b"again")).await;
-    assert!(matches!(refused, Err(StoreError::LeaseLost(_))), "{refused:?}");
-    tx.rollback().await.unwrap();
-    db.drop().await;
-}
-
-#[tokio::test]
-async fn an_unreachable_server_is_a_typed_error_naming_it() {
-    let store = PgStore::connect("postgres://postgres@127.0.0.1:1/test").await.unwrap();
-    match store.claim(&key("down"), fp("r"), LEASE).await {
-        Err(e @ StoreError::Backend(_)) => {
-            assert!(e.to_string().contains("PostgreSQL at 127.0.0.1:1/test"), "{e}")
-        }
-        other => panic!("expected a backend error, got {other:?}"),
-    }
-    let refused = PgStore::connect("postgres://app:p@ss/word@db/x").await;
-    assert!(matches!(refused, Err(StoreError::InvalidInput(_))), "{refused:?}");
 }
 
 /// One schema, two drivers: what one store wrote, the other reads and settles alike

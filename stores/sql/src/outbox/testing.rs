@@ -1,6 +1,7 @@
 //! What every driver's outbox suite uses to try its relay (feature `test-utils`): a
 //! broker that fails and hangs on cue ([`FlakyBroker`]), a clock moved by hand
-//! ([`HandClock`]), and the scenarios written once for every driver: a row's whole life
+//! ([`HandClock`]), and the scenarios written once for every driver: what an enqueue
+//! promises ([`enqueue_commits_with_the_change_byte_for_byte`]), a row's whole life
 //! through [`OutboxStorage`] and [`OutboxAdmin`] ([`a_rows_life`], on any executor),
 //! rows it cannot read ([`unreadable_rows_are_corrupt_and_hold_back_no_other`]),
 //! relays claiming at once beside enqueues
@@ -39,6 +40,49 @@ pub fn message(id: &str) -> OutboxMessage {
 /// The ids of a batch's claimed messages, in claim order.
 pub fn ids(batch: &Batch) -> Vec<&str> {
     batch.claimed.iter().map(|c| c.message.id()).collect()
+}
+
+/// What an enqueue promises on every engine, on an empty outbox: an enqueue rolled back
+/// leaves nothing; ids are compared byte for byte (case, or a trailing space, makes
+/// another message); a committed row is claimed once, read back as enqueued under its
+/// first lease (token 1, attempt 1), and not again within the lease; the lease's first
+/// mark applies and a second is `Stale`; a duplicate id is `Duplicate` naming it and
+/// changes nothing; an empty id is `InvalidInput`. `put` enqueues its messages in one
+/// committed transaction; `rolled_back` enqueues one message in a transaction it then
+/// rolls back, and returns what the enqueue answered.
+pub async fn enqueue_commits_with_the_change_byte_for_byte<S, P, PF, R, RF>(
+    storage: &S,
+    put: P,
+    rolled_back: R,
+) where
+    S: OutboxStorage + OutboxAdmin,
+    P: Fn(Vec<OutboxMessage>) -> PF,
+    PF: Future<Output = ()>,
+    R: Fn(OutboxMessage) -> RF,
+    RF: Future<Output = Result<(), OutboxError>>,
+{
+    let min = Duration::from_secs(60);
+    rolled_back(message("lost")).await.unwrap();
+    assert!(storage.claim_due(10, min, t0()).await.unwrap().claimed.is_empty());
+    assert!(storage.inspect("lost").await.unwrap().is_none(), "rolled back with its change");
+
+    put(vec![message("m-1"), message("M-1"), message("m-1 ")]).await;
+    let first = storage.claim_due(10, min, t0()).await.unwrap();
+    assert_eq!(ids(&first), ["m-1", "M-1", "m-1 "], "three messages, in enqueue order");
+    let claimed = &first.claimed[0];
+    assert_eq!(claimed.message, message("m-1"), "read back as enqueued, headers included");
+    assert_eq!((claimed.lease.token, claimed.lease.attempts), (1, 1));
+    let within = storage.claim_due(10, min, t0() + min - Duration::from_secs(1)).await.unwrap();
+    assert!(within.claimed.is_empty(), "claimed once within its lease");
+    assert_eq!(storage.mark_delivered(&claimed.lease, t0()).await.unwrap(), Mark::Applied);
+    assert_eq!(storage.mark_delivered(&claimed.lease, t0()).await.unwrap(), Mark::Stale);
+
+    let e = rolled_back(message("m-1")).await.unwrap_err();
+    assert!(matches!(&e, OutboxError::Duplicate(id) if id == "m-1"), "{e:?}");
+    let row = storage.inspect("m-1").await.unwrap().unwrap();
+    assert_eq!((row.state, row.token), (State::Delivered, 1), "the duplicate changed nothing");
+    let e = rolled_back(OutboxMessage::new("", "orders", Vec::new())).await.unwrap_err();
+    assert!(matches!(e, OutboxError::InvalidInput(_)), "{e:?}");
 }
 
 /// A row's whole life, on an empty outbox: a lease lapses and the row is claimed again

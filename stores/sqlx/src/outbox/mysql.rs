@@ -60,7 +60,7 @@ pub async fn enqueue(
         }
     }
     let done = sqlx::query(ENQUEUE)
-        .bind(message.id().as_bytes())
+        .bind(id(message.id()))
         .bind(message.topic().as_bytes())
         .bind(&message.payload()[..])
         .bind(message.encoded_headers())
@@ -97,7 +97,7 @@ pub async fn claim_due(
     let mut tx = conn.begin().await.map_err(database)?;
     let picked: Vec<i64> = sqlx::query_scalar(CLAIM_PICK)
         .bind(now_us)
-        .bind(u64::try_from(batch).unwrap_or(u64::MAX))
+        .bind(limit(batch))
         .fetch_all(&mut *tx)
         .await
         .map_err(database)?;
@@ -146,7 +146,7 @@ where
 {
     let done = sqlx::query(DELIVERED)
         .bind(to_micros(now))
-        .bind(lease.message_id.as_bytes())
+        .bind(id(&lease.message_id))
         .bind(token(lease)?)
         .execute(executor)
         .await
@@ -171,7 +171,7 @@ where
         .bind(state)
         .bind(due)
         .bind(clip_error(error).into_owned().into_bytes())
-        .bind(lease.message_id.as_bytes())
+        .bind(id(&lease.message_id))
         .bind(token(lease)?)
         .execute(executor)
         .await
@@ -179,66 +179,17 @@ where
     Ok(mark(done.rows_affected()))
 }
 
-/// Up to `limit` dead rows, oldest first.
-pub async fn list_dead<'e, E>(executor: E, limit: usize) -> Result<Vec<OutboxRow>, OutboxError>
-where
-    E: Executor<'e, Database = MySql>,
-{
-    let rows = sqlx::query(LIST_DEAD)
-        .bind(u64::try_from(limit).unwrap_or(u64::MAX))
-        .fetch_all(executor)
-        .await
-        .map_err(database)?;
-    rows.iter().map(|r| decode::row(raw(r)?).map(|(_, row)| row)).collect()
+admin_operations!(MySql);
+
+/// A message id as the table's `VARBINARY` column takes it: its bytes, compared byte
+/// for byte.
+fn id(message_id: &str) -> &[u8] {
+    message_id.as_bytes()
 }
 
-/// The row of `message_id`, in any state, or `None`.
-pub async fn inspect<'e, E>(executor: E, message_id: &str) -> Result<Option<OutboxRow>, OutboxError>
-where
-    E: Executor<'e, Database = MySql>,
-{
-    let found = sqlx::query(INSPECT)
-        .bind(message_id.as_bytes())
-        .fetch_optional(executor)
-        .await
-        .map_err(database)?;
-    found.map(|r| decode::row(raw(&r)?).map(|(_, row)| row)).transpose()
-}
-
-/// Makes a dead row pending again, due at once, its attempts reset: `true` if it was
-/// dead.
-pub async fn requeue<'e, E>(executor: E, message_id: &str) -> Result<bool, OutboxError>
-where
-    E: Executor<'e, Database = MySql>,
-{
-    let done = sqlx::query(REQUEUE)
-        .bind(message_id.as_bytes())
-        .execute(executor)
-        .await
-        .map_err(database)?;
-    Ok(done.rows_affected() == 1)
-}
-
-/// Deletes up to `limit` rows delivered before `cutoff` (oldest first) and returns how
-/// many. `limit` 0 deletes nothing.
-pub async fn purge_delivered<'e, E>(
-    executor: E,
-    cutoff: SystemTime,
-    limit: usize,
-) -> Result<usize, OutboxError>
-where
-    E: Executor<'e, Database = MySql>,
-{
-    if limit == 0 {
-        return Ok(0);
-    }
-    let done = sqlx::query(PURGE)
-        .bind(to_micros(cutoff))
-        .bind(u64::try_from(limit).unwrap_or(u64::MAX))
-        .execute(executor)
-        .await
-        .map_err(database)?;
-    Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+/// A count as MySQL's `LIMIT` takes it.
+fn limit(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
 }
 
 pool_storage!(MySqlPool, "A relay's and an operator's storage over a sqlx MySQL pool: a claim takes a connection for its transaction, every other operation one for its statement.");

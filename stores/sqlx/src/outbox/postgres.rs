@@ -77,7 +77,7 @@ where
     let now_us = to_micros(now);
     let rows = sqlx::query(CLAIM)
         .bind(now_us)
-        .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+        .bind(limit(batch))
         .bind(now_us.saturating_add(micros(lease)))
         .fetch_all(executor)
         .await
@@ -139,59 +139,16 @@ where
     Ok(mark(done.rows_affected()))
 }
 
-/// Up to `limit` dead rows, oldest first.
-pub async fn list_dead<'e, E>(executor: E, limit: usize) -> Result<Vec<OutboxRow>, OutboxError>
-where
-    E: Executor<'e, Database = Postgres>,
-{
-    let rows = sqlx::query(LIST_DEAD)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .fetch_all(executor)
-        .await
-        .map_err(database)?;
-    rows.iter().map(|r| decode::row(raw(r)?).map(|(_, row)| row)).collect()
+admin_operations!(Postgres);
+
+/// A message id as the table's `TEXT` column takes it.
+fn id(message_id: &str) -> &str {
+    message_id
 }
 
-/// The row of `message_id`, in any state, or `None`.
-pub async fn inspect<'e, E>(executor: E, message_id: &str) -> Result<Option<OutboxRow>, OutboxError>
-where
-    E: Executor<'e, Database = Postgres>,
-{
-    let found =
-        sqlx::query(INSPECT).bind(message_id).fetch_optional(executor).await.map_err(database)?;
-    found.map(|r| decode::row(raw(&r)?).map(|(_, row)| row)).transpose()
-}
-
-/// Makes a dead row pending again, due at once, its attempts reset: `true` if it was
-/// dead.
-pub async fn requeue<'e, E>(executor: E, message_id: &str) -> Result<bool, OutboxError>
-where
-    E: Executor<'e, Database = Postgres>,
-{
-    let done = sqlx::query(REQUEUE).bind(message_id).execute(executor).await.map_err(database)?;
-    Ok(done.rows_affected() == 1)
-}
-
-/// Deletes up to `limit` rows delivered before `cutoff` (oldest first) and returns how
-/// many. `limit` 0 deletes nothing.
-pub async fn purge_delivered<'e, E>(
-    executor: E,
-    cutoff: SystemTime,
-    limit: usize,
-) -> Result<usize, OutboxError>
-where
-    E: Executor<'e, Database = Postgres>,
-{
-    if limit == 0 {
-        return Ok(0);
-    }
-    let done = sqlx::query(PURGE)
-        .bind(to_micros(cutoff))
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(executor)
-        .await
-        .map_err(database)?;
-    Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+/// A count as PostgreSQL's `LIMIT` takes it.
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 pool_storage!(PgPool, "A relay's and an operator's storage over a sqlx PostgreSQL pool.");
