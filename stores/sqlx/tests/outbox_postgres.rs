@@ -58,10 +58,16 @@ impl Db {
 outbox_suite!(
     engine: idemcache_sqlx::outbox::postgres,
     conn: PgConnection,
+    db: sqlx::Postgres,
     needs: "needs IDEMCACHE_POSTGRES_URL",
     spoil: "UPDATE idemcache_outbox SET headers = '\\x0009' WHERE message_id = 'bad-headers';
             UPDATE idemcache_outbox SET state = 9 WHERE message_id = 'bad-state';",
-    count: "SELECT count(*) FROM idemcache_outbox WHERE state = $1"
+    count: "SELECT count(*) FROM idemcache_outbox WHERE state = $1",
+    session: "SELECT pg_backend_pid()::int8",
+    waiting: "SELECT count(*) FROM pg_locks WHERE pid::int8 = $1 AND NOT granted",
+    key_seqs: "SELECT seq FROM idemcache_outbox WHERE aggregate_key = $1 ORDER BY seq",
+    sleep: "SELECT pg_sleep(0.001)",
+    raise: "UPDATE idemcache_outbox SET {} = 9223372036854775807 WHERE message_id = $1"
 );
 
 /// A commit notifies a `PgListener` on the outbox's channel; a duplicate id aborts its

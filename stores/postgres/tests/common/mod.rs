@@ -94,6 +94,7 @@ impl OrdersDb {
 /// A schema of one test's own, with the outbox's tables in it; dropped by [`drop`].
 ///
 /// [`drop`]: SchemaDb::drop
+#[derive(Clone)]
 pub struct SchemaDb {
     pub url: String,
     pub schema: String,

@@ -1,16 +1,21 @@
 //! What every driver's outbox suite uses to try its relay (feature `test-utils`): a
 //! broker that fails and hangs on cue ([`FlakyBroker`]), a clock moved by hand
 //! ([`HandClock`]), and the scenarios written once for every driver: what an enqueue
-//! promises ([`enqueue_commits_with_the_change_byte_for_byte`]), a row's whole life
+//! promises ([`enqueue_commits_with_the_change_byte_for_byte`]), the largest headers
+//! ([`the_largest_headers_check_accepts_are_read_back_as_enqueued`]), a row's whole life
 //! through [`OutboxStorage`] and [`OutboxAdmin`] ([`a_rows_life`], on any executor),
 //! rows it cannot read ([`unreadable_rows_are_corrupt_and_hold_back_no_other`]),
 //! relays claiming at once beside enqueues
 //! ([`concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue`], on tokio) and a
-//! relay killed mid-batch ([`a_relay_killed_mid_batch_loses_nothing`], on tokio).
+//! relay killed mid-batch ([`a_relay_killed_mid_batch_loses_nothing`], on tokio); and,
+//! in [`producers`], what producers at once and rows at the top of their counters must
+//! not break.
 //!
 //! Invariant: the broker confirms a message (records it) only in a publish that answers
 //! `Ok`; a publish it hangs never answers, as a broker that stopped responding, so that
 //! the relay awaiting it can be killed mid-batch.
+
+pub mod producers;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -83,6 +88,29 @@ pub async fn enqueue_commits_with_the_change_byte_for_byte<S, P, PF, R, RF>(
     assert_eq!((row.state, row.token), (State::Delivered, 1), "the duplicate changed nothing");
     let e = rolled_back(OutboxMessage::new("", "orders", Vec::new())).await.unwrap_err();
     assert!(matches!(e, OutboxError::InvalidInput(_)), "{e:?}");
+}
+
+/// The most headers [`OutboxMessage::check`] takes, each as long as it takes, are stored
+/// (in a deterministic form, more than a 64 KiB `BLOB` holds) and read back as
+/// enqueued, on every engine. `put` enqueues in one committed transaction.
+pub async fn the_largest_headers_check_accepts_are_read_back_as_enqueued<S, P, PF>(
+    storage: &S,
+    put: P,
+) where
+    S: OutboxAdmin,
+    P: Fn(Vec<OutboxMessage>) -> PF,
+    PF: Future<Output = ()>,
+{
+    use super::{MAX_HEADERS, MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN};
+    let mut big = OutboxMessage::new("big", "orders", b"big".to_vec());
+    for i in 0..MAX_HEADERS {
+        let name = format!("{i:02}{}", "n".repeat(MAX_HEADER_NAME_LEN - 2));
+        big = big.with_header(name, "v".repeat(MAX_HEADER_VALUE_LEN));
+    }
+    big.check().unwrap();
+    assert!(big.encoded_headers().len() > 65_535, "more than a BLOB holds");
+    put(vec![big.clone()]).await;
+    assert_eq!(storage.inspect("big").await.unwrap().unwrap().message, big);
 }
 
 /// A row's whole life, on an empty outbox: a lease lapses and the row is claimed again

@@ -215,26 +215,168 @@ macro_rules! store_suite {
 }
 
 /// The shared outbox tests for one engine: the scenarios of
-/// `idemcache_sql::outbox::testing` through this crate's `Storage` of `$engine` (a
-/// module of `idemcache_sqlx::outbox`), and a claim that skips a row another
-/// transaction holds. `$conn` is the engine's connection type, `$needs` the skip
-/// reason, `$spoil` the statements that make `bad-headers` and `bad-state` unreadable,
-/// `$count` the count of rows in a state (`$1`/`?` its code).
+/// `idemcache_sql::outbox::testing` and of its `producers` through this crate's
+/// `Storage` of `$engine` (a module of `idemcache_sqlx::outbox`), and a claim that skips
+/// a row another transaction holds. `$conn` is the engine's connection type and `$db`
+/// its database, `$needs` the skip reason, and the statements in the engine's dialect
+/// (`$1`/`?` the bound value): `$spoil` makes `bad-headers` and `bad-state` unreadable,
+/// `$count` counts the rows in a state, `$session` is the connection's id, `$waiting`
+/// counts a connection's lock waits, `$key_seqs` reads a key's `seq`s in order, `$sleep`
+/// is a 1 ms sleep of the server's, `$raise` sets a column (`{}`) of a row to
+/// `i64::MAX`.
 ///
 /// The fixture a file defines, named `Db`, gives: `Db::new(test) -> Option<Db>` (a
 /// database or schema of the test's own with the outbox ensured), `db.conn()` (a
 /// connection there), `db.pool()` (a 4-connection pool there) and `db.drop()`.
 #[macro_export]
 macro_rules! outbox_suite {
-    (engine: $engine:path, conn: $conn:ty, needs: $needs:literal, spoil: $spoil:literal,
-     count: $count:literal) => {
+    (engine: $engine:path, conn: $conn:ty, db: $db:ty, needs: $needs:literal,
+     spoil: $spoil:literal, count: $count:literal, session: $session:literal,
+     waiting: $waiting:literal, key_seqs: $key_seqs:literal, sleep: $sleep:literal,
+     raise: $raise:literal) => {
         use idemcache_sql::outbox::testing::{self, ids, message, t0};
         use idemcache_sql::outbox::State;
         use idemcache_sqlx::outbox::OutboxMessage;
         use sqlx::{Connection, Executor};
         use $engine::{claim_due, enqueue, Storage};
 
+        use idemcache_sql::one_commit::testing::Boxed;
+        use idemcache_sql::outbox::testing::producers::{self, End, Producer, Producers, Script};
+
         const MIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+        /// Producers on connections of a pool of their own (16: six lanes, the relay
+        /// and the observer at once), the relay's storage on the test's pool.
+        #[derive(Clone)]
+        struct Producing {
+            storage: sqlx::Pool<$db>,
+            producers: sqlx::Pool<$db>,
+        }
+
+        impl Producing {
+            fn new(pool: &sqlx::Pool<$db>) -> Producing {
+                let options = (*pool.connect_options()).clone();
+                let producers =
+                    sqlx::pool::PoolOptions::new().max_connections(16).connect_lazy_with(options);
+                Producing { storage: pool.clone(), producers }
+            }
+        }
+
+        impl Producers for Producing {
+            type Storage = Storage;
+
+            fn storage(&self) -> Storage {
+                Storage::new(self.storage.clone())
+            }
+
+            fn producer(&self, script: Script) -> Boxed<'_, Producer> {
+                Box::pin(async move {
+                    let mut conn = self.producers.acquire().await.unwrap();
+                    let session = sqlx::query_scalar($session).fetch_one(&mut *conn).await;
+                    let session: i64 = session.unwrap();
+                    let done = tokio::spawn(async move {
+                        let mut tx = Connection::begin(&mut *conn).await.unwrap();
+                        let mut enqueued = Ok(());
+                        for m in &script.messages {
+                            enqueued = enqueue(&mut tx, m).await;
+                            if enqueued.is_err() {
+                                break;
+                            }
+                        }
+                        let failed = enqueued.is_err();
+                        let _ = script.enqueued.send(enqueued);
+                        if !failed {
+                            tx.execute($sleep).await.unwrap();
+                        }
+                        match script.end.await {
+                            Ok(End::Commit) if !failed => tx.commit().await.unwrap(),
+                            _ => tx.rollback().await.unwrap(),
+                        }
+                    });
+                    Producer { session, done }
+                })
+            }
+
+            fn waiting(&self, session: i64) -> Boxed<'_, bool> {
+                Box::pin(async move {
+                    let waits = sqlx::query_scalar::<_, i64>($waiting).bind(session);
+                    waits.fetch_one(&self.storage).await.unwrap() > 0
+                })
+            }
+
+            fn key_seqs(&self, key: &'static str) -> Boxed<'_, Vec<i64>> {
+                Box::pin(async move {
+                    let seqs = sqlx::query_scalar($key_seqs).bind(key);
+                    seqs.fetch_all(&self.storage).await.unwrap()
+                })
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = $needs]
+        async fn crossing_commits_of_one_key_are_published_in_enqueue_order() {
+            let Some(db) = Db::new("crossing").await else { return };
+            let producing = Producing::new(&db.pool().await);
+            producers::crossing_commits_of_one_key_are_published_in_enqueue_order(&producing).await;
+            db.drop().await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = $needs]
+        async fn an_open_enqueue_of_a_key_holds_back_no_other_key() {
+            let Some(db) = Db::new("other_keys").await else { return };
+            let producing = Producing::new(&db.pool().await);
+            producers::an_open_enqueue_of_a_key_holds_back_no_other_key(&producing).await;
+            db.drop().await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = $needs]
+        async fn many_concurrent_enqueues_of_one_key_commit_in_seq_order() {
+            let Some(db) = Db::new("hot_key").await else { return };
+            let producing = Producing::new(&db.pool().await);
+            producers::many_concurrent_enqueues_of_one_key_commit_in_seq_order(&producing).await;
+            db.drop().await;
+        }
+
+        #[tokio::test]
+        #[ignore = $needs]
+        async fn a_row_at_the_top_of_its_counters_does_not_stall_the_claim() {
+            let Some(db) = Db::new("top").await else { return };
+            let d = &db;
+            let put = move |messages: Vec<OutboxMessage>| async move {
+                put(&mut d.conn().await, &messages).await;
+            };
+            let raise = move |column: &'static str, id: String| async move {
+                let set = format!($raise, column);
+                let raised = sqlx::query(sqlx::AssertSqlSafe(set)).bind(id);
+                raised.execute(&mut d.conn().await).await.unwrap();
+            };
+            let pool = db.pool().await;
+            let storage = Storage::new(pool.clone());
+            producers::a_row_at_the_top_of_its_counters_does_not_stall_the_claim(
+                &storage, put, raise,
+            )
+            .await;
+            pool.close().await;
+            db.drop().await;
+        }
+
+        #[tokio::test]
+        #[ignore = $needs]
+        async fn the_largest_headers_check_accepts_are_read_back_as_enqueued() {
+            let Some(db) = Db::new("headers").await else { return };
+            let d = &db;
+            let put = move |messages: Vec<OutboxMessage>| async move {
+                put(&mut d.conn().await, &messages).await;
+            };
+            let pool = db.pool().await;
+            let storage = Storage::new(pool.clone());
+            testing::the_largest_headers_check_accepts_are_read_back_as_enqueued(&storage, put)
+                .await;
+            pool.close().await;
+            db.drop().await;
+        }
 
         /// Enqueues `messages` in one committed transaction on `c`.
         async fn put(c: &mut $conn, messages: &[OutboxMessage]) {
