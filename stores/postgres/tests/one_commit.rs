@@ -2,23 +2,22 @@
 //! `complete_in` in the caller's one transaction. Against a real PostgreSQL
 //! (`IDEMCACHE_POSTGRES_URL`; skipped with a printed reason when unset).
 //!
-//! What is checked: the claim, the order and the record commit together; a rollback, or
-//! a process killed with SIGKILL between the claim and the commit, leaves no record (a
-//! retry acquires); a concurrent duplicate waits on the record's row and replays what
-//! the first committed (or acquires once it rolled back); a `lock_timeout` bounds that
-//! wait with `InProgress`; a reused key is `Mismatch`; a record the store's own claim
-//! holds is `InProgress` to it, and fencing holds against it.
+//! What is checked here is this API's own (the claims every engine shares, a kill
+//! included, are `idemcache_sql::one_commit::testing`'s, run from `one_commit_layer.rs`):
+//! the claim, the order and the record commit together on your `tokio_postgres`
+//! transaction; a concurrent duplicate waits on the record's row and replays what the
+//! first committed; your session's `lock_timeout` bounds that wait with `InProgress`;
+//! a transaction of the store's pool runs the same.
 //!
 //! No test waits on a clock: a waiting duplicate is seen waiting in `pg_stat_activity`
 //! (its backend waits on a lock) before the first transaction ends.
 
 use std::time::Duration;
 
-use idemcache::store::conformance;
-use idemcache::store::{OpenClaim, Store, StoreClaim, StoreError};
+use idemcache::store::{OpenClaim, Store, StoreClaim};
 use idemcache::{Fingerprint, Key};
 use idemcache_postgres::tokio_postgres;
-use idemcache_postgres::{complete_in, PostgresStore};
+use idemcache_postgres::complete_in;
 
 mod common;
 use common::{connect, OrdersDb as Db};
@@ -26,10 +25,6 @@ use common::{connect, OrdersDb as Db};
 const LEASE: Duration = Duration::from_secs(30);
 const KEPT: Duration = Duration::from_secs(600);
 
-/// The child process of the kill test: set to the key it claims.
-const CHILD_KEY: &str = "IDEMCACHE_ONE_COMMIT_CHILD_KEY";
-/// The child process of the kill test: its orders table.
-const CHILD_TABLE: &str = "IDEMCACHE_ONE_COMMIT_CHILD_TABLE";
 
 /// The first execution as a handler writes it: the claim, the order, the record, in
 /// `tx`; the claim's answer if it was not acquired.
@@ -119,23 +114,6 @@ async fn the_claim_the_order_and_the_record_commit_together() {
 
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn a_rollback_leaves_no_record_and_the_retry_runs() {
-    let Some(db) = Db::new("one_commit", "rollback").await else { return };
-    let key = db.key();
-    let mut client = connect(&db.url).await;
-    let tx = client.transaction().await.unwrap();
-    execute(&db, &tx, &key, b"lost").await.unwrap();
-    tx.rollback().await.unwrap();
-    assert!(db.store.record(&key).await.unwrap().is_none(), "nothing left PROCESSING");
-    let tx = client.transaction().await.unwrap();
-    execute(&db, &tx, &key, b"201 again").await.unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(db.orders_of(&key).await, 1);
-    db.drop_table().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_duplicate_waits_on_the_row_and_replays_what_committed() {
     let Some(db) = Db::new("one_commit", "waits").await else { return };
     let key = db.key();
@@ -150,22 +128,6 @@ async fn a_duplicate_waits_on_the_row_and_replays_what_committed() {
     let answer = duplicate.await.unwrap();
     assert_eq!(replayed(&answer), Some(&b"201 first"[..]));
     assert_eq!(db.orders_of(&key).await, 1);
-    db.drop_table().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn a_duplicate_of_a_rolled_back_first_acquires() {
-    let Some(db) = Db::new("one_commit", "acquires").await else { return };
-    let key = db.key();
-    let mut first = connect(&db.url).await;
-    let tx = first.transaction().await.unwrap();
-    execute(&db, &tx, &key, b"rolled back").await.unwrap();
-
-    let (pid, duplicate) = duplicate(&db, &key).await;
-    until_waiting_on_lock(&db.url, pid).await;
-    tx.rollback().await.unwrap();
-    assert!(matches!(duplicate.await.unwrap(), StoreClaim::Acquired { .. }));
     db.drop_table().await;
 }
 
@@ -188,87 +150,6 @@ async fn a_lock_timeout_bounds_the_wait_with_in_progress() {
     dup.rollback().await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(db.orders_of(&key).await, 1);
-    db.drop_table().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn a_reused_key_is_a_mismatch_and_writes_nothing() {
-    let Some(db) = Db::new("one_commit", "mismatch").await else { return };
-    let key = db.key();
-    let mut client = connect(&db.url).await;
-    let tx = client.transaction().await.unwrap();
-    execute(&db, &tx, &key, b"201 first").await.unwrap();
-    tx.commit().await.unwrap();
-    let tx = client.transaction().await.unwrap();
-    let answer = db.store.claim_in(&tx, &key, Fingerprint::of(b"another"), LEASE).await.unwrap();
-    assert!(matches!(answer, StoreClaim::Mismatch), "{answer:?}");
-    tx.rollback().await.unwrap();
-    db.drop_table().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn a_record_the_stores_own_claim_holds_is_in_progress_and_fenced() {
-    let Some(db) = Db::new("one_commit", "fenced").await else { return };
-    let key = db.key();
-    // Another process's claim, committed on its own (the three-commit path).
-    let held = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
-    let StoreClaim::Acquired { token, .. } = held else { panic!("acquired: {held:?}") };
-    let mut client = connect(&db.url).await;
-    let tx = client.transaction().await.unwrap();
-    let answer = db.store.claim_in(&tx, &key, Fingerprint::of(b"order"), LEASE).await.unwrap();
-    assert!(matches!(answer, StoreClaim::InProgress { .. }), "{answer:?}");
-    // A completion in this transaction under a token that is not the holder's is refused.
-    let stale = OpenClaim::new(key.clone(), idemcache::FencingToken::new(token.get() + 1), KEPT);
-    let refused = complete_in(&tx, &stale, Some(b"stale")).await;
-    assert!(matches!(refused, Err(StoreError::LeaseLost(_))), "{refused:?}");
-    tx.rollback().await.unwrap();
-    db.drop_table().await;
-}
-
-/// The kill test's child: claims `CHILD_KEY` and writes its order in one transaction,
-/// says `claimed`, and waits for its parent to kill it, never committing. A no-op when
-/// run as a test of its own.
-#[tokio::test]
-async fn child_claims_and_waits_to_be_killed() {
-    let (Ok(key), Ok(orders)) = (std::env::var(CHILD_KEY), std::env::var(CHILD_TABLE)) else {
-        return;
-    };
-    let url = std::env::var("IDEMCACHE_POSTGRES_URL").unwrap();
-    let store = PostgresStore::connect(&url).await.unwrap();
-    let db = Db { url: url.clone(), store, orders, suite: "one_commit" };
-    let key = Key::new("POST /orders", db.suite, key).unwrap();
-    let mut client = connect(&url).await;
-    let tx = client.transaction().await.unwrap();
-    execute(&db, &tx, &key, b"never committed").await.unwrap();
-    conformance::wait_to_be_killed_at("claimed");
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn a_process_killed_between_claim_and_commit_leaves_no_record() {
-    let Some(db) = Db::new("one_commit", "killed").await else { return };
-    let key = db.key();
-    conformance::kill_child_at(
-        "child_claims_and_waits_to_be_killed",
-        &[
-            (CHILD_KEY, key.client_key()),
-            (CHILD_TABLE, &db.orders),
-            ("IDEMCACHE_POSTGRES_URL", &db.url),
-        ],
-        "claimed",
-    );
-
-    // The retry waits on the dead transaction's row until the server has rolled it
-    // back, then acquires: nothing was left PROCESSING to lapse or take over.
-    let mut client = connect(&db.url).await;
-    let tx = client.transaction().await.unwrap();
-    execute(&db, &tx, &key, b"201 the retry").await.unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(db.orders_of(&key).await, 1);
-    let again = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
-    assert_eq!(replayed(&again), Some(&b"201 the retry"[..]));
     db.drop_table().await;
 }
 

@@ -1,10 +1,11 @@
 //! The one-commit mode's suite (`idemcache_sql::one_commit::testing`) on PostgreSQL
-//! through tokio-postgres: the layer's transaction is a `PooledTransaction`. Skipped,
+//! through tokio-postgres: the layer's transaction is a `PooledTransaction`; and its
+//! kill test, a process killed with SIGKILL between its claim and its commit. Skipped,
 //! saying why, without `IDEMCACHE_POSTGRES_URL`.
 
 mod common;
 
-use idemcache::store::Store;
+use idemcache::store::{conformance, Store};
 use idemcache_postgres::PostgresStore;
 use idemcache_sql::one_commit::testing::{self, Boxed, Orders, Tx};
 
@@ -93,4 +94,30 @@ async fn one_commit_mode_holds_on_postgres() {
     store.ensure_schema().await.unwrap();
     orders_table(&url).await;
     testing::run(&Postgres { url, store }).await;
+}
+
+/// The kill test's child: its key.
+const CHILD_KEY: &str = "IDEMCACHE_ONE_COMMIT_CHILD_KEY";
+
+/// The kill test's child (`testing::claim_and_wait_to_be_killed`); a no-op run on its
+/// own.
+#[tokio::test]
+async fn child_claims_and_waits_to_be_killed() {
+    let Ok(key) = std::env::var(CHILD_KEY) else { return };
+    let Some(url) = common::url() else { return };
+    let store = PostgresStore::connect(&url).await.unwrap();
+    testing::claim_and_wait_to_be_killed(&Postgres { url, store }, &key).await
+}
+
+#[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
+async fn a_process_killed_between_claim_and_commit_leaves_nothing() {
+    let Some(url) = common::url() else { return };
+    let store = PostgresStore::connect(&url).await.unwrap();
+    store.ensure_schema().await.unwrap();
+    orders_table(&url).await;
+    let key = format!("{}-killed", testing::unique_prefix());
+    let env = [(CHILD_KEY, key.as_str()), ("IDEMCACHE_POSTGRES_URL", url.as_str())];
+    conformance::kill_child_at("child_claims_and_waits_to_be_killed", &env, "claimed");
+    testing::after_a_kill_between_claim_and_commit(&Postgres { url, store }, &key).await;
 }

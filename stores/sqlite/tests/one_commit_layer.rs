@@ -1,6 +1,7 @@
 //! The one-commit mode's suite (`idemcache_sql::one_commit::testing`) on SQLite: the
 //! layer's transaction is a `SqliteTransaction`, a connection of its own to the store's
-//! file. Needs no service: a database file of the test's own.
+//! file; and its kill test, a process killed with SIGKILL between its claim and its
+//! commit. Needs no service: a database file of the test's own.
 
 mod common;
 
@@ -11,14 +12,24 @@ use idemcache_sqlite::SqliteStore;
 use common::TempDb;
 
 struct Sqlite {
-    db: TempDb,
+    url: String,
     store: SqliteStore,
 }
 
 impl Sqlite {
+    /// The fixture over the database file of `url`, its schema and orders table made.
+    async fn new(url: String) -> Sqlite {
+        use idemcache::store::Store;
+        let store = SqliteStore::connect(&url).await.unwrap();
+        store.ensure_schema().await.unwrap();
+        let engine = Sqlite { url, store };
+        let ddl = "CREATE TABLE IF NOT EXISTS orders (key TEXT NOT NULL, item TEXT NOT NULL)";
+        engine.connection().execute(ddl, []).unwrap();
+        engine
+    }
+
     fn connection(&self) -> Connection {
-        let path = self.db.url();
-        Connection::open(path.trim_start_matches("sqlite:")).unwrap()
+        Connection::open(self.url.trim_start_matches("sqlite:")).unwrap()
     }
 }
 
@@ -75,14 +86,8 @@ impl Orders for Sqlite {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_commit_mode_holds_on_sqlite() {
-    use idemcache::store::Store;
     let db = TempDb::new("one-commit-layer", "suite");
-    let store = SqliteStore::connect(&db.url()).await.unwrap();
-    store.ensure_schema().await.unwrap();
-    let engine = Sqlite { db, store };
-    let ddl = "CREATE TABLE orders (key TEXT NOT NULL, item TEXT NOT NULL)";
-    engine.connection().execute(ddl, []).unwrap();
-    testing::run(&engine).await;
+    testing::run(&Sqlite::new(db.url()).await).await;
 }
 
 #[tokio::test]
@@ -115,4 +120,28 @@ async fn a_wait_past_sqlites_longest_busy_timeout_still_claims() {
         assert!(matches!(claimed, Ok(StoreClaim::Acquired { .. })), "{wait:?}: {claimed:?}");
         TransactionalStore::rollback(&store, tx).await.unwrap();
     }
+}
+
+/// The kill test's child: the database file's URL.
+const CHILD_DB: &str = "IDEMCACHE_ONE_COMMIT_CHILD_DB";
+
+/// The kill test's child (`testing::claim_and_wait_to_be_killed`); a no-op run on its
+/// own.
+#[tokio::test]
+async fn child_claims_and_waits_to_be_killed() {
+    let Ok(url) = std::env::var(CHILD_DB) else { return };
+    testing::claim_and_wait_to_be_killed(&Sqlite::new(url).await, "killed").await
+}
+
+#[tokio::test]
+async fn a_process_killed_between_claim_and_commit_leaves_nothing() {
+    let db = TempDb::new("one-commit-layer", "killed");
+    let engine = Sqlite::new(db.url()).await;
+    let env = [(CHILD_DB, engine.url.as_str())];
+    idemcache::store::conformance::kill_child_at(
+        "child_claims_and_waits_to_be_killed",
+        &env,
+        "claimed",
+    );
+    testing::after_a_kill_between_claim_and_commit(&engine, "killed").await;
 }

@@ -2,7 +2,8 @@
 //! this crate: PostgreSQL (`PgStore`, feature `postgres`) and MySQL/MariaDB
 //! (`MySqlStore`, feature `mysql`), the layer's transaction a `sqlx::Transaction` from
 //! the store's own pool. One fixture, written once as a macro over the engine's types
-//! and statements. Each is skipped, saying why, without its URL
+//! and statements; and on each, the suite's kill test (a process killed with SIGKILL
+//! between its claim and its commit). Each is skipped, saying why, without its URL
 //! (`IDEMCACHE_POSTGRES_URL`, `IDEMCACHE_MYSQL_URL`).
 
 use idemcache::store::conformance::service_url;
@@ -138,3 +139,56 @@ async fn one_commit_mode_holds_on_mysql() {
     sqlx::raw_sql(AssertSqlSafe(ddl)).execute(store.pool()).await.unwrap();
     testing::run(&MySql(store)).await;
 }
+
+/// The kill test's child: its key.
+const CHILD_KEY: &str = "IDEMCACHE_ONE_COMMIT_CHILD_KEY";
+
+/// The kill test on one engine: `$child`, the child (`testing::claim_and_wait_to_be_killed`,
+/// a no-op run on its own), and `$parent`, which kills it at `claimed` and checks what
+/// is left. The store connects to `$var`'s URL.
+macro_rules! kill_test {
+    ($child:ident, $parent:ident, $fixture:ident, $store:ty, $var:literal, $example:literal,
+     $needs:literal) => {
+        #[tokio::test]
+        async fn $child() {
+            let Ok(key) = std::env::var(CHILD_KEY) else { return };
+            let Some(url) = service_url($var, $example) else { return };
+            let store = <$store>::connect(&url).await.unwrap();
+            testing::claim_and_wait_to_be_killed(&$fixture(store), &key).await
+        }
+
+        #[tokio::test]
+        #[ignore = $needs]
+        async fn $parent() {
+            let Some(url) = service_url($var, $example) else { return };
+            let store = <$store>::connect(&url).await.unwrap();
+            store.ensure_schema().await.unwrap();
+            let key = format!("{}-killed", testing::unique_prefix());
+            let env = [(CHILD_KEY, key.as_str()), ($var, url.as_str())];
+            idemcache::store::conformance::kill_child_at(stringify!($child), &env, "claimed");
+            testing::after_a_kill_between_claim_and_commit(&$fixture(store), &key).await;
+        }
+    };
+}
+
+#[cfg(feature = "postgres")]
+kill_test!(
+    postgres_child_claims_and_waits_to_be_killed,
+    a_postgres_process_killed_between_claim_and_commit_leaves_nothing,
+    Postgres,
+    idemcache_sqlx::PgStore,
+    "IDEMCACHE_POSTGRES_URL",
+    "postgres://postgres@127.0.0.1:5432/test",
+    "needs IDEMCACHE_POSTGRES_URL"
+);
+
+#[cfg(feature = "mysql")]
+kill_test!(
+    mysql_child_claims_and_waits_to_be_killed,
+    a_mysql_process_killed_between_claim_and_commit_leaves_nothing,
+    MySql,
+    idemcache_sqlx::MySqlStore,
+    "IDEMCACHE_MYSQL_URL",
+    "mysql://root@127.0.0.1:3306/test",
+    "needs IDEMCACHE_MYSQL_URL"
+);

@@ -2,15 +2,14 @@
 //! business write and `MySqlStore::complete_in` in the caller's one transaction. Against
 //! a real server (`IDEMCACHE_MYSQL_URL`; skipped with a printed reason when unset).
 //!
-//! What is checked: the three commit together, and a retry replays; a rollback, or a
-//! process killed with SIGKILL between the claim and the commit, leaves no record (a
-//! retry acquires); a duplicate waits on the record's row and replays what the first
-//! committed (or acquires once it rolled back); its wait is bounded by the lease or by a
-//! lower session `innodb_lock_wait_timeout`, answering `InProgress`, and the session's
-//! own bound is restored (on MariaDB, untouched even by a claim dropped while it
-//! waits); a reused key is `Mismatch`; a live record of the store's own
-//! claim is `InProgress` and fenced; a dead one is taken over under a higher token and
-//! its holder fenced; a lapse under `MarkUnknown` turns UNKNOWN; a takeover or a turn
+//! What is checked here is MySQL's own (the claims every engine shares, a kill
+//! included, are `idemcache_sql::one_commit::testing`'s, run from `one_commit_layer.rs`):
+//! the three commit together on your transaction, and a retry replays; a duplicate
+//! waits on the record's row and replays what the first committed; its wait is bounded
+//! by the lease or by a lower session `innodb_lock_wait_timeout`, answering
+//! `InProgress`, and the session's own bound is restored (on MariaDB, untouched even by
+//! a claim dropped while it waits); a dead record is taken over under a higher token
+//! and its holder fenced; a lapse under `MarkUnknown` turns UNKNOWN; a takeover or a turn
 //! held by another transaction's gap lock waits at most the lease; a deadlock is an
 //! error (1213), not retried.
 //!
@@ -22,7 +21,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idemcache::store::conformance::{self, service_url};
+use idemcache::store::conformance::service_url;
 use idemcache::store::{OpenClaim, RecordState, Store, StoreClaim, StoreError};
 use idemcache::{Fingerprint, Key, LapsePolicy};
 use idemcache_sqlx::MySqlStore;
@@ -32,15 +31,9 @@ use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row, Transaction};
 const LEASE: Duration = Duration::from_secs(30);
 const KEPT: Duration = Duration::from_secs(600);
 
-/// The child process of the kill test: set to the key it claims.
-const CHILD_KEY: &str = "IDEMCACHE_ONE_COMMIT_MYSQL_CHILD_KEY";
-/// The child process of the kill test: its orders table.
-const CHILD_TABLE: &str = "IDEMCACHE_ONE_COMMIT_MYSQL_CHILD_TABLE";
-
 /// A store over the test database, a table of this test's own for its orders, and keys
 /// no other run has used.
 struct Db {
-    url: String,
     pool: MySqlPool,
     store: MySqlStore,
     orders: String,
@@ -63,7 +56,7 @@ impl Db {
     async fn open(url: String, orders: String) -> Db {
         let pool = MySqlPoolOptions::new().max_connections(8).connect(&url).await.unwrap();
         let store = MySqlStore::from_pool(pool.clone());
-        Db { url, pool, store, orders }
+        Db { pool, store, orders }
     }
 
     fn key(&self) -> Key {
@@ -197,23 +190,6 @@ async fn the_claim_the_order_and_the_record_commit_together() {
 
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_MYSQL_URL"]
-async fn a_rollback_leaves_no_record_and_the_retry_runs() {
-    let Some(db) = Db::new("rollback").await else { return };
-    let key = db.key();
-    let mut tx = db.pool.begin().await.unwrap();
-    db.execute(&mut tx, &key, b"lost").await.unwrap();
-    tx.rollback().await.unwrap();
-    assert!(db.store.record(&key).await.unwrap().is_none(), "nothing left PROCESSING");
-    assert_eq!(db.orders_of(&key).await, 0);
-    let mut tx = db.pool.begin().await.unwrap();
-    db.execute(&mut tx, &key, b"201 again").await.unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(db.orders_of(&key).await, 1);
-    db.drop_table().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_MYSQL_URL"]
 async fn a_duplicate_waits_on_the_row_and_replays_what_committed() {
     let Some(db) = Db::new("waits").await else { return };
     let key = db.key();
@@ -260,21 +236,6 @@ async fn a_snapshot_older_than_the_records_commit_is_in_progress_then_replays() 
     retry.rollback().await.unwrap();
     sqlx::raw_sql("SET SESSION innodb_snapshot_isolation = OFF").execute(&mut *conn).await.unwrap();
     drop(conn);
-    db.drop_table().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_MYSQL_URL"]
-async fn a_duplicate_of_a_rolled_back_first_acquires() {
-    let Some(db) = Db::new("acquires").await else { return };
-    let key = db.key();
-    let mut tx = db.pool.begin().await.unwrap();
-    db.execute(&mut tx, &key, b"rolled back").await.unwrap();
-
-    let (id, duplicate) = db.duplicate(&key).await;
-    until_waiting_on_lock(&db.pool, id).await;
-    tx.rollback().await.unwrap();
-    assert!(matches!(duplicate.await.unwrap(), StoreClaim::Acquired { .. }));
     db.drop_table().await;
 }
 
@@ -344,45 +305,6 @@ async fn a_claim_dropped_while_it_waits_leaves_the_session_as_it_was() {
     first.commit().await.unwrap();
     dup.rollback().await.unwrap();
     assert_eq!(session_lock_wait(&mut conn).await, 50, "the session's own value, untouched");
-    db.drop_table().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_MYSQL_URL"]
-async fn a_reused_key_is_a_mismatch_and_writes_nothing() {
-    let Some(db) = Db::new("mismatch").await else { return };
-    let key = db.key();
-    let mut tx = db.pool.begin().await.unwrap();
-    db.execute(&mut tx, &key, b"201 first").await.unwrap();
-    tx.commit().await.unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    let answer = db.store.claim_in(&mut tx, &key, Fingerprint::of(b"another"), LEASE).await;
-    assert!(matches!(answer, Ok(StoreClaim::Mismatch)), "{answer:?}");
-    tx.rollback().await.unwrap();
-    let again = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
-    assert_eq!(replayed(&again), Some(&b"201 first"[..]));
-    assert_eq!(db.orders_of(&key).await, 1);
-    db.drop_table().await;
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_MYSQL_URL"]
-async fn a_live_record_of_the_stores_own_claim_is_in_progress_and_fenced() {
-    let Some(db) = Db::new("live").await else { return };
-    let key = db.key();
-    // Another process's claim, committed on its own (the three-commit path).
-    let held = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
-    let StoreClaim::Acquired { token, .. } = held else { panic!("acquired: {held:?}") };
-    let mut tx = db.pool.begin().await.unwrap();
-    let answer = db.store.claim_in(&mut tx, &key, Fingerprint::of(b"order"), LEASE).await;
-    assert!(matches!(answer, Ok(StoreClaim::InProgress { .. })), "{answer:?}");
-    // A completion in this transaction under a token that is not the holder's is refused.
-    let stale = OpenClaim::new(key.clone(), idemcache::FencingToken::new(token.get() + 1), KEPT);
-    let refused = MySqlStore::complete_in(&mut tx, &stale, Some(b"stale")).await;
-    assert!(matches!(refused, Err(StoreError::LeaseLost(_))), "{refused:?}");
-    tx.rollback().await.unwrap();
-    // The holder's own completion goes through.
-    db.store.complete(&key, token, Some("201 holder".into()), KEPT).await.unwrap();
     db.drop_table().await;
 }
 
@@ -649,44 +571,3 @@ async fn duplicates_of_a_rolled_back_first_acquire_in_turn_or_deadlock() {
     db.drop_table().await;
 }
 
-/// The kill test's child: claims `CHILD_KEY` and writes its order in one transaction,
-/// says `claimed`, and waits for its parent to kill it, never committing. A no-op when
-/// run as a test of its own.
-#[tokio::test]
-async fn child_claims_and_waits_to_be_killed() {
-    let (Ok(key), Ok(orders)) = (std::env::var(CHILD_KEY), std::env::var(CHILD_TABLE)) else {
-        return;
-    };
-    let url = std::env::var("IDEMCACHE_MYSQL_URL").unwrap();
-    let db = Db::open(url, orders).await;
-    let key = Key::new("POST /orders", "sqlx-one-commit", key).unwrap();
-    let mut tx = db.pool.begin().await.unwrap();
-    db.execute(&mut tx, &key, b"never committed").await.unwrap();
-    conformance::wait_to_be_killed_at("claimed");
-}
-
-#[tokio::test]
-#[ignore = "needs IDEMCACHE_MYSQL_URL"]
-async fn a_process_killed_between_claim_and_commit_leaves_no_record() {
-    let Some(db) = Db::new("killed").await else { return };
-    let key = db.key();
-    conformance::kill_child_at(
-        "child_claims_and_waits_to_be_killed",
-        &[
-            (CHILD_KEY, key.client_key()),
-            (CHILD_TABLE, &db.orders),
-            ("IDEMCACHE_MYSQL_URL", &db.url),
-        ],
-        "claimed",
-    );
-
-    // The retry waits on the dead transaction's row until the server has rolled it
-    // back, then acquires: nothing was left PROCESSING to lapse or take over.
-    let mut tx = db.pool.begin().await.unwrap();
-    db.execute(&mut tx, &key, b"201 the retry").await.unwrap();
-    tx.commit().await.unwrap();
-    assert_eq!(db.orders_of(&key).await, 1);
-    let again = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
-    assert_eq!(replayed(&again), Some(&b"201 the retry"[..]));
-    db.drop_table().await;
-}

@@ -11,6 +11,10 @@
 //!   still open.
 //! - A transaction that outlives its lease commits nothing and answers 503.
 //! - The record keeps the request's correlation id.
+//! - Below the layer, the claims as a handler of another framework runs them
+//!   (`claim_in`, its write and `complete_in` in one transaction): see [`claims`]'s
+//!   list; and the two halves of a kill test every driver runs
+//!   ([`claim_and_wait_to_be_killed`], [`after_a_kill_between_claim_and_commit`]).
 //!
 //! Invariant: each scenario's keys are its own (a fresh prefix per call), so the suite
 //! runs beside any other test on a shared database; a breach panics naming the scenario
@@ -28,9 +32,12 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use idemcache::layer::{Claimed, HeldTransaction, Idempotency, IdempotencyLayer, LayerBody};
-use idemcache::store::{OneCommit, TransactionalStore};
+use idemcache::store::{OneCommit, Store, TransactionalStore};
 use tower_layer::Layer;
 use tower_service::Service;
+
+pub mod claims;
+pub use claims::{after_a_kill_between_claim_and_commit, claim_and_wait_to_be_killed};
 
 /// The transaction of an engine's store.
 pub type Tx<E> = <<E as Orders>::Store as TransactionalStore>::Transaction;
@@ -42,7 +49,7 @@ pub type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// writes one (a handful of statements in its own dialect) and calls [`run`].
 pub trait Orders: Send + Sync + 'static {
     /// The store under test.
-    type Store: TransactionalStore + Clone;
+    type Store: TransactionalStore + Store + Clone;
 
     /// The engine's name, in a breach's message.
     fn engine(&self) -> &'static str;
@@ -71,16 +78,18 @@ pub trait Orders: Send + Sync + 'static {
 
 /// Runs every scenario against `engine`'s store. Panics on the first breach.
 pub async fn run<E: Orders>(engine: &E) {
-    let run = fresh();
+    let run = unique_prefix();
     commit_together_and_replay(engine, &run).await;
     a_response_not_kept_leaves_nothing(engine, &run).await;
     a_duplicate_waits_then_replays(engine, &run).await;
     a_transaction_outliving_its_lease_commits_nothing(engine, &run).await;
     the_record_keeps_the_correlation_id(engine, &run).await;
+    claims::run(engine, &run).await;
 }
 
-/// A prefix no other call of the suite (in any process) uses.
-fn fresh() -> String {
+/// A prefix of keys no other call of the suite (in any process, on any engine) uses:
+/// a test's keys of its own on a shared database.
+pub fn unique_prefix() -> String {
     static CALLS: AtomicUsize = AtomicUsize::new(0);
     let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     let call = CALLS.fetch_add(1, Ordering::Relaxed);
