@@ -16,15 +16,14 @@ use std::time::Duration;
 
 use idemcache::store::{OpenClaim, Store, StoreClaim};
 use idemcache::{Fingerprint, Key};
-use idemcache_postgres::tokio_postgres;
 use idemcache_postgres::complete_in;
+use idemcache_postgres::tokio_postgres;
 
 mod common;
 use common::{connect, OrdersDb as Db};
 
 const LEASE: Duration = Duration::from_secs(30);
 const KEPT: Duration = Duration::from_secs(600);
-
 
 /// The first execution as a handler writes it: the claim, the order, the record, in
 /// `tx`; the claim's answer if it was not acquired.

@@ -24,14 +24,6 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
-async fn put(c: &mut Client, messages: &[OutboxMessage]) {
-    let tx = c.transaction().await.unwrap();
-    for m in messages {
-        enqueue(&tx, m).await.unwrap();
-    }
-    tx.commit().await.unwrap();
-}
-
 async fn count(c: &Client, state: State) -> i64 {
     let sql = "SELECT count(*) FROM idemcache_outbox WHERE state = $1";
     c.query_one(sql, &[&state.code()]).await.unwrap().get(0)
@@ -47,7 +39,7 @@ async fn enqueue_commits_with_the_change_byte_for_byte() {
     outbox::ensure_schema(&db.client().await).await.unwrap(); // idempotent
     let d = &db;
     let put = move |messages: Vec<OutboxMessage>| async move {
-        put(&mut d.client().await, &messages).await;
+        d.put(messages).await;
     };
     let rolled_back = move |m: OutboxMessage| async move {
         let mut c = d.client().await;
@@ -77,7 +69,7 @@ async fn a_commit_wakes_a_listener_and_a_duplicate_aborts_the_transaction() {
     let tx = c.transaction().await.unwrap();
     enqueue(&tx, &message("lost")).await.unwrap();
     tx.rollback().await.unwrap();
-    put(&mut c, &[message("m-1")]).await;
+    db.put(vec![message("m-1")]).await;
     // The commit's notification ends a wait whose timer never fires.
     wakeup.wait(std::future::pending()).await;
     assert_eq!(ids(&claim_due(&c, 10, MIN, t0()).await.unwrap()), ["m-1"]);
@@ -102,7 +94,7 @@ async fn leases_lapse_to_a_higher_token_keys_keep_order_failures_die_and_purge()
     let Some(db) = Db::new("life").await else { return };
     let d = &db;
     let put = move |messages: Vec<OutboxMessage>| async move {
-        put(&mut d.client().await, &messages).await;
+        d.put(messages).await;
     };
     testing::a_rows_life(&Storage::new(db.pool()), put).await;
     db.drop().await;
@@ -114,7 +106,7 @@ async fn unreadable_rows_are_corrupt_and_do_not_block_the_others() {
     let Some(db) = Db::new("corrupt").await else { return };
     let d = &db;
     let put = move |messages: Vec<OutboxMessage>| async move {
-        put(&mut d.client().await, &messages).await;
+        d.put(messages).await;
     };
     let spoil = || async {
         let spoiled =
@@ -133,7 +125,7 @@ async fn concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue() {
     let Some(db) = Db::new("skip").await else { return };
     let d = &db;
     let put = move |messages: Vec<OutboxMessage>| async move {
-        put(&mut d.client().await, &messages).await;
+        d.put(messages).await;
     };
     let pool = db.pool();
     testing::concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue(
@@ -148,9 +140,9 @@ async fn concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue() {
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_claim_skips_a_row_another_transaction_holds_instead_of_waiting() {
     let Some(db) = Db::new("held").await else { return };
-    let mut c = db.client().await;
+    let c = db.client().await;
     let k = |id: &str| message(id).with_aggregate_key("K");
-    put(&mut c, &[k("held"), k("after-held"), message("free")]).await;
+    db.put(vec![k("held"), k("after-held"), message("free")]).await;
     let mut holder = db.client().await;
     let tx = holder.transaction().await.unwrap();
     tx.execute("SELECT 1 FROM idemcache_outbox WHERE message_id = 'held' FOR UPDATE", &[])
@@ -174,8 +166,8 @@ async fn a_claim_skips_a_row_another_transaction_holds_instead_of_waiting() {
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn a_relay_killed_mid_batch_loses_nothing() {
     let Some(db) = Db::new("killed").await else { return };
-    let mut c = db.client().await;
-    put(&mut c, &testing::killed_mid_batch_messages()).await;
+    let c = db.client().await;
+    db.put(testing::killed_mid_batch_messages()).await;
     let pool = db.pool();
     let storage = || Storage::new(pool.clone());
     testing::a_relay_killed_mid_batch_loses_nothing(storage, |state| count(&c, state)).await;

@@ -94,26 +94,9 @@ impl Producers for Producing {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn crossing_commits_of_one_key_are_published_in_enqueue_order() {
-    let Some(db) = Db::new("crossing").await else { return };
-    producers::crossing_commits_of_one_key_are_published_in_enqueue_order(&Producing::new(&db))
-        .await;
-    db.drop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn an_open_enqueue_of_a_key_holds_back_no_other_key() {
-    let Some(db) = Db::new("other_keys").await else { return };
-    producers::an_open_enqueue_of_a_key_holds_back_no_other_key(&Producing::new(&db)).await;
-    db.drop().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
-async fn many_concurrent_enqueues_of_one_key_commit_in_seq_order() {
-    let Some(db) = Db::new("hot_key").await else { return };
-    producers::many_concurrent_enqueues_of_one_key_commit_in_seq_order(&Producing::new(&db)).await;
+async fn producers_side_by_side_keep_each_keys_order_and_hold_back_no_other() {
+    let Some(db) = Db::new("side_by_side").await else { return };
+    producers::run(&Producing::new(&db)).await;
     db.drop().await;
 }
 
@@ -122,14 +105,7 @@ async fn many_concurrent_enqueues_of_one_key_commit_in_seq_order() {
 async fn a_row_at_the_top_of_its_counters_does_not_stall_the_claim() {
     let Some(db) = Db::new("top").await else { return };
     let d = &db;
-    let put = move |messages: Vec<OutboxMessage>| async move {
-        let mut c = d.client().await;
-        let tx = c.transaction().await.unwrap();
-        for m in &messages {
-            enqueue(&tx, m).await.unwrap();
-        }
-        tx.commit().await.unwrap();
-    };
+    let put = move |messages: Vec<OutboxMessage>| d.put(messages);
     let raise = move |column: &'static str, id: String| async move {
         let set = format!(
             "UPDATE idemcache_outbox SET {column} = 9223372036854775807 WHERE message_id = $1"
@@ -147,14 +123,7 @@ async fn a_row_at_the_top_of_its_counters_does_not_stall_the_claim() {
 async fn the_largest_headers_check_accepts_are_read_back_as_enqueued() {
     let Some(db) = Db::new("headers").await else { return };
     let d = &db;
-    let put = move |messages: Vec<OutboxMessage>| async move {
-        let mut c = d.client().await;
-        let tx = c.transaction().await.unwrap();
-        for m in &messages {
-            enqueue(&tx, m).await.unwrap();
-        }
-        tx.commit().await.unwrap();
-    };
+    let put = move |messages: Vec<OutboxMessage>| d.put(messages);
     let storage = Storage::new(db.pool());
     testing::the_largest_headers_check_accepts_are_read_back_as_enqueued(&storage, put).await;
     db.drop().await;

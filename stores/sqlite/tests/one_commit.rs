@@ -105,4 +105,3 @@ fn a_duplicate_waits_for_the_write_lock_and_replays() {
     assert_eq!(replayed(&answer), Some(&b"201 first"[..]));
     assert_eq!(orders(&path), 1);
 }
-

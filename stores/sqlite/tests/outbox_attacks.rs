@@ -105,7 +105,7 @@ fn the_largest_headers_check_accepts_are_read_back_as_enqueued() {
 #[test]
 fn producers_side_by_side_cannot_meet_on_sqlite() {
     eprintln!(
-        "skipped: idemcache_sql::outbox::testing::producers' side-by-side scenarios need two \
+        "skipped: idemcache_sql::outbox::testing::producers::run needs two \
          open write transactions, and SQLite has one writer"
     );
 }

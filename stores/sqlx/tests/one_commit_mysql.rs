@@ -570,4 +570,3 @@ async fn duplicates_of_a_rolled_back_first_acquire_in_turn_or_deadlock() {
     assert!(db.store.record(&key).await.unwrap().is_none(), "all rolled back: {outcomes:?}");
     db.drop_table().await;
 }
-

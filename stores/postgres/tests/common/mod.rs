@@ -134,6 +134,16 @@ impl SchemaDb {
         Pool::builder(manager).max_size(4).build().unwrap()
     }
 
+    /// Enqueues `messages` in one committed transaction, on a connection of its own.
+    pub async fn put(&self, messages: Vec<idemcache_postgres::outbox::OutboxMessage>) {
+        let mut client = self.client().await;
+        let tx = client.transaction().await.unwrap();
+        for m in &messages {
+            idemcache_postgres::outbox::enqueue(&tx, m).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+
     /// Drops the schema and everything in it.
     pub async fn drop(self) {
         let admin = self.raw().await;

@@ -314,28 +314,9 @@ macro_rules! outbox_suite {
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         #[ignore = $needs]
-        async fn crossing_commits_of_one_key_are_published_in_enqueue_order() {
-            let Some(db) = Db::new("crossing").await else { return };
-            let producing = Producing::new(&db.pool().await);
-            producers::crossing_commits_of_one_key_are_published_in_enqueue_order(&producing).await;
-            db.drop().await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        #[ignore = $needs]
-        async fn an_open_enqueue_of_a_key_holds_back_no_other_key() {
-            let Some(db) = Db::new("other_keys").await else { return };
-            let producing = Producing::new(&db.pool().await);
-            producers::an_open_enqueue_of_a_key_holds_back_no_other_key(&producing).await;
-            db.drop().await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        #[ignore = $needs]
-        async fn many_concurrent_enqueues_of_one_key_commit_in_seq_order() {
-            let Some(db) = Db::new("hot_key").await else { return };
-            let producing = Producing::new(&db.pool().await);
-            producers::many_concurrent_enqueues_of_one_key_commit_in_seq_order(&producing).await;
+        async fn producers_side_by_side_keep_each_keys_order_and_hold_back_no_other() {
+            let Some(db) = Db::new("side_by_side").await else { return };
+            producers::run(&Producing::new(&db.pool().await)).await;
             db.drop().await;
         }
 

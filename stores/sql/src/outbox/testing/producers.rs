@@ -106,6 +106,15 @@ async fn publish_all<S: OutboxStorage>(storage: &S) -> Vec<String> {
     order
 }
 
+/// The scenarios of producers side by side, one after the other on one outbox (empty at
+/// the start; each leaves what the next does not count): crossing commits, an open
+/// enqueue beside other keys, many producers of one key.
+pub async fn run<P: Producers + Clone>(fixture: &P) {
+    crossing_commits_of_one_key_are_published_in_enqueue_order(fixture).await;
+    an_open_enqueue_of_a_key_holds_back_no_other_key(fixture).await;
+    many_concurrent_enqueues_of_one_key_commit_in_seq_order(fixture).await;
+}
+
 /// "A message with an aggregate key is not due while an earlier message (in enqueue
 /// order) of the same key is undelivered." Two producers of one key: the first
 /// enqueues and stays open, the second enqueues after it. Were the second to commit
