@@ -75,7 +75,7 @@ use idemcache_sql::outbox::postgres::{
     CHANNEL, CLAIM, DELIVERED, ENQUEUE, ENSURE_SCHEMA, FAILED, INSPECT, LISTEN, LIST_DEAD, PURGE,
     REQUEUE,
 };
-use idemcache_sql::outbox::{check_claim, clip_error, Next, State};
+use idemcache_sql::outbox::{check_claim, clip_error};
 
 // The outbox's vocabulary and relay (`idemcache-sql`'s), re-exported so that one path
 // imports the whole outbox of this driver.
@@ -131,17 +131,7 @@ pub async fn claim_due<C: GenericClient + Sync>(
     let until = now_us.saturating_add(micros(lease));
     let limit = i64::try_from(batch).unwrap_or(i64::MAX);
     let rows = client.query(CLAIM, &[&now_us, &limit, &until]).await.map_err(database)?;
-    let mut raw_rows = Vec::with_capacity(rows.len());
-    let mut unreadable = Vec::new();
-    for row in &rows {
-        match raw(row) {
-            Ok(r) => raw_rows.push(r),
-            Err(e) => unreadable.push(e),
-        }
-    }
-    let mut decoded = decode::batch(raw_rows);
-    decoded.unreadable.extend(unreadable);
-    Ok(decoded)
+    Ok(decode::claimed_batch(rows.iter().map(raw)))
 }
 
 /// Marks the row delivered at `now`, if `lease` is still its lease: [`Mark::Stale`]
@@ -151,12 +141,12 @@ pub async fn mark_delivered<C: GenericClient + Sync>(
     lease: &Lease,
     now: SystemTime,
 ) -> Result<Mark, OutboxError> {
-    let token = token(lease)?;
+    let token = decode::lease_token(lease)?;
     let changed = client
         .execute(DELIVERED, &[&lease.message_id, &token, &to_micros(now)])
         .await
         .map_err(database)?;
-    Ok(mark(changed))
+    Ok(decode::mark(changed))
 }
 
 /// Marks the row failed with `error` (clipped), if `lease` is still its lease: pending
@@ -169,17 +159,14 @@ pub async fn mark_failed<C: GenericClient + Sync>(
     now: SystemTime,
     retry: &Retry,
 ) -> Result<Mark, OutboxError> {
-    let token = token(lease)?;
-    let (state, due) = match retry.after(lease.attempts, now) {
-        Next::At(at) => (State::Pending, to_micros(at)),
-        Next::Dead => (State::Dead, to_micros(now)),
-    };
+    let token = decode::lease_token(lease)?;
+    let (state, due) = decode::failed_as(lease, now, retry);
     let why = clip_error(error);
     let changed = client
         .execute(FAILED, &[&lease.message_id, &token, &state.code(), &due, &&*why])
         .await
         .map_err(database)?;
-    Ok(mark(changed))
+    Ok(decode::mark(changed))
 }
 
 /// Up to `limit` dead rows, oldest first.
@@ -392,19 +379,6 @@ where
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn mark(changed: u64) -> Mark {
-    if changed == 1 {
-        Mark::Applied
-    } else {
-        Mark::Stale
-    }
-}
-
-fn token(lease: &Lease) -> Result<i64, OutboxError> {
-    i64::try_from(lease.token)
-        .map_err(|_| OutboxError::InvalidInput(format!("a token of {} is no row's", lease.token)))
 }
 
 /// One row's columns as stored (text read as bytes); a column that cannot be read is

@@ -48,7 +48,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row, Transaction, Transact
 
 use idemcache::store::encoding::{micros, to_micros};
 use idemcache_sql::outbox::decode::{self, RawRow};
-use idemcache_sql::outbox::{check_claim, clip_error, Next, State};
+use idemcache_sql::outbox::{check_claim, clip_error};
 
 // The outbox's vocabulary and relay (`idemcache-sql`'s), re-exported so that one path
 // imports the whole outbox of this driver.
@@ -188,11 +188,11 @@ pub fn mark_delivered(
     lease: &Lease,
     now: SystemTime,
 ) -> Result<Mark, OutboxError> {
-    let token = token(lease)?;
+    let token = decode::lease_token(lease)?;
     let changed = conn
         .execute(DELIVERED, params![lease.message_id, token, to_micros(now)])
         .map_err(database)?;
-    Ok(mark(changed))
+    Ok(decode::mark(changed as u64))
 }
 
 /// Marks the row failed with `error` (clipped), if `lease` is still its lease: pending
@@ -205,15 +205,12 @@ pub fn mark_failed(
     now: SystemTime,
     retry: &Retry,
 ) -> Result<Mark, OutboxError> {
-    let token = token(lease)?;
-    let (state, due) = match retry.after(lease.attempts, now) {
-        Next::At(at) => (State::Pending, to_micros(at)),
-        Next::Dead => (State::Dead, to_micros(now)),
-    };
+    let token = decode::lease_token(lease)?;
+    let (state, due) = decode::failed_as(lease, now, retry);
     let changed = conn
         .execute(FAILED, params![lease.message_id, token, state.code(), due, &*clip_error(error)])
         .map_err(database)?;
-    Ok(mark(changed))
+    Ok(decode::mark(changed as u64))
 }
 
 /// Up to `limit` dead rows, oldest first.
@@ -334,19 +331,6 @@ impl OutboxAdmin for Storage {
     ) -> impl std::future::Future<Output = Result<usize, OutboxError>> + Send {
         std::future::ready(purge_delivered(&self.connection(), cutoff, limit))
     }
-}
-
-fn mark(changed: usize) -> Mark {
-    if changed == 1 {
-        Mark::Applied
-    } else {
-        Mark::Stale
-    }
-}
-
-fn token(lease: &Lease) -> Result<i64, OutboxError> {
-    i64::try_from(lease.token)
-        .map_err(|_| OutboxError::InvalidInput(format!("a token of {} is no row's", lease.token)))
 }
 
 /// One row's columns as stored; a column of an unexpected type is read as a value

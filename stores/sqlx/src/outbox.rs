@@ -177,34 +177,6 @@ fn database(e: sqlx::Error) -> OutboxError {
     OutboxError::Database(Box::new(e))
 }
 
-/// What a fenced `UPDATE` did: one row changed, or none (stale).
-#[cfg(any(feature = "mysql", feature = "postgres"))]
-fn mark(changed: u64) -> Mark {
-    if changed == 1 {
-        Mark::Applied
-    } else {
-        Mark::Stale
-    }
-}
-
-/// A lease's token as stored.
-#[cfg(any(feature = "mysql", feature = "postgres"))]
-fn token(lease: &Lease) -> Result<i64, OutboxError> {
-    i64::try_from(lease.token)
-        .map_err(|_| OutboxError::InvalidInput(format!("a token of {} is no row's", lease.token)))
-}
-
-/// The state and due time a failure leaves a row in.
-#[cfg(any(feature = "mysql", feature = "postgres"))]
-fn failed_as(lease: &Lease, now: std::time::SystemTime, retry: &Retry) -> (i64, i64) {
-    use idemcache::store::encoding::to_micros;
-    use idemcache_sql::outbox::{Next, State};
-    match retry.after(lease.attempts, now) {
-        Next::At(at) => (State::Pending.code(), to_micros(at)),
-        Next::Dead => (State::Dead.code(), to_micros(now)),
-    }
-}
-
 /// Reads a row's fourteen columns (`RawRow`'s order) with sqlx, text as `$text`:
 /// a column that cannot be read is `Corrupt`, naming the row's id.
 #[cfg(any(feature = "mysql", feature = "postgres"))]

@@ -1,5 +1,7 @@
 //! A row of the outbox, as a driver read it, turned into an [`OutboxRow`] or a
-//! [`Claimed`] message.
+//! [`Claimed`] message; and what a driver's statement answered, turned into the
+//! outbox's answer ([`claimed_batch`], [`mark`]), with the values a fenced statement
+//! binds ([`lease_token`], [`failed_as`]). Every driver decides these here, once.
 //!
 //! Every read statement of every dialect returns the same columns, in the order of
 //! [`RawRow`]'s fields (`COLUMNS` in [`postgres`](super::postgres) and
@@ -13,9 +15,12 @@
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use idemcache::store::encoding::from_micros;
+use idemcache::store::encoding::{from_micros, to_micros};
 
-use super::{decode_headers, Claimed, Lease, OutboxError, OutboxMessage, OutboxRow, State};
+use super::{
+    decode_headers, Batch, Claimed, Lease, Mark, Next, OutboxError, OutboxMessage, OutboxRow,
+    Retry, State,
+};
 
 /// The columns of one outbox row, as stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -127,6 +132,49 @@ pub fn batch(rows: Vec<RawRow>) -> super::Batch {
     }
     decoded.sort_by_key(|(seq, _)| *seq);
     super::Batch { claimed: decoded.into_iter().map(|(_, c)| c).collect(), unreadable }
+}
+
+/// The rows a claim returned, each as the driver read it (a column it could not read
+/// is already `Corrupt`): decoded, in enqueue order, the unreadable ones set aside in
+/// [`Batch::unreadable`] so that they hold back no other.
+pub fn claimed_batch(rows: impl IntoIterator<Item = Result<RawRow, OutboxError>>) -> Batch {
+    let mut raws = Vec::new();
+    let mut unreadable = Vec::new();
+    for row in rows {
+        match row {
+            Ok(raw) => raws.push(raw),
+            Err(e) => unreadable.push(e),
+        }
+    }
+    let mut decoded = batch(raws);
+    decoded.unreadable.extend(unreadable);
+    decoded
+}
+
+/// What a fenced mark did, from the rows its `UPDATE` changed: one is
+/// [`Mark::Applied`], none is [`Mark::Stale`] (the lease is no longer the row's).
+pub fn mark(changed: u64) -> Mark {
+    if changed == 1 {
+        Mark::Applied
+    } else {
+        Mark::Stale
+    }
+}
+
+/// A lease's token as a statement binds it: no row holds one above `i64::MAX`, so such
+/// a lease is `InvalidInput`.
+pub fn lease_token(lease: &Lease) -> Result<i64, OutboxError> {
+    i64::try_from(lease.token)
+        .map_err(|_| OutboxError::InvalidInput(format!("a token of {} is no row's", lease.token)))
+}
+
+/// The state and due time (microseconds) a failure at `now` leaves a row in: pending
+/// after `retry`'s backoff, or dead after its last attempt.
+pub fn failed_as(lease: &Lease, now: SystemTime, retry: &Retry) -> (State, i64) {
+    match retry.after(lease.attempts, now) {
+        Next::At(at) => (State::Pending, to_micros(at)),
+        Next::Dead => (State::Dead, to_micros(now)),
+    }
 }
 
 #[cfg(test)]

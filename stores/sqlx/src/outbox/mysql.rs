@@ -23,7 +23,7 @@ use idemcache_sql::outbox::{check_claim, clip_error};
 use idemcache::store::unique::MYSQL_DUP_ENTRY;
 
 use super::{
-    database, failed_as, mark, raw_row, token, Batch, Lease, Mark, OutboxAdmin, OutboxError,
+    database, raw_row, Batch, Lease, Mark, OutboxAdmin, OutboxError,
     OutboxMessage, OutboxRow, OutboxStorage, Retry,
 };
 
@@ -122,17 +122,7 @@ pub async fn claim_due(
         rows.extend(reading.fetch_all(&mut *tx).await.map_err(database)?);
     }
     tx.commit().await.map_err(database)?;
-    let mut raws = Vec::with_capacity(rows.len());
-    let mut unreadable = Vec::new();
-    for row in &rows {
-        match raw(row) {
-            Ok(r) => raws.push(r),
-            Err(e) => unreadable.push(e),
-        }
-    }
-    let mut decoded = decode::batch(raws);
-    decoded.unreadable.extend(unreadable);
-    Ok(decoded)
+    Ok(decode::claimed_batch(rows.iter().map(raw)))
 }
 
 /// Marks the row delivered at `now`, if `lease` is still its lease.
@@ -147,11 +137,11 @@ where
     let done = sqlx::query(DELIVERED)
         .bind(to_micros(now))
         .bind(id(&lease.message_id))
-        .bind(token(lease)?)
+        .bind(decode::lease_token(lease)?)
         .execute(executor)
         .await
         .map_err(database)?;
-    Ok(mark(done.rows_affected()))
+    Ok(decode::mark(done.rows_affected()))
 }
 
 /// Marks the row failed with `error` (clipped), if `lease` is still its lease: pending
@@ -166,17 +156,17 @@ pub async fn mark_failed<'e, E>(
 where
     E: Executor<'e, Database = MySql>,
 {
-    let (state, due) = failed_as(lease, now, retry);
+    let (state, due) = decode::failed_as(lease, now, retry);
     let done = sqlx::query(FAILED)
-        .bind(state)
+        .bind(state.code())
         .bind(due)
         .bind(clip_error(error).into_owned().into_bytes())
         .bind(id(&lease.message_id))
-        .bind(token(lease)?)
+        .bind(decode::lease_token(lease)?)
         .execute(executor)
         .await
         .map_err(database)?;
-    Ok(mark(done.rows_affected()))
+    Ok(decode::mark(done.rows_affected()))
 }
 
 admin_operations!(MySql);

@@ -21,7 +21,7 @@ use idemcache_sql::outbox::postgres::{
 use idemcache_sql::outbox::{check_claim, clip_error};
 
 use super::{
-    database, failed_as, mark, raw_row, token, Batch, Lease, Mark, OutboxAdmin, OutboxError,
+    database, raw_row, Batch, Lease, Mark, OutboxAdmin, OutboxError,
     OutboxMessage, OutboxRow, OutboxStorage, Retry,
 };
 
@@ -82,17 +82,7 @@ where
         .fetch_all(executor)
         .await
         .map_err(database)?;
-    let mut raws = Vec::with_capacity(rows.len());
-    let mut unreadable = Vec::new();
-    for row in &rows {
-        match raw(row) {
-            Ok(r) => raws.push(r),
-            Err(e) => unreadable.push(e),
-        }
-    }
-    let mut decoded = decode::batch(raws);
-    decoded.unreadable.extend(unreadable);
-    Ok(decoded)
+    Ok(decode::claimed_batch(rows.iter().map(raw)))
 }
 
 /// Marks the row delivered at `now`, if `lease` is still its lease.
@@ -106,12 +96,12 @@ where
 {
     let done = sqlx::query(DELIVERED)
         .bind(&lease.message_id)
-        .bind(token(lease)?)
+        .bind(decode::lease_token(lease)?)
         .bind(to_micros(now))
         .execute(executor)
         .await
         .map_err(database)?;
-    Ok(mark(done.rows_affected()))
+    Ok(decode::mark(done.rows_affected()))
 }
 
 /// Marks the row failed with `error` (clipped), if `lease` is still its lease: pending
@@ -126,17 +116,17 @@ pub async fn mark_failed<'e, E>(
 where
     E: Executor<'e, Database = Postgres>,
 {
-    let (state, due) = failed_as(lease, now, retry);
+    let (state, due) = decode::failed_as(lease, now, retry);
     let done = sqlx::query(FAILED)
         .bind(&lease.message_id)
-        .bind(token(lease)?)
-        .bind(state)
+        .bind(decode::lease_token(lease)?)
+        .bind(state.code())
         .bind(due)
         .bind(clip_error(error).into_owned())
         .execute(executor)
         .await
         .map_err(database)?;
-    Ok(mark(done.rows_affected()))
+    Ok(decode::mark(done.rows_affected()))
 }
 
 admin_operations!(Postgres);
