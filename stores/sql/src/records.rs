@@ -18,4 +18,5 @@ pub mod claim_loop;
 pub mod decode;
 pub mod listing;
 pub mod mysql;
+pub mod mysql_claim;
 pub mod postgres;

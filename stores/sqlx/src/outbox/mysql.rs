@@ -23,8 +23,8 @@ use idemcache_sql::outbox::{check_claim, clip_error};
 use idemcache::store::unique::MYSQL_DUP_ENTRY;
 
 use super::{
-    database, raw_row, Batch, Lease, Mark, OutboxAdmin, OutboxError,
-    OutboxMessage, OutboxRow, OutboxStorage, Retry,
+    database, raw_row, Batch, Lease, Mark, OutboxAdmin, OutboxError, OutboxMessage, OutboxRow,
+    OutboxStorage, Retry,
 };
 
 pub use idemcache_sql::outbox::mysql::SCHEMA;

@@ -21,8 +21,8 @@ use idemcache_sql::outbox::postgres::{
 use idemcache_sql::outbox::{check_claim, clip_error};
 
 use super::{
-    database, raw_row, Batch, Lease, Mark, OutboxAdmin, OutboxError,
-    OutboxMessage, OutboxRow, OutboxStorage, Retry,
+    database, raw_row, Batch, Lease, Mark, OutboxAdmin, OutboxError, OutboxMessage, OutboxRow,
+    OutboxStorage, Retry,
 };
 
 pub use idemcache_sql::outbox::postgres::{CHANNEL, SCHEMA};

@@ -32,9 +32,10 @@ use idemcache::store::encoding::{check_lapse_policy, lapse_ttl_micros};
 use idemcache::store::record::{judge, StoredRecord};
 use idemcache::store::{Record, RecordFilter, RecordState, Store, StoreClaim, StoreError};
 use idemcache::{CorrelationId, FencingToken, Fingerprint, Key, LapsePolicy, Replay, UnknownEntry};
-use idemcache_sql::records::decode::{self, ClaimRow, ClaimStep};
+use idemcache_sql::records::decode::{self, ClaimRow};
 use idemcache_sql::records::listing::Listing;
 use idemcache_sql::records::mysql::{self as sql, Param, Statement, Values};
+use idemcache_sql::records::mysql_claim::{self, Next};
 
 use super::{column, failed};
 
@@ -296,50 +297,40 @@ impl MySqlStore {
         };
         let mut values = Values { now: column(&look, 0, key)?, ..values };
         let found = look_row(&look, key)?;
-        // A dead record still PROCESSING is an earlier execution whose lease lapsed.
-        let took_over = found.as_ref().is_some_and(|row| row.state == decode::PROCESSING);
-        let write = match found {
-            None => bind(&sql::TAKE_NEW, &values),
-            Some(row) => {
-                let step = decode::claim(key, asked, &row)?;
-                if step == ClaimStep::Dead && values.token <= row.token {
-                    // The dead record's claim minted after this one did (and its lease
-                    // ran out since): a token above it, minted now its row is locked, so
-                    // the key's tokens only grow.
-                    values.token = self.mint(&mut tx).await?;
+        let (write, took_over) =
+            match mysql_claim::after_look(key, asked, values.token, found.as_ref())? {
+                Next::Answer(answer) => {
+                    tx.rollback().await.map_err(fail)?;
+                    return Ok(Some(answer));
                 }
-                let held = Values { held: Some(row.token), ..values };
-                match step {
-                    ClaimStep::Answer(answer) => {
-                        tx.rollback().await.map_err(fail)?;
-                        return Ok(Some(answer));
-                    }
-                    ClaimStep::TurnUnknown { .. } => {
-                        // A purge scanning the expiry index can hold the lapse's entry
-                        // while it waits for this row: InnoDB picks this claim as the
-                        // deadlock's victim. The turn is then undone; look again.
-                        let turned = bind(&sql::TURN_UNKNOWN, &held).execute(&mut *tx).await;
-                        let done = match turned {
-                            Ok(done) => done,
-                            Err(e) if raced(&e) => {
-                                tx.rollback().await.map_err(fail)?;
-                                return Ok(None);
-                            }
-                            Err(e) => return Err(fail(e)),
-                        };
-                        if done.rows_affected() == 0 {
+                Next::TakeNew => (bind(&sql::TAKE_NEW, &values), false),
+                Next::TurnUnknown { held, turned } => {
+                    // A purge scanning the expiry index can hold the lapse's entry while it
+                    // waits for this row: InnoDB picks this claim as the deadlock's victim.
+                    // The turn is then undone; look again.
+                    let held = Values { held: Some(held), ..values };
+                    let done = match bind(&sql::TURN_UNKNOWN, &held).execute(&mut *tx).await {
+                        Ok(done) => done,
+                        Err(e) if raced(&e) => {
                             tx.rollback().await.map_err(fail)?;
                             return Ok(None);
                         }
-                        tx.commit().await.map_err(fail)?;
-                        let (fp, marked_at) = (row.fingerprint.as_deref(), Some(row.expires_at));
-                        return decode::turned_unknown(key, asked, fp, marked_at).map(Some);
+                        Err(e) => return Err(fail(e)),
+                    };
+                    if done.rows_affected() == 0 {
+                        tx.rollback().await.map_err(fail)?;
+                        return Ok(None);
                     }
-                    // Dead (expired, or a lapse to take over): this claim's.
-                    ClaimStep::Dead => bind(&sql::TAKE_OVER, &held),
+                    tx.commit().await.map_err(fail)?;
+                    return Ok(Some(turned));
                 }
-            }
-        };
+                Next::TakeOver { held, mint, took_over } => {
+                    if mint {
+                        values.token = self.mint(&mut tx).await?;
+                    }
+                    (bind(&sql::TAKE_OVER, &Values { held: Some(held), ..values }), took_over)
+                }
+            };
         match write.execute(&mut *tx).await {
             Ok(done) if done.rows_affected() == 1 => {}
             Ok(_) => {
@@ -355,11 +346,7 @@ impl MySqlStore {
             Err(e) => return Err(fail(e)),
         }
         tx.commit().await.map_err(fail)?;
-        Ok(Some(StoreClaim::Acquired {
-            token: decode::fencing_token(values.token),
-            lease_ends_at: from_micros(values.now.saturating_add(values.duration)),
-            took_over,
-        }))
+        Ok(Some(mysql_claim::acquired(values.token, values.now, values.duration, took_over)))
     }
 
     /// UNKNOWN → COMPLETED of `key`, of the execution claimed under `listed` only if
@@ -529,39 +516,26 @@ impl MySqlStore {
         let look = bind(&sql::LOOK, &values).fetch_one(&mut *conn).await.map_err(in_tx)?;
         let now: i64 = column(&look, 0, key)?;
         let row = look_row(&look, key)?.ok_or_else(|| moved_under_lock(stored))?;
-        if row.token == token {
-            // Inserted by this claim: the key was absent.
-            return Ok(StoreClaim::Acquired {
-                token: decode::fencing_token(token),
-                lease_ends_at: from_micros(row.expires_at),
-                took_over: false,
-            });
-        }
-        let held = Values { now, held: Some(row.token), ..values };
-        match decode::claim(key, asked, &row)? {
-            ClaimStep::Answer(answer) => Ok(answer),
-            ClaimStep::TurnUnknown { .. } => {
+        match mysql_claim::after_look(key, asked, token, Some(&row))? {
+            Next::Answer(answer) => Ok(answer),
+            // The row is locked by this transaction's insert-or-lock: it cannot be absent.
+            Next::TakeNew => Err(moved_under_lock(stored)),
+            Next::TurnUnknown { held, turned } => {
+                let held = Values { now, held: Some(held), ..values };
                 let done = waiting(&sql::TURN_UNKNOWN, &held).execute(&mut *conn).await;
                 if done.map_err(in_tx)?.rows_affected() != 1 {
                     return Err(moved_under_lock(stored));
                 }
-                let (fp, marked_at) = (row.fingerprint.as_deref(), Some(row.expires_at));
-                decode::turned_unknown(key, asked, fp, marked_at)
+                Ok(turned)
             }
-            ClaimStep::Dead => {
-                // The dead record's claim may have minted after this one did (and its
-                // lease run out since): a token above it, minted now it is locked.
-                let token = if token > row.token { token } else { self.mint(conn).await? };
-                let take = Values { token, ..held };
+            Next::TakeOver { held, mint, took_over } => {
+                let token = if mint { self.mint(conn).await? } else { token };
+                let take = Values { now, token, held: Some(held), ..values };
                 let done = waiting(&sql::TAKE_OVER, &take).execute(&mut *conn).await;
                 if done.map_err(in_tx)?.rows_affected() != 1 {
                     return Err(moved_under_lock(stored));
                 }
-                Ok(StoreClaim::Acquired {
-                    token: decode::fencing_token(token),
-                    lease_ends_at: from_micros(now.saturating_add(take.duration)),
-                    took_over: row.state == decode::PROCESSING,
-                })
+                Ok(mysql_claim::acquired(token, now, take.duration, took_over))
             }
         }
     }
