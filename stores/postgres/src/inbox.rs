@@ -64,8 +64,9 @@ pub use idemcache_sql::inbox::{
     purge_loop, InboxError, KnownMessages, Purger, Receipt, Retention, RetentionError,
 };
 
+use idemcache_sql::inbox::postgres::{self, CLAIM, ENSURE_SCHEMA, PURGE, READ};
 pub use idemcache_sql::inbox::postgres::{lock_key, ADVISORY_LOCK_CLASS, SCHEMA};
-use idemcache_sql::inbox::postgres::{CLAIM, ENSURE_SCHEMA, PURGE, READ};
+use idemcache_sql::inbox::receive::{Receiving, Step, Vanished};
 
 /// Creates the inbox's table and index if they do not exist, holding an advisory lock
 /// so that several processes may run it at once; when they exist it takes no lock at all
@@ -93,49 +94,40 @@ pub async fn receive(
     check(consumer, message_id)?;
     let lock = lock_key(consumer, message_id);
     let fp = fingerprint.to_bytes();
-    // A record that a concurrent purge deletes between the conflict and the read is
-    // claimed again (this transaction still holds the lock); twice in a row, the inbox
-    // cannot judge the message and lets the redelivery decide.
-    for _ in 0..2 {
-        let claimed = tx
-            .connection()
-            .query_one(CLAIM, &[&ADVISORY_LOCK_CLASS, &lock, &consumer, &message_id, &&fp[..]])
-            .await;
-        let row = match claimed {
-            Ok(row) => row,
-            Err(e) if e.code() == Some(&SqlState::T_R_SERIALIZATION_FAILURE) => {
-                return Ok(Receipt::InFlight)
+    // A record that a concurrent purge deletes between the claim and the read is
+    // claimed again (this transaction still holds the lock).
+    let mut receiving = Receiving::new(consumer, message_id, fingerprint, Vanished::ClaimAgain);
+    let serialization =
+        |e: &tokio_postgres::Error| e.code() == Some(&SqlState::T_R_SERIALIZATION_FAILURE);
+    loop {
+        match receiving.next() {
+            Step::Answer(receipt) => return Ok(receipt),
+            Step::Claim => {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+                    [&ADVISORY_LOCK_CLASS, &lock, &consumer, &message_id, &&fp[..]];
+                match tx.connection().query_one(CLAIM, &params).await {
+                    Ok(row) => {
+                        let got: Option<bool> = row.try_get(0).map_err(database)?;
+                        let inserted: i64 = row.try_get(1).map_err(database)?;
+                        receiving.claimed(postgres::claimed(got, inserted));
+                    }
+                    Err(e) if serialization(&e) => receiving.conflicted(),
+                    Err(e) => return Err(database(e)),
+                }
             }
-            Err(e) => return Err(database(e)),
-        };
-        let got: Option<bool> = row.try_get(0).map_err(database)?;
-        let inserted: i64 = row.try_get(1).map_err(database)?;
-        match (got, inserted) {
-            (Some(true), 1) => return Ok(Receipt::New),
-            (Some(true), _) => {}
-            _ => return Ok(Receipt::InFlight),
+            Step::Read => match tx.connection().query_opt(READ, &[&consumer, &message_id]).await {
+                Ok(None) => receiving.read(None)?,
+                Ok(Some(row)) => {
+                    let bytes: &[u8] = row.try_get(0).map_err(|e| {
+                        receiving.unreadable(format_args!("column fingerprint: {e}"))
+                    })?;
+                    receiving.read(Some(bytes))?;
+                }
+                Err(e) if serialization(&e) => receiving.conflicted(),
+                Err(e) => return Err(database(e)),
+            },
         }
-        let stored = match tx.connection().query_opt(READ, &[&consumer, &message_id]).await {
-            Ok(stored) => stored,
-            Err(e) if e.code() == Some(&SqlState::T_R_SERIALIZATION_FAILURE) => {
-                return Ok(Receipt::InFlight)
-            }
-            Err(e) => return Err(database(e)),
-        };
-        let Some(row) = stored else { continue };
-        let bytes: &[u8] = row.try_get(0).map_err(|e| {
-            InboxError::corrupt(consumer, message_id, format_args!("column fingerprint: {e}"))
-        })?;
-        let stored = Fingerprint::try_from(bytes).map_err(|_| {
-            InboxError::corrupt(
-                consumer,
-                message_id,
-                format_args!("the fingerprint is {} bytes, not 16", bytes.len()),
-            )
-        })?;
-        return Ok(if stored == fingerprint { Receipt::Duplicate } else { Receipt::Mismatch });
     }
-    Ok(Receipt::InFlight)
 }
 
 /// Deletes up to `limit` records received before `cutoff` (oldest first), skipping rows

@@ -85,6 +85,7 @@ use std::fmt;
 mod filter;
 pub mod postgres;
 mod purge_loop;
+pub mod receive;
 mod retention;
 #[cfg(feature = "test-utils")]
 pub mod testing;

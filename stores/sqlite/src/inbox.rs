@@ -77,6 +77,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use idemcache::store::encoding::to_micros;
 use idemcache::Fingerprint;
 use idemcache_sql::inbox::check;
+use idemcache_sql::inbox::receive::{Claimed, Receiving, Step, Vanished};
 
 use crate::errors::is_busy;
 
@@ -178,42 +179,40 @@ pub fn receive(
         ));
     }
     let fp = fingerprint.to_bytes();
-    let inserted = match tx.execute(CLAIM, params![consumer, message_id, &fp[..]]) {
-        Ok(n) => n,
-        Err(e) if is_busy(&e) => return Ok(Receipt::InFlight),
-        Err(e) => return Err(database(e)),
-    };
-    if inserted == 1 {
-        return Ok(Receipt::New);
-    }
-    // The row is there. This transaction holds the write lock since its INSERT, so no
-    // one can delete it before this read.
-    let stored = tx
-        .query_row(READ, params![consumer, message_id], |row| {
-            Ok(match row.get_ref(0)? {
-                ValueRef::Blob(b) => {
-                    Fingerprint::try_from(b).map_err(|_| format!("a blob of {} bytes", b.len()))
+    // From its INSERT on, this transaction holds the write lock: no one can delete the
+    // row before the read.
+    let mut receiving = Receiving::new(consumer, message_id, fingerprint, Vanished::Corrupt);
+    loop {
+        match receiving.next() {
+            Step::Answer(receipt) => return Ok(receipt),
+            Step::Claim => match tx.execute(CLAIM, params![consumer, message_id, &fp[..]]) {
+                Ok(1) => receiving.claimed(Claimed::Inserted),
+                Ok(_) => receiving.claimed(Claimed::Exists),
+                Err(e) if is_busy(&e) => receiving.conflicted(),
+                Err(e) => return Err(database(e)),
+            },
+            Step::Read => {
+                let stored = tx
+                    .query_row(READ, params![consumer, message_id], |row| {
+                        Ok(match row.get_ref(0)? {
+                            ValueRef::Blob(b) => Ok(b.to_vec()),
+                            // Not a blob at all: as unreadable as a blob of the wrong length.
+                            other => Err(other.data_type()),
+                        })
+                    })
+                    .optional();
+                match stored {
+                    Ok(Some(Ok(bytes))) => receiving.read(Some(&bytes))?,
+                    Ok(Some(Err(held))) => {
+                        let why = format_args!("the fingerprint is not a blob (it holds {held})");
+                        return Err(receiving.unreadable(why));
+                    }
+                    Ok(None) => receiving.read(None)?,
+                    Err(e) if is_busy(&e) => receiving.conflicted(),
+                    Err(e) => return Err(database(e)),
                 }
-                // Not a blob at all: as unreadable as a blob of the wrong length.
-                other => Err(format!("{}", other.data_type())),
-            })
-        })
-        .optional();
-    match stored {
-        Ok(Some(Ok(stored))) if stored == fingerprint => Ok(Receipt::Duplicate),
-        Ok(Some(Ok(_))) => Ok(Receipt::Mismatch),
-        Ok(Some(Err(held))) => Err(InboxError::corrupt(
-            consumer,
-            message_id,
-            format_args!("the fingerprint is not a 16-byte blob (it holds {held})"),
-        )),
-        Ok(None) => Err(InboxError::corrupt(
-            consumer,
-            message_id,
-            "the insert met a record that the read then did not find",
-        )),
-        Err(e) if is_busy(&e) => Ok(Receipt::InFlight),
-        Err(e) => Err(database(e)),
+            }
+        }
     }
 }
 

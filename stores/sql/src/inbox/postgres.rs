@@ -118,6 +118,18 @@ DELETE FROM idemcache_inbox WHERE (consumer, message_id) IN (
     WHERE received_at < $1::bigint ORDER BY received_at LIMIT $2::bigint
     FOR UPDATE SKIP LOCKED)";
 
+/// What [`CLAIM`] did, from its row: whether it got the message's advisory lock
+/// (`NULL` or false: another transaction holds the message) and how many records it
+/// inserted (one: new; none: the record was there).
+pub fn claimed(got_lock: Option<bool>, inserted: i64) -> super::receive::Claimed {
+    use super::receive::Claimed;
+    match (got_lock, inserted) {
+        (Some(true), 1) => Claimed::Inserted,
+        (Some(true), _) => Claimed::Exists,
+        _ => Claimed::Held,
+    }
+}
+
 /// The second key of (consumer, message id)'s advisory lock: 32 bits of the XXH3-128
 /// digest of the pair, length-prefixed so that no two pairs share an input.
 pub fn lock_key(consumer: &str, message_id: &str) -> i32 {

@@ -65,6 +65,7 @@ use idemcache::store::encoding::to_micros;
 use idemcache::store::unique::MYSQL_DUP_ENTRY;
 use idemcache::Fingerprint;
 use idemcache_sql::inbox::check;
+use idemcache_sql::inbox::receive::{Claimed, Receiving, Step, Vanished};
 use idemcache_sql::transition::is_conflict_mysql_code;
 
 use super::{database, InboxError, Receipt};
@@ -153,44 +154,48 @@ async fn claim(
     fingerprint: Fingerprint,
 ) -> Result<Receipt, InboxError> {
     let fp = fingerprint.to_bytes();
-    let inserted = sqlx::query(CLAIM)
-        .bind(consumer.as_bytes())
-        .bind(message_id.as_bytes())
-        .bind(&fp[..])
-        .execute(&mut **tx)
-        .await;
-    match inserted {
-        Ok(_) => return Ok(Receipt::New),
-        Err(e) => match number(&e) {
-            Some(MYSQL_DUP_ENTRY) => {}
-            Some(code) if is_conflict_mysql_code(code) => return Ok(Receipt::InFlight),
-            _ => return Err(database(e)),
-        },
+    // The failed INSERT holds a shared lock on the row: nothing can delete it.
+    let mut receiving = Receiving::new(consumer, message_id, fingerprint, Vanished::Corrupt);
+    loop {
+        match receiving.next() {
+            Step::Answer(receipt) => return Ok(receipt),
+            Step::Claim => {
+                let inserted = sqlx::query(CLAIM)
+                    .bind(consumer.as_bytes())
+                    .bind(message_id.as_bytes())
+                    .bind(&fp[..])
+                    .execute(&mut **tx)
+                    .await;
+                match inserted {
+                    Ok(_) => receiving.claimed(Claimed::Inserted),
+                    Err(e) => match number(&e) {
+                        Some(MYSQL_DUP_ENTRY) => receiving.claimed(Claimed::Exists),
+                        Some(code) if is_conflict_mysql_code(code) => receiving.conflicted(),
+                        _ => return Err(database(e)),
+                    },
+                }
+            }
+            Step::Read => {
+                let stored = sqlx::query_scalar::<_, Vec<u8>>(READ)
+                    .bind(consumer.as_bytes())
+                    .bind(message_id.as_bytes())
+                    .fetch_optional(&mut **tx)
+                    .await;
+                match stored {
+                    Ok(bytes) => receiving.read(bytes.as_deref())?,
+                    Err(e) if number(&e).is_some_and(is_conflict_mysql_code) => {
+                        receiving.conflicted()
+                    }
+                    Err(sqlx::Error::ColumnDecode { source, .. }) => {
+                        return Err(
+                            receiving.unreadable(format_args!("column fingerprint: {source}"))
+                        );
+                    }
+                    Err(e) => return Err(database(e)),
+                }
+            }
+        }
     }
-    let stored = sqlx::query_scalar::<_, Vec<u8>>(READ)
-        .bind(consumer.as_bytes())
-        .bind(message_id.as_bytes())
-        .fetch_optional(&mut **tx)
-        .await;
-    let bytes = match stored {
-        Ok(Some(bytes)) => bytes,
-        // The failed INSERT holds a shared lock on the row: nothing can delete it.
-        Ok(None) => {
-            let why = "the insert met a record that the read then did not find";
-            return Err(InboxError::corrupt(consumer, message_id, why));
-        }
-        Err(e) if number(&e).is_some_and(is_conflict_mysql_code) => return Ok(Receipt::InFlight),
-        Err(sqlx::Error::ColumnDecode { source, .. }) => {
-            let why = format_args!("column fingerprint: {source}");
-            return Err(InboxError::corrupt(consumer, message_id, why));
-        }
-        Err(e) => return Err(database(e)),
-    };
-    let stored = Fingerprint::try_from(&bytes[..]).map_err(|_| {
-        let why = format_args!("the fingerprint is {} bytes, not 16", bytes.len());
-        InboxError::corrupt(consumer, message_id, why)
-    })?;
-    Ok(if stored == fingerprint { Receipt::Duplicate } else { Receipt::Mismatch })
 }
 
 /// Deletes up to `limit` records received before `cutoff` (oldest first) and returns

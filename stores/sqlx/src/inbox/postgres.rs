@@ -18,8 +18,9 @@ use idemcache_sql::inbox::check;
 
 use super::{database, InboxError, Receipt};
 
+use idemcache_sql::inbox::postgres::{self, CLAIM, ENSURE_SCHEMA, PURGE, READ};
 pub use idemcache_sql::inbox::postgres::{lock_key, ADVISORY_LOCK_CLASS, SCHEMA};
-use idemcache_sql::inbox::postgres::{CLAIM, ENSURE_SCHEMA, PURGE, READ};
+use idemcache_sql::inbox::receive::{Receiving, Step, Vanished};
 
 /// SQLSTATE of a serialization failure.
 const SERIALIZATION_FAILURE: &str = "40001";
@@ -50,49 +51,46 @@ pub async fn receive(
     check(consumer, message_id)?;
     let lock = lock_key(consumer, message_id);
     let fp = fingerprint.to_bytes();
-    // A record a concurrent purge deletes between the conflict and the read is claimed
-    // again (the lock is still held); twice in a row, the redelivery decides.
-    for _ in 0..2 {
-        let claimed = sqlx::query_as::<_, (Option<bool>, i64)>(CLAIM)
-            .bind(ADVISORY_LOCK_CLASS)
-            .bind(lock)
-            .bind(consumer)
-            .bind(message_id)
-            .bind(&fp[..])
-            .fetch_one(&mut **tx)
-            .await;
-        let (got, inserted) = match claimed {
-            Ok(row) => row,
-            Err(e) if is_serialization_failure(&e) => return Ok(Receipt::InFlight),
-            Err(e) => return Err(database(e)),
-        };
-        match (got, inserted) {
-            (Some(true), 1) => return Ok(Receipt::New),
-            (Some(true), _) => {}
-            _ => return Ok(Receipt::InFlight),
-        }
-        let stored = sqlx::query_scalar::<_, Vec<u8>>(READ)
-            .bind(consumer)
-            .bind(message_id)
-            .fetch_optional(&mut **tx)
-            .await;
-        let bytes = match stored {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => continue,
-            Err(e) if is_serialization_failure(&e) => return Ok(Receipt::InFlight),
-            Err(sqlx::Error::ColumnDecode { source, .. }) => {
-                let why = format_args!("column fingerprint: {source}");
-                return Err(InboxError::corrupt(consumer, message_id, why));
+    // A record a concurrent purge deletes between the claim and the read is claimed
+    // again (the lock is still held).
+    let mut receiving = Receiving::new(consumer, message_id, fingerprint, Vanished::ClaimAgain);
+    loop {
+        match receiving.next() {
+            Step::Answer(receipt) => return Ok(receipt),
+            Step::Claim => {
+                let claimed = sqlx::query_as::<_, (Option<bool>, i64)>(CLAIM)
+                    .bind(ADVISORY_LOCK_CLASS)
+                    .bind(lock)
+                    .bind(consumer)
+                    .bind(message_id)
+                    .bind(&fp[..])
+                    .fetch_one(&mut **tx)
+                    .await;
+                match claimed {
+                    Ok((got, inserted)) => receiving.claimed(postgres::claimed(got, inserted)),
+                    Err(e) if is_serialization_failure(&e) => receiving.conflicted(),
+                    Err(e) => return Err(database(e)),
+                }
             }
-            Err(e) => return Err(database(e)),
-        };
-        let stored = Fingerprint::try_from(&bytes[..]).map_err(|_| {
-            let why = format_args!("the fingerprint is {} bytes, not 16", bytes.len());
-            InboxError::corrupt(consumer, message_id, why)
-        })?;
-        return Ok(if stored == fingerprint { Receipt::Duplicate } else { Receipt::Mismatch });
+            Step::Read => {
+                let stored = sqlx::query_scalar::<_, Vec<u8>>(READ)
+                    .bind(consumer)
+                    .bind(message_id)
+                    .fetch_optional(&mut **tx)
+                    .await;
+                match stored {
+                    Ok(bytes) => receiving.read(bytes.as_deref())?,
+                    Err(e) if is_serialization_failure(&e) => receiving.conflicted(),
+                    Err(sqlx::Error::ColumnDecode { source, .. }) => {
+                        return Err(
+                            receiving.unreadable(format_args!("column fingerprint: {source}"))
+                        );
+                    }
+                    Err(e) => return Err(database(e)),
+                }
+            }
+        }
     }
-    Ok(Receipt::InFlight)
 }
 
 /// Deletes up to `limit` records received before `cutoff` (oldest first, skipping rows
