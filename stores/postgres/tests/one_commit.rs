@@ -6,7 +6,7 @@
 //! included, are `idemcache_sql::one_commit::testing`'s, run from `one_commit_layer.rs`):
 //! the claim, the order and the record commit together on your `tokio_postgres`
 //! transaction; a concurrent duplicate waits on the record's row and replays what the
-//! first committed; your session's `lock_timeout` bounds that wait with `InProgress`;
+//! first committed, or acquires once it rolled back; your session's `lock_timeout` bounds that wait with `InProgress`;
 //! a transaction of the store's pool runs the same.
 //!
 //! No test waits on a clock: a waiting duplicate is seen waiting in `pg_stat_activity`
@@ -127,6 +127,25 @@ async fn a_duplicate_waits_on_the_row_and_replays_what_committed() {
     let answer = duplicate.await.unwrap();
     assert_eq!(replayed(&answer), Some(&b"201 first"[..]));
     assert_eq!(db.orders_of(&key).await, 1);
+    db.drop_table().await;
+}
+
+/// Through this API (which takes no turn lock first, unlike the layer's mode): a
+/// duplicate waiting on the record's own row acquires once the first rolls back.
+#[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
+async fn a_duplicate_of_a_rolled_back_first_acquires() {
+    let Some(db) = Db::new("one_commit", "acquires").await else { return };
+    let key = db.key();
+    let mut first = connect(&db.url).await;
+    let tx = first.transaction().await.unwrap();
+    execute(&db, &tx, &key, b"rolled back").await.unwrap();
+
+    let (pid, duplicate) = duplicate(&db, &key).await;
+    until_waiting_on_lock(&db.url, pid).await;
+    tx.rollback().await.unwrap();
+    let answer = duplicate.await.unwrap();
+    assert!(matches!(answer, StoreClaim::Acquired { took_over: false, .. }), "{answer:?}");
     db.drop_table().await;
 }
 

@@ -96,15 +96,24 @@ sqlx_orders!(
 async fn one_commit_mode_holds_on_postgres() {
     let example = "postgres://postgres@127.0.0.1:5432/test";
     let Some(url) = service_url("IDEMCACHE_POSTGRES_URL", example) else { return };
-    let store = idemcache_sqlx::PgStore::connect(&url).await.unwrap();
-    store.ensure_schema().await.unwrap();
-    // Serialized: concurrent `CREATE TABLE IF NOT EXISTS` can both try to create it.
-    let ddl = format!(
-        "BEGIN; SELECT pg_advisory_xact_lock(72431); \
-         CREATE TABLE IF NOT EXISTS {ORDERS} (key TEXT NOT NULL, item TEXT); COMMIT"
-    );
-    sqlx::raw_sql(AssertSqlSafe(ddl)).execute(store.pool()).await.unwrap();
-    testing::run(&Postgres(store)).await;
+    testing::run(&Postgres::open(&url).await).await;
+}
+
+#[cfg(feature = "postgres")]
+impl Postgres {
+    /// The fixture over the database at `url`: the store's schema and the orders table
+    /// made.
+    async fn open(url: &str) -> Postgres {
+        let store = idemcache_sqlx::PgStore::connect(url).await.unwrap();
+        store.ensure_schema().await.unwrap();
+        // Serialized: concurrent `CREATE TABLE IF NOT EXISTS` can both try to create it.
+        let ddl = format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(72431); \
+             CREATE TABLE IF NOT EXISTS {ORDERS} (key TEXT NOT NULL, item TEXT); COMMIT"
+        );
+        sqlx::raw_sql(AssertSqlSafe(ddl)).execute(store.pool()).await.unwrap();
+        Postgres(store)
+    }
 }
 
 // MariaDB's `innodb_trx` does not list a claim waiting on a record's row: the
@@ -130,14 +139,23 @@ sqlx_orders!(
 async fn one_commit_mode_holds_on_mysql() {
     let example = "mysql://root@127.0.0.1:3306/test";
     let Some(url) = service_url("IDEMCACHE_MYSQL_URL", example) else { return };
-    let store = idemcache_sqlx::MySqlStore::connect(&url).await.unwrap();
-    store.ensure_schema().await.unwrap();
-    let ddl = format!(
-        "CREATE TABLE IF NOT EXISTS {ORDERS} \
-         (`key` VARCHAR(255) NOT NULL, item TEXT) ENGINE = InnoDB"
-    );
-    sqlx::raw_sql(AssertSqlSafe(ddl)).execute(store.pool()).await.unwrap();
-    testing::run(&MySql(store)).await;
+    testing::run(&MySql::open(&url).await).await;
+}
+
+#[cfg(feature = "mysql")]
+impl MySql {
+    /// The fixture over the database at `url`: the store's schema and the orders table
+    /// made.
+    async fn open(url: &str) -> MySql {
+        let store = idemcache_sqlx::MySqlStore::connect(url).await.unwrap();
+        store.ensure_schema().await.unwrap();
+        let ddl = format!(
+            "CREATE TABLE IF NOT EXISTS {ORDERS} \
+             (`key` VARCHAR(255) NOT NULL, item TEXT) ENGINE = InnoDB"
+        );
+        sqlx::raw_sql(AssertSqlSafe(ddl)).execute(store.pool()).await.unwrap();
+        MySql(store)
+    }
 }
 
 /// The kill test's child: its key.
@@ -145,28 +163,27 @@ const CHILD_KEY: &str = "IDEMCACHE_ONE_COMMIT_CHILD_KEY";
 
 /// The kill test on one engine: `$child`, the child (`testing::claim_and_wait_to_be_killed`,
 /// a no-op run on its own), and `$parent`, which kills it at `claimed` and checks what
-/// is left. The store connects to `$var`'s URL.
+/// is left. Both open the fixture (`$fixture::open`, the orders table made) at `$var`'s
+/// URL.
 macro_rules! kill_test {
-    ($child:ident, $parent:ident, $fixture:ident, $store:ty, $var:literal, $example:literal,
+    ($child:ident, $parent:ident, $fixture:ident, $var:literal, $example:literal,
      $needs:literal) => {
         #[tokio::test]
         async fn $child() {
             let Ok(key) = std::env::var(CHILD_KEY) else { return };
             let Some(url) = service_url($var, $example) else { return };
-            let store = <$store>::connect(&url).await.unwrap();
-            testing::claim_and_wait_to_be_killed(&$fixture(store), &key).await
+            testing::claim_and_wait_to_be_killed(&$fixture::open(&url).await, &key).await
         }
 
         #[tokio::test]
         #[ignore = $needs]
         async fn $parent() {
             let Some(url) = service_url($var, $example) else { return };
-            let store = <$store>::connect(&url).await.unwrap();
-            store.ensure_schema().await.unwrap();
+            let engine = $fixture::open(&url).await;
             let key = format!("{}-killed", testing::unique_prefix());
             let env = [(CHILD_KEY, key.as_str()), ($var, url.as_str())];
             idemcache::store::conformance::kill_child_at(stringify!($child), &env, "claimed");
-            testing::after_a_kill_between_claim_and_commit(&$fixture(store), &key).await;
+            testing::after_a_kill_between_claim_and_commit(&engine, &key).await;
         }
     };
 }
@@ -176,7 +193,6 @@ kill_test!(
     postgres_child_claims_and_waits_to_be_killed,
     a_postgres_process_killed_between_claim_and_commit_leaves_nothing,
     Postgres,
-    idemcache_sqlx::PgStore,
     "IDEMCACHE_POSTGRES_URL",
     "postgres://postgres@127.0.0.1:5432/test",
     "needs IDEMCACHE_POSTGRES_URL"
@@ -187,7 +203,6 @@ kill_test!(
     mysql_child_claims_and_waits_to_be_killed,
     a_mysql_process_killed_between_claim_and_commit_leaves_nothing,
     MySql,
-    idemcache_sqlx::MySqlStore,
     "IDEMCACHE_MYSQL_URL",
     "mysql://root@127.0.0.1:3306/test",
     "needs IDEMCACHE_MYSQL_URL"

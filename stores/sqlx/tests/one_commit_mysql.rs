@@ -570,3 +570,46 @@ async fn duplicates_of_a_rolled_back_first_acquire_in_turn_or_deadlock() {
     assert!(db.store.record(&key).await.unwrap().is_none(), "all rolled back: {outcomes:?}");
     db.drop_table().await;
 }
+
+/// A one-commit claim whose token was minted before the dead record it meets was
+/// written (it waited on the record's row meanwhile) takes the record over under a
+/// token minted again, above the record's: a key's tokens only grow on this path too.
+#[tokio::test]
+#[ignore = "needs IDEMCACHE_MYSQL_URL"]
+async fn a_one_commit_takeover_mints_above_a_record_written_after_its_token() {
+    let Some(db) = Db::new("remint").await else { return };
+    let key = db.key();
+    let held = db.store.claim(&key, Fingerprint::of(b"order"), LEASE).await.unwrap();
+    assert!(matches!(held, StoreClaim::Acquired { .. }), "{held:?}");
+    // The record's row held by another transaction; the one-commit claim queued on it.
+    let mut blocker = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT token FROM idemcache_records WHERE `key` = ? FOR UPDATE")
+        .bind(key.as_bytes())
+        .fetch_one(&mut *blocker)
+        .await
+        .unwrap();
+    let (id, claim) = db.duplicate(&key).await;
+    until_waiting_on_lock(&db.pool, id).await;
+    // A token minted after the queued claim's (another key's claim), and the record left
+    // dead under it, as a later claim whose lease ran out leaves it.
+    let later = db.store.claim(&db.key(), Fingerprint::of(b"order"), LEASE).await.unwrap();
+    let StoreClaim::Acquired { token: later, .. } = later else { panic!("{later:?}") };
+    sqlx::query(
+        "UPDATE idemcache_records SET token = ?, expires_at = expires_at - 3600000000 \
+         WHERE `key` = ?",
+    )
+    .bind(later.get() as i64)
+    .bind(key.as_bytes())
+    .execute(&mut *blocker)
+    .await
+    .unwrap();
+    blocker.commit().await.unwrap();
+    match claim.await.unwrap() {
+        StoreClaim::Acquired { token, took_over, .. } => {
+            assert!(took_over, "the dead record was PROCESSING");
+            assert!(token > later, "{token:?} at or below the dead record's {later:?}");
+        }
+        other => panic!("taken over: {other:?}"),
+    }
+    db.drop_table().await;
+}
