@@ -1,0 +1,61 @@
+//! The client half of idempotency: a service that calls another keeps one
+//! `Idempotency-Key` across every retry of a call, retries only what is safe to retry,
+//! and learns what became of the call.
+//!
+//! [`IdempotentRetry`] is [`reqwest_middleware`] middleware. Each `POST` and `PATCH`
+//! (the policy's methods) carries a key: the caller's [`CallKey`] (the usual one is
+//! the [`DownstreamKey`](idemcache::DownstreamKey) of the execution making the call,
+//! the same in every retry, process and reconciler) or one generated for the call. The
+//! same key goes with every attempt, so the server turns a repeat into the first
+//! attempt's answer. [`CallOutcome::of`] says what the caller must know:
+//!
+//! | outcome | ran? | what to do |
+//! |---|---|---|
+//! | `Executed { replayed }` | yes, once | use the answer |
+//! | `Refused { status, problem }` | no | fix the request (422: the key was reused) |
+//! | `NotSent` | no | give up, or call again later |
+//! | `Unknown` | maybe | mark your claim UNKNOWN; reconcile by the same key |
+//!
+//! ```no_run
+//! use idemcache_client::{CallKey, CallOutcome, IdempotentRetry};
+//! use reqwest_middleware::ClientBuilder;
+//!
+//! # async fn pay() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = ClientBuilder::new(reqwest::Client::new()).with(IdempotentRetry::default()).build();
+//! let sent = client
+//!     .post("http://payments.internal/charges")
+//!     .body("order 42: 10.00")
+//!     .with_extension(CallKey::new("order-42-charge")?)
+//!     .send()
+//!     .await;
+//! if CallOutcome::of(sent).await.ran().is_none() {
+//!     // Sent, no final answer: settle it later by the same key.
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The retry schedule is [`RetryPolicy`]'s: capped exponential backoff with jitter,
+//! at least the server's `Retry-After`, within a deadline. A body that cannot be sent
+//! twice (a stream) is sent once. The guide, from "my service calls a payment API" to
+//! settling an unknown call, is `docs/client.md` in the repository.
+
+// The guide's examples, compiled and checked as this crate's doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/client.md")]
+mod guide {}
+
+mod attempt;
+mod key;
+mod middleware;
+mod outcome;
+mod policy;
+
+pub use key::{CallKey, InvalidCallKey, MAX_KEY_LEN};
+pub use middleware::{CallFailed, IdempotentRetry};
+pub use outcome::CallOutcome;
+pub use policy::{PolicyError, RetryPolicy};
+
+/// The middleware crate this one plugs into, re-exported so that your
+/// `reqwest_middleware` is this one's.
+pub use reqwest_middleware;
