@@ -40,6 +40,8 @@
 //! twice (a stream) is sent once. The guide, from "my service calls a payment API" to
 //! settling an unknown call, is `docs/client.md` in the repository.
 
+#![doc(html_root_url = "https://docs.rs/idemcache-client/0.1.0")]
+
 // The guide's examples, compiled and checked as this crate's doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/client.md")]
