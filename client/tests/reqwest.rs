@@ -4,7 +4,9 @@
 //! handler run once (the answer replayed); a server never reached is `NotSent`; a reused
 //! key is `Refused` (422) and never retried; the in-progress answer (409 with
 //! `Retry-After`) is waited out; an answer that stays 503 is `Unknown` once the attempts
-//! are spent; a streamed body is sent once; other methods pass untouched.
+//! are spent; a streamed body is sent once; other methods pass untouched. Beside it,
+//! the peer a user would reach for, `reqwest-retry`, under the same faults: it retries
+//! the `POST` without a key, and the charge runs twice.
 //!
 //! Needs no service: the payments service and the proxy run in the test.
 
@@ -205,4 +207,35 @@ async fn a_streamed_body_is_sent_once_and_a_lost_answer_after_it_is_unknown() {
     }
     assert_eq!(proxy.connections(), 1, "a stream cannot be sent again");
     assert_eq!(payments.runs(), 1, "it reached the handler: that is why it is unknown");
+}
+
+/// The same lost answers through `reqwest-retry`'s `RetryTransientMiddleware`, as its
+/// users set it up: it retries the `POST` as it was sent, with no key, so the service
+/// cannot tell the retry from a new charge and runs it again. (What the two-service
+/// fault run counts at scale.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reqwest_retry_without_a_key_charges_twice_under_the_same_faults() {
+    use reqwest_retry::policies::ExponentialBackoff;
+    use reqwest_retry::RetryTransientMiddleware;
+    let payments = Payments::default();
+    let proxy = Proxy::to(payments.serve().await).await;
+    let inner = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let policy = ExponentialBackoff::builder()
+        .retry_bounds(Duration::from_millis(5), Duration::from_millis(50))
+        .build_with_max_retries(4);
+    let peer =
+        ClientBuilder::new(inner).with(RetryTransientMiddleware::new_with_policy(policy)).build();
+    let faults =
+        [Fault::DropResponse, Fault::ResetMidResponse, Fault::Delay(Duration::from_secs(2))];
+    for fault in faults {
+        proxy.script([fault]);
+        let before = payments.runs();
+        let answer = peer.post(format!("http://{}/charges", proxy.addr)).body("c").send().await;
+        assert_eq!(answer.unwrap().status(), 201, "{fault:?}: it answered as if once");
+        assert_eq!(payments.runs(), before + 2, "{fault:?}: the charge ran twice");
+    }
 }

@@ -23,7 +23,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
-/// The payments service: `POST /charges` runs once per key (its answer replayed after)
+/// The payments service: `POST /charges` runs once per key (its answer replayed after;
+/// a request without a key runs every time it arrives)
 /// and counts its runs; `POST /slow` waits for [`Payments::release`] first;
 /// `POST /broken` answers 503 and keeps nothing.
 #[derive(Clone, Default)]
@@ -53,7 +54,8 @@ impl Payments {
     pub async fn serve(&self) -> SocketAddr {
         let cache = Cache::builder().build().unwrap();
         let in_progress = self.in_progress.clone();
-        let layer = IdempotencyLayer::new(cache).on_decision(move |event| {
+        // The key is optional, as a payment API's is: a request without one runs as sent.
+        let layer = IdempotencyLayer::new(cache).require_key(false).on_decision(move |event| {
             if event.decision == Decision::InProgress {
                 in_progress.fetch_add(1, Ordering::SeqCst);
             }
