@@ -105,6 +105,13 @@ mod tests {
         assert!(CallKey::new("caf\u{e9}").is_err());
         assert!(CallKey::new("a b").is_err(), "a space is not visible ASCII");
         assert_eq!(CallKey::new("order-42").unwrap().as_str(), "order-42");
+        let refused = CallKey::new("").unwrap_err().to_string();
+        assert_eq!(refused, "not an idempotency key: 0 bytes, not 1 to 255");
+        let key = CallKey::new("order-42").unwrap();
+        assert_eq!(
+            (format!("{key}"), format!("{key:?}")),
+            ("order-42".into(), "CallKey(\"order-42\")".into())
+        );
         let (a, b) = (CallKey::generate(), CallKey::generate());
         assert_ne!(a, b);
         assert_eq!(a.as_str().len(), 36);

@@ -113,8 +113,13 @@ fn key_for(request: &Request, extensions: &Extensions) -> Result<CallKey, CallFa
 
 /// A jitter unit in `[0, 1)`, from the system's randomness.
 fn jitter() -> f64 {
-    let bits = uuid::Uuid::new_v4().as_u64_pair().0 >> 11;
-    bits as f64 / (1u64 << 53) as f64
+    unit(uuid::Uuid::new_v4().as_u64_pair().0)
+}
+
+/// `bits` as a number in `[0, 1)`: its top 53 bits over 2^53 (every value exact in an
+/// `f64`).
+fn unit(bits: u64) -> f64 {
+    (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[async_trait::async_trait]
@@ -167,5 +172,43 @@ impl Middleware for IdempotentRetry {
             tokio::time::sleep(wait).await;
             request = spare;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jitter_unit_spans_zero_to_below_one() {
+        assert_eq!(unit(0), 0.0);
+        assert_eq!(unit(1 << 63), 0.5);
+        let top = unit(u64::MAX);
+        assert!(top < 1.0 && top > 0.999_999, "{top}");
+        assert!((0.0..1.0).contains(&jitter()));
+        // From the system's randomness: two draws meet with odds of 2^-53.
+        assert_ne!(jitter(), jitter());
+    }
+
+    #[test]
+    fn a_failed_call_says_whether_it_was_sent_and_keeps_its_cause() {
+        use std::error::Error as _;
+        let failed = CallFailed {
+            attempts: 3,
+            sent: false,
+            key: Some(CallKey::new("k-1").unwrap()),
+            source: "connection refused".into(),
+        };
+        let said = failed.to_string();
+        assert_eq!(said, "the call (k-1) was never sent, after 3 attempts: connection refused");
+        assert_eq!(failed.source().unwrap().to_string(), "connection refused");
+        let sent = CallFailed { sent: true, key: None, ..failed };
+        assert!(sent.to_string().starts_with("the call (no key) may have reached the server"));
+    }
+
+    #[test]
+    fn the_middleware_keeps_its_policy() {
+        let policy = RetryPolicy::default().with_attempts(2).unwrap();
+        assert_eq!(IdempotentRetry::new(policy.clone()).policy(), &policy);
     }
 }

@@ -185,6 +185,12 @@ mod tests {
             p.clone().with_first_delay(Duration::from_secs(6)),
             Err(PolicyError::CapBelowFirst)
         );
+        let said = PolicyError::Zero("deadline").to_string();
+        assert_eq!(said, "the retry policy's deadline is zero");
+        assert_eq!(PolicyError::NoAttempt.to_string(), "a retry policy needs at least one attempt");
+        // A cap equal to the first delay: every retry waits the same.
+        let flat = p.clone().with_cap(ms(100)).unwrap().with_first_delay(ms(100)).unwrap();
+        assert_eq!(flat.delay(5, None, 1.0), ms(100));
         assert!(p.applies_to(&Method::POST) && !p.applies_to(&Method::GET));
         let all = p.with_methods([Method::PUT]);
         assert!(all.applies_to(&Method::PUT) && !all.applies_to(&Method::POST));
