@@ -48,8 +48,10 @@ impl std::error::Error for InvalidCallKey {}
 pub const MAX_KEY_LEN: usize = 255;
 
 impl CallKey {
-    /// `key`, checked: 1 to [`MAX_KEY_LEN`] bytes of visible ASCII.
-    pub fn new(key: &str) -> Result<CallKey, InvalidCallKey> {
+    /// `key` (a `&str` or a `String`), checked: 1 to [`MAX_KEY_LEN`] bytes of visible
+    /// ASCII.
+    pub fn new(key: impl AsRef<str>) -> Result<CallKey, InvalidCallKey> {
+        let key = key.as_ref();
         if key.is_empty() || key.len() > MAX_KEY_LEN {
             return Err(InvalidCallKey(format!("{} bytes, not 1 to {MAX_KEY_LEN}", key.len())));
         }

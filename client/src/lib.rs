@@ -58,6 +58,8 @@ pub use middleware::{CallFailed, IdempotentRetry};
 pub use outcome::CallOutcome;
 pub use policy::{PolicyError, RetryPolicy};
 
-/// The middleware crate this one plugs into, re-exported so that your
-/// `reqwest_middleware` is this one's.
-pub use reqwest_middleware;
+/// The middleware crate this one plugs into, and the client it wraps, re-exported: use
+/// these (`idemcache_client::reqwest`, `idemcache_client::reqwest_middleware`), or
+/// depend on the same releases (reqwest 0.13, reqwest-middleware 0.5), so that your
+/// types are this crate's.
+pub use {reqwest, reqwest_middleware};

@@ -80,11 +80,24 @@ pub struct CallFailed {
     source: Box<dyn std::error::Error + Send + Sync>,
 }
 
+impl CallFailed {
+    /// The `CallFailed` inside `error`, if the middleware ended the call with one (a
+    /// `reqwest_middleware::Error::Middleware` holding it).
+    pub fn of(error: &reqwest_middleware::Error) -> Option<&CallFailed> {
+        match error {
+            reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<CallFailed>(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+}
+
+/// Says what the call came to; the last attempt's failure is its
+/// [`source`](std::error::Error::source), not repeated here.
 impl fmt::Display for CallFailed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let key = self.key.as_ref().map_or("no key", CallKey::as_str);
         let sent = if self.sent { "may have reached the server" } else { "was never sent" };
-        write!(f, "the call ({key}) {sent}, after {} attempts: {}", self.attempts, self.source)
+        write!(f, "the call ({key}) {sent}, after {} attempts", self.attempts)
     }
 }
 
@@ -200,7 +213,7 @@ mod tests {
             source: "connection refused".into(),
         };
         let said = failed.to_string();
-        assert_eq!(said, "the call (k-1) was never sent, after 3 attempts: connection refused");
+        assert_eq!(said, "the call (k-1) was never sent, after 3 attempts");
         assert_eq!(failed.source().unwrap().to_string(), "connection refused");
         let sent = CallFailed { sent: true, key: None, ..failed };
         assert!(sent.to_string().starts_with("the call (no key) may have reached the server"));

@@ -19,7 +19,7 @@ pub enum CallOutcome {
     /// The server executed the call (a 2xx or 3xx): by this attempt, or by an earlier one
     /// whose answer it replayed.
     Executed {
-        /// The answer, its body unread.
+        /// The answer (a `reqwest::Response`), its body unread.
         response: reqwest::Response,
         /// Whether it is a replay of an earlier attempt's answer (the server's
         /// `Idempotent-Replayed` header).
@@ -30,13 +30,14 @@ pub enum CallOutcome {
     Refused {
         /// The answer's status.
         status: StatusCode,
-        /// Its body (a problem details document, from an idemcache server).
+        /// Its body, as bytes (a problem details document, from an idemcache server).
         problem: Bytes,
     },
     /// No attempt reached the server: nothing ran. Give up, or call again later (with
     /// the same key, to be safe either way).
     NotSent {
-        /// Why.
+        /// Why: a `reqwest_middleware::Error`, holding the middleware's [`CallFailed`]
+        /// (read it with [`CallFailed::of`]: the attempts made, the key).
         error: reqwest_middleware::Error,
     },
     /// The call was sent and got no final answer within the policy's deadline: it may
@@ -46,23 +47,26 @@ pub enum CallOutcome {
         /// The last answer's status, if the last attempt got one (a 5xx, the in-progress
         /// 409).
         status: Option<StatusCode>,
-        /// The last attempt's failure, if it had no answer.
+        /// The last attempt's failure, if it had no answer: a `reqwest_middleware::Error`
+        /// holding the middleware's [`CallFailed`] ([`CallFailed::of`]).
         error: Option<reqwest_middleware::Error>,
     },
 }
 
 impl CallOutcome {
-    /// The outcome of `result`, a `send` through [`IdempotentRetry`](crate::IdempotentRetry)
-    /// (a refusal's body is read here).
+    /// The outcome of `result`, what a `send` through
+    /// [`IdempotentRetry`](crate::IdempotentRetry) returned (a
+    /// `Result<reqwest::Response, reqwest_middleware::Error>`); a refusal's body is read
+    /// here.
     pub async fn of(result: Result<reqwest::Response, reqwest_middleware::Error>) -> CallOutcome {
         let response = match result {
             Ok(response) => response,
             Err(error) => {
-                let sent = match &error {
-                    reqwest_middleware::Error::Middleware(e) => {
-                        e.downcast_ref::<CallFailed>().is_none_or(|failed| failed.sent)
-                    }
-                    reqwest_middleware::Error::Reqwest(e) => attempt::of_error(e).1,
+                let sent = match (&error, CallFailed::of(&error)) {
+                    (_, Some(failed)) => failed.sent,
+                    (reqwest_middleware::Error::Reqwest(e), None) => attempt::of_error(e).1,
+                    // Another middleware's failure: nothing says it was not sent.
+                    (reqwest_middleware::Error::Middleware(_), None) => true,
                 };
                 return if sent {
                     CallOutcome::Unknown { status: None, error: Some(error) }

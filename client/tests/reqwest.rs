@@ -85,8 +85,7 @@ async fn a_server_never_reached_is_not_sent_after_every_attempt() {
     let client = client(3);
     let sent = client.post(format!("http://{}/charges", nowhere())).body("x").send().await;
     let error = sent.as_ref().map(drop).unwrap_err();
-    let reqwest_middleware::Error::Middleware(e) = error else { panic!("{error:?}") };
-    let failed = e.downcast_ref::<CallFailed>().expect("a CallFailed");
+    let failed = CallFailed::of(error).expect("a CallFailed");
     assert_eq!((failed.attempts, failed.sent), (3, false), "{failed}");
     let outcome = CallOutcome::of(sent).await;
     assert!(matches!(outcome, CallOutcome::NotSent { .. }), "{outcome:?}");
