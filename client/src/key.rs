@@ -103,7 +103,7 @@ mod tests {
     #[test]
     fn keys_are_checked_and_generated_ones_differ() {
         assert!(CallKey::new("").is_err());
-        assert!(CallKey::new(&"k".repeat(256)).is_err());
+        assert!(CallKey::new("k".repeat(256)).is_err());
         assert!(CallKey::new("caf\u{e9}").is_err());
         assert!(CallKey::new("a b").is_err(), "a space is not visible ASCII");
         assert_eq!(CallKey::new("order-42").unwrap().as_str(), "order-42");
