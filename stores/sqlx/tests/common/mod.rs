@@ -325,9 +325,7 @@ macro_rules! outbox_suite {
         async fn a_row_at_the_top_of_its_counters_does_not_stall_the_claim() {
             let Some(db) = Db::new("top").await else { return };
             let d = &db;
-            let put = move |messages: Vec<OutboxMessage>| async move {
-                put(&mut d.conn().await, &messages).await;
-            };
+            let put = move |messages| put_into(d, messages);
             let raise = move |column: &'static str, id: String| async move {
                 let set = format!($raise, column);
                 let raised = sqlx::query(sqlx::AssertSqlSafe(set)).bind(id);
@@ -348,9 +346,7 @@ macro_rules! outbox_suite {
         async fn the_largest_headers_check_accepts_are_read_back_as_enqueued() {
             let Some(db) = Db::new("headers").await else { return };
             let d = &db;
-            let put = move |messages: Vec<OutboxMessage>| async move {
-                put(&mut d.conn().await, &messages).await;
-            };
+            let put = move |messages| put_into(d, messages);
             let pool = db.pool().await;
             let storage = Storage::new(pool.clone());
             testing::the_largest_headers_check_accepts_are_read_back_as_enqueued(&storage, put)
@@ -368,14 +364,17 @@ macro_rules! outbox_suite {
             tx.commit().await.unwrap();
         }
 
+        /// Enqueues `messages` in one committed transaction, on a connection of `db`'s.
+        async fn put_into(db: &Db, messages: Vec<OutboxMessage>) {
+            put(&mut db.conn().await, &messages).await;
+        }
+
         #[tokio::test]
         #[ignore = $needs]
         async fn enqueue_commits_with_the_change_byte_for_byte() {
             let Some(db) = Db::new("basic").await else { return };
             let d = &db;
-            let put = move |messages: Vec<OutboxMessage>| async move {
-                put(&mut d.conn().await, &messages).await;
-            };
+            let put = move |messages| put_into(d, messages);
             let rolled_back = move |m: OutboxMessage| async move {
                 let mut c = d.conn().await;
                 let mut tx = c.begin().await.unwrap();
@@ -397,9 +396,7 @@ macro_rules! outbox_suite {
             let Some(db) = Db::new("life").await else { return };
             let pool = db.pool().await;
             let d = &db;
-            let put = move |messages: Vec<OutboxMessage>| async move {
-                put(&mut d.conn().await, &messages).await;
-            };
+            let put = move |messages| put_into(d, messages);
             testing::a_rows_life(&Storage::new(pool.clone()), put).await;
             pool.close().await;
             db.drop().await;
@@ -411,9 +408,7 @@ macro_rules! outbox_suite {
             let Some(db) = Db::new("corrupt").await else { return };
             let pool = db.pool().await;
             let d = &db;
-            let put = move |messages: Vec<OutboxMessage>| async move {
-                put(&mut d.conn().await, &messages).await;
-            };
+            let put = move |messages| put_into(d, messages);
             let spoil = || async {
                 d.conn().await.execute(sqlx::raw_sql($spoil)).await.unwrap();
             };
@@ -429,9 +424,7 @@ macro_rules! outbox_suite {
             let Some(db) = Db::new("skip").await else { return };
             let pool = db.pool().await;
             let d = &db;
-            let put = move |messages: Vec<OutboxMessage>| async move {
-                put(&mut d.conn().await, &messages).await;
-            };
+            let put = move |messages| put_into(d, messages);
             testing::concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue(
                 || Storage::new(pool.clone()),
                 put,
