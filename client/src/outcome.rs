@@ -1,9 +1,10 @@
 //! [`CallOutcome`]: what a call's caller must know, read from the middleware's result.
 //!
 //! Invariant: `NotSent` only when no attempt can have reached the server (no connection
-//! was ever made, or the call was refused before its first attempt); an answer that is
-//! not final (a 5xx, the in-progress 409) and every other failure is `Unknown`: the
-//! call may have run, and only the provider, asked by the same key, can say.
+//! was ever made, or the call was refused before its first attempt); `Refused` only for
+//! a 4xx that says nothing ran (not a 409); an answer that is not final (a 5xx, a 409)
+//! and every other failure is `Unknown`: the call may have run, and only the provider,
+//! asked by the same key, can say.
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -25,8 +26,8 @@ pub enum CallOutcome {
         /// `Idempotent-Replayed` header).
         replayed: bool,
     },
-    /// The server refused the call, and nothing ran: a 4xx (the key reused with another
-    /// request is 422). Retrying the same request will not help.
+    /// The server refused the call, and nothing ran: a 4xx other than 409 (the key
+    /// reused with another request is 422). Retrying the same request will not help.
     Refused {
         /// The answer's status.
         status: StatusCode,
@@ -40,8 +41,9 @@ pub enum CallOutcome {
         /// (read it with [`CallFailed::of`]: the attempts made, the key).
         error: reqwest_middleware::Error,
     },
-    /// The call was sent and got no final answer within the policy's deadline: it may
-    /// have run. Mark your own claim UNKNOWN and settle it by the same key
+    /// The call was sent and got no final answer within the policy's deadline, or a 409
+    /// (the key's execution still running, its outcome unknown, or its answer not
+    /// kept): it may have run. Mark your own claim UNKNOWN and settle it by the same key
     /// (docs/commit-boundary.md).
     Unknown {
         /// The last answer's status, if the last attempt got one (a 5xx, the in-progress
@@ -80,7 +82,10 @@ impl CallOutcome {
             let replayed = response.headers().contains_key(IDEMPOTENT_REPLAYED);
             return CallOutcome::Executed { response, replayed };
         }
-        if attempt::of_response(status, response.headers()) != Next::Final {
+        // A 409 is never "nothing ran": the key's first execution is still running, or
+        // its outcome is unknown, or it ran and its answer was not kept.
+        let not_final = attempt::of_response(status, response.headers()) != Next::Final;
+        if not_final || status == StatusCode::CONFLICT {
             return CallOutcome::Unknown { status: Some(status), error: None };
         }
         let problem = response.bytes().await.unwrap_or_default();

@@ -167,6 +167,22 @@ async fn an_answer_that_stays_503_is_unknown_once_the_attempts_are_spent() {
     assert_eq!(payments.runs(), 3, "every attempt reached the handler (503 is not kept)");
 }
 
+/// A key the server holds UNKNOWN (its handler could not tell whether the effect
+/// happened) answers every retry 409 `outcome_unknown`: the call is `Unknown`, never
+/// `Refused`, since it may have run.
+#[tokio::test]
+async fn a_key_the_server_holds_unknown_is_unknown_never_refused() {
+    let payments = Payments::default();
+    let addr = payments.serve().await;
+    let sent = client(3).post(format!("http://{addr}/unknown")).body("x").send().await;
+    match CallOutcome::of(sent).await {
+        CallOutcome::Unknown { status, .. } => {
+            assert_eq!(status, Some(reqwest::StatusCode::CONFLICT))
+        }
+        other => panic!("expected Unknown, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_get_passes_untouched_and_carries_no_key() {
     let payments = Payments::default();

@@ -17,7 +17,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use idemcache::layer::{Decision, IdempotencyLayer};
+use idemcache::layer::{Decision, IdempotencyLayer, OutcomeUnknown};
 use idemcache::Cache;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -26,7 +26,8 @@ use tokio::sync::Notify;
 /// The payments service: `POST /charges` runs once per key (its answer replayed after;
 /// a request without a key runs every time it arrives)
 /// and counts its runs; `POST /slow` waits for [`Payments::release`] first;
-/// `POST /broken` answers 503 and keeps nothing.
+/// `POST /broken` answers 503 and keeps nothing; `POST /unknown` answers 504 and leaves
+/// its key UNKNOWN.
 #[derive(Clone, Default)]
 pub struct Payments {
     runs: Arc<AtomicU64>,
@@ -76,6 +77,17 @@ impl Payments {
                     slow_runs.fetch_add(1, Ordering::SeqCst);
                     gate.notified().await;
                     (StatusCode::CREATED, format!("slow: {body}"))
+                }),
+            )
+            .route(
+                "/unknown",
+                post(move || async move {
+                    // The handler cannot tell whether its effect happened: the key turns
+                    // UNKNOWN, and every retry is told so (409 outcome_unknown).
+                    let mut response = axum::response::Response::new(axum::body::Body::empty());
+                    *response.status_mut() = StatusCode::GATEWAY_TIMEOUT;
+                    response.extensions_mut().insert(OutcomeUnknown);
+                    response
                 }),
             )
             .route(
