@@ -68,7 +68,7 @@ use idemcache_sql::inbox::check;
 use idemcache_sql::inbox::receive::{Claimed, Receiving, Step, Vanished};
 use idemcache_sql::transition::is_conflict_mysql_code;
 
-use super::{database, InboxError, Receipt};
+use super::{database, read_answer, InboxError, Receipt};
 
 /// The inbox's table, created by [`ensure_schema`] (idempotent). Keyed by consumer and
 /// message id, in `VARBINARY` columns so that they compare byte for byte: the server's
@@ -181,45 +181,22 @@ async fn claim(
                     .bind(message_id.as_bytes())
                     .fetch_optional(&mut **tx)
                     .await;
-                match stored {
-                    Ok(bytes) => receiving.read(bytes.as_deref())?,
-                    Err(e) if number(&e).is_some_and(is_conflict_mysql_code) => {
-                        receiving.conflicted()
-                    }
-                    Err(sqlx::Error::ColumnDecode { source, .. }) => {
-                        return Err(
-                            receiving.unreadable(format_args!("column fingerprint: {source}"))
-                        );
-                    }
-                    Err(e) => return Err(database(e)),
-                }
+                read_answer(&mut receiving, stored, conflicted)?;
             }
         }
     }
 }
 
-/// Deletes up to `limit` records received before `cutoff` (oldest first) and returns
-/// how many: call it until it returns less than `limit`. `limit` 0 deletes nothing.
-/// Take `cutoff` from [`Purger::cutoff`](super::Purger::cutoff).
-pub async fn purge<'e, E>(
-    executor: E,
-    cutoff: SystemTime,
-    limit: usize,
-) -> Result<usize, InboxError>
-where
-    E: Executor<'e, Database = MySql>,
-{
-    if limit == 0 {
-        return Ok(0);
-    }
-    let limit = u64::try_from(limit).unwrap_or(u64::MAX);
-    let done = sqlx::query(PURGE)
-        .bind(to_micros(cutoff))
-        .bind(limit)
-        .execute(executor)
-        .await
-        .map_err(database)?;
-    Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+purge_operation!(
+    MySql,
+    u64,
+    "Deletes up to `limit` records received before `cutoff` (oldest first) and returns how many: call it until it returns less than `limit`. `limit` 0 deletes nothing. Take `cutoff` from [`Purger::cutoff`](super::Purger::cutoff)."
+);
+
+/// Whether `e` is a conflict of InnoDB's (a lock wait timeout, a deadlock, a snapshot
+/// MariaDB refuses to read past).
+fn conflicted(e: &sqlx::Error) -> bool {
+    number(e).is_some_and(is_conflict_mysql_code)
 }
 
 /// The server's error number of a sqlx error, if it is one.

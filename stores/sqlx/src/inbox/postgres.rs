@@ -16,7 +16,7 @@ use idemcache::store::encoding::to_micros;
 use idemcache::Fingerprint;
 use idemcache_sql::inbox::check;
 
-use super::{database, InboxError, Receipt};
+use super::{database, read_answer, InboxError, Receipt};
 
 use idemcache_sql::inbox::postgres::{self, CLAIM, ENSURE_SCHEMA, PURGE, READ};
 pub use idemcache_sql::inbox::postgres::{lock_key, ADVISORY_LOCK_CLASS, SCHEMA};
@@ -78,45 +78,17 @@ pub async fn receive(
                     .bind(message_id)
                     .fetch_optional(&mut **tx)
                     .await;
-                match stored {
-                    Ok(bytes) => receiving.read(bytes.as_deref())?,
-                    Err(e) if is_serialization_failure(&e) => receiving.conflicted(),
-                    Err(sqlx::Error::ColumnDecode { source, .. }) => {
-                        return Err(
-                            receiving.unreadable(format_args!("column fingerprint: {source}"))
-                        );
-                    }
-                    Err(e) => return Err(database(e)),
-                }
+                read_answer(&mut receiving, stored, is_serialization_failure)?;
             }
         }
     }
 }
 
-/// Deletes up to `limit` records received before `cutoff` (oldest first, skipping rows
-/// another purge is deleting) and returns how many: call it until it returns less than
-/// `limit`. `limit` 0 deletes nothing. Take `cutoff` from
-/// [`Purger::cutoff`](super::Purger::cutoff).
-pub async fn purge<'e, E>(
-    executor: E,
-    cutoff: SystemTime,
-    limit: usize,
-) -> Result<usize, InboxError>
-where
-    E: Executor<'e, Database = Postgres>,
-{
-    if limit == 0 {
-        return Ok(0);
-    }
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let done = sqlx::query(PURGE)
-        .bind(to_micros(cutoff))
-        .bind(limit)
-        .execute(executor)
-        .await
-        .map_err(database)?;
-    Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
-}
+purge_operation!(
+    Postgres,
+    i64,
+    "Deletes up to `limit` records received before `cutoff` (oldest first, skipping rows another purge is deleting) and returns how many: call it until it returns less than `limit`. `limit` 0 deletes nothing. Take `cutoff` from [`Purger::cutoff`](super::Purger::cutoff)."
+);
 
 fn is_serialization_failure(e: &sqlx::Error) -> bool {
     e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == SERIALIZATION_FAILURE)
