@@ -67,6 +67,27 @@ macro_rules! store_suite {
 
         /// Sixteen claims of one absent key at once, from two pools (two processes'
         /// worth of connections): exactly one acquires.
+        /// Sixteen claims of `k` at once, alternating between `first` and `second` (two
+        /// processes' pools): their answers.
+        async fn sixteen_claims(
+            first: &$store,
+            second: &$store,
+            k: &idemcache::Key,
+        ) -> Vec<StoreClaim> {
+            let claims: Vec<_> = (0..16)
+                .map(|i| {
+                    let store = if i % 2 == 0 { first.clone() } else { second.clone() };
+                    let k = k.clone();
+                    tokio::spawn(async move { store.claim(&k, fp("r"), LEASE).await.unwrap() })
+                })
+                .collect();
+            let mut answers = Vec::with_capacity(claims.len());
+            for claim in claims {
+                answers.push(claim.await.unwrap());
+            }
+            answers
+        }
+
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         #[ignore = $needs]
         async fn concurrent_claims_of_one_key_race_to_exactly_one_acquired() {
@@ -74,16 +95,9 @@ macro_rules! store_suite {
             let other = db.another();
             for round in 0..4 {
                 let k = key(&format!("race-{round}"));
-                let claims: Vec<_> = (0..16)
-                    .map(|i| {
-                        let store = if i % 2 == 0 { db.store.clone() } else { other.clone() };
-                        let k = k.clone();
-                        tokio::spawn(async move { store.claim(&k, fp("r"), LEASE).await.unwrap() })
-                    })
-                    .collect();
                 let mut acquired = 0;
-                for claim in claims {
-                    match claim.await.unwrap() {
+                for answer in sixteen_claims(&db.store, &other, &k).await {
+                    match answer {
                         StoreClaim::Acquired { .. } => acquired += 1,
                         StoreClaim::InProgress { .. } => {}
                         other => panic!("{other:?}"),
@@ -108,16 +122,9 @@ macro_rules! store_suite {
             db.execute(format!("UPDATE {} SET expires_at = expires_at - {back}", db.records()))
                 .await;
             let other = db.another();
-            let claims: Vec<_> = (0..16)
-                .map(|i| {
-                    let store = if i % 2 == 0 { db.store.clone() } else { other.clone() };
-                    let k = k.clone();
-                    tokio::spawn(async move { store.claim(&k, fp("r"), LEASE).await.unwrap() })
-                })
-                .collect();
             let mut fresh = Vec::new();
-            for claim in claims {
-                match claim.await.unwrap() {
+            for answer in sixteen_claims(&db.store, &other, &k).await {
+                match answer {
                     StoreClaim::Acquired { token, took_over, .. } => {
                         assert!(took_over, "the dead record was PROCESSING");
                         fresh.push(token)
