@@ -41,25 +41,49 @@
 //! settling an unknown call, is `docs/client.md` in the repository.
 
 #![doc(html_root_url = "https://docs.rs/idemcache-client/0.1.0")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // The guide's examples, compiled and checked as this crate's doctests.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "reqwest"))]
 #[doc = include_str!("../../docs/client.md")]
 mod guide {}
 
 mod attempt;
+mod failed;
+#[cfg(feature = "tonic")]
+mod grpc;
 mod key;
+#[cfg(feature = "reqwest")]
 mod middleware;
+#[cfg(feature = "reqwest")]
 mod outcome;
 mod policy;
+#[cfg(feature = "tower")]
+mod tower;
 
+pub use failed::CallFailed;
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub use grpc::GrpcOutcome;
 pub use key::{CallKey, InvalidCallKey, MAX_KEY_LEN};
-pub use middleware::{CallFailed, IdempotentRetry};
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use middleware::IdempotentRetry;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use outcome::CallOutcome;
 pub use policy::{PolicyError, RetryPolicy};
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub use tower::{
+    BoxError, IdempotentRetryLayer, IdempotentRetryService, ResendableBody, ResponseFuture,
+    RetryBody,
+};
 
 /// The middleware crate this one plugs into, and the client it wraps, re-exported: use
 /// these (`idemcache_client::reqwest`, `idemcache_client::reqwest_middleware`), or
 /// depend on the same releases (reqwest 0.13, reqwest-middleware 0.5), so that your
 /// types are this crate's.
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use {reqwest, reqwest_middleware};

@@ -1,27 +1,24 @@
 //! What the client's tests share: a payments service behind the idempotency layer (in
 //! memory), and a TCP proxy in front of it that injects a fault into each connection
-//! in turn ([`Proxy`]).
-//!
-//! Invariant: the proxy forwards every request byte it is given to the service, so a
-//! fault never keeps a request from executing: it only loses, cuts or delays the answer
-//! on its way back, which is what a client cannot tell from the request never arriving.
+//! in turn ([`Proxy`], `proxy.rs`: the gRPC example's client tests use it too).
 
 #![allow(dead_code)] // each test binary uses part of this
 
-use std::collections::VecDeque;
+mod proxy;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
 use idemcache::layer::{Decision, IdempotencyLayer, OutcomeUnknown};
 use idemcache::Cache;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Notify;
+
+pub use proxy::{nowhere, Fault, Proxy};
 
 /// The payments service: `POST /charges` runs once per key (its answer replayed after;
 /// a request without a key runs every time it arrives)
@@ -103,101 +100,4 @@ impl Payments {
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         addr
     }
-}
-
-/// What the proxy does to one connection's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    /// Forwards it whole.
-    Pass,
-    /// Forwards the request, waits for the answer's first bytes (the service has
-    /// executed), then closes the client's connection without them.
-    DropResponse,
-    /// Forwards the answer's first bytes, then resets the connection (RST).
-    ResetMidResponse,
-    /// Holds the answer this long, then forwards it (past a client's timeout).
-    Delay(Duration),
-}
-
-/// A TCP proxy to one upstream: each new connection takes the next scripted fault
-/// ([`Fault::Pass`] once the script is spent).
-#[derive(Clone)]
-pub struct Proxy {
-    pub addr: SocketAddr,
-    faults: Arc<Mutex<VecDeque<Fault>>>,
-    connections: Arc<AtomicU64>,
-}
-
-impl Proxy {
-    /// A proxy to `upstream` on a free port of 127.0.0.1.
-    pub async fn to(upstream: SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let proxy = Proxy {
-            addr: listener.local_addr().unwrap(),
-            faults: Arc::default(),
-            connections: Arc::default(),
-        };
-        let serving = proxy.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((client, _)) = listener.accept().await else { return };
-                serving.connections.fetch_add(1, Ordering::SeqCst);
-                let fault = serving.faults.lock().unwrap().pop_front().unwrap_or(Fault::Pass);
-                tokio::spawn(relay(client, upstream, fault));
-            }
-        });
-        proxy
-    }
-
-    /// Scripts the next connections' faults, in order.
-    pub fn script(&self, faults: impl IntoIterator<Item = Fault>) {
-        self.faults.lock().unwrap().extend(faults);
-    }
-
-    /// How many connections it accepted.
-    pub fn connections(&self) -> u64 {
-        self.connections.load(Ordering::SeqCst)
-    }
-}
-
-/// One connection through the proxy, under `fault`.
-async fn relay(client: TcpStream, upstream: SocketAddr, fault: Fault) {
-    let Ok(server) = TcpStream::connect(upstream).await else { return };
-    if fault == Fault::ResetMidResponse {
-        // Closed with linger 0: the kernel sends RST, not FIN (a drop that does not
-        // block: the socket is non-blocking).
-        let _ = socket2::SockRef::from(&client).set_linger(Some(Duration::ZERO));
-    }
-    let (mut from_client, mut to_client) = client.into_split();
-    let (mut from_server, mut to_server) = server.into_split();
-    let upward = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
-    });
-    let mut buf = vec![0u8; 64 * 1024];
-    match fault {
-        Fault::Pass => {
-            let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
-        }
-        Fault::DropResponse => {
-            let _ = from_server.read(&mut buf).await;
-        }
-        Fault::ResetMidResponse => {
-            if let Ok(n) = from_server.read(&mut buf).await {
-                let _ = to_client.write_all(&buf[..n / 2]).await;
-            }
-        }
-        Fault::Delay(by) => {
-            tokio::time::sleep(by).await;
-            let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
-        }
-    }
-    upward.abort();
-    // Dropping both halves of the client's stream closes it (or resets it).
-    drop(to_client);
-}
-
-/// An address nothing listens on: a connection to it is refused.
-pub fn nowhere() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
 }
