@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use http::uri::PathAndQuery;
 use tokio::sync::mpsc;
+use tonic::client::GrpcService;
 use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
@@ -27,6 +28,9 @@ use tonic_prost::ProstCodec;
 mod example;
 
 pub use example::{CreateOrder, Order, CREATE};
+
+/// The error type tonic's client takes from a service.
+type StdError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How long the server gets to start or to answer a line: a deadline against a hang,
 /// never a wait for timing.
@@ -141,18 +145,32 @@ pub fn order(item: &str, qty: i32) -> CreateOrder {
     CreateOrder { item: item.to_owned(), qty }
 }
 
-/// An `orders.v1.Orders` client over a tonic channel, as a generated one would be: the
-/// path, the codec and the messages by hand.
+/// An `orders.v1.Orders` client over a tonic channel (or any gRPC service: one wrapped
+/// in idemcache-client's layer), as a generated one would be: the path, the codec and
+/// the messages by hand.
 #[derive(Debug, Clone)]
-pub struct OrdersClient {
-    inner: tonic::client::Grpc<Channel>,
+pub struct OrdersClient<T = Channel> {
+    inner: tonic::client::Grpc<T>,
 }
 
 impl OrdersClient {
     /// A client of the server at `url`.
     pub async fn connect(url: String) -> Result<OrdersClient, Box<dyn std::error::Error>> {
         let channel = Channel::from_shared(url)?.connect().await?;
-        Ok(OrdersClient { inner: tonic::client::Grpc::new(channel) })
+        Ok(OrdersClient::new(channel))
+    }
+}
+
+impl<T> OrdersClient<T>
+where
+    T: GrpcService<tonic::body::Body>,
+    T::Error: Into<StdError>,
+    T::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <T::ResponseBody as http_body::Body>::Error: Into<StdError> + Send,
+{
+    /// A client over `service`, as a generated client's `new`.
+    pub fn new(service: T) -> OrdersClient<T> {
+        OrdersClient { inner: tonic::client::Grpc::new(service) }
     }
 
     /// `rpc Create`, with the `idempotency-key` and `authorization: Bearer USER`
@@ -179,7 +197,7 @@ impl OrdersClient {
         &mut self,
         request: Request<CreateOrder>,
     ) -> Result<Response<Order>, Status> {
-        self.inner.ready().await.map_err(|e| Status::unavailable(e.to_string()))?;
+        self.inner.ready().await.map_err(|e| Status::unavailable(e.into().to_string()))?;
         let codec = ProstCodec::<CreateOrder, Order>::default();
         self.inner.unary(request, PathAndQuery::from_static(CREATE), codec).await
     }
