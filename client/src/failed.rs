@@ -4,6 +4,9 @@
 //! Invariant: `sent` is `false` only when no attempt can have reached the server (no
 //! connection was ever made, or the call was refused before its first attempt).
 
+// Without a client form (neither `reqwest` nor `tower`), nothing chooses a key.
+#![cfg_attr(not(any(feature = "reqwest", feature = "tower")), allow(dead_code))]
+
 use std::fmt;
 
 use http::HeaderValue;

@@ -1,7 +1,7 @@
 //! [`GrpcOutcome`]: what a gRPC call's caller must know, read from tonic's result when
 //! the call went through [`IdempotentRetryLayer`](crate::IdempotentRetryLayer).
 //!
-//! Invariant: as [`CallOutcome`](crate)'s. `NotSent` only when the call's `Status`
+//! Invariant: as `CallOutcome`'s. `NotSent` only when the call's `Status`
 //! holds the service's [`CallFailed`] saying no attempt can have reached the server;
 //! `Refused` only for a status the server keeps because the request is wrong whatever
 //! the state (the key reused with another request among them), never for the layer's
@@ -45,7 +45,7 @@ pub(crate) fn status_of(failed: CallFailed) -> Status {
 
 /// What became of a gRPC call made through
 /// [`IdempotentRetryLayer`](crate::IdempotentRetryLayer): the four answers of
-/// [`CallOutcome`](crate), over tonic's `Result<tonic::Response<T>, tonic::Status>`.
+/// `CallOutcome`, over tonic's `Result<tonic::Response<T>, tonic::Status>`.
 ///
 /// ```
 /// use idemcache_client::GrpcOutcome;

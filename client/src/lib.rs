@@ -39,6 +39,20 @@
 //! at least the server's `Retry-After`, within a deadline. A body that cannot be sent
 //! twice (a stream) is sent once. The guide, from "my service calls a payment API" to
 //! settling an unknown call, is `docs/client.md` in the repository.
+//!
+//! The same comes as a tower layer, [`IdempotentRetryLayer`] (feature `tower`), for the
+//! clients that are tower services of `http::Request`: hyper-util's `Client`, and
+//! tonic's `Channel` under a generated gRPC client, whose calls are read by their
+//! `grpc-status` (`UNAVAILABLE` retried, the in-progress `ABORTED` after its
+//! `grpc-retry-pushback-ms`, `FAILED_PRECONDITION` never) and whose outcome is
+//! [`GrpcOutcome`] (feature `tonic`). What is retried, how long it waits and what the
+//! outcome is are decided once for every form.
+//!
+//! | feature | |
+//! |---|---|
+//! | `reqwest` (default) | [`IdempotentRetry`], [`CallOutcome`] |
+//! | `tower` | [`IdempotentRetryLayer`], over any tower service of `http::Request` |
+//! | `tonic` | `tower` with tonic's body, a failed call as a `tonic::Status`, [`GrpcOutcome`] |
 
 #![doc(html_root_url = "https://docs.rs/idemcache-client/0.1.0")]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -63,7 +63,7 @@ impl<E: 'static> ResendableBody for http_body_util::combinators::UnsyncBoxBody<B
 /// A tower [`Layer`] wrapping a client in [`IdempotentRetryService`]: every request of
 /// the policy's methods (`POST`, `PATCH`; every gRPC call is a `POST`) carries an
 /// `Idempotency-Key` (the gRPC `idempotency-key` metadata), the same on every retry,
-/// and is retried as [`IdempotentRetry`](crate) retries over HTTP, and for gRPC by its
+/// and is retried as `IdempotentRetry` retries over HTTP, and for gRPC by its
 /// status: `UNAVAILABLE` and the server's failures retried, the in-progress `ABORTED`
 /// after its `grpc-retry-pushback-ms`, `FAILED_PRECONDITION` (a reused key, an unknown
 /// outcome) never.
