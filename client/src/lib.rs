@@ -17,10 +17,11 @@
 //! | `Unknown` | maybe | mark your claim UNKNOWN; reconcile by the same key |
 //!
 //! ```no_run
+//! # #[cfg(feature = "reqwest")]
+//! # async fn pay() -> Result<(), Box<dyn std::error::Error>> {
 //! use idemcache_client::{CallKey, CallOutcome, IdempotentRetry};
 //! use reqwest_middleware::ClientBuilder;
 //!
-//! # async fn pay() -> Result<(), Box<dyn std::error::Error>> {
 //! let client = ClientBuilder::new(reqwest::Client::new()).with(IdempotentRetry::default()).build();
 //! let sent = client
 //!     .post("http://payments.internal/charges")

@@ -85,18 +85,45 @@ impl<E: 'static> ResendableBody for http_body_util::combinators::UnsyncBoxBody<B
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct IdempotentRetryLayer {
-    policy: Arc<RetryPolicy>,
+    settings: Arc<Settings>,
+}
+
+/// What the layer and its services share.
+#[derive(Debug, Clone, Default)]
+struct Settings {
+    policy: RetryPolicy,
+    /// Paths passed through untouched.
+    unguarded: Vec<String>,
+}
+
+impl Settings {
+    /// Whether a request of `method` to `path` is keyed and retried.
+    fn guards(&self, method: &http::Method, path: &str) -> bool {
+        self.policy.applies_to(method) && !self.unguarded.iter().any(|p| p == path)
+    }
 }
 
 impl IdempotentRetryLayer {
     /// The layer under `policy`.
     pub fn new(policy: RetryPolicy) -> IdempotentRetryLayer {
-        IdempotentRetryLayer { policy: Arc::new(policy) }
+        IdempotentRetryLayer { settings: Arc::new(Settings { policy, unguarded: Vec::new() }) }
+    }
+
+    /// Paths passed through untouched, by exact path (`/orders.v1.Orders/Watch`; not a
+    /// prefix): no key, no retry, the body not read first. Every streaming gRPC method
+    /// (the service reads a request whole before its first attempt, which a stream's
+    /// is not, and a bidirectional call would never start), and the unary calls that
+    /// change nothing and need no key (`/grpc.health.v1.Health/Check`). The server's
+    /// layer takes the same list (`Grpc::unguarded`).
+    pub fn unguarded(mut self, paths: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        let settings = Arc::make_mut(&mut self.settings);
+        settings.unguarded.extend(paths.into_iter().map(Into::into));
+        self
     }
 
     /// The policy it retries under.
     pub fn policy(&self) -> &RetryPolicy {
-        &self.policy
+        &self.settings.policy
     }
 }
 
@@ -104,7 +131,7 @@ impl<S> Layer<S> for IdempotentRetryLayer {
     type Service = IdempotentRetryService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotentRetryService { inner, policy: self.policy.clone() }
+        IdempotentRetryService { inner, settings: self.settings.clone() }
     }
 }
 
@@ -119,13 +146,13 @@ impl<S> Layer<S> for IdempotentRetryLayer {
 #[derive(Debug, Clone)]
 pub struct IdempotentRetryService<S> {
     inner: S,
-    policy: Arc<RetryPolicy>,
+    settings: Arc<Settings>,
 }
 
 impl<S> IdempotentRetryService<S> {
-    /// `inner` under `policy`.
+    /// `inner` under `policy` (`IdempotentRetryLayer::new(policy).layer(inner)`).
     pub fn new(inner: S, policy: RetryPolicy) -> IdempotentRetryService<S> {
-        IdempotentRetryService { inner, policy: Arc::new(policy) }
+        IdempotentRetryLayer::new(policy).layer(inner)
     }
 
     /// The wrapped client.
@@ -167,20 +194,20 @@ where
         // The service polled ready is the one that takes the first attempt.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        if !self.policy.applies_to(request.method()) {
+        if !self.settings.guards(request.method(), request.uri().path()) {
             let answer = inner.call(request);
             return ResponseFuture(Box::pin(async move {
                 answer.await.map(|r| r.map(RetryBody::passed)).map_err(Into::into)
             }));
         }
-        ResponseFuture(Box::pin(call(inner, self.policy.clone(), request)))
+        ResponseFuture(Box::pin(call(inner, self.settings.clone(), request)))
     }
 }
 
 /// One call: the key chosen, the body read, then attempts until one is final.
 async fn call<S, B, ResB>(
     mut inner: S,
-    policy: Arc<RetryPolicy>,
+    settings: Arc<Settings>,
     request: Request<B>,
 ) -> Result<Response<RetryBody<ResB>>, BoxError>
 where
@@ -206,7 +233,7 @@ where
             return Err(failure(CallFailed::before_sending(why), grpc));
         }
     };
-    let mut schedule = Schedule::start(&policy);
+    let mut schedule = Schedule::start(&settings.policy);
     loop {
         schedule.attempt();
         let request = Request::from_parts(parts.clone(), B::from_bytes(body.clone()));
@@ -404,8 +431,16 @@ mod tests {
     }
 
     #[test]
-    fn the_layer_keeps_its_policy() {
+    fn the_layer_keeps_its_policy_and_passes_what_it_does_not_guard() {
         let policy = RetryPolicy::default().with_attempts(2).unwrap();
-        assert_eq!(IdempotentRetryLayer::new(policy.clone()).policy(), &policy);
+        let layer = IdempotentRetryLayer::new(policy.clone());
+        assert_eq!(layer.policy(), &policy);
+        let layer = layer.unguarded(["/orders.v1.Orders/Watch"]);
+        let settings = &layer.settings;
+        assert!(settings.guards(&http::Method::POST, "/orders.v1.Orders/Create"));
+        assert!(!settings.guards(&http::Method::POST, "/orders.v1.Orders/Watch"));
+        assert!(settings.guards(&http::Method::POST, "/orders.v1.Orders/Watch/more"), "exact");
+        assert!(settings.guards(&http::Method::POST, "/orders.v1.Orders/Wat"), "not a prefix");
+        assert!(!settings.guards(&http::Method::GET, "/orders.v1.Orders/Create"));
     }
 }

@@ -112,3 +112,16 @@ async fn a_get_passes_untouched_and_carries_no_key() {
     assert!(CallFailed::find(&*error).is_none(), "not the layer's: {error}");
     assert_eq!(proxy.connections(), 1);
 }
+
+#[tokio::test]
+async fn an_unguarded_path_passes_untouched() {
+    let payments = Payments::default();
+    let proxy = Proxy::to(payments.serve().await).await;
+    proxy.script([Fault::DropResponse]);
+    let hyper = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(0).build_http();
+    let mut client = IdempotentRetryLayer::default().unguarded(["/charges"]).layer(hyper);
+    let error =
+        post(&mut client, format!("http://{}/charges", proxy.addr), "x", None).await.unwrap_err();
+    assert!(CallFailed::find(&*error).is_none(), "not the layer's: {error}");
+    assert_eq!(proxy.connections(), 1, "not retried");
+}

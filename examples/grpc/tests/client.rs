@@ -19,10 +19,9 @@ mod proxy;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{order, refusal, unique, CreateOrder, OrdersClient, Server};
 use idemcache_client::{
@@ -36,16 +35,30 @@ use tower::Layer;
 /// The client under test: the layer around a channel, counted.
 type Client = OrdersClient<IdempotentRetryService<Counted<Channel>>>;
 
-/// A service that counts the attempts that reach it (each one the layer makes).
+/// A service that logs the attempts that reach it (each one the layer makes): when each
+/// was sent, and when its answer came with the `grpc-retry-pushback-ms` it asked for.
 #[derive(Clone)]
 struct Counted<S> {
     inner: S,
-    calls: Arc<AtomicUsize>,
+    log: Log,
 }
 
-impl<S, R> tower::Service<R> for Counted<S>
+/// Each attempt's start, and its answer's time and pushback.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<Attempt>>>);
+
+/// When an attempt was sent, and when its answer came with what pushback.
+type Attempt = (Instant, Option<(Instant, Option<Duration>)>);
+
+impl Log {
+    fn attempts(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
+
+impl<S, B, ResB> tower::Service<http::Request<B>> for Counted<S>
 where
-    S: tower::Service<R>,
+    S: tower::Service<http::Request<B>, Response = http::Response<ResB>>,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -56,17 +69,31 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: R) -> Self::Future {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        Box::pin(self.inner.call(request))
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let log = self.log.0.clone();
+        let n = {
+            let mut log = log.lock().unwrap();
+            log.push((Instant::now(), None));
+            log.len() - 1
+        };
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let answer = answer.await;
+            if let Ok(response) = &answer {
+                let pushback = response.headers().get("grpc-retry-pushback-ms");
+                let ms = pushback.and_then(|v| v.to_str().ok()?.parse().ok());
+                log.lock().unwrap()[n].1 = Some((Instant::now(), ms.map(Duration::from_millis)));
+            }
+            answer
+        })
     }
 }
 
 /// A client of `url` retrying quickly, each attempt given up after 300 ms; HTTP/2
 /// keepalive every 100 ms, so that a connection whose answers stall is given up (and
 /// the retry opens another) rather than waited on. Connects on its first call. Returns
-/// the attempts counter beside it.
-fn client(url: &str, attempts: u32) -> (Client, Arc<AtomicUsize>) {
+/// the attempts' log beside it.
+fn client(url: &str, attempts: u32) -> (Client, Log) {
     let channel = Channel::from_shared(url.to_owned())
         .unwrap()
         .timeout(Duration::from_millis(300))
@@ -78,9 +105,9 @@ fn client(url: &str, attempts: u32) -> (Client, Arc<AtomicUsize>) {
         .unwrap()
         .with_attempts(attempts)
         .unwrap();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counted = Counted { inner: channel, calls: calls.clone() };
-    (OrdersClient::new(IdempotentRetryLayer::new(policy).layer(counted)), calls)
+    let log = Log::default();
+    let counted = Counted { inner: channel, log: log.clone() };
+    (OrdersClient::new(IdempotentRetryLayer::new(policy).layer(counted)), log)
 }
 
 /// `Create` by user `alice`, under the caller's key `key`.
@@ -121,7 +148,7 @@ async fn each_lost_answer_is_retried_with_one_key_and_the_order_runs_once() {
         let (replayed, order) = executed(create(&mut client, order("book", 2), &key).await);
         assert!(replayed, "{fault:?}: the retry got the first attempt's answer back");
         assert_eq!((order.item.as_str(), order.qty), ("book", 2));
-        assert!(attempts.load(Ordering::SeqCst) >= 2, "{fault:?}: retried");
+        assert!(attempts.attempts() >= 2, "{fault:?}: retried");
         keys.push((fault, key));
     }
     server.settle().await;
@@ -140,7 +167,7 @@ async fn a_server_never_reached_is_not_sent_after_every_attempt() {
     assert_eq!(status.code(), Code::Unavailable);
     let failed = CallFailed::find(&status).expect("the CallFailed");
     assert_eq!((failed.attempts, failed.sent), (3, false), "{failed}");
-    assert_eq!(attempts.load(Ordering::SeqCst), 3);
+    assert_eq!(attempts.attempts(), 3);
 }
 
 #[tokio::test]
@@ -155,7 +182,7 @@ async fn a_reused_key_is_refused_after_one_attempt() {
     };
     assert_eq!(status.code(), Code::FailedPrecondition);
     assert_eq!(refusal(&status), Some("idempotency_key_reused"));
-    assert_eq!(attempts.load(Ordering::SeqCst), 2, "one attempt each: never retried");
+    assert_eq!(attempts.attempts(), 2, "one attempt each: never retried");
     server.settle().await;
     assert_eq!(server.executions(&key), 1);
 }
@@ -177,8 +204,8 @@ async fn the_in_progress_answer_is_waited_out_and_replays_the_first() {
     // No timeout of its own past the first's: the layer answers ABORTED with a pushback
     // at once, and the duplicate waits it out before asking again.
     let channel = Channel::from_shared(server.url.clone()).unwrap().connect_lazy();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counted = Counted { inner: channel, calls: calls.clone() };
+    let log = Log::default();
+    let counted = Counted { inner: channel, log: log.clone() };
     let mut duplicate = OrdersClient::new(IdempotentRetryLayer::default().layer(counted));
     let mut request = Request::new(order("book", 3));
     request.metadata_mut().insert("authorization", "Bearer alice".parse().unwrap());
@@ -187,8 +214,18 @@ async fn the_in_progress_answer_is_waited_out_and_replays_the_first() {
     let first = first.await.unwrap().expect("the first call succeeds").into_inner();
     assert!(replayed, "the duplicate got the first's answer, replayed");
     assert_eq!(second, first);
-    let attempts = calls.load(Ordering::SeqCst);
-    assert!((2..=4).contains(&attempts), "ABORTED, waited out, then the replay: {attempts}");
+    // Every attempt but the last was answered ABORTED with a pushback, and the next
+    // waited at least that long.
+    let log = log.0.lock().unwrap().clone();
+    assert!((2..=4).contains(&log.len()), "ABORTED, waited out, then the replay: {log:?}");
+    for pair in log.windows(2) {
+        let ((_, answered), (next, _)) = (pair[0], pair[1]);
+        let (at, pushback) = answered.expect("an answer");
+        let pushback = pushback.expect("an ABORTED answer with a pushback");
+        assert!(next - at >= pushback, "waited {:?}, asked {pushback:?}", next - at);
+    }
+    let (_, last) = log.last().unwrap();
+    assert_eq!(last.unwrap().1, None, "the replay has no pushback");
     server.settle().await;
     assert_eq!(server.executions(&key), 1);
 }
@@ -201,7 +238,7 @@ async fn unavailable_is_retried_and_runs_again() {
     let (replayed, order) = executed(create(&mut client, order("flaky", 1), &key).await);
     assert!(!replayed, "the first execution's UNAVAILABLE was not kept: the retry ran");
     assert_eq!(order.item, "flaky");
-    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+    assert_eq!(attempts.attempts(), 2);
     server.settle().await;
     assert_eq!(server.executions(&key), 2);
 }
@@ -215,7 +252,7 @@ async fn a_kept_invalid_argument_is_refused_after_one_attempt() {
         panic!("expected Refused, got {outcome:?}")
     };
     assert_eq!(status.code(), Code::InvalidArgument);
-    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+    assert_eq!(attempts.attempts(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,7 +268,7 @@ async fn answers_lost_on_every_attempt_are_unknown() {
     };
     let failed = CallFailed::find(&status).expect("the CallFailed");
     assert_eq!((failed.attempts, failed.sent), (2, true), "{failed}");
-    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+    assert_eq!(attempts.attempts(), 2);
     server.settle().await;
     assert_eq!(server.executions(&key), 1, "it ran: that is why it is unknown");
 }
