@@ -42,6 +42,15 @@
 //!   relay (`idemcache-relay`) publishes exactly the orders that exist. An answer from
 //!   the backstop (the key's row already there) enqueues nothing: its order's message
 //!   committed with it.
+//! - `ORDERS_PAYMENTS`: the base URL of a payments service (the `payments` example of
+//!   this package); when set, each new order is charged there before it commits
+//!   (`POST /payments`), with `idemcache-client` under the order's `DownstreamKey`
+//!   (`"charge"`), so every execution of one order charges it once. A charge that failed
+//!   or whose outcome is unknown answers 503 (the order's key released; the retry asks
+//!   again by the same key). `ORDERS_PAYMENTS_CLIENT=reqwest-retry` calls through
+//!   `reqwest-retry` without a key instead, the comparison of `.ci/two-services`;
+//!   `ORDERS_PAYMENTS_TIMEOUT_MS` (each attempt, default 2000) and
+//!   `ORDERS_PAYMENTS_DEADLINE_MS` (no retry after it, default 10000) bound the call.
 //!
 //! Two instances over one PostgreSQL holding both the orders and their records:
 //!
@@ -68,7 +77,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use idemcache::layer::{client_key, IdempotencyLayer, InTransaction};
+use idemcache::layer::{client_key, Claimed, IdempotencyLayer, InTransaction};
 use idemcache::store::encoding::one_line;
 use idemcache::store::{Store, Tiered, DEFAULT_LEASE};
 use idemcache::Cache;
@@ -80,6 +89,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use serde_json::json;
 
+mod charge;
+
 #[derive(Clone)]
 struct App {
     orders: Orders,
@@ -89,6 +100,8 @@ struct App {
     together: bool,
     /// `ORDERS_OUTBOX`: the topic each new order's outbox message goes to, if any.
     outbox: Option<Arc<str>>,
+    /// `ORDERS_PAYMENTS`: the payments service each new order is charged by, if any.
+    payments: Option<Arc<charge::Payments>>,
 }
 
 /// Where the orders table lives.
@@ -277,6 +290,7 @@ type Failure = Box<dyn std::error::Error + Send + Sync>;
 async fn create_order(
     State(app): State<App>,
     held: Option<Extension<InTransaction>>,
+    claimed: Option<Extension<Claimed>>,
     headers: HeaderMap,
     Json(order): Json<NewOrder>,
 ) -> Response {
@@ -286,6 +300,13 @@ async fn create_order(
     };
     if !app.delay.is_zero() {
         tokio::time::sleep(app.delay).await;
+    }
+    // Charged before the order commits, under a key every execution of it shares.
+    if let Some(payments) = &app.payments {
+        let claimed = claimed.as_ref().map(|Extension(claimed)| claimed);
+        if let Err(status) = payments.charge(claimed, &user, &key, order.qty).await {
+            return status.into_response();
+        }
     }
     // Record in the order's transaction when both live in one database.
     let held = held.filter(|_| app.together).map(|Extension(held)| held);
@@ -544,7 +565,8 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => None,
     };
-    let app = App { orders, delay, together, outbox };
+    let payments = charge::Payments::from_env(env_number)?.map(Arc::new);
+    let app = App { orders, delay, together, outbox, payments };
     // ANCHOR: prometheus
     let prometheus = doing(PrometheusBuilder::new().install_recorder(), || {
         "could not install the metrics recorder".to_owned()
