@@ -57,7 +57,8 @@ impl fmt::Display for CallFailed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let key = self.key.as_ref().map_or("no key", CallKey::as_str);
         let sent = if self.sent { "may have reached the server" } else { "was never sent" };
-        write!(f, "the call ({key}) {sent}, after {} attempts", self.attempts)
+        let plural = if self.attempts == 1 { "" } else { "s" };
+        write!(f, "the call ({key}) {sent}, after {} attempt{plural}", self.attempts)
     }
 }
 
@@ -105,6 +106,11 @@ mod tests {
         let wrapped = std::io::Error::other(sent);
         assert_eq!(CallFailed::find(&wrapped).map(|f| f.attempts), Some(3), "found as a cause");
         assert!(CallFailed::find(&std::io::Error::other("other")).is_none());
+        let once = CallFailed { attempts: 1, sent: true, key: None, source: "timeout".into() };
+        assert_eq!(
+            once.to_string(),
+            "the call (no key) may have reached the server, after 1 attempt"
+        );
     }
 
     #[test]
