@@ -2,25 +2,31 @@
 """The two-service fault run's proxy and audit (driven by .ci/two-services; stdlib only).
 
 `proxy`: a TCP proxy between the orders instances and the payments service that
-injects faults into the answers, never the requests: every request byte is forwarded,
-so a fault never keeps a charge from executing, it only loses, cuts or delays the
-answer on its way back, which is what a client cannot tell from a charge that never
-arrived. Each chunk of an answer, at random:
-  - drop: the connection closed instead of forwarding it (the charge ran, the caller
-    hears nothing);
+injects faults both ways. Each chunk of a request, at random:
+  - lose-request: the connection closed instead of forwarding it (the charge never
+    ran, and the caller cannot tell);
+  - cut-request: half of it forwarded, then both connections closed (the server never
+    reads a whole request, so nothing runs);
+and each chunk of an answer (the charge ran):
+  - drop: the connection closed instead of forwarding it (the caller hears nothing);
   - reset: half of it forwarded, then a TCP reset (the answer cut mid-way);
   - delay: held for --delay seconds (beyond the caller's timeout) before forwarding;
   - else forwarded as it is.
+And an outage: the last --outage-hold seconds of every --outage-every, every answer is
+held until the outage ends, longer than a caller's whole retry budget, so the caller's
+outcome is unknown (the orders example answers 503 and its client retries the order).
 Each fault is one line of --log ("<time> <kind>").
 
 `audit`: the orders and the payments, read straight from PostgreSQL, against the load's
-ledgers. For the keyed orders (idemcache-client, the order's DownstreamKey): each order
+ledgers and the fault log. For the keyed orders (idemcache-client, the order's DownstreamKey): each order
 committed must have exactly one payment, and no payment may be left without its order.
 For the orders that charged through reqwest-retry without a key: the orders paid more
 than once, counted, not judged. The last line reads
 `two services: C orders committed, P paid once, L lost, D paid twice; reqwest-retry: R paid twice`
-and the exit code is 0 only when P == C, L == D == 0, no payment is without its order and
-every keyed client got its answer.
+and the exit code is 0 only when P == C, L == D == 0, no payment is without its order,
+every keyed client got its answer, and the run proved something: every kind of fault
+happened, at least one keyed order answered 503 (a charge whose outcome was unknown) and
+at least one kill fell between a keyed order's payment and its commit.
 """
 
 import argparse
@@ -36,6 +42,14 @@ import time
 def proxy(args):
     rng = random.Random(args.seed)
     log = open(args.log, "a", buffering=1)
+    started = time.time()
+
+    def outage_left():
+        """Seconds left of the outage under way, or 0."""
+        if not args.outage_every:
+            return 0
+        phase = (time.time() - started) % args.outage_every
+        return args.outage_every - phase if phase >= args.outage_every - args.outage_hold else 0
 
     def fault(kind):
         log.write(f"{time.time():.6f} {kind}\n")
@@ -58,12 +72,25 @@ def proxy(args):
 
         async def requests():
             while data := await client_reader.read(65536):
+                r = rng.random()
+                if r < args.lose_request:
+                    fault("lose-request")
+                    return
+                if r < args.lose_request + args.cut_request:
+                    fault("cut-request")
+                    server_writer.write(data[: len(data) // 2])
+                    await server_writer.drain()
+                    return
                 server_writer.write(data)
                 await server_writer.drain()
             server_writer.close()
 
         async def answers():
             while data := await server_reader.read(65536):
+                held = outage_left()
+                if held:
+                    fault("outage")
+                    await asyncio.sleep(held)
                 r = rng.random()
                 if r < args.drop:
                     fault("drop")
@@ -138,6 +165,37 @@ def audit(args):
     plain_last, plain_attempts = last_outcomes(args.plain_ledger)
     unanswered = sorted(k for k, o in keyed_last.items() if o != "201")
 
+    # Each keyed order's payment time and commit time, for the kills that fell between.
+    paid_at = {key: float(t) for key, t in psql(
+        args.payments_db, f"SELECT order_key, extract(epoch FROM MIN(paid_at)) FROM payments "
+        f"WHERE account = '{args.keyed}' GROUP BY 1")}
+    committed_at = {}
+    for key_hex, settled in psql(args.orders_db, "SELECT encode(key, 'hex'), settled_at FROM idemcache_records "
+                                 "WHERE settled_at IS NOT NULL"):
+        stored = bytes.fromhex(key_hex)
+        if args.keyed.encode() in stored:
+            committed_at[stored] = int(settled) / 1e6
+    kills = []
+    with open(args.faults) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3 and parts[1] == "kill":
+                kills.append((float(parts[0]), parts[2]))
+    between = 0
+    with open(args.keyed_ledger) as f:
+        next(f)
+        for line in f:
+            key, _, port, sent, ended, outcome = line.rstrip("\n").split("\t")[:6]
+            if outcome != "broken" or key not in paid_at:
+                continue
+            hit = [t for t, p in kills if p == port and float(sent) <= t <= float(ended) + 0.1]
+            commit = [t for stored, t in committed_at.items() if stored.endswith(key.encode())]
+            between += bool(hit and commit and paid_at[key] < hit[0] < commit[0])
+    keyed_503 = 0
+    with open(args.keyed_ledger) as f:
+        next(f)
+        keyed_503 = sum(1 for line in f if line.split("\t")[5].startswith("503"))
+
     replayed = 0
     for path in args.stderr:
         with open(path, errors="replace") as f:
@@ -150,9 +208,12 @@ def audit(args):
                 faults[parts[1]] = faults.get(parts[1], 0) + 1
 
     print(f"== two-service fault run audit ({args.label})")
-    print(f"faults: {faults.get('kill', 0)} kill -9 of an orders instance (each restarted); on the way back "
-          f"from payments: {faults.get('drop', 0)} answers dropped, {faults.get('reset', 0)} reset mid-answer, "
-          f"{faults.get('delay', 0)} delayed past the caller's timeout")
+    print(f"faults: {faults.get('kill', 0)} kill -9 of an orders instance (each restarted), killing {between} keyed "
+          f"executions between their payment and their order's commit; on the way to payments: "
+          f"{faults.get('lose-request', 0)} requests lost, {faults.get('cut-request', 0)} cut mid-request; on the "
+          f"way back: {faults.get('drop', 0)} answers dropped, {faults.get('reset', 0)} reset mid-answer, "
+          f"{faults.get('delay', 0)} delayed past the caller's timeout, {faults.get('outage', 0)} held by an outage "
+          f"({keyed_503} keyed orders answered 503, their charge's outcome unknown, and retried)")
     print(f"idemcache-client (the order's DownstreamKey): {len(keyed_last)} keys, {keyed_attempts} order requests; "
           f"{c} orders committed: {p} paid once, {lost} without a payment, {d} paid more than once; "
           f"{len(orphans)} payments without their order; {len(unanswered)} keys never answered; "
@@ -168,6 +229,16 @@ def audit(args):
         problems.append(f"keys with no answer: {unanswered[:20]}")
     if not c:
         problems.append("no order committed: the run proved nothing")
+    kinds = ("kill", "lose-request", "cut-request", "drop", "reset", "delay", "outage")
+    missing = [kind for kind in kinds if not faults.get(kind)]
+    if missing:
+        problems.append(f"faults that never happened: {missing}")
+    if not between:
+        problems.append("no kill fell between a keyed order's payment and its commit")
+    if not keyed_503:
+        problems.append("no keyed order met a charge whose outcome was unknown (503)")
+    if not r:
+        print("note: no reqwest-retry order was paid twice this run")
     for problem in problems:
         print("FAIL: " + problem)
     print(f"two services: {c} orders committed, {p} paid once, {lost} lost, {d} paid twice; "
@@ -186,6 +257,12 @@ def main():
     pr.add_argument("--reset", type=float, default=0.05)
     pr.add_argument("--delay-p", type=float, default=0.05)
     pr.add_argument("--delay", type=float, default=1.5)
+    pr.add_argument("--lose-request", type=float, default=0.03)
+    pr.add_argument("--cut-request", type=float, default=0.03)
+    # Longer than a charge's budget: the orders example's 5 s deadline, plus the last
+    # attempt's 1 s timeout, plus its backoff.
+    pr.add_argument("--outage-every", type=float, default=20)
+    pr.add_argument("--outage-hold", type=float, default=8)
     pr.add_argument("--seed", type=int, default=None)
     au = sub.add_parser("audit")
     au.add_argument("--orders-db", required=True)

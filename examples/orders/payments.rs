@@ -42,7 +42,9 @@ const PAYMENTS: &str = "CREATE TABLE IF NOT EXISTS payments (
     id BIGSERIAL PRIMARY KEY,
     account TEXT NOT NULL,
     amount BIGINT NOT NULL,
-    order_key TEXT NOT NULL
+    order_key TEXT NOT NULL,
+    -- The audit of .ci/two-services tells a kill between a payment and its order by it.
+    paid_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
 )";
 
 #[derive(Deserialize)]
