@@ -5,7 +5,9 @@
 //! [`after_look`] decides (take a new key, take a dead record over, turn a lapsed lease
 //! UNKNOWN, or answer), then execute and complete, and crash at any step; the server's
 //! clock advancing past leases; the two lapse policies; an effect inside the completion's
-//! transaction (one commit) or outside it (before the completion). What the model writes
+//! transaction (one commit) or outside it (before the completion); two reconcilers that
+//! check an UNKNOWN record against the authority and settle it, fenced by the token of
+//! the execution they checked (`idemcache::store::reconcile`). What the model writes
 //! itself is what SQL does in the drivers: the `live`/`lapsed` columns the look computes,
 //! and the fenced writes (a completion changes the record only while it holds the
 //! process's token). Invariant of this file: every decision a claim makes comes from
@@ -15,7 +17,7 @@
 //! The properties ([`Protocol::properties`]): an effect inside the transaction happens
 //! at most once; an effect outside it at most once under `MarkUnknown`; the tokens a key's
 //! record holds only grow; a replay returns what committed; a live lease is never taken
-//! over.
+//! over; a reconcile verdict settles only the execution it names.
 
 use idemcache::store::StoreClaim;
 use idemcache::Fingerprint;
@@ -64,15 +66,20 @@ pub enum Plant {
     /// A record being executed answered as completed: the hot tier replaying what the
     /// store did not commit.
     InProgressReplayed,
+    /// A reconciler's verdict applied to whatever UNKNOWN record the key holds, not only
+    /// the execution it checked (`resolve`/`forget` with no execution named): the stale
+    /// verdict settling a later execution.
+    StaleVerdict,
 }
 
 impl Plant {
     /// Every plant.
-    pub const ALL: [Plant; 4] = [
+    pub const ALL: [Plant; 5] = [
         Plant::TakeoverWithoutMint,
         Plant::LiveLeaseTakenOver,
         Plant::LapseTakenOver,
         Plant::InProgressReplayed,
+        Plant::StaleVerdict,
     ];
 
     /// Its name on the command line.
@@ -82,6 +89,7 @@ impl Plant {
             Plant::LiveLeaseTakenOver => "live-lease-taken-over",
             Plant::LapseTakenOver => "lapse-taken-over",
             Plant::InProgressReplayed => "in-progress-replayed",
+            Plant::StaleVerdict => "stale-verdict",
         }
     }
 
@@ -98,6 +106,7 @@ impl Plant {
             Plant::LiveLeaseTakenOver => (Lapse::TakeOver, Effect::Inside),
             Plant::LapseTakenOver => (Lapse::MarkUnknown, Effect::Outside),
             Plant::InProgressReplayed => (Lapse::TakeOver, Effect::Inside),
+            Plant::StaleVerdict => (Lapse::MarkUnknown, Effect::Outside),
         }
     }
 }
@@ -145,6 +154,12 @@ pub enum Action {
     Complete(usize),
     /// Process `n` crashes and restarts with nothing.
     Crash(usize),
+    /// Reconciler `r` reads the UNKNOWN record and checks the authority: did that
+    /// execution's effect happen?
+    Check(usize),
+    /// Reconciler `r` applies its verdict: resolve (it happened) or forget (it did not),
+    /// fenced by the token of the execution it checked.
+    Settle(usize),
     /// The server's clock advances one tick.
     Tick,
 }
@@ -174,6 +189,15 @@ pub struct State {
     pub replayed_wrong: bool,
     /// A claim took over a record whose lease had not run out.
     pub live_taken_over: bool,
+    /// The tokens whose execution's effect happened (bit `token`).
+    pub effected: u64,
+    /// Each reconciler's verdict in hand: the execution it checked, and whether its
+    /// effect happened.
+    pub verdicts: [Option<(i64, bool)>; 2],
+    /// Checks the reconciler made.
+    pub checks: u8,
+    /// A verdict settled an execution other than the one it checked.
+    pub settled_wrong: bool,
 }
 
 /// The model: its bounds and configuration.
@@ -183,6 +207,14 @@ pub struct Protocol {
     pub procs: usize,
     /// Crashes at most.
     pub crashes: u8,
+    /// Reconcilers (at most 2), each checking and settling in its own steps.
+    pub reconcilers: usize,
+    /// Reconciler checks at most, all reconcilers together.
+    pub checks: u8,
+    /// The reconciler may check a record whose owner still acts (stalled past its
+    /// lease, then resuming). Off in every configuration checked; on, an effect outside
+    /// the transaction can happen twice unless the provider keeps the downstream key.
+    pub checks_a_stalled_owner: bool,
     /// Claims at most (first attempts and retries of every process together).
     pub claims: u8,
     /// The clock's last tick.
@@ -301,6 +333,35 @@ impl Protocol {
         };
     }
 
+    /// The reconciler's verdict on the execution claimed under `token`: applied only while
+    /// the key's record is that execution's and still UNKNOWN (`resolve_fenced` and
+    /// `forget_fenced`, as `reconcile` calls them), or (the plant) to any UNKNOWN record.
+    fn settle(&self, state: &mut State, token: i64, happened: bool) {
+        let Some(row) = state.row.as_ref().filter(|r| r.state == UNKNOWN) else { return };
+        let fenced = self.plant != Some(Plant::StaleVerdict);
+        if fenced && row.token != token {
+            return; // NothingToSettle: the record moved on since the check
+        }
+        if row.token != token {
+            state.settled_wrong = true;
+        }
+        let now = state.now;
+        if happened {
+            // Resolved with the execution's result: a replay answers it from now on.
+            state.committed = Some(row.token);
+            state.row = Some(Row {
+                state: COMPLETED,
+                token: row.token,
+                body: Some(row.token),
+                expires_at: now + KEPT,
+                settled_at: Some(now),
+            });
+        } else {
+            // Forgotten: the next claim runs the intent again.
+            state.row = None;
+        }
+    }
+
     /// Process `n` completes under `token`: fenced by it, as the drivers' statements are.
     fn complete(&self, state: &mut State, n: usize, token: i64) {
         let now = state.now;
@@ -342,6 +403,10 @@ impl Model for Protocol {
             token_went_down: false,
             replayed_wrong: false,
             live_taken_over: false,
+            effected: 0,
+            verdicts: [None; 2],
+            checks: 0,
+            settled_wrong: false,
         }]
     }
 
@@ -360,6 +425,21 @@ impl Model for Protocol {
             let crashable = !matches!(proc, Proc::Idle | Proc::Answered);
             if crashable && state.crashes < self.crashes {
                 actions.push(Action::Crash(n));
+            }
+        }
+        let unknown = state.row.as_ref().is_some_and(|r| r.state == UNKNOWN);
+        // An assumption, not something `reconcile` enforces: the record is checked once
+        // its owner (dead or done) no longer acts. `checks_a_stalled_owner` drops it.
+        let owner_acts = state.row.as_ref().is_some_and(|r| {
+            !self.checks_a_stalled_owner && state.procs.contains(&Proc::Holding(r.token))
+        });
+        for (r, verdict) in state.verdicts.iter().enumerate().take(self.reconcilers) {
+            match verdict {
+                None if unknown && !owner_acts && state.checks < self.checks => {
+                    actions.push(Action::Check(r))
+                }
+                None => {}
+                Some(_) => actions.push(Action::Settle(r)),
             }
         }
         if state.now < self.max_clock {
@@ -382,6 +462,7 @@ impl Model for Protocol {
             Action::Effect(n) => {
                 let Proc::Holding(token) = state.procs[n] else { return None };
                 state.effects += 1;
+                state.effected |= bit(token);
                 state.procs[n] = Proc::Effected(token);
             }
             Action::Complete(n) => {
@@ -393,6 +474,15 @@ impl Model for Protocol {
             Action::Crash(n) => {
                 state.crashes += 1;
                 state.procs[n] = Proc::Idle;
+            }
+            Action::Check(r) => {
+                let token = state.row.as_ref()?.token;
+                state.checks += 1;
+                state.verdicts[r] = Some((token, state.effected & bit(token) != 0));
+            }
+            Action::Settle(r) => {
+                let (token, happened) = state.verdicts[r].take()?;
+                self.settle(&mut state, token, happened);
             }
             Action::Tick => state.now += 1,
         }
@@ -417,6 +507,10 @@ impl Model for Protocol {
             Property::always("a replay returns what committed", |_: &Protocol, s: &State| {
                 !s.replayed_wrong
             }),
+            Property::always(
+                "a reconcile verdict settles only the execution it names",
+                |_: &Protocol, s: &State| !s.settled_wrong,
+            ),
             Property::always("a live lease is never taken over", |_: &Protocol, s: &State| {
                 !s.live_taken_over
             }),
@@ -440,12 +534,20 @@ pub fn protocol(lapse: Lapse, effect: Effect, plant: Option<Plant>, deep: bool) 
         procs: if deep { 3 } else { 2 },
         crashes: if deep { 2 } else { 1 },
         claims: if deep { 6 } else { 4 },
+        reconcilers: 2,
+        checks: if deep { 3 } else { 2 },
+        checks_a_stalled_owner: false,
         max_clock: if deep { 5 } else { 4 },
         lease: 2,
         lapse,
         effect,
         plant,
     }
+}
+
+/// Bit `token` of a set of tokens.
+fn bit(token: i64) -> u64 {
+    u32::try_from(token).ok().and_then(|t| 1u64.checked_shl(t)).unwrap_or(0)
 }
 
 /// What a check found: the unique states explored, and each property violated with its

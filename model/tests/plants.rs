@@ -19,6 +19,7 @@ fn each_plant_is_caught_by_its_property_with_a_trace() {
         Plant::LiveLeaseTakenOver => "a live lease is never taken over",
         Plant::LapseTakenOver => "an effect outside it at most once under MarkUnknown",
         Plant::InProgressReplayed => "a replay returns what committed",
+        Plant::StaleVerdict => "a reconcile verdict settles only the execution it names",
     };
     for plant in Plant::ALL {
         let (lapse, effect) = plant.shown_by();
@@ -29,4 +30,20 @@ fn each_plant_is_caught_by_its_property_with_a_trace() {
         assert!(trace.contains("then Look("), "{}: a trace of steps: {trace}", plant.name());
         assert_eq!(Plant::named(plant.name()), Some(plant));
     }
+}
+
+/// The model's one finding about the docs' promise, kept: a reconciler that checks an
+/// UNKNOWN record while its owner, stalled past its lease, can still act, forgets it on
+/// "did not happen", and the owner's late effect and the next execution's both happen.
+/// `reconcile` cannot tell a stalled owner from a dead one: the provider's key
+/// (`DownstreamKey`), which turns the second call into the first one's answer, is what
+/// keeps the effect once (docs/commit-boundary.md).
+#[test]
+fn checking_a_stalled_owner_lets_an_outside_effect_run_twice() {
+    use idemcache_model::{Effect, Lapse};
+    let mut model = protocol(Lapse::MarkUnknown, Effect::Outside, None, false);
+    model.checks_a_stalled_owner = true;
+    let checked = check(model);
+    let names: Vec<_> = checked.violated.iter().map(|(name, _)| *name).collect();
+    assert_eq!(names, ["an effect outside it at most once under MarkUnknown"]);
 }
