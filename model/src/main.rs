@@ -1,63 +1,73 @@
-//! `.ci/model`: checks the claim protocol's model ([`idemcache_model`]) breadth-first,
-//! every configuration, and prints `model: S states, P properties hold` (exit 0), or a
-//! property's counterexample (exit 1).
+//! `.ci/model`: checks the protocols' models ([`idemcache_model`]) breadth-first, every
+//! configuration, and prints `model: S states, P properties hold` (exit 0), or each
+//! violated property's counterexample (exit 1).
 //!
 //! `--list-plants` prints the planted defects' names, one a line; `--plant NAME` checks
 //! the configuration that shows that defect with it planted, and exits 1 after printing
-//! the counterexample the checker found (exit 2 if it found none: the property is
+//! the counterexample the checker found (exit 2 if it found none: the properties are
 //! blind to it). `--deep` checks larger bounds (the full tier).
 
 use std::process::ExitCode;
 
-use idemcache_model::{check, configurations, protocol, Plant};
+use idemcache_model::{claim, outbox, Checked};
 use stateright::Model;
+
+/// Prints what `checked` found; its exit code.
+fn report(checked: &Checked, properties: usize) -> ExitCode {
+    for (_, trace) in &checked.violated {
+        print!("{trace}");
+    }
+    if checked.violated.is_empty() {
+        println!("model: {} states, {properties} properties hold", checked.states);
+        return ExitCode::SUCCESS;
+    }
+    println!("model: {} states, violated: {}", checked.states, checked.names().join("; "));
+    ExitCode::FAILURE
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let deep = args.iter().any(|a| a == "--deep");
+    let names = || {
+        let claims = claim::Plant::ALL.map(claim::Plant::name);
+        claims.into_iter().chain(outbox::Plant::ALL.map(outbox::Plant::name))
+    };
     if args.iter().any(|a| a == "--list-plants") {
-        for plant in Plant::ALL {
-            println!("{}", plant.name());
-        }
+        names().for_each(|name| println!("{name}"));
         return ExitCode::SUCCESS;
     }
     if let Some(at) = args.iter().position(|a| a == "--plant") {
-        let Some(plant) = args.get(at + 1).and_then(|name| Plant::named(name)) else {
-            eprintln!("--plant takes one of: {}", Plant::ALL.map(Plant::name).join(", "));
+        let name = args.get(at + 1).map_or("", String::as_str);
+        let checked = if let Some(plant) = claim::Plant::named(name) {
+            let (lapse, effect) = plant.shown_by();
+            claim::check_planted(lapse, effect, Some(plant), deep)
+        } else if let Some(plant) = outbox::Plant::named(name) {
+            outbox::check_planted(Some(plant), deep)
+        } else {
+            eprintln!("--plant takes one of: {}", names().collect::<Vec<_>>().join(", "));
             return ExitCode::from(64);
         };
-        let (lapse, effect) = plant.shown_by();
-        let checked = check(protocol(lapse, effect, Some(plant), deep));
         for (_, trace) in &checked.violated {
             print!("{trace}");
         }
-        let names: Vec<_> = checked.violated.iter().map(|(name, _)| *name).collect();
-        if names.is_empty() {
-            println!("model: {} states, no property caught {}", checked.states, plant.name());
+        if checked.violated.is_empty() {
+            println!("model: {} states, no property caught {name}", checked.states);
             return ExitCode::from(2);
         }
         println!(
-            "model: {} states, {} caught by: {}",
+            "model: {} states, {name} caught by: {}",
             checked.states,
-            plant.name(),
-            names.join("; ")
+            checked.names().join("; ")
         );
         return ExitCode::FAILURE;
     }
-    let (mut states, mut properties) = (0, 0);
-    for (lapse, effect) in configurations() {
-        let model = protocol(lapse, effect, None, deep);
-        properties = model.properties().len();
-        let checked = check(model);
-        states += checked.states;
-        if !checked.violated.is_empty() {
-            for (_, trace) in &checked.violated {
-                print!("{trace}");
-            }
-            println!("model: {states} states, a property is violated");
-            return ExitCode::FAILURE;
-        }
-    }
-    println!("model: {states} states, {properties} properties hold");
-    ExitCode::SUCCESS
+    let mut checked = claim::check_all(deep);
+    let relayed = outbox::check_planted(None, deep);
+    checked.states += relayed.states;
+    checked.violated.extend(relayed.violated);
+    let properties = claim::protocol(claim::Lapse::TakeOver, claim::Effect::Inside, None, deep)
+        .properties()
+        .len()
+        + outbox::outbox(None, deep).properties().len();
+    report(&checked, properties)
 }

@@ -1,34 +1,51 @@
 //! Each planted defect is caught, with a counterexample, by the property it stands
 //! against; and without a plant every property holds in every configuration.
 
-use idemcache_model::{check, configurations, protocol, Plant};
+use idemcache_model::claim::{self, Effect, Lapse};
+use idemcache_model::outbox;
 
 #[test]
 fn every_property_holds_on_the_decision_code_as_it_ships() {
-    for (lapse, effect) in configurations() {
-        let checked = check(protocol(lapse, effect, None, false));
-        assert!(checked.violated.is_empty(), "{:?}", checked.violated);
-        assert!(checked.states > 100, "{lapse:?}/{effect:?}: {} states", checked.states);
+    let checked = claim::check_all(false);
+    assert!(checked.violated.is_empty(), "{:?}", checked.violated);
+    assert!(checked.states > 1_000, "{} states", checked.states);
+    let relayed = outbox::check_planted(None, false);
+    assert!(relayed.violated.is_empty(), "{:?}", relayed.violated);
+    assert!(relayed.states > 100, "{} states", relayed.states);
+}
+
+#[test]
+fn each_claim_plant_is_caught_by_its_property_with_a_trace() {
+    for plant in claim::Plant::ALL {
+        let caught_by = match plant {
+            claim::Plant::TakeoverWithoutMint => "a key's tokens only grow",
+            claim::Plant::LiveLeaseTakenOver => "a live lease is never taken over",
+            claim::Plant::LapseTakenOver => "an effect outside it at most once under MarkUnknown",
+            claim::Plant::InProgressReplayed => "a replay returns what committed",
+            claim::Plant::StaleVerdict => "a reconcile verdict settles only the execution it names",
+        };
+        let (lapse, effect) = plant.shown_by();
+        let checked = claim::check_planted(lapse, effect, Some(plant), false);
+        assert!(checked.names().contains(&caught_by), "{}: {:?}", plant.name(), checked.names());
+        let (_, trace) = &checked.violated[0];
+        assert!(trace.contains("then Look("), "{}: a trace of steps: {trace}", plant.name());
+        assert_eq!(claim::Plant::named(plant.name()), Some(plant));
     }
 }
 
 #[test]
-fn each_plant_is_caught_by_its_property_with_a_trace() {
-    let caught_by = |plant| match plant {
-        Plant::TakeoverWithoutMint => "a key's tokens only grow",
-        Plant::LiveLeaseTakenOver => "a live lease is never taken over",
-        Plant::LapseTakenOver => "an effect outside it at most once under MarkUnknown",
-        Plant::InProgressReplayed => "a replay returns what committed",
-        Plant::StaleVerdict => "a reconcile verdict settles only the execution it names",
-    };
-    for plant in Plant::ALL {
-        let (lapse, effect) = plant.shown_by();
-        let checked = check(protocol(lapse, effect, Some(plant), false));
-        let names: Vec<_> = checked.violated.iter().map(|(name, _)| *name).collect();
-        assert!(names.contains(&caught_by(plant)), "{}: caught by {names:?}", plant.name());
+fn each_outbox_plant_is_caught_by_its_property_with_a_trace() {
+    for plant in outbox::Plant::ALL {
+        let caught_by = match plant {
+            outbox::Plant::BatchWideDeadLetter => "no poison row takes another with it",
+            outbox::Plant::InboxWithoutDedup => "a message is applied at most once",
+            outbox::Plant::MarkUnfenced => "a delivered row stays delivered",
+        };
+        let checked = outbox::check_planted(Some(plant), false);
+        assert!(checked.names().contains(&caught_by), "{}: {:?}", plant.name(), checked.names());
         let (_, trace) = &checked.violated[0];
-        assert!(trace.contains("then Look("), "{}: a trace of steps: {trace}", plant.name());
-        assert_eq!(Plant::named(plant.name()), Some(plant));
+        assert!(trace.contains("then Claim("), "{}: a trace of steps: {trace}", plant.name());
+        assert_eq!(outbox::Plant::named(plant.name()), Some(plant));
     }
 }
 
@@ -40,10 +57,8 @@ fn each_plant_is_caught_by_its_property_with_a_trace() {
 /// keeps the effect once (docs/commit-boundary.md).
 #[test]
 fn checking_a_stalled_owner_lets_an_outside_effect_run_twice() {
-    use idemcache_model::{Effect, Lapse};
-    let mut model = protocol(Lapse::MarkUnknown, Effect::Outside, None, false);
+    let mut model = claim::protocol(Lapse::MarkUnknown, Effect::Outside, None, false);
     model.checks_a_stalled_owner = true;
-    let checked = check(model);
-    let names: Vec<_> = checked.violated.iter().map(|(name, _)| *name).collect();
-    assert_eq!(names, ["an effect outside it at most once under MarkUnknown"]);
+    let checked = idemcache_model::check(model, "a reconciler checking a stalled owner");
+    assert_eq!(checked.names(), ["an effect outside it at most once under MarkUnknown"]);
 }

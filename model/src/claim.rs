@@ -1,0 +1,596 @@
+//! The claim protocol of one key across processes, over the decision code the MySQL
+//! drivers run (`idemcache_sql::records::mysql_claim`).
+//!
+//! What is modelled: processes that mint a token, look at the key's record and do what
+//! [`after_look`] decides (take a new key, take a dead record over, turn a lapsed lease
+//! UNKNOWN, or answer), then execute and complete, and crash at any step; the server's
+//! clock advancing past leases; the two lapse policies; an effect inside the completion's
+//! transaction (one commit) or outside it (before the completion); two reconcilers that
+//! check an UNKNOWN record against the authority and settle it, fenced by the token of
+//! the execution they checked (`idemcache::store::reconcile`). What the model writes
+//! itself is what SQL does in the drivers: the `live`/`lapsed` columns the look computes,
+//! and the fenced writes (a completion changes the record only while it holds the
+//! process's token). Invariant of this file: every decision a claim makes comes from
+//! [`after_look`], unchanged unless a [`Plant`] is named, and each plant stands for a
+//! defect of that decision (or of its input) that a property must catch.
+//!
+//! The properties ([`Protocol::properties`]): an effect inside the transaction happens
+//! at most once; an effect outside it at most once under `MarkUnknown`; the tokens a key's
+//! record holds only grow; a replay returns what committed; a live lease is never taken
+//! over; a reconcile verdict settles only the execution it names.
+
+use idemcache::store::StoreClaim;
+use idemcache::Fingerprint;
+use idemcache_sql::records::decode::{ClaimRow, COMPLETED, PROCESSING, UNKNOWN};
+use idemcache_sql::records::mysql_claim::{after_look, Next};
+use std::fmt;
+
+use stateright::{Model, Property};
+
+use crate::{check, Checked};
+
+/// The key every process claims (its stored form).
+const KEY: &[u8] = b"k";
+/// The request every process sends: each is a retry of one intent.
+const REQUEST: Fingerprint = Fingerprint::from_u128(7);
+/// How long a completed or UNKNOWN record is kept, in ticks: beyond the model's clock.
+const KEPT: i64 = 1_000;
+/// How long a lapsed lease stays UNKNOWN under `MarkUnknown`, in ticks.
+const LAPSE_TTL: i64 = 1_000;
+
+/// What a lapsed lease becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lapse {
+    /// Taken over by the next claim (`LapsePolicy::TakeOver`).
+    TakeOver,
+    /// Turned UNKNOWN (`LapsePolicy::MarkUnknown`).
+    MarkUnknown,
+}
+
+/// Where the business effect happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Effect {
+    /// In the completion's transaction (the one-commit mode): both or neither.
+    Inside,
+    /// Before the completion, outside any transaction of the store's.
+    Outside,
+}
+
+/// A defect planted in the decision (or its input), for a property to catch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Plant {
+    /// A takeover writes the claim's own token without minting again when the dead
+    /// record's is higher: a token reused after a clock step or a slow mint.
+    TakeoverWithoutMint,
+    /// A live lease read as dead: the unbounded takeover, a process whose key is still
+    /// being executed taken over.
+    LiveLeaseTakenOver,
+    /// A lapse under `MarkUnknown` taken over instead of turned UNKNOWN.
+    LapseTakenOver,
+    /// A record being executed answered as completed: the hot tier replaying what the
+    /// store did not commit.
+    InProgressReplayed,
+    /// A reconciler's verdict applied to whatever UNKNOWN record the key holds, not only
+    /// the execution it checked (`resolve`/`forget` with no execution named): the stale
+    /// verdict settling a later execution.
+    StaleVerdict,
+}
+
+impl Plant {
+    /// Every plant.
+    pub const ALL: [Plant; 5] = [
+        Plant::TakeoverWithoutMint,
+        Plant::LiveLeaseTakenOver,
+        Plant::LapseTakenOver,
+        Plant::InProgressReplayed,
+        Plant::StaleVerdict,
+    ];
+
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Plant::TakeoverWithoutMint => "takeover-without-mint",
+            Plant::LiveLeaseTakenOver => "live-lease-taken-over",
+            Plant::LapseTakenOver => "lapse-taken-over",
+            Plant::InProgressReplayed => "in-progress-replayed",
+            Plant::StaleVerdict => "stale-verdict",
+        }
+    }
+
+    /// The plant named `name`.
+    pub fn named(name: &str) -> Option<Plant> {
+        Plant::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// The configuration that shows it: the policy and effect under which its property
+    /// is promised.
+    pub fn shown_by(self) -> (Lapse, Effect) {
+        match self {
+            Plant::TakeoverWithoutMint => (Lapse::TakeOver, Effect::Inside),
+            Plant::LiveLeaseTakenOver => (Lapse::TakeOver, Effect::Inside),
+            Plant::LapseTakenOver => (Lapse::MarkUnknown, Effect::Outside),
+            Plant::InProgressReplayed => (Lapse::TakeOver, Effect::Inside),
+            Plant::StaleVerdict => (Lapse::MarkUnknown, Effect::Outside),
+        }
+    }
+}
+
+/// The key's record, as its row holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Row {
+    /// PROCESSING, COMPLETED or UNKNOWN.
+    pub state: i16,
+    /// The token of the claim that wrote it.
+    pub token: i64,
+    /// What a completion stored: the token of the execution whose effect it is.
+    pub body: Option<i64>,
+    /// The lease's end while PROCESSING, the record's expiry after.
+    pub expires_at: i64,
+    /// When it was completed or marked UNKNOWN.
+    pub settled_at: Option<i64>,
+}
+
+/// A process: one client's execution of the intent, retried until answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Proc {
+    /// Not claiming (new, restarted after a crash, or told to retry later).
+    Idle,
+    /// Minted `token` and is about to look at the record.
+    Minted(i64),
+    /// Holds the key under `token`: executing.
+    Holding(i64),
+    /// Its effect (outside) happened; completing under `token`.
+    Effected(i64),
+    /// Answered: the execution's result, or a replay of it.
+    Answered,
+}
+
+/// One step of the system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Process `n` mints a token.
+    Mint(usize),
+    /// Process `n` looks at the record and does what the decision says.
+    Look(usize),
+    /// Process `n`, holding the key, has its effect (outside the transaction).
+    Effect(usize),
+    /// Process `n` completes: with its effect in the transaction (inside), or after it.
+    Complete(usize),
+    /// Process `n` crashes and restarts with nothing.
+    Crash(usize),
+    /// Reconciler `r` reads the UNKNOWN record and checks the authority: did that
+    /// execution's effect happen?
+    Check(usize),
+    /// Reconciler `r` applies its verdict: resolve (it happened) or forget (it did not),
+    /// fenced by the token of the execution it checked.
+    Settle(usize),
+    /// The server's clock advances one tick.
+    Tick,
+}
+
+/// The system's state.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct State {
+    /// The server's clock, in ticks.
+    pub now: i64,
+    /// The key's record.
+    pub row: Option<Row>,
+    /// The last token minted (the sequence all claims draw from).
+    pub minted: i64,
+    /// The processes.
+    pub procs: Vec<Proc>,
+    /// Crashes so far.
+    pub crashes: u8,
+    /// Claims begun so far (each mints a token): bounded, so the tokens are.
+    pub claims: u8,
+    /// Effects that happened (and, inside, committed).
+    pub effects: u8,
+    /// The token of the execution whose completion committed, if one did.
+    pub committed: Option<i64>,
+    /// A write put a token at or below the one it replaced.
+    pub token_went_down: bool,
+    /// A claim was answered with a replay of something other than what committed.
+    pub replayed_wrong: bool,
+    /// A claim took over a record whose lease had not run out.
+    pub live_taken_over: bool,
+    /// The tokens whose execution's effect happened (bit `token`).
+    pub effected: u64,
+    /// Each reconciler's verdict in hand: the execution it checked, and whether its
+    /// effect happened.
+    pub verdicts: [Option<(i64, bool)>; 2],
+    /// Checks the reconciler made.
+    pub checks: u8,
+    /// A verdict settled an execution other than the one it checked.
+    pub settled_wrong: bool,
+}
+
+/// The model: its bounds and configuration.
+#[derive(Debug, Clone)]
+pub struct Protocol {
+    /// Processes.
+    pub procs: usize,
+    /// Crashes at most.
+    pub crashes: u8,
+    /// Reconcilers (at most 2), each checking and settling in its own steps.
+    pub reconcilers: usize,
+    /// Reconciler checks at most, all reconcilers together.
+    pub checks: u8,
+    /// The reconciler may check a record whose owner still acts (stalled past its
+    /// lease, then resuming). Off in every configuration checked; on, an effect outside
+    /// the transaction can happen twice unless the provider keeps the downstream key.
+    pub checks_a_stalled_owner: bool,
+    /// Claims at most (first attempts and retries of every process together).
+    pub claims: u8,
+    /// The clock's last tick.
+    pub max_clock: i64,
+    /// A claim's lease, in ticks.
+    pub lease: i64,
+    /// What a lapsed lease becomes.
+    pub lapse: Lapse,
+    /// Where the effect happens.
+    pub effect: Effect,
+    /// A planted defect, if any.
+    pub plant: Option<Plant>,
+}
+
+impl Protocol {
+    /// The row as the claim's look reads it: `live` and `lapsed` as the look's SQL
+    /// computes them against the server's clock.
+    fn look(&self, row: &Row, now: i64) -> ClaimRow {
+        let mut live = row.expires_at > now;
+        if self.plant == Some(Plant::LiveLeaseTakenOver) && row.state == PROCESSING {
+            live = false;
+        }
+        let lapsed = self.lapse == Lapse::MarkUnknown
+            && row.state == PROCESSING
+            && !live
+            && now < row.expires_at + LAPSE_TTL
+            && self.plant != Some(Plant::LapseTakenOver);
+        let state = match (self.plant, row.state) {
+            (Some(Plant::InProgressReplayed), PROCESSING) if live => COMPLETED,
+            (_, state) => state,
+        };
+        ClaimRow {
+            state,
+            token: row.token,
+            fingerprint: Some(REQUEST.to_bytes().to_vec()),
+            body: row.body.map(|b| b.to_be_bytes().to_vec()),
+            settled_at: row.settled_at,
+            expires_at: row.expires_at,
+            live,
+            lapsed,
+            took_over: false,
+        }
+    }
+
+    /// Writes `row` in `state`, noting a token that did not grow.
+    fn write(state: &mut State, row: Row) {
+        if let Some(old) = &state.row {
+            if row.token < old.token || (row.token == old.token && row.state == PROCESSING) {
+                state.token_went_down = true;
+            }
+        }
+        state.row = Some(row);
+    }
+
+    /// Process `n`, having minted `token`, looks and acts on the decision.
+    fn look_and_act(&self, state: &mut State, n: usize, token: i64) {
+        let now = state.now;
+        let seen = state.row.as_ref().map(|row| self.look(row, now));
+        let decided = match after_look(KEY, REQUEST, token, seen.as_ref()) {
+            Ok(next) => next,
+            // A row the model wrote is always readable: a Corrupt here is a defect.
+            Err(_) => {
+                state.replayed_wrong = true;
+                return;
+            }
+        };
+        let held = |token| Row {
+            state: PROCESSING,
+            token,
+            body: None,
+            expires_at: now + self.lease,
+            settled_at: None,
+        };
+        state.procs[n] = match decided {
+            Next::TakeNew => {
+                Self::write(state, held(token));
+                Proc::Holding(token)
+            }
+            Next::TakeOver { held: dead, mint, .. } => {
+                if state.row.as_ref().map(|r| r.token) != Some(dead) {
+                    return; // the driver's fenced write changed nothing: it looks again
+                }
+                if state.row.as_ref().is_some_and(|r| r.state == PROCESSING && r.expires_at > now) {
+                    state.live_taken_over = true;
+                }
+                let mint = mint && self.plant != Some(Plant::TakeoverWithoutMint);
+                let token = if mint {
+                    state.minted += 1;
+                    state.minted
+                } else {
+                    token
+                };
+                Self::write(state, held(token));
+                Proc::Holding(token)
+            }
+            Next::TurnUnknown { held: dead, .. } => {
+                if let Some(row) = state.row.as_mut().filter(|r| r.token == dead) {
+                    row.state = UNKNOWN;
+                    row.settled_at = Some(row.expires_at);
+                    row.expires_at += LAPSE_TTL;
+                }
+                Proc::Idle
+            }
+            Next::Answer(StoreClaim::Completed(replay)) => {
+                let body = replay.body.as_deref().and_then(|b| <[u8; 8]>::try_from(b).ok());
+                let replayed = body.map(i64::from_be_bytes);
+                if state.committed.is_none() || replayed != state.committed {
+                    state.replayed_wrong = true;
+                }
+                Proc::Answered
+            }
+            Next::Answer(StoreClaim::Acquired { .. }) => Proc::Holding(token),
+            // In progress, UNKNOWN (settled by a reconciler, not here), a mismatch: the
+            // client retries later.
+            Next::Answer(_) => Proc::Idle,
+        };
+    }
+
+    /// The reconciler's verdict on the execution claimed under `token`: applied only while
+    /// the key's record is that execution's and still UNKNOWN (`resolve_fenced` and
+    /// `forget_fenced`, as `reconcile` calls them), or (the plant) to any UNKNOWN record.
+    fn settle(&self, state: &mut State, token: i64, happened: bool) {
+        let Some(row) = state.row.as_ref().filter(|r| r.state == UNKNOWN) else { return };
+        let fenced = self.plant != Some(Plant::StaleVerdict);
+        if fenced && row.token != token {
+            return; // NothingToSettle: the record moved on since the check
+        }
+        if row.token != token {
+            state.settled_wrong = true;
+        }
+        let now = state.now;
+        if happened {
+            // Resolved with the execution's result: a replay answers it from now on.
+            state.committed = Some(row.token);
+            state.row = Some(Row {
+                state: COMPLETED,
+                token: row.token,
+                body: Some(row.token),
+                expires_at: now + KEPT,
+                settled_at: Some(now),
+            });
+        } else {
+            // Forgotten: the next claim runs the intent again.
+            state.row = None;
+        }
+    }
+
+    /// Process `n` completes under `token`: fenced by it, as the drivers' statements are.
+    fn complete(&self, state: &mut State, n: usize, token: i64) {
+        let now = state.now;
+        let holds = state.row.as_ref().is_some_and(|r| r.state == PROCESSING && r.token == token);
+        if !holds {
+            // Lease lost: the transaction rolls back (inside, the effect with it).
+            state.procs[n] = Proc::Idle;
+            return;
+        }
+        if self.effect == Effect::Inside {
+            state.effects += 1;
+        }
+        state.committed = Some(token);
+        state.row = Some(Row {
+            state: COMPLETED,
+            token,
+            body: Some(token),
+            expires_at: now + KEPT,
+            settled_at: Some(now),
+        });
+        state.procs[n] = Proc::Answered;
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![State {
+            now: 0,
+            row: None,
+            minted: 0,
+            procs: vec![Proc::Idle; self.procs],
+            crashes: 0,
+            claims: 0,
+            effects: 0,
+            committed: None,
+            token_went_down: false,
+            replayed_wrong: false,
+            live_taken_over: false,
+            effected: 0,
+            verdicts: [None; 2],
+            checks: 0,
+            settled_wrong: false,
+        }]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        for (n, proc) in state.procs.iter().enumerate() {
+            match proc {
+                Proc::Idle if state.claims < self.claims => actions.push(Action::Mint(n)),
+                Proc::Idle => {}
+                Proc::Minted(_) => actions.push(Action::Look(n)),
+                Proc::Holding(_) if self.effect == Effect::Outside => {
+                    actions.push(Action::Effect(n))
+                }
+                Proc::Holding(_) | Proc::Effected(_) => actions.push(Action::Complete(n)),
+                Proc::Answered => {}
+            }
+            let crashable = !matches!(proc, Proc::Idle | Proc::Answered);
+            if crashable && state.crashes < self.crashes {
+                actions.push(Action::Crash(n));
+            }
+        }
+        let unknown = state.row.as_ref().is_some_and(|r| r.state == UNKNOWN);
+        // An assumption, not something `reconcile` enforces: the record is checked once
+        // its owner (dead or done) no longer acts. `checks_a_stalled_owner` drops it.
+        let owner_acts = state.row.as_ref().is_some_and(|r| {
+            !self.checks_a_stalled_owner && state.procs.contains(&Proc::Holding(r.token))
+        });
+        for (r, verdict) in state.verdicts.iter().enumerate().take(self.reconcilers) {
+            match verdict {
+                None if unknown && !owner_acts && state.checks < self.checks => {
+                    actions.push(Action::Check(r))
+                }
+                None => {}
+                Some(_) => actions.push(Action::Settle(r)),
+            }
+        }
+        if state.now < self.max_clock {
+            actions.push(Action::Tick);
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut state = last.clone();
+        match action {
+            Action::Mint(n) => {
+                state.claims += 1;
+                state.minted += 1;
+                state.procs[n] = Proc::Minted(state.minted);
+            }
+            Action::Look(n) => {
+                let Proc::Minted(token) = state.procs[n] else { return None };
+                self.look_and_act(&mut state, n, token);
+            }
+            Action::Effect(n) => {
+                let Proc::Holding(token) = state.procs[n] else { return None };
+                state.effects += 1;
+                state.effected |= bit(token);
+                state.procs[n] = Proc::Effected(token);
+            }
+            Action::Complete(n) => {
+                let (Proc::Holding(token) | Proc::Effected(token)) = state.procs[n] else {
+                    return None;
+                };
+                self.complete(&mut state, n, token);
+            }
+            Action::Crash(n) => {
+                state.crashes += 1;
+                state.procs[n] = Proc::Idle;
+            }
+            Action::Check(r) => {
+                let token = state.row.as_ref()?.token;
+                state.checks += 1;
+                state.verdicts[r] = Some((token, state.effected & bit(token) != 0));
+            }
+            Action::Settle(r) => {
+                let (token, happened) = state.verdicts[r].take()?;
+                self.settle(&mut state, token, happened);
+            }
+            Action::Tick => state.now += 1,
+        }
+        Some(state)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always(
+                "an effect inside the transaction happens at most once",
+                |m: &Protocol, s: &State| m.effect != Effect::Inside || s.effects <= 1,
+            ),
+            Property::always(
+                "an effect outside it at most once under MarkUnknown",
+                |m: &Protocol, s: &State| {
+                    m.effect != Effect::Outside || m.lapse != Lapse::MarkUnknown || s.effects <= 1
+                },
+            ),
+            Property::always("a key's tokens only grow", |_: &Protocol, s: &State| {
+                !s.token_went_down
+            }),
+            Property::always("a replay returns what committed", |_: &Protocol, s: &State| {
+                !s.replayed_wrong
+            }),
+            Property::always(
+                "a reconcile verdict settles only the execution it names",
+                |_: &Protocol, s: &State| !s.settled_wrong,
+            ),
+            Property::always("a live lease is never taken over", |_: &Protocol, s: &State| {
+                !s.live_taken_over
+            }),
+        ]
+    }
+}
+
+/// The configurations a run checks: each lapse policy with each effect.
+pub fn configurations() -> Vec<(Lapse, Effect)> {
+    vec![
+        (Lapse::TakeOver, Effect::Inside),
+        (Lapse::MarkUnknown, Effect::Inside),
+        (Lapse::MarkUnknown, Effect::Outside),
+    ]
+}
+
+/// The bounded model of `lapse` and `effect`, with `plant`: `depth` sets its size
+/// (processes, crashes and ticks grow with it).
+pub fn protocol(lapse: Lapse, effect: Effect, plant: Option<Plant>, deep: bool) -> Protocol {
+    Protocol {
+        procs: if deep { 3 } else { 2 },
+        crashes: if deep { 2 } else { 1 },
+        claims: if deep { 6 } else { 4 },
+        reconcilers: 2,
+        checks: if deep { 3 } else { 2 },
+        checks_a_stalled_owner: false,
+        max_clock: if deep { 5 } else { 4 },
+        lease: 2,
+        lapse,
+        effect,
+        plant,
+    }
+}
+
+/// Bit `token` of a set of tokens.
+fn bit(token: i64) -> u64 {
+    u32::try_from(token).ok().and_then(|t| 1u64.checked_shl(t)).unwrap_or(0)
+}
+
+/// A state as a trace line: the clock, the row, the processes, what happened.
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self;
+        let row = match &state.row {
+            None => "no record".to_owned(),
+            Some(r) => {
+                let name = match r.state {
+                    PROCESSING => "PROCESSING",
+                    COMPLETED => "COMPLETED",
+                    UNKNOWN => "UNKNOWN",
+                    _ => "?",
+                };
+                format!("{name} token {} until {}", r.token, r.expires_at)
+            }
+        };
+        write!(
+            f,
+            "t={} record: {row}; processes {:?}; effects {}; committed {:?}",
+            state.now, state.procs, state.effects, state.committed
+        )
+    }
+}
+
+/// Checks every configuration: the unique states explored, and what was violated.
+pub fn check_all(deep: bool) -> Checked {
+    let mut all = Checked { states: 0, violated: Vec::new() };
+    for (lapse, effect) in configurations() {
+        let checked = check_planted(lapse, effect, None, deep);
+        all.states += checked.states;
+        all.violated.extend(checked.violated);
+    }
+    all
+}
+
+/// Checks `lapse` and `effect` with `plant`.
+pub fn check_planted(lapse: Lapse, effect: Effect, plant: Option<Plant>, deep: bool) -> Checked {
+    let described = format!("{lapse:?} lapse, effect {effect:?}");
+    check(protocol(lapse, effect, plant, deep), &described)
+}
