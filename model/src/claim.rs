@@ -74,16 +74,20 @@ pub enum Plant {
     /// the execution it checked (`resolve`/`forget` with no execution named): the stale
     /// verdict settling a later execution.
     StaleVerdict,
+    /// A completion changes the record whichever execution holds it (no token in its
+    /// `WHERE`): a stale owner's result written over a later execution's claim.
+    CompletionUnfenced,
 }
 
 impl Plant {
     /// Every plant.
-    pub const ALL: [Plant; 5] = [
+    pub const ALL: [Plant; 6] = [
         Plant::TakeoverWithoutMint,
         Plant::LiveLeaseTakenOver,
         Plant::LapseTakenOver,
         Plant::InProgressReplayed,
         Plant::StaleVerdict,
+        Plant::CompletionUnfenced,
     ];
 
     /// Its name on the command line.
@@ -94,6 +98,7 @@ impl Plant {
             Plant::LapseTakenOver => "lapse-taken-over",
             Plant::InProgressReplayed => "in-progress-replayed",
             Plant::StaleVerdict => "stale-verdict",
+            Plant::CompletionUnfenced => "completion-unfenced",
         }
     }
 
@@ -111,6 +116,7 @@ impl Plant {
             Plant::LapseTakenOver => (Lapse::MarkUnknown, Effect::Outside),
             Plant::InProgressReplayed => (Lapse::TakeOver, Effect::Inside),
             Plant::StaleVerdict => (Lapse::MarkUnknown, Effect::Outside),
+            Plant::CompletionUnfenced => (Lapse::TakeOver, Effect::Inside),
         }
     }
 }
@@ -189,6 +195,8 @@ pub struct State {
     pub committed: Option<i64>,
     /// A write put a token at or below the one it replaced.
     pub token_went_down: bool,
+    /// The highest token the key's record ever held.
+    pub highest: i64,
     /// A claim was answered with a replay of something other than what committed.
     pub replayed_wrong: bool,
     /// A claim took over a record whose lease had not run out.
@@ -215,6 +223,11 @@ pub struct Protocol {
     pub reconcilers: usize,
     /// Reconciler checks at most, all reconcilers together.
     pub checks: u8,
+    /// The token property judged against every token the key's record ever held, a
+    /// deleted record's too, rather than the record a write replaces. Off in every
+    /// configuration checked: a claim that minted its token before a later execution's
+    /// record was forgotten or purged inserts a lower one (see the test that keeps it).
+    pub tokens_across_deletes: bool,
     /// The reconciler may check a record whose owner still acts (stalled past its
     /// lease, then resuming). Off in every configuration checked; on, an effect outside
     /// the transaction can happen twice unless the provider keeps the downstream key.
@@ -263,13 +276,21 @@ impl Protocol {
         }
     }
 
-    /// Writes `row` in `state`, noting a token that did not grow.
-    fn write(state: &mut State, row: Row) {
-        if let Some(old) = &state.row {
-            if row.token < old.token || (row.token == old.token && row.state == PROCESSING) {
-                state.token_went_down = true;
-            }
+    /// Writes `row` in `state` (every write of the record goes through here), noting a
+    /// token below the record's it replaces, or a claim's not above it; or, with
+    /// `tokens_across_deletes`, below (not above) the highest the key's record ever held,
+    /// a forgotten or purged one's included.
+    fn write(&self, state: &mut State, row: Row) {
+        let claimed = row.state == PROCESSING;
+        let floor = match &state.row {
+            _ if self.tokens_across_deletes => Some(state.highest),
+            Some(old) => Some(old.token),
+            None => None,
+        };
+        if floor.is_some_and(|f| row.token < f || (claimed && row.token == f)) {
+            state.token_went_down = true;
         }
+        state.highest = state.highest.max(row.token);
         state.row = Some(row);
     }
 
@@ -294,7 +315,7 @@ impl Protocol {
         };
         state.procs[n] = match decided {
             Next::TakeNew => {
-                Self::write(state, held(token));
+                self.write(state, held(token));
                 Proc::Holding(token)
             }
             Next::TakeOver { held: dead, mint, .. } => {
@@ -311,7 +332,7 @@ impl Protocol {
                 } else {
                     token
                 };
-                Self::write(state, held(token));
+                self.write(state, held(token));
                 Proc::Holding(token)
             }
             Next::TurnUnknown { held: dead, .. } => {
@@ -353,13 +374,14 @@ impl Protocol {
         if happened {
             // Resolved with the execution's result: a replay answers it from now on.
             state.committed = Some(row.token);
-            state.row = Some(Row {
+            let resolved = Row {
                 state: COMPLETED,
                 token: row.token,
                 body: Some(row.token),
                 expires_at: now + KEPT,
                 settled_at: Some(now),
-            });
+            };
+            self.write(state, resolved);
         } else {
             // Forgotten: the next claim runs the intent again.
             state.row = None;
@@ -369,7 +391,11 @@ impl Protocol {
     /// Process `n` completes under `token`: fenced by it, as the drivers' statements are.
     fn complete(&self, state: &mut State, n: usize, token: i64) {
         let now = state.now;
-        let holds = state.row.as_ref().is_some_and(|r| r.state == PROCESSING && r.token == token);
+        let fenced = self.plant != Some(Plant::CompletionUnfenced);
+        let holds = state
+            .row
+            .as_ref()
+            .is_some_and(|r| r.state == PROCESSING && (r.token == token || !fenced));
         if !holds {
             // Lease lost: the transaction rolls back (inside, the effect with it).
             state.procs[n] = Proc::Idle;
@@ -379,13 +405,14 @@ impl Protocol {
             state.effects += 1;
         }
         state.committed = Some(token);
-        state.row = Some(Row {
+        let completed = Row {
             state: COMPLETED,
             token,
             body: Some(token),
             expires_at: now + KEPT,
             settled_at: Some(now),
-        });
+        };
+        self.write(state, completed);
         state.procs[n] = Proc::Answered;
     }
 }
@@ -404,6 +431,7 @@ impl Model for Protocol {
             claims: 0,
             effects: 0,
             committed: None,
+            highest: 0,
             token_went_down: false,
             replayed_wrong: false,
             live_taken_over: false,
@@ -531,8 +559,8 @@ pub fn configurations() -> Vec<(Lapse, Effect)> {
     ]
 }
 
-/// The bounded model of `lapse` and `effect`, with `plant`: `depth` sets its size
-/// (processes, crashes and ticks grow with it).
+/// The bounded model of `lapse` and `effect`, with `plant`: `deep` sets larger bounds
+/// (more processes, crashes, claims, checks and ticks).
 pub fn protocol(lapse: Lapse, effect: Effect, plant: Option<Plant>, deep: bool) -> Protocol {
     Protocol {
         procs: if deep { 3 } else { 2 },
@@ -541,6 +569,7 @@ pub fn protocol(lapse: Lapse, effect: Effect, plant: Option<Plant>, deep: bool) 
         reconcilers: 2,
         checks: if deep { 3 } else { 2 },
         checks_a_stalled_owner: false,
+        tokens_across_deletes: false,
         max_clock: if deep { 5 } else { 4 },
         lease: 2,
         lapse,

@@ -375,11 +375,12 @@ impl Model for Outbox {
             }),
             // Judged where a run ends: within the clock's bound (a run the bound cut short,
             // with a row still waiting for time, is not judged).
-            // A message dead after its own last attempt is an operator's (`requeue`).
+            // A message dead after its last attempt is an operator's (`requeue`).
             Property::eventually("every committed message is applied", |m: &Outbox, s: &State| {
                 let cut_short = s.now >= m.max_clock;
-                let settled =
-                    |(r, &n): (&Row, &u8)| r.poison || n >= 1 || r.state == RowState::Dead;
+                let settled = |(r, &n): (&Row, &u8)| {
+                    r.poison || n >= 1 || (r.state == RowState::Dead && r.attempts >= m.attempts)
+                };
                 cut_short || s.rows.iter().zip(&s.applied).all(settled)
             }),
         ]

@@ -23,6 +23,7 @@ fn each_claim_plant_is_caught_by_its_property_with_a_trace() {
             claim::Plant::LapseTakenOver => "an effect outside it at most once under MarkUnknown",
             claim::Plant::InProgressReplayed => "a replay returns what committed",
             claim::Plant::StaleVerdict => "a reconcile verdict settles only the execution it names",
+            claim::Plant::CompletionUnfenced => "a key's tokens only grow",
         };
         let (lapse, effect) = plant.shown_by();
         let checked = claim::check_planted(lapse, effect, Some(plant), false);
@@ -61,4 +62,20 @@ fn checking_a_stalled_owner_lets_an_outside_effect_run_twice() {
     model.checks_a_stalled_owner = true;
     let checked = idemcache_model::check(model, "a reconciler checking a stalled owner");
     assert_eq!(checked.names(), ["an effect outside it at most once under MarkUnknown"]);
+}
+
+/// The model's second finding, kept until the claim mints a new key's token under the
+/// key's lock: a MySQL claim mints its token before it looks, so a claim that minted,
+/// then stalled while a later execution's record was forgotten (or purged), inserts a
+/// token below the one that record held. `FencingToken`'s docs promise tokens that grow
+/// with every claim of a key; an authority fencing by `fence < token` would then take
+/// the forgotten execution's late write over this one's.
+#[test]
+fn a_claim_minted_before_a_forget_inserts_a_lower_token() {
+    let mut model = claim::protocol(Lapse::MarkUnknown, Effect::Inside, None, false);
+    model.tokens_across_deletes = true;
+    let checked = idemcache_model::check(model, "tokens judged across deletes");
+    assert_eq!(checked.names(), ["a key's tokens only grow"]);
+    let (_, trace) = &checked.violated[0];
+    assert!(trace.contains("then Settle("), "a forget before the lower insert: {trace}");
 }
