@@ -41,6 +41,13 @@ use super::{column, failed};
 
 /// Idempotency records in MySQL or MariaDB (InnoDB), over a sqlx [`MySqlPool`] (yours,
 /// or one [`connect`](MySqlStore::connect) builds). Cheap to clone (the pool is shared).
+///
+/// A known limit of its fencing tokens: a claim mints its token before it reads the
+/// key's record, so a claim that minted and then stalled while a later execution's
+/// record of the key was forgotten (`forget`, a reconciler's `DidNotHappen`) or purged
+/// can insert a token below that record's. Tokens grow with every claim while the key
+/// keeps a record; an authority that fences by `fence < token` should not rely on them
+/// across a forget. (Found by the protocol's model, `model/` in the repository.)
 #[derive(Clone)]
 pub struct MySqlStore {
     pool: MySqlPool,
