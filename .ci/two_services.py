@@ -175,37 +175,31 @@ def audit(args):
         stored = bytes.fromhex(key_hex)
         if args.keyed.encode() in stored:
             committed_at[stored] = int(settled) / 1e6
-    kills = []
-    with open(args.faults) as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 3 and parts[1] == "kill":
-                kills.append((float(parts[0]), parts[2]))
-    between = 0
-    with open(args.keyed_ledger) as f:
-        next(f)
-        for line in f:
-            key, _, port, sent, ended, outcome = line.rstrip("\n").split("\t")[:6]
-            if outcome != "broken" or key not in paid_at:
-                continue
-            hit = [t for t, p in kills if p == port and float(sent) <= t <= float(ended) + 0.1]
-            commit = [t for stored, t in committed_at.items() if stored.endswith(key.encode())]
-            between += bool(hit and commit and paid_at[key] < hit[0] < commit[0])
-    keyed_503 = 0
-    with open(args.keyed_ledger) as f:
-        next(f)
-        keyed_503 = sum(1 for line in f if line.split("\t")[5].startswith("503"))
-
-    replayed = 0
-    for path in args.stderr:
-        with open(path, errors="replace") as f:
-            replayed += sum(1 for line in f if line.startswith("the charge of ") and "replayed" in line)
-    faults = {}
+    # The fault log, read once: each kind's count, and each kill's time and port.
+    faults, kills = {}, []
     with open(args.faults) as f:
         for line in f:
             parts = line.split()
             if len(parts) >= 2:
                 faults[parts[1]] = faults.get(parts[1], 0) + 1
+            if len(parts) >= 3 and parts[1] == "kill":
+                kills.append((float(parts[0]), parts[2]))
+    between = keyed_503 = 0
+    with open(args.keyed_ledger) as f:
+        next(f)
+        for line in f:
+            key, _, port, sent, ended, outcome = line.rstrip("\n").split("\t")[:6]
+            keyed_503 += outcome.startswith("503")
+            if outcome != "broken" or key not in paid_at:
+                continue
+            hit = [t for t, p in kills if p == port and float(sent) <= t <= float(ended) + 0.1]
+            commit = [t for stored, t in committed_at.items() if stored.endswith(key.encode())]
+            between += bool(hit and commit and paid_at[key] < hit[0] < commit[0])
+
+    replayed = 0
+    for path in args.stderr:
+        with open(path, errors="replace") as f:
+            replayed += sum(1 for line in f if line.startswith("the charge of ") and "replayed" in line)
 
     print(f"== two-service fault run audit ({args.label})")
     print(f"faults: {faults.get('kill', 0)} kill -9 of an orders instance (each restarted), killing {between} keyed "
