@@ -1,15 +1,18 @@
 //! The outbox's relay, over the decision code every driver runs
 //! (`idemcache_sql::outbox::decode`): relays that claim a batch of due rows under a
-//! lease, publish each message, and mark it (delivered, or failed as the retry policy
-//! says), crashing at any step; a poison message that fails every publish; a consumer
-//! whose inbox applies each message id once.
+//! lease, and for each row in turn make it dead unpublished when it is out of attempts,
+//! or count an attempt, publish it and mark it (delivered, or failed as the retry
+//! policy says), as `relay_batch` does, crashing at any step; a poison message whose
+//! publish kills its relay, every time; a consumer whose inbox applies each message id
+//! once.
 //!
-//! What the model writes by hand is what the claim's SQL does (which rows are due: a
+//! What the model writes by hand is what the statements do (which rows are due: a
 //! pending row past its due time, a leased row past its lease; each leased anew under a
-//! token above the row's last) and the fenced marks' `WHERE` (the row still leased under
-//! the mark's token). A claimed batch is read by `decode::claimed_batch`, a mark's
-//! answer by `decode::mark`, a failure's next state by `decode::failed_as`, all
-//! unchanged unless a [`Plant`] is named.
+//! token above the row's last; the fenced count and marks' `WHERE`, the row still leased
+//! under the lease's token). A claimed batch is read by `decode::claimed_batch`, a row
+//! out of attempts told by `decode::out_of_attempts`, the counted lease by
+//! `decode::begun`, a mark's answer by `decode::mark`, a failure's next state by
+//! `decode::failed_as`, all unchanged unless a [`Plant`] is named.
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -30,12 +33,19 @@ pub enum Plant {
     InboxWithoutDedup,
     /// A mark changes the row whatever lease holds it now (no token in its `WHERE`).
     MarkUnfenced,
+    /// Attempts count claims, and a batch charges its first row past them dead
+    /// unpublished: the relay before attempts counted publishes begun.
+    AttemptsCountClaims,
 }
 
 impl Plant {
     /// Every plant.
-    pub const ALL: [Plant; 3] =
-        [Plant::BatchWideDeadLetter, Plant::InboxWithoutDedup, Plant::MarkUnfenced];
+    pub const ALL: [Plant; 4] = [
+        Plant::BatchWideDeadLetter,
+        Plant::InboxWithoutDedup,
+        Plant::MarkUnfenced,
+        Plant::AttemptsCountClaims,
+    ];
 
     /// Its name on the command line.
     pub fn name(self) -> &'static str {
@@ -43,6 +53,7 @@ impl Plant {
             Plant::BatchWideDeadLetter => "batch-wide-dead-letter",
             Plant::InboxWithoutDedup => "inbox-without-dedup",
             Plant::MarkUnfenced => "mark-unfenced",
+            Plant::AttemptsCountClaims => "attempts-count-claims",
         }
     }
 
@@ -57,15 +68,17 @@ impl Plant {
 pub struct Row {
     /// Where it is in its life.
     pub state: RowState,
-    /// Claims so far.
+    /// The row's `attempts` column: publishes begun (claims, under the plant).
     pub attempts: u32,
+    /// Publishes really begun, whatever the column says: what the properties judge by.
+    pub tried: u32,
     /// The last claim's token.
     pub token: u64,
     /// When it is due, while pending (ticks).
     pub due: i64,
     /// When its lease lapses, while leased (ticks).
     pub lease_until: i64,
-    /// Whether every publish of it fails (the poison message).
+    /// Whether its publish kills the relay, every time (the poison message).
     pub poison: bool,
 }
 
@@ -83,6 +96,8 @@ pub enum Relay {
         at: usize,
         /// Whether that row is published (its mark is next).
         published: bool,
+        /// Whether a row of the batch was charged dead unpublished (the plant's rule).
+        charged: bool,
     },
 }
 
@@ -91,8 +106,9 @@ pub enum Relay {
 pub enum Action {
     /// Relay `n` claims a batch of due rows.
     Claim(usize),
-    /// Relay `n` publishes its next row (the consumer receives it), or fails to (the
-    /// poison message always does).
+    /// Relay `n` takes its next row: makes it dead if out of attempts, or counts an
+    /// attempt and publishes it (the consumer receives it; the poison message kills the
+    /// relay).
     Publish(usize),
     /// Relay `n`'s publish of its next row fails for once (the broker's hiccup).
     Hiccup(usize),
@@ -187,7 +203,9 @@ impl Outbox {
                 continue;
             }
             row.state = RowState::Leased;
-            row.attempts += 1;
+            if self.plant == Some(Plant::AttemptsCountClaims) {
+                row.attempts += 1;
+            }
             row.token += 1;
             row.lease_until = now + self.lease;
             raws.push(Ok(RawRow {
@@ -209,36 +227,92 @@ impl Outbox {
             .into_iter()
             .filter_map(|c| Some((c.lease.message_id.strip_prefix('m')?.parse().ok()?, c.lease)))
             .collect();
-        state.relays[n] = Relay::Holding { batch, at: 0, published: false };
+        state.relays[n] = Relay::Holding { batch, at: 0, published: false, charged: false };
     }
 
-    /// Relay `n` publishes the next row of its batch: the consumer receives it, or (the
-    /// poison message, a `hiccup`) the publish fails and the row is marked as
-    /// `decode::failed_as` says, fenced.
+    /// Relay `n` takes the next row of its batch, as `relay_batch` does: a row out of
+    /// attempts is made dead unpublished; otherwise its attempt is counted (fenced: a
+    /// row another claim took is skipped) and it is published. The consumer receives
+    /// it; or the poison message kills the relay; or (a `hiccup`) the publish fails and
+    /// the row is marked as `decode::failed_as` says, fenced.
     fn publish(&self, state: &mut State, n: usize, hiccup: bool) -> Option<()> {
-        let Relay::Holding { batch, at: next, published } = &mut state.relays[n] else {
+        let Relay::Holding { batch, at: next, charged, .. } = &state.relays[n] else {
             return None;
         };
         let (i, lease) = batch.get(*next)?.clone();
-        if !state.rows[i].poison && !hiccup {
-            *published = true;
-            let seen = state.seen & (1 << i) != 0;
-            if !seen || self.plant == Some(Plant::InboxWithoutDedup) {
-                state.applied[i] = state.applied[i].saturating_add(1);
+        let retry = self.retry();
+        let out = if self.plant == Some(Plant::AttemptsCountClaims) {
+            lease.attempts > retry.max_attempts() && !charged
+        } else {
+            decode::out_of_attempts(&lease, &retry)
+        };
+        if out {
+            if let Relay::Holding { charged, .. } = &mut state.relays[n] {
+                *charged = true;
             }
-            state.seen |= 1 << i;
+            self.fail(state, n, &lease);
             return Some(());
         }
-        let failed_row = i;
-        let failed: Vec<(usize, Lease)> = if self.plant == Some(Plant::BatchWideDeadLetter) {
-            batch[*next..].to_vec()
-        } else {
-            vec![(i, lease)]
-        };
-        *next += failed.len();
-        if *next >= batch.len() {
-            state.relays[n] = Relay::Idle;
+        let row = &mut state.rows[i];
+        if !self.holds(row, &lease) {
+            self.advance(state, n, 1);
+            return Some(());
         }
+        row.tried += 1;
+        let lease = if self.plant == Some(Plant::AttemptsCountClaims) {
+            lease
+        } else {
+            row.attempts += 1;
+            decode::begun(&lease)
+        };
+        if row.poison {
+            state.relays[n] = Relay::Idle;
+            return Some(());
+        }
+        let Relay::Holding { batch, at, published, .. } = &mut state.relays[n] else {
+            return None;
+        };
+        batch[*at].1 = lease.clone();
+        if hiccup {
+            self.fail(state, n, &lease);
+            return Some(());
+        }
+        *published = true;
+        let seen = state.seen & (1 << i) != 0;
+        if !seen || self.plant == Some(Plant::InboxWithoutDedup) {
+            state.applied[i] = state.applied[i].saturating_add(1);
+        }
+        state.seen |= 1 << i;
+        Some(())
+    }
+
+    /// Relay `n` moves `by` rows on in its batch, idle past its end.
+    fn advance(&self, state: &mut State, n: usize, by: usize) {
+        if let Relay::Holding { batch, at, published, .. } = &mut state.relays[n] {
+            *at += by;
+            *published = false;
+            if *at >= batch.len() {
+                state.relays[n] = Relay::Idle;
+            }
+        }
+    }
+
+    /// Relay `n`'s next row failed under `lease` (its publish, or its attempts): marked
+    /// as `decode::failed_as` says, fenced; under the plant, with every row behind it
+    /// in the batch, dead.
+    fn fail(&self, state: &mut State, n: usize, lease: &Lease) {
+        let Relay::Holding { batch, at: next, .. } = &state.relays[n] else {
+            return;
+        };
+        let failed_row = batch[*next].0;
+        let failed: Vec<(usize, Lease)> = if self.plant == Some(Plant::BatchWideDeadLetter) {
+            let mut rows = vec![(failed_row, lease.clone())];
+            rows.extend(batch[*next + 1..].iter().cloned());
+            rows
+        } else {
+            vec![(failed_row, lease.clone())]
+        };
+        self.advance(state, n, failed.len());
         let now = state.now;
         for (i, lease) in failed {
             if i != failed_row {
@@ -256,21 +330,16 @@ impl Outbox {
                 row.due = due / 1_000_000;
             }
         }
-        Some(())
     }
 
     /// Relay `n` marks its published row delivered, fenced; `decode::mark` reads what the
     /// statement changed.
     fn mark(&self, state: &mut State, n: usize) -> Option<()> {
-        let Relay::Holding { batch, at: next, published } = &mut state.relays[n] else {
+        let Relay::Holding { batch, at: next, .. } = &state.relays[n] else {
             return None;
         };
         let (i, lease) = batch.get(*next)?.clone();
-        *next += 1;
-        *published = false;
-        if *next >= batch.len() {
-            state.relays[n] = Relay::Idle;
-        }
+        self.advance(state, n, 1);
         let row = &mut state.rows[i];
         let changed = u64::from(self.holds(row, &lease));
         if decode::mark(changed) == Mark::Applied {
@@ -289,6 +358,7 @@ impl Model for Outbox {
             .map(|i| Row {
                 state: RowState::Pending,
                 attempts: 0,
+                tried: 0,
                 token: 0,
                 due: 0,
                 lease_until: 0,
@@ -373,13 +443,19 @@ impl Model for Outbox {
             Property::always("a delivered row stays delivered", |_: &Outbox, s: &State| {
                 !s.delivered_changed
             }),
+            Property::always(
+                "a row dies only after its last attempt was begun",
+                |m: &Outbox, s: &State| {
+                    s.rows.iter().all(|r| r.state != RowState::Dead || r.tried >= m.attempts)
+                },
+            ),
             // Judged where a run ends: within the clock's bound (a run the bound cut short,
             // with a row still waiting for time, is not judged).
             // A message dead after its last attempt is an operator's (`requeue`).
             Property::eventually("every committed message is applied", |m: &Outbox, s: &State| {
                 let cut_short = s.now >= m.max_clock;
                 let settled = |(r, &n): (&Row, &u8)| {
-                    r.poison || n >= 1 || (r.state == RowState::Dead && r.attempts >= m.attempts)
+                    r.poison || n >= 1 || (r.state == RowState::Dead && r.tried >= m.attempts)
                 };
                 cut_short || s.rows.iter().zip(&s.applied).all(settled)
             }),
@@ -395,7 +471,10 @@ impl fmt::Display for State {
             .enumerate()
             .map(|(i, r)| {
                 let kind = if r.poison { "poison " } else { "" };
-                format!("{kind}m{i} {:?} token {} attempts {}", r.state, r.token, r.attempts)
+                format!(
+                    "{kind}m{i} {:?} token {} attempts {} tried {}",
+                    r.state, r.token, r.attempts, r.tried
+                )
             })
             .collect();
         let relays: Vec<String> = self
@@ -403,7 +482,7 @@ impl fmt::Display for State {
             .iter()
             .map(|r| match r {
                 Relay::Idle => "idle".to_owned(),
-                Relay::Holding { batch, at, published } => {
+                Relay::Holding { batch, at, published, .. } => {
                     let ids: Vec<String> =
                         batch.iter().map(|(i, l)| format!("m{i}@{}", l.token)).collect();
                     let what = if *published { "marking" } else { "publishing" };

@@ -41,6 +41,9 @@ fn each_outbox_plant_is_caught_by_its_property_with_a_trace() {
             outbox::Plant::BatchWideDeadLetter => "no poison row takes another with it",
             outbox::Plant::InboxWithoutDedup => "a message is applied at most once",
             outbox::Plant::MarkUnfenced => "a delivered row stays delivered",
+            outbox::Plant::AttemptsCountClaims => {
+                "a row dies only after its last attempt was begun"
+            }
         };
         let checked = outbox::check_planted(Some(plant), false);
         assert!(checked.names().contains(&caught_by), "{}: {:?}", plant.name(), checked.names());

@@ -72,8 +72,8 @@ use idemcache::store::encoding::{micros, to_micros};
 use crate::Transaction;
 use idemcache_sql::outbox::decode::{self, RawRow};
 use idemcache_sql::outbox::postgres::{
-    CHANNEL, CLAIM, DELIVERED, ENQUEUE, ENSURE_SCHEMA, FAILED, INSPECT, LISTEN, LIST_DEAD, PURGE,
-    REQUEUE,
+    BEGIN_ATTEMPT, CHANNEL, CLAIM, DELIVERED, ENQUEUE, ENSURE_SCHEMA, FAILED, INSPECT, LISTEN,
+    LIST_DEAD, PURGE, REQUEUE,
 };
 use idemcache_sql::outbox::{check_claim, clip_error};
 
@@ -132,6 +132,18 @@ pub async fn claim_due<C: GenericClient + Sync>(
     let limit = i64::try_from(batch).unwrap_or(i64::MAX);
     let rows = client.query(CLAIM, &[&now_us, &limit, &until]).await.map_err(database)?;
     Ok(decode::claimed_batch(rows.iter().map(raw)))
+}
+
+/// Counts an attempt of the row as its publish begins, if `lease` is still its lease:
+/// [`Mark::Stale`] (nothing changed) otherwise.
+pub async fn begin_attempt<C: GenericClient + Sync>(
+    client: &C,
+    lease: &Lease,
+) -> Result<Mark, OutboxError> {
+    let token = decode::lease_token(lease)?;
+    let changed =
+        client.execute(BEGIN_ATTEMPT, &[&lease.message_id, &token]).await.map_err(database)?;
+    Ok(decode::mark(changed))
 }
 
 /// Marks the row delivered at `now`, if `lease` is still its lease: [`Mark::Stale`]
@@ -256,6 +268,10 @@ impl OutboxStorage for Storage {
         now: SystemTime,
     ) -> Result<Batch, OutboxError> {
         claim_due(&**self.client().await?, batch, lease, now).await
+    }
+
+    async fn begin_attempt(&self, lease: &Lease) -> Result<Mark, OutboxError> {
+        begin_attempt(&**self.client().await?, lease).await
     }
 
     async fn mark_delivered(&self, lease: &Lease, now: SystemTime) -> Result<Mark, OutboxError> {

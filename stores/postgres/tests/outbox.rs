@@ -102,6 +102,18 @@ async fn leases_lapse_to_a_higher_token_keys_keep_order_failures_die_and_purge()
 
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
+async fn a_poison_message_dies_alone() {
+    let Some(db) = Db::new("poison").await else { return };
+    let d = &db;
+    let put = move |messages: Vec<OutboxMessage>| async move {
+        d.put(messages).await;
+    };
+    testing::a_poison_message_dies_alone(&Storage::new(db.pool()), put).await;
+    db.drop().await;
+}
+
+#[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn unreadable_rows_are_corrupt_and_do_not_block_the_others() {
     let Some(db) = Db::new("corrupt").await else { return };
     let d = &db;

@@ -288,15 +288,18 @@ impl State {
 }
 
 /// What a relay holds of a claimed row: the message id, the fencing token its claim
-/// received and the attempt this is (1 for the first claim). Every mark names it; a mark
-/// with a token older than the row's changes nothing ([`Mark::Stale`]).
+/// received and how many publishes of the row were begun before. Every mark names it; a
+/// mark with a token older than the row's changes nothing ([`Mark::Stale`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Lease {
     /// The row's message id.
     pub message_id: String,
     /// The fencing token of this claim: higher than every earlier claim's of the row.
     pub token: u64,
-    /// How many times the row has been claimed, this claim included.
+    /// How many publishes of the row were begun since it was enqueued or requeued, each
+    /// counted as it begins ([`OutboxStorage::begin_attempt`]; the relay then holds
+    /// [`decode::begun`], this one included). A claim counts none: a row that waited
+    /// behind a relay that died without trying it keeps every attempt.
     pub attempts: u32,
 }
 
@@ -329,7 +332,7 @@ pub struct OutboxRow {
     pub message: OutboxMessage,
     /// Where it is in its life.
     pub state: State,
-    /// How many times it was claimed since it was enqueued or requeued.
+    /// How many publishes of it were begun since it was enqueued or requeued.
     pub attempts: u32,
     /// When it is due (pending), or when its lease lapses (leased).
     pub next_attempt_at: SystemTime,

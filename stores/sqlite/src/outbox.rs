@@ -98,8 +98,7 @@ VALUES (?1, ?2, ?3, ?4, ?5, 0, 0, 0, 0, CAST(unixepoch('subsec') * 1000000 AS IN
 
 const CLAIM: &str = "
 UPDATE idemcache_outbox
-SET state = 1, token = token + 1, attempts = attempts + 1,
-    lease_until = ?3, next_attempt_at = ?3
+SET state = 1, token = token + 1, lease_until = ?3, next_attempt_at = ?3
 WHERE seq IN (
     SELECT c.seq FROM idemcache_outbox AS c
     WHERE c.state IN (0, 1) AND c.next_attempt_at <= ?1
@@ -109,6 +108,11 @@ WHERE seq IN (
     ORDER BY c.seq LIMIT ?2)
 RETURNING seq, message_id, topic, payload, headers, aggregate_key, state, attempts,
           next_attempt_at, lease_until, token, last_error, created_at, delivered_at";
+
+const BEGIN_ATTEMPT: &str = "
+UPDATE idemcache_outbox
+SET attempts = CASE WHEN attempts BETWEEN 0 AND 9223372036854775806 THEN attempts + 1 ELSE -1 END
+WHERE message_id = ?1 AND token = ?2 AND state = 1";
 
 const DELIVERED: &str = "
 UPDATE idemcache_outbox SET state = 2, delivered_at = ?3, lease_until = NULL
@@ -179,6 +183,15 @@ pub fn claim_due(
     };
     tx.commit().map_err(database)?;
     Ok(decode::batch(rows))
+}
+
+/// Counts an attempt of the row as its publish begins, if `lease` is still its lease:
+/// [`Mark::Stale`] (nothing changed) otherwise.
+pub fn begin_attempt(conn: &Connection, lease: &Lease) -> Result<Mark, OutboxError> {
+    let token = decode::lease_token(lease)?;
+    let changed =
+        conn.execute(BEGIN_ATTEMPT, params![lease.message_id, token]).map_err(database)?;
+    Ok(decode::mark(changed as u64))
 }
 
 /// Marks the row delivered at `now`, if `lease` is still its lease: [`Mark::Stale`]
@@ -281,6 +294,13 @@ impl OutboxStorage for Storage {
         now: SystemTime,
     ) -> impl std::future::Future<Output = Result<Batch, OutboxError>> + Send {
         std::future::ready(claim_due(&self.connection(), batch, lease, now))
+    }
+
+    fn begin_attempt(
+        &self,
+        lease: &Lease,
+    ) -> impl std::future::Future<Output = Result<Mark, OutboxError>> + Send {
+        std::future::ready(begin_attempt(&self.connection(), lease))
     }
 
     fn mark_delivered(

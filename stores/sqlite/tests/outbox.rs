@@ -15,10 +15,12 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use idemcache::store::block_on;
+use idemcache_sql::outbox::decode;
 use idemcache_sql::outbox::testing::{self, ids, message, t0, FlakyBroker, HandClock};
 use idemcache_sqlite::outbox::{
-    self, claim_due, enqueue, inspect, list_dead, mark_delivered, mark_failed, purge_delivered,
-    relay_loop, requeue, Mark, OutboxError, OutboxMessage, RelaySettings, Retry, Storage,
+    self, begin_attempt, claim_due, enqueue, inspect, list_dead, mark_delivered, mark_failed,
+    purge_delivered, relay_loop, requeue, Mark, OutboxError, OutboxMessage, RelaySettings, Retry,
+    Storage,
 };
 use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
 
@@ -89,14 +91,21 @@ fn a_lapsed_lease_is_claimed_again_under_a_higher_token_and_the_old_one_is_refus
     // The relay that holds it is gone; at the lease's end the row is due again.
     assert!(claim_due(&db, 10, MIN, t0() + MIN - secs(1)).unwrap().claimed.is_empty());
     let new = claim_due(&db, 10, MIN, t0() + MIN).unwrap().claimed.remove(0).lease;
-    assert_eq!((new.token, new.attempts), (2, 2));
+    assert_eq!((new.token, new.attempts), (2, 0), "a claim counts no attempt");
     assert_eq!(mark_delivered(&db, &old, t0() + MIN).unwrap(), Mark::Stale);
+    assert_eq!(begin_attempt(&db, &old).unwrap(), Mark::Stale);
     let retry = Retry::default();
     assert_eq!(mark_failed(&db, &old, "late", t0() + MIN, &retry).unwrap(), Mark::Stale);
     let row = inspect(&db, "m-1").unwrap().unwrap();
     assert_eq!((row.state, row.token, row.last_error), (outbox_state("leased"), 2, None));
     assert_eq!(mark_delivered(&db, &new, t0() + MIN).unwrap(), Mark::Applied);
     assert_eq!(mark_delivered(&db, &new, t0() + MIN).unwrap(), Mark::Stale);
+}
+
+/// Counts the publish `lease` begins, as the relay does: the lease it charges then.
+fn begin(db: &Connection, lease: &outbox::Lease) -> outbox::Lease {
+    assert_eq!(begin_attempt(db, lease).unwrap(), Mark::Applied);
+    decode::begun(lease)
 }
 
 fn outbox_state(name: &str) -> idemcache_sql::outbox::State {
@@ -140,7 +149,8 @@ fn failures_back_off_then_die_and_a_requeued_row_starts_over() {
     for attempt in 1..=3 {
         let batch = claim_due(&db, 1, MIN, now).unwrap();
         let lease = &batch.claimed[0].lease;
-        assert_eq!((lease.message_id.as_str(), lease.attempts), ("m-1", attempt));
+        assert_eq!((lease.message_id.as_str(), lease.attempts), ("m-1", attempt - 1));
+        let lease = &begin(&db, lease);
         let why = format!("no confirm, attempt {attempt}");
         assert_eq!(mark_failed(&db, lease, &why, now, &retry).unwrap(), Mark::Applied);
         let row = inspect(&db, "m-1").unwrap().unwrap();
@@ -164,7 +174,7 @@ fn failures_back_off_then_die_and_a_requeued_row_starts_over() {
     assert!(!requeue(&db, "m-1").unwrap(), "no longer dead");
     assert!(!requeue(&db, "nobody").unwrap());
     let back = claim_due(&db, 10, MIN, now).unwrap();
-    assert_eq!(back.claimed[0].lease.attempts, 1, "a requeued row has its attempts again");
+    assert_eq!(back.claimed[0].lease.attempts, 0, "a requeued row has its attempts again");
     assert_eq!(back.claimed[0].lease.token, 4, "and its tokens still grow");
     assert!(list_dead(&db, 10).unwrap().is_empty());
 }
@@ -177,6 +187,7 @@ fn a_row_whose_relays_keep_dying_runs_out_of_attempts_unpublished() {
     for n in 0..2 {
         let batch = claim_due(&db, 10, MIN, t0() + n * MIN).unwrap();
         assert_eq!(ids(&batch), ["poison"]);
+        begin(&db, &batch.claimed[0].lease);
     }
     let settings = RelaySettings::default()
         .with_lease(MIN)
@@ -190,7 +201,7 @@ fn a_row_whose_relays_keep_dying_runs_out_of_attempts_unpublished() {
             .unwrap();
     assert_eq!((report.claimed, report.dead, broker.calls()), (1, 1, 0));
     let dead = list_dead(&storage.connection(), 10).unwrap();
-    assert_eq!(dead[0].last_error.as_deref(), Some("2 claims lapsed unmarked, out of attempts"));
+    assert_eq!(dead[0].last_error.as_deref(), Some("2 publishes begun, none marked"));
 }
 
 /// A broker that confirms every message but one, whose publish never answers (the
@@ -211,10 +222,9 @@ impl outbox::Publisher for HangsOn {
 }
 
 /// A relay killed while it publishes the poison row leaves the rows behind it in its
-/// batch leased, never tried: their claim counted an attempt all the same. When the
-/// attempts run out, only the row that was in flight (the first unmarked one: a batch
-/// is published in order) is dead; the innocent rows behind it are published. (Before,
-/// every row of the batch was marked dead, "N claims lapsed unmarked", unpublished.)
+/// batch leased, never tried, and uncounted. When the poison row's attempts run out, it
+/// alone is dead; the innocent rows behind it are published. (Before, every row of the
+/// batch was marked dead, unpublished.)
 #[test]
 fn a_poison_row_runs_out_of_attempts_alone_and_the_rows_behind_it_are_published() {
     let mut db = memory();
@@ -313,12 +323,27 @@ fn a_rows_life_as_every_driver_lives_it() {
     block_on(testing::a_rows_life(&storage, put));
 }
 
+/// A poison message dies alone, the rows behind it keep their attempts
+/// (`idemcache_sql::outbox::testing::a_poison_message_dies_alone`).
+#[test]
+fn a_poison_message_dies_alone() {
+    let file = TempDb::new("outbox", "poison");
+    let storage = Storage::new(file.open("wal", secs(5)));
+    outbox::ensure_schema(&storage.connection()).unwrap();
+    let put = |messages: Vec<OutboxMessage>| {
+        put(&mut file.open("wal", secs(5)), &messages);
+        std::future::ready(())
+    };
+    block_on(testing::a_poison_message_dies_alone(&storage, put));
+}
+
 #[test]
 fn a_dead_row_holds_back_its_key_until_requeued_and_delivered() {
     let mut db = memory();
     put(&mut db, &[message("k1").with_aggregate_key("K"), message("k2").with_aggregate_key("K")]);
     let once = Retry::new(secs(1), secs(1), 1).unwrap();
     let lease = claim_due(&db, 10, MIN, t0()).unwrap().claimed.remove(0).lease;
+    let lease = begin(&db, &lease);
     assert_eq!(mark_failed(&db, &lease, "poison", t0(), &once).unwrap(), Mark::Applied);
     assert!(claim_due(&db, 10, MIN, t0() + 1000 * MIN).unwrap().claimed.is_empty());
     assert!(requeue(&db, "k1").unwrap());

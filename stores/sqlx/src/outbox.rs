@@ -53,6 +53,10 @@ macro_rules! pool_storage {
                 claim_from_pool(&self.pool, batch, lease, now).await
             }
 
+            async fn begin_attempt(&self, lease: &Lease) -> Result<Mark, OutboxError> {
+                begin_attempt(&self.pool, lease).await
+            }
+
             async fn mark_delivered(
                 &self,
                 lease: &Lease,

@@ -102,11 +102,11 @@ pub fn row(raw: RawRow) -> Result<(i64, OutboxRow), OutboxError> {
 }
 
 /// A row a claim returned, as the message to publish under its lease. The row must be
-/// leased (the claim just leased it) and claimed at least once.
+/// leased (the claim just leased it) under a token.
 pub fn claimed(raw: RawRow) -> Result<(i64, Claimed), OutboxError> {
     let (seq, row) = row(raw)?;
     let id = row.message.id().to_owned();
-    if row.state != State::Leased || row.attempts == 0 || row.token == 0 {
+    if row.state != State::Leased || row.token == 0 {
         return Err(OutboxError::corrupt(
             &id,
             format_args!(
@@ -168,6 +168,22 @@ pub fn lease_token(lease: &Lease) -> Result<i64, OutboxError> {
         .map_err(|_| OutboxError::InvalidInput(format!("a token of {} is no row's", lease.token)))
 }
 
+/// Whether a claimed row is out of attempts before the relay publishes it: every one of
+/// its `max_attempts` publishes was begun and none was marked (a relay died publishing
+/// it, each time: a poison message that kills its relay). The relay makes it dead
+/// without publishing it. A row whose last publish failed is dead already, and a row
+/// that only waited behind such a one was never counted, so no other row is.
+pub fn out_of_attempts(lease: &Lease, retry: &Retry) -> bool {
+    lease.attempts >= retry.max_attempts()
+}
+
+/// The lease once [`OutboxStorage::begin_attempt`](super::OutboxStorage::begin_attempt)
+/// counted its publish: one attempt more, the one a failure of this publish is charged
+/// with.
+pub fn begun(lease: &Lease) -> Lease {
+    Lease { attempts: lease.attempts.saturating_add(1), ..lease.clone() }
+}
+
 /// The state and due time (microseconds) a failure at `now` leaves a row in: pending
 /// after `retry`'s backoff, or dead after its last attempt.
 pub fn failed_as(lease: &Lease, now: SystemTime, retry: &Retry) -> (State, i64) {
@@ -180,6 +196,7 @@ pub fn failed_as(lease: &Lease, now: SystemTime, retry: &Retry) -> (State, i64) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn leased() -> RawRow {
         RawRow {
@@ -201,6 +218,27 @@ mod tests {
         assert_eq!(seq, 1);
         assert_eq!(c.lease, Lease { message_id: "m-1".into(), token: 1, attempts: 1 });
         assert_eq!(c.message.topic(), "orders");
+    }
+
+    #[test]
+    fn a_claimed_row_no_publish_was_begun_of_is_a_claim() {
+        let (_, c) = claimed(RawRow { attempts: 0, ..leased() }).unwrap();
+        assert_eq!(c.lease.attempts, 0, "a claim counts no attempt");
+        assert_eq!(begun(&c.lease).attempts, 1, "its publish does");
+        let top = Lease { attempts: u32::MAX, ..c.lease };
+        assert_eq!(begun(&top).attempts, u32::MAX, "never wraps to a first attempt");
+    }
+
+    #[test]
+    fn only_a_row_every_attempt_was_begun_of_is_out_of_attempts() {
+        let retry = Retry::new(Duration::from_secs(1), Duration::from_secs(2), 3).unwrap();
+        let lease = |attempts| Lease { message_id: "m".into(), token: 9, attempts };
+        assert!(!out_of_attempts(&lease(0), &retry));
+        assert!(!out_of_attempts(&lease(2), &retry), "its last attempt is still to come");
+        assert!(out_of_attempts(&lease(3), &retry));
+        assert!(out_of_attempts(&lease(7), &retry));
+        let (state, _) = failed_as(&lease(3), SystemTime::UNIX_EPOCH, &retry);
+        assert_eq!(state, State::Dead, "the relay's charge makes it dead");
     }
 
     #[test]

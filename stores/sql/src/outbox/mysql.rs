@@ -94,15 +94,14 @@ WHERE c.state IN (0, 1) AND c.next_attempt_at <= ?
 ORDER BY c.seq LIMIT ?
 FOR UPDATE SKIP LOCKED";
 
-/// Leases `n` picked rows: parameters the lease end (twice), then the `n` seqs. A counter
-/// that is negative or at `i64::MAX` becomes -1, as in PostgreSQL's
+/// Leases `n` picked rows: parameters the lease end (twice), then the `n` seqs. No
+/// attempt is counted ([`BEGIN_ATTEMPT`] counts one as a publish begins). A token that
+/// is negative or at `i64::MAX` becomes -1, as in PostgreSQL's
 /// [`CLAIM`](super::postgres::CLAIM): an overflow would fail every claim.
 pub fn claim_lease(n: usize) -> String {
     format!(
         "UPDATE idemcache_outbox SET state = 1, \
          token = CASE WHEN token BETWEEN 0 AND 9223372036854775806 THEN token + 1 ELSE -1 END, \
-         attempts = CASE WHEN attempts BETWEEN 0 AND 9223372036854775806 \
-                         THEN attempts + 1 ELSE -1 END, \
          lease_until = ?, next_attempt_at = ? WHERE seq IN ({})",
         placeholders(n)
     )
@@ -116,6 +115,14 @@ pub fn claim_read(n: usize) -> String {
 fn placeholders(n: usize) -> String {
     vec!["?"; n.max(1)].join(", ")
 }
+
+/// Counts an attempt of the row (message id, token) as its publish begins, if it is
+/// still leased under that token: parameters message id, token. As PostgreSQL's
+/// [`BEGIN_ATTEMPT`](super::postgres::BEGIN_ATTEMPT).
+pub const BEGIN_ATTEMPT: &str = "
+UPDATE idemcache_outbox
+SET attempts = CASE WHEN attempts BETWEEN 0 AND 9223372036854775806 THEN attempts + 1 ELSE -1 END
+WHERE message_id = ? AND token = ? AND state = 1";
 
 /// Marks the row (message id, token) delivered at the first parameter's time:
 /// parameters delivered-at, message id, token.

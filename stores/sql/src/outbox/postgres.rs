@@ -154,17 +154,16 @@ pub const KEY_LOCK_CLASS: i32 = 0x6964_6f62;
 
 /// Leases up to `$2` due rows, oldest first, skipping rows another claim holds: a row is
 /// due when pending or leased with `next_attempt_at <= $1` (now) and no earlier row of
-/// its aggregate key is undelivered. Each gets `token + 1`, `attempts + 1` and a lease to
-/// `$3`. Returns the leased rows' columns (in no particular order). A counter that is
-/// negative or at `i64::MAX` (written by hand) becomes -1 rather than overflow, which
-/// would fail every claim: the row reads as corrupt, and is reported at each claim.
+/// its aggregate key is undelivered. Each gets `token + 1` and a lease to `$3` (no
+/// attempt: [`BEGIN_ATTEMPT`] counts one as its publish begins). Returns the leased rows'
+/// columns (in no particular order). A token that is negative or at `i64::MAX` (written
+/// by hand) becomes -1 rather than overflow, which would fail every claim: the row reads
+/// as corrupt, and is reported at each claim.
 pub const CLAIM: &str = concat!(
     "
 UPDATE idemcache_outbox AS o
 SET state = 1,
     token = CASE WHEN o.token BETWEEN 0 AND 9223372036854775806 THEN o.token + 1 ELSE -1 END,
-    attempts = CASE WHEN o.attempts BETWEEN 0 AND 9223372036854775806
-                    THEN o.attempts + 1 ELSE -1 END,
     lease_until = $3::bigint, next_attempt_at = $3::bigint
 FROM (
     SELECT c.seq FROM idemcache_outbox AS c
@@ -178,6 +177,14 @@ WHERE o.seq = due.seq
 RETURNING ",
     columns!("o")
 );
+
+/// Counts an attempt of `$1`'s row as its publish begins, if it is leased under token
+/// `$2`; one row affected or none (stale: another claim took it, and publishes it). A
+/// counter at `i64::MAX` or below zero becomes -1 (the row reads as corrupt).
+pub const BEGIN_ATTEMPT: &str = "
+UPDATE idemcache_outbox
+SET attempts = CASE WHEN attempts BETWEEN 0 AND 9223372036854775806 THEN attempts + 1 ELSE -1 END
+WHERE message_id = $1::text AND token = $2::bigint AND state = 1";
 
 /// Marks `$1`'s row delivered at `$3` if it is leased under token `$2`; one row affected
 /// or none (stale).

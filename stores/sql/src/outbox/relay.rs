@@ -15,14 +15,16 @@
 //!
 //! # Publishing order and leases
 //!
-//! A batch is published one message at a time, in enqueue order. The lease must outlast
-//! the batch's publishing (batch size times a publish's worst latency): a lease that
-//! lapses mid-batch lets another relay claim and publish the same rows meanwhile (the
-//! first relay's marks are then refused as stale), which is safe but wasteful. The
-//! relay publishes the rest of such a batch all the same, late: leaving a row
-//! unpublished would not give back the attempt its claim counted, and a slow broker
-//! would then make rows dead that were never published (worse than a duplicate, which
-//! the inbox absorbs).
+//! A batch is published one message at a time, in enqueue order, and each publish is
+//! counted as it begins ([`OutboxStorage::begin_attempt`], fenced by the lease): a
+//! row's attempts are the publishes begun of it, never the claims that leased it. So a
+//! relay that dies mid-batch charges an attempt to the row it was publishing and to no
+//! row behind it, and a row out of attempts at its claim was being published, each
+//! time, by a relay that died (a poison message): it is made dead without a publish,
+//! and no other row is. The lease must outlast the batch's publishing (batch size times
+//! a publish's worst latency): a lease that lapses mid-batch lets another relay claim
+//! the rest; the first relay's count of such a row is then refused as stale and it
+//! skips the row, while a row nobody claimed meanwhile it still publishes, late.
 
 use std::convert::Infallible;
 use std::error::Error;
@@ -32,7 +34,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use super::{check_claim, Batch, Lease, Mark, Next, OutboxError, OutboxMessage, Retry};
+use super::{check_claim, decode, Batch, Lease, Mark, Next, OutboxError, OutboxMessage, Retry};
 
 /// A broker: publishes a message and answers once the broker confirmed it (a publisher
 /// confirm, a JetStream ack), or with why not.
@@ -93,6 +95,15 @@ pub trait OutboxStorage {
         lease: Duration,
         now: SystemTime,
     ) -> impl Future<Output = Result<Batch, OutboxError>> + Send;
+
+    /// Counts an attempt of the leased row as its publish begins, if `lease` is still its
+    /// lease: [`Mark::Stale`] when another claim took it (the relay then skips it). The
+    /// relay calls it before each publish, and charges a failure with the attempt it
+    /// counted ([`decode::begun`]).
+    fn begin_attempt(
+        &self,
+        lease: &Lease,
+    ) -> impl Future<Output = Result<Mark, OutboxError>> + Send;
 
     /// Marks the leased row delivered at `now`, if `lease` is still its lease.
     fn mark_delivered(
@@ -206,15 +217,18 @@ pub struct BatchReport {
     pub retried: usize,
     /// Rows whose publish failed for the last time: dead.
     pub dead: usize,
-    /// Rows whose mark was refused: their lease lapsed and another claim took them.
+    /// Rows whose count or mark was refused: their lease lapsed and another claim took
+    /// them.
     pub stale: usize,
-    /// The rows that could not be read, and the marks the database failed (their rows
-    /// stay leased, and are due again when the lease lapses).
+    /// The rows that could not be read, and the counts and marks the database failed
+    /// (their rows stay leased, and are due again when the lease lapses).
     pub errors: Vec<OutboxError>,
 }
 
-/// Claims one batch and publishes it: each row is marked delivered once `publisher`
-/// confirmed it, failed otherwise. `clock` is read for the claim and for each mark.
+/// Claims one batch and publishes it: each row's attempt is counted, then it is marked
+/// delivered once `publisher` confirmed it, failed otherwise; a row out of attempts
+/// ([`decode::out_of_attempts`]) is made dead unpublished. `clock` is read for the claim
+/// and for each mark.
 /// An `Err` is the claim's (nothing was leased); a mark's failure is in the report.
 pub async fn relay_batch<S, P, C>(
     storage: &S,
@@ -233,27 +247,33 @@ where
         errors: batch.unreadable,
         ..BatchReport::default()
     };
-    // Whether a row of this batch was charged with its lapsed claims: at most one is.
-    let mut charged = false;
     for claimed in batch.claimed {
-        let lease = &claimed.lease;
-        if lease.attempts > settings.retry.max_attempts() && !charged {
-            // Its earlier leases lapsed unmarked (a relay died publishing it, every
-            // time): a poison message runs out of attempts too, without a publish.
-            // Only the first such row is: a batch is published in order, so of the
-            // rows a dead relay left leased, only the first was in flight, and the
-            // ones behind it (whose claims counted attempts too) were never tried.
-            // They are published; one that fails now dies by its attempts, as usual.
-            charged = true;
-            let why = format!("{} claims lapsed unmarked, out of attempts", lease.attempts - 1);
+        if decode::out_of_attempts(&claimed.lease, &settings.retry) {
+            // Each of its publishes was begun and none was marked: a relay died
+            // publishing it, every time (a poison message). Dead, without a publish.
+            let why = format!("{} publishes begun, none marked", claimed.lease.attempts);
             let now = clock();
-            match storage.mark_failed(lease, &why, now, &settings.retry).await {
+            match storage.mark_failed(&claimed.lease, &why, now, &settings.retry).await {
                 Ok(Mark::Applied) => report.dead += 1,
                 Ok(Mark::Stale) => report.stale += 1,
                 Err(e) => report.errors.push(e),
             }
             continue;
         }
+        match storage.begin_attempt(&claimed.lease).await {
+            Ok(Mark::Applied) => {}
+            // Another claim took it (this lease lapsed): that relay publishes it.
+            Ok(Mark::Stale) => {
+                report.stale += 1;
+                continue;
+            }
+            // Uncounted, so unpublished: it is due again when its lease lapses.
+            Err(e) => {
+                report.errors.push(e);
+                continue;
+            }
+        }
+        let lease = &decode::begun(&claimed.lease);
         let (marked, failed_as) = match publisher.publish(&claimed.message).await {
             Ok(()) => (storage.mark_delivered(lease, clock()).await, None),
             Err(error) => {
@@ -379,6 +399,13 @@ mod tests {
                 }),
             })
         }
+        fn begin_attempt(
+            &self,
+            lease: &Lease,
+        ) -> impl Future<Output = Result<Mark, OutboxError>> + Send {
+            self.log.lock().unwrap().push(format!("begin {}", lease.message_id));
+            std::future::ready(Ok(Mark::Applied))
+        }
         fn mark_delivered(
             &self,
             lease: &Lease,
@@ -453,9 +480,10 @@ mod tests {
         assert_eq!(*reports.borrow(), ["2/1/1"]);
         assert!(waits.borrow().is_empty(), "no wait after a full batch");
         let logged = log.lock().unwrap().clone();
-        let published = ["claim 2", "publish a", "delivered a", "publish bad"];
-        assert_eq!(logged[..4], published, "delivered only after the broker confirmed");
-        assert_eq!(logged[4], "failed bad: publishing failed: nack");
+        let published =
+            ["claim 2", "begin a", "publish a", "delivered a", "begin bad", "publish bad"];
+        assert_eq!(logged[..6], published, "counted first, delivered once confirmed");
+        assert_eq!(logged[6], "failed bad: publishing failed: nack");
         for _ in 0..3 {
             assert!(relay.as_mut().poll(&mut cx).is_pending());
         }

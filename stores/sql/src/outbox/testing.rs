@@ -3,7 +3,8 @@
 //! ([`HandClock`]), and the scenarios written once for every driver: what an enqueue
 //! promises ([`enqueue_commits_with_the_change_byte_for_byte`]), the largest headers
 //! ([`the_largest_headers_check_accepts_are_read_back_as_enqueued`]), a row's whole life
-//! through [`OutboxStorage`] and [`OutboxAdmin`] ([`a_rows_life`], on any executor),
+//! through [`OutboxStorage`] and [`OutboxAdmin`] ([`a_rows_life`], on any executor), a
+//! poison message's death ([`a_poison_message_dies_alone`], on any executor),
 //! rows it cannot read ([`unreadable_rows_are_corrupt_and_hold_back_no_other`]),
 //! relays claiming at once beside enqueues
 //! ([`concurrent_relays_never_lease_one_row_nor_hold_up_an_enqueue`], on tokio) and a
@@ -24,8 +25,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    relay_loop, Batch, Mark, OutboxAdmin, OutboxError, OutboxMessage, OutboxStorage, PublishError,
-    Publisher, RelaySettings, Retry, State,
+    decode, relay_batch, relay_loop, Batch, Mark, OutboxAdmin, OutboxError, OutboxMessage,
+    OutboxStorage, PublishError, Publisher, RelaySettings, Retry, State,
 };
 
 /// How long a scenario waits for an instant before it calls it a hang: a failure guard,
@@ -50,7 +51,7 @@ pub fn ids(batch: &Batch) -> Vec<&str> {
 /// What an enqueue promises on every engine, on an empty outbox: an enqueue rolled back
 /// leaves nothing; ids are compared byte for byte (case, or a trailing space, makes
 /// another message); a committed row is claimed once, read back as enqueued under its
-/// first lease (token 1, attempt 1), and not again within the lease; the lease's first
+/// first lease (token 1, no attempt begun), and not again within the lease; the lease's first
 /// mark applies and a second is `Stale`; a duplicate id is `Duplicate` naming it and
 /// changes nothing; an empty id is `InvalidInput`. `put` enqueues its messages in one
 /// committed transaction; `rolled_back` enqueues one message in a transaction it then
@@ -76,7 +77,7 @@ pub async fn enqueue_commits_with_the_change_byte_for_byte<S, P, PF, R, RF>(
     assert_eq!(ids(&first), ["m-1", "M-1", "m-1 "], "three messages, in enqueue order");
     let claimed = &first.claimed[0];
     assert_eq!(claimed.message, message("m-1"), "read back as enqueued, headers included");
-    assert_eq!((claimed.lease.token, claimed.lease.attempts), (1, 1));
+    assert_eq!((claimed.lease.token, claimed.lease.attempts), (1, 0), "a claim counts none");
     let within = storage.claim_due(10, min, t0() + min - Duration::from_secs(1)).await.unwrap();
     assert!(within.claimed.is_empty(), "claimed once within its lease");
     assert_eq!(storage.mark_delivered(&claimed.lease, t0()).await.unwrap(), Mark::Applied);
@@ -113,8 +114,9 @@ pub async fn the_largest_headers_check_accepts_are_read_back_as_enqueued<S, P, P
     assert_eq!(storage.inspect("big").await.unwrap().unwrap().message, big);
 }
 
-/// A row's whole life, on an empty outbox: a lease lapses and the row is claimed again
-/// under a higher token with one more attempt, and the old token's marks are `Stale`;
+/// A row's whole life, on an empty outbox: a publish begun counts an attempt, its lease
+/// lapses and the row is claimed again under a higher token with that attempt, and the
+/// old token's count and marks are `Stale`;
 /// rows of one aggregate key go one at a time, in order; a failure backs off (doubled,
 /// capped) and the last attempt's failure makes the row dead, listed with its error and
 /// holding back its key; a requeued row starts over (once: a second requeue changes
@@ -134,12 +136,17 @@ where
     let first = storage.claim_due(10, min, t0()).await.unwrap();
     assert_eq!(ids(&first), ["k1", "n1"], "k2 waits behind k1");
     let old = first.claimed[0].lease.clone();
+    assert_eq!(storage.begin_attempt(&old).await.unwrap(), Mark::Applied);
     let early = storage.claim_due(10, min, t0() + min - secs(1)).await.unwrap();
     assert!(early.claimed.is_empty(), "nothing is due before the leases lapse");
     let again = storage.claim_due(10, min, t0() + min).await.unwrap();
     assert_eq!(ids(&again), ["k1", "n1"]);
     let new = again.claimed[0].lease.clone();
-    assert_eq!((new.token, new.attempts), (2, 2));
+    assert_eq!((new.token, new.attempts), (2, 1), "the attempt begun, not the claims");
+    assert_eq!(again.claimed[1].lease.attempts, 0, "n1 was never tried");
+    assert_eq!(storage.begin_attempt(&old).await.unwrap(), Mark::Stale);
+    assert_eq!(storage.begin_attempt(&new).await.unwrap(), Mark::Applied);
+    let new = decode::begun(&new);
     assert_eq!(storage.mark_delivered(&old, t0() + min).await.unwrap(), Mark::Stale);
     let retry = Retry::new(secs(10), secs(15), 3).unwrap();
     assert_eq!(storage.mark_failed(&old, "late", t0(), &retry).await.unwrap(), Mark::Stale);
@@ -151,7 +158,10 @@ where
     let third = storage.claim_due(10, min, t0() + min + secs(15)).await.unwrap();
     assert_eq!(ids(&third), ["k1"], "n1 is still leased");
     let lease = &third.claimed[0].lease;
-    assert_eq!(lease.attempts, 3);
+    assert_eq!(lease.attempts, 2);
+    assert_eq!(storage.begin_attempt(lease).await.unwrap(), Mark::Applied);
+    let lease = &decode::begun(lease);
+    assert_eq!(storage.inspect("k1").await.unwrap().unwrap().attempts, 3);
     let died = storage.mark_failed(lease, "still down", t0(), &retry).await.unwrap();
     assert_eq!(died, Mark::Applied);
     let dead = storage.list_dead(10).await.unwrap();
@@ -166,7 +176,7 @@ where
     assert!(!storage.requeue("k1").await.unwrap(), "a pending row is not requeued");
     let back = storage.claim_due(10, min, t0()).await.unwrap();
     assert_eq!(ids(&back), ["k1"]);
-    assert_eq!(back.claimed[0].lease.attempts, 1, "attempts start over");
+    assert_eq!(back.claimed[0].lease.attempts, 0, "attempts start over");
     let k1 = storage.mark_delivered(&back.claimed[0].lease, t0() + secs(10)).await.unwrap();
     assert_eq!(k1, Mark::Applied);
     let k2 = storage.claim_due(10, min, t0()).await.unwrap();
@@ -179,6 +189,54 @@ where
     assert_eq!(storage.purge_delivered(t0() + secs(30), 5).await.unwrap(), 1);
     assert!(storage.inspect("k1").await.unwrap().is_none());
     assert!(storage.inspect("k2").await.unwrap().is_some(), "undelivered rows stay");
+}
+
+/// A poison message (its publish kills the relay, every time) dies alone and
+/// unpublished once each of its attempts was begun, and the rows claimed behind it,
+/// never tried, keep theirs, on an empty outbox: `poison`, `good-1` and `good-2`, three
+/// attempts each, batches of two. Three relays claim `poison` and `good-1`, begin
+/// `poison`'s publish and die; a fourth finds `poison` out of attempts (`good-1` not),
+/// makes it dead and dies before publishing `good-1` (the instant a count of claims
+/// would have made `good-1` dead unpublished in the next claim); the next relay
+/// ([`relay_batch`]) publishes `good-1` and `good-2` and makes nothing dead. `put`
+/// enqueues in one committed transaction.
+pub async fn a_poison_message_dies_alone<S, P, PF>(storage: &S, put: P)
+where
+    S: OutboxStorage + OutboxAdmin,
+    P: Fn(Vec<OutboxMessage>) -> PF,
+    PF: Future<Output = ()>,
+{
+    let (lease, secs) = (Duration::from_secs(60), Duration::from_secs);
+    let retry = Retry::new(secs(1), secs(4), 3).expect("a valid retry");
+    put(vec![message("poison"), message("good-1"), message("good-2")]).await;
+    let mut now = t0();
+    for _ in 0..3 {
+        let batch = storage.claim_due(2, lease, now).await.unwrap();
+        assert_eq!(ids(&batch), ["poison", "good-1"]);
+        assert_eq!(storage.begin_attempt(&batch.claimed[0].lease).await.unwrap(), Mark::Applied);
+        now += lease; // the relay died publishing `poison`: its leases lapse
+    }
+    let batch = storage.claim_due(2, lease, now).await.unwrap();
+    let (poison, good) = (&batch.claimed[0].lease, &batch.claimed[1].lease);
+    assert_eq!((poison.attempts, good.attempts), (3, 0), "good-1 was never tried");
+    assert!(decode::out_of_attempts(poison, &retry) && !decode::out_of_attempts(good, &retry));
+    assert_eq!(storage.mark_failed(poison, "died", now, &retry).await.unwrap(), Mark::Applied);
+    now += lease; // and this relay died before publishing `good-1`
+
+    let broker = FlakyBroker::new(0, None);
+    let settings = RelaySettings::default()
+        .with_batch(2)
+        .and_then(|s| s.with_lease(lease))
+        .expect("valid settings")
+        .with_retry(retry);
+    let report = relay_batch(storage, &broker, &settings, &mut || now).await.unwrap();
+    assert_eq!((report.claimed, report.delivered, report.dead), (2, 2, 0), "{report:?}");
+    assert_eq!(broker.confirmed(), ["good-1", "good-2"]);
+    let dead = storage.inspect("poison").await.unwrap().unwrap();
+    assert_eq!((dead.state, dead.attempts), (State::Dead, 3));
+    assert!(broker.confirmed().iter().all(|id| id != "poison"), "never published");
+    let good = storage.inspect("good-1").await.unwrap().unwrap();
+    assert_eq!((good.state, good.attempts), (State::Delivered, 1), "its one publish");
 }
 
 /// Rows the outbox cannot read are `Corrupt` naming them, never a panic, and hold back

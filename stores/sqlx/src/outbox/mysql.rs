@@ -15,8 +15,8 @@ use sqlx::{AssertSqlSafe, Connection, Executor, MySql, MySqlConnection, MySqlPoo
 use idemcache::store::encoding::{micros, to_micros};
 use idemcache_sql::outbox::decode::{self, RawRow};
 use idemcache_sql::outbox::mysql::{
-    claim_lease, claim_read, CLAIM_ISOLATION, CLAIM_PICK, DELIVERED, ENQUEUE, FAILED, INSPECT,
-    KEY_LOCK, LIST_DEAD, PURGE, REQUEUE,
+    claim_lease, claim_read, BEGIN_ATTEMPT, CLAIM_ISOLATION, CLAIM_PICK, DELIVERED, ENQUEUE,
+    FAILED, INSPECT, KEY_LOCK, LIST_DEAD, PURGE, REQUEUE,
 };
 use idemcache_sql::outbox::{check_claim, clip_error};
 
@@ -123,6 +123,20 @@ pub async fn claim_due(
     }
     tx.commit().await.map_err(database)?;
     Ok(decode::claimed_batch(rows.iter().map(raw)))
+}
+
+/// Counts an attempt of the row as its publish begins, if `lease` is still its lease.
+pub async fn begin_attempt<'e, E>(executor: E, lease: &Lease) -> Result<Mark, OutboxError>
+where
+    E: Executor<'e, Database = MySql>,
+{
+    let done = sqlx::query(BEGIN_ATTEMPT)
+        .bind(id(&lease.message_id))
+        .bind(decode::lease_token(lease)?)
+        .execute(executor)
+        .await
+        .map_err(database)?;
+    Ok(decode::mark(done.rows_affected()))
 }
 
 /// Marks the row delivered at `now`, if `lease` is still its lease.

@@ -16,7 +16,8 @@ use sqlx::{Executor, PgPool, Postgres, Transaction};
 use idemcache::store::encoding::{micros, to_micros};
 use idemcache_sql::outbox::decode::{self, RawRow};
 use idemcache_sql::outbox::postgres::{
-    CLAIM, DELIVERED, ENQUEUE, ENSURE_SCHEMA, FAILED, INSPECT, LIST_DEAD, PURGE, REQUEUE,
+    BEGIN_ATTEMPT, CLAIM, DELIVERED, ENQUEUE, ENSURE_SCHEMA, FAILED, INSPECT, LIST_DEAD, PURGE,
+    REQUEUE,
 };
 use idemcache_sql::outbox::{check_claim, clip_error};
 
@@ -83,6 +84,20 @@ where
         .await
         .map_err(database)?;
     Ok(decode::claimed_batch(rows.iter().map(raw)))
+}
+
+/// Counts an attempt of the row as its publish begins, if `lease` is still its lease.
+pub async fn begin_attempt<'e, E>(executor: E, lease: &Lease) -> Result<Mark, OutboxError>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    let done = sqlx::query(BEGIN_ATTEMPT)
+        .bind(&lease.message_id)
+        .bind(decode::lease_token(lease)?)
+        .execute(executor)
+        .await
+        .map_err(database)?;
+    Ok(decode::mark(done.rows_affected()))
 }
 
 /// Marks the row delivered at `now`, if `lease` is still its lease.

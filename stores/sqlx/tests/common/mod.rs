@@ -411,6 +411,18 @@ macro_rules! outbox_suite {
 
         #[tokio::test]
         #[ignore = $needs]
+        async fn a_poison_message_dies_alone() {
+            let Some(db) = Db::new("poison").await else { return };
+            let pool = db.pool().await;
+            let d = &db;
+            let put = move |messages| put_into(d, messages);
+            testing::a_poison_message_dies_alone(&Storage::new(pool.clone()), put).await;
+            pool.close().await;
+            db.drop().await;
+        }
+
+        #[tokio::test]
+        #[ignore = $needs]
         async fn unreadable_rows_are_corrupt_and_do_not_block_the_others() {
             let Some(db) = Db::new("corrupt").await else { return };
             let pool = db.pool().await;
