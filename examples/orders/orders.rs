@@ -54,8 +54,8 @@
 //! - `ORDERS_HISTORY`: a file each execution appends to: `KEY\tTOKEN` (the client's key
 //!   and its claim's fencing token) at its start, before its effect, and
 //!   `KEY\tTOKEN\tcommitted` once the order it inserted committed (not when the backstop
-//!   answered an existing one; lost if the process dies between the commit and the
-//!   line), each line with one `write` (several instances may share the file): the
+//!   answered an existing one; missing if the process dies between the commit and the
+//!   line, or the commit's answer is lost with its connection), each line with one `write` (several instances may share the file): the
 //!   executions the fault run's history check reads (`.ci/model --history`). Over a
 //!   durable store only: the cache's claims carry no token, and nothing is written.
 //!
@@ -346,7 +346,8 @@ async fn create_order(
     };
     match created {
         Ok(answer) => {
-            // After the commit: an execution killed before this line committed unlogged.
+            // After the commit: one killed before this line, or whose commit's answer was
+            // lost with its connection (an error here), committed unlogged.
             if let (Some(file), Some(token), true) = (&app.history, token, answer.inserted) {
                 if let Err(e) = log_execution(file, &key_logged, token, "\tcommitted") {
                     eprintln!("could not log the execution's commit: {e}");

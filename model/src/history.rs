@@ -49,7 +49,8 @@ pub struct KeyHistory {
     /// The tokens of its executions, as logged at their start.
     pub executions: Vec<u64>,
     /// The tokens of the executions that logged their order's commit (an execution
-    /// killed between the commit and the line is not among them).
+    /// killed between the commit and the line, or whose commit's answer was lost with
+    /// its connection, is not among them).
     pub committed: Vec<u64>,
     /// The order the database committed for it, if any.
     pub row: Option<i64>,

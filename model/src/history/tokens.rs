@@ -17,7 +17,8 @@ use super::History;
 pub struct Tokens {
     /// Executions logged at their start.
     pub executions: usize,
-    /// Commits logged (an execution killed between its commit and the line is not).
+    /// Commits logged (not an execution killed between its commit and the line, nor one
+    /// whose commit's answer was lost with its connection).
     pub commits: usize,
     /// Keys whose committed token was compared with their executions'.
     pub judged: usize,
