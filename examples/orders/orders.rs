@@ -51,6 +51,13 @@
 //!   `reqwest-retry` without a key instead, the comparison of `.ci/two-services`;
 //!   `ORDERS_PAYMENTS_TIMEOUT_MS` (each attempt, default 2000) and
 //!   `ORDERS_PAYMENTS_DEADLINE_MS` (no retry after it, default 10000) bound the call.
+//! - `ORDERS_HISTORY`: a file each execution appends to: `KEY\tTOKEN` (the client's key
+//!   and its claim's fencing token) at its start, before its effect, and
+//!   `KEY\tTOKEN\tcommitted` once the order it inserted committed (not when the backstop
+//!   answered an existing one; missing if the process dies between the commit and the
+//!   line, or the commit's answer is lost with its connection), each line with one `write` (several instances may share the file): the
+//!   executions the fault run's history check reads (`.ci/model --history`). Over a
+//!   durable store only: the cache's claims carry no token, and nothing is written.
 //!
 //! Two instances over one PostgreSQL holding both the orders and their records:
 //!
@@ -102,6 +109,8 @@ struct App {
     outbox: Option<Arc<str>>,
     /// `ORDERS_PAYMENTS`: the payments service each new order is charged by, if any.
     payments: Option<Arc<charge::Payments>>,
+    /// `ORDERS_HISTORY`: the file each execution's key and token are appended to.
+    history: Option<Arc<std::fs::File>>,
 }
 
 /// Where the orders table lives.
@@ -245,6 +254,8 @@ struct Answer {
     status: StatusCode,
     headers: HeaderMap,
     body: Vec<u8>,
+    /// This execution inserted the order (not the backstop's answer of an existing one).
+    inserted: bool,
 }
 
 impl Answer {
@@ -255,7 +266,7 @@ impl Answer {
             headers.insert(header::LOCATION, location);
         }
         let body = json!({ "id": id, "item": item, "qty": qty }).to_string().into_bytes();
-        Answer { status: StatusCode::CREATED, headers, body }
+        Answer { status: StatusCode::CREATED, headers, body, inserted: false }
     }
 
     fn key_reused() -> Answer {
@@ -266,6 +277,7 @@ impl Answer {
             status: StatusCode::UNPROCESSABLE_ENTITY,
             headers,
             body: body.to_string().into_bytes(),
+            inserted: false,
         }
     }
 
@@ -298,6 +310,15 @@ async fn create_order(
     let (Some(user), Ok(Some(key))) = (bearer(&headers), client_key(&headers)) else {
         return StatusCode::BAD_REQUEST.into_response();
     };
+    // Before any effect, so that an execution killed at any later instant is logged.
+    let token = held.as_ref().map(|Extension(held)| held.claim().token().get());
+    let key_logged = key.clone();
+    if let (Some(file), Some(token)) = (&app.history, token) {
+        if let Err(e) = log_execution(file, &key, token, "") {
+            eprintln!("could not log the execution: {e}");
+            return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+        }
+    }
     if !app.delay.is_zero() {
         tokio::time::sleep(app.delay).await;
     }
@@ -324,13 +345,36 @@ async fn create_order(
         }
     };
     match created {
-        Ok(answer) => answer.into_response(),
+        Ok(answer) => {
+            // After the commit: one killed before this line, or whose commit's answer was
+            // lost with its connection (an error here), committed unlogged.
+            if let (Some(file), Some(token), true) = (&app.history, token, answer.inserted) {
+                if let Err(e) = log_execution(file, &key_logged, token, "\tcommitted") {
+                    eprintln!("could not log the execution's commit: {e}");
+                }
+            }
+            answer.into_response()
+        }
         // A 5xx releases the key (nothing committed): the client's retry runs again.
         Err(e) => {
             eprintln!("order failed: {}", one_line(&*e));
             StatusCode::INTERNAL_SERVER_ERROR.into_response()
         }
     }
+}
+
+/// Appends `KEY\tTOKEN` and `tail` to the execution log (`ORDERS_HISTORY`). One
+/// `write_all` of the whole line on a file opened for appending and not buffered: the
+/// line reaches the kernel whole before the handler goes on, so a `kill -9` after it
+/// cannot lose it, and the instances sharing the file cannot interleave their lines.
+fn log_execution(
+    mut file: &std::fs::File,
+    key: &str,
+    token: u64,
+    tail: &str,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    file.write_all(format!("{key}\t{token}{tail}\n").as_bytes())
 }
 
 /// The outbox message announcing the new order `id`: a payment of `qty` to the user's
@@ -366,7 +410,7 @@ fn sqlite_order(
             if let Some(topic) = outbox {
                 idemcache_sqlite::outbox::enqueue(&tx, &order_message(topic, id, user, order))?;
             }
-            Answer::created(id, &order.item, order.qty)
+            Answer { inserted: true, ..Answer::created(id, &order.item, order.qty) }
         }
         None => {
             let found = tx.query_row(
@@ -413,7 +457,7 @@ async fn postgres_order(
                 let message = order_message(topic, id, user, order);
                 idemcache_postgres::outbox::enqueue(&tx, &message).await?;
             }
-            Answer::created(id, &order.item, order.qty)
+            Answer { inserted: true, ..Answer::created(id, &order.item, order.qty) }
         }
         None => {
             let row = tx
@@ -566,7 +610,14 @@ async fn serve() -> Result<(), Box<dyn std::error::Error>> {
         _ => None,
     };
     let payments = charge::Payments::from_env(env_number)?.map(Arc::new);
-    let app = App { orders, delay, together, outbox, payments };
+    let history = match std::env::var("ORDERS_HISTORY") {
+        Ok(path) if !path.is_empty() => {
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(&path);
+            Some(Arc::new(doing(file, || format!("could not open ORDERS_HISTORY {path}"))?))
+        }
+        _ => None,
+    };
+    let app = App { orders, delay, together, outbox, payments, history };
     // ANCHOR: prometheus
     let prometheus = doing(PrometheusBuilder::new().install_recorder(), || {
         "could not install the metrics recorder".to_owned()

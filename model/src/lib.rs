@@ -3,6 +3,8 @@
 //! across processes, the lapse policies, the one-commit transaction, reconcile) and
 //! [`outbox`] (the relay's leases, fencing and attempts, a poison row, the consumer's
 //! inbox). `.ci/model` runs both (VERIFICATION.md, "The protocols, model-checked").
+//! [`history`] checks the histories of the real fault run against the same promises
+//! (`.ci/model --history DIR`).
 //!
 //! Invariant: each model's transitions decide through the drivers' own functions,
 //! unchanged unless a planted defect is named; what a model writes by hand is what SQL
@@ -14,6 +16,7 @@ use std::hash::Hash;
 use stateright::{Checker, Model};
 
 pub mod claim;
+pub mod history;
 pub mod outbox;
 
 /// What a check found: the unique states explored, and each property violated with its

@@ -6,10 +6,18 @@
 //! the configuration that shows that defect with it planted, and exits 1 after printing
 //! the counterexample the checker found (exit 2 if it found none: the properties are
 //! blind to it). `--deep` checks larger bounds (the full tier).
+//!
+//! `--history DIR [--after-commit]` checks a fault run's history instead
+//! ([`idemcache_model::history`]; `.ci/faults` writes DIR): one line per property, a
+//! counterexample for each violation, and last `history: K keys, O operations,
+//! linearizable; tokens grow` (exit 0), or `..., violated: ...` (exit 1); exit 64 if the
+//! history cannot be read. `--after-commit` checks it as records written after the order
+//! commits allow (records in Redis), not as the one-commit run promises.
 
 use std::process::ExitCode;
 
-use idemcache_model::{claim, outbox, Checked};
+use idemcache_model::history::spec::Mode;
+use idemcache_model::{claim, history, outbox, Checked};
 use stateright::Model;
 
 /// Prints what `checked` found; its exit code.
@@ -28,6 +36,29 @@ fn report(checked: &Checked, properties: usize) -> ExitCode {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let deep = args.iter().any(|a| a == "--deep");
+    if let Some(at) = args.iter().position(|a| a == "--history") {
+        let dir = std::path::Path::new(args.get(at + 1).map_or("", String::as_str));
+        let mode = if args.iter().any(|a| a == "--after-commit") {
+            Mode::AfterCommit
+        } else {
+            Mode::Together
+        };
+        return match history::files::read(dir) {
+            Ok(read) => {
+                let checked = history::check(&read, mode);
+                print!("{}", checked.report());
+                if checked.holds() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Err(why) => {
+                eprintln!("history: cannot read {}: {why}", dir.display());
+                ExitCode::from(64)
+            }
+        };
+    }
     let names = || {
         let claims = claim::Plant::ALL.map(claim::Plant::name);
         claims.into_iter().chain(outbox::Plant::ALL.map(outbox::Plant::name))
