@@ -142,6 +142,8 @@ pub struct State {
     pub delivered_changed: bool,
     /// A row was marked failed by another row's failed publish.
     pub failed_by_another: bool,
+    /// A row was given up unpublished before its last attempt was begun.
+    pub given_up_early: bool,
 }
 
 /// The model: its bounds and configuration.
@@ -247,6 +249,9 @@ impl Outbox {
             decode::out_of_attempts(&lease, &retry)
         };
         if out {
+            if state.rows[i].tried < self.attempts {
+                state.given_up_early = true;
+            }
             if let Relay::Holding { charged, .. } = &mut state.relays[n] {
                 *charged = true;
             }
@@ -375,6 +380,7 @@ impl Model for Outbox {
             seen: 0,
             delivered_changed: false,
             failed_by_another: false,
+            given_up_early: false,
         }]
     }
 
@@ -449,6 +455,14 @@ impl Model for Outbox {
                     s.rows.iter().all(|r| r.state != RowState::Dead || r.tried >= m.attempts)
                 },
             ),
+            Property::always(
+                "a row is given up unpublished only after its last attempt was begun",
+                |_: &Outbox, s: &State| !s.given_up_early,
+            ),
+            Property::always(
+                "no row has more publishes begun than its attempts",
+                |m: &Outbox, s: &State| s.rows.iter().all(|r| r.tried <= m.attempts),
+            ),
             // Judged where a run ends: within the clock's bound (a run the bound cut short,
             // with a row still waiting for time, is not judged).
             // A message dead after its last attempt is an operator's (`requeue`).
@@ -507,7 +521,7 @@ pub fn outbox(plant: Option<Plant>, deep: bool) -> Outbox {
         rows: if deep { 3 } else { 2 },
         relays: 2,
         crashes: if deep { 2 } else { 1 },
-        hiccups: 1,
+        hiccups: if deep { 1 } else { 2 },
         batch: 2,
         lease: 2,
         attempts: 2,

@@ -169,10 +169,13 @@ pub fn lease_token(lease: &Lease) -> Result<i64, OutboxError> {
 }
 
 /// Whether a claimed row is out of attempts before the relay publishes it: every one of
-/// its `max_attempts` publishes was begun and none was marked (a relay died publishing
-/// it, each time: a poison message that kills its relay). The relay makes it dead
-/// without publishing it. A row whose last publish failed is dead already, and a row
-/// that only waited behind such a one was never counted, so no other row is.
+/// its `max_attempts` publishes was begun and none was marked. A relay died publishing
+/// it each time (a poison message that kills its relay); or, the limits, a publish
+/// outlived its lease (the broker may have it) or a count's answer was lost after it
+/// committed. The relay makes it dead without publishing it. A row whose last publish
+/// failed is dead already, and a row that only waited behind such a one was never
+/// counted. Lowering `max_attempts` makes pending rows at or above it dead at their next
+/// claim, unpublished.
 pub fn out_of_attempts(lease: &Lease, retry: &Retry) -> bool {
     lease.attempts >= retry.max_attempts()
 }

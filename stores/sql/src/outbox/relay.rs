@@ -19,12 +19,15 @@
 //! counted as it begins ([`OutboxStorage::begin_attempt`], fenced by the lease): a
 //! row's attempts are the publishes begun of it, never the claims that leased it. So a
 //! relay that dies mid-batch charges an attempt to the row it was publishing and to no
-//! row behind it, and a row out of attempts at its claim was being published, each
-//! time, by a relay that died (a poison message): it is made dead without a publish,
-//! and no other row is. The lease must outlast the batch's publishing (batch size times
-//! a publish's worst latency): a lease that lapses mid-batch lets another relay claim
-//! the rest; the first relay's count of such a row is then refused as stale and it
-//! skips the row, while a row nobody claimed meanwhile it still publishes, late.
+//! row behind it, and a row out of attempts at its claim had each of its publishes
+//! begun and none marked ([`decode::out_of_attempts`]): it is made dead without a
+//! publish, and the rows that waited behind it are not. The lease must outlast the
+//! batch's publishing (batch size times a publish's worst latency): a lease that lapses
+//! mid-batch lets another relay claim the rest; the first relay's count of such a row
+//! is then refused as stale and it skips the row, while a row nobody claimed meanwhile
+//! it still publishes, late. A row on its last attempt whose publish outlives its lease
+//! is made dead by the relay that claims it next, though the broker may have it (the
+//! consumers' inbox absorbs the copy a requeue publishes again).
 
 use std::convert::Infallible;
 use std::error::Error;
@@ -267,7 +270,8 @@ where
                 report.stale += 1;
                 continue;
             }
-            // Uncounted, so unpublished: it is due again when its lease lapses.
+            // Unpublished, counted or not (the error may follow the commit): it is due
+            // again when its lease lapses. A count whose answer was lost costs an attempt.
             Err(e) => {
                 report.errors.push(e);
                 continue;
