@@ -190,16 +190,17 @@ def audit(args):
                 if line.startswith("the backstop caught a second execution of "):
                     k = line.rsplit(" ", 1)[1].strip()
                     caught[k] = caught.get(k, 0) + 1
-    if args.redis_records:
-        # Redis's TIME (seconds), then each record's state and expiry (µs), a line each.
-        with open(args.redis_records) as f:
-            lines = [line.strip() for line in f]
-        now_us = int(lines[0]) * 1_000_000
+    if args.records_dump:
+        # The store's now (µs), then a record a line: its key (hex), state, token and
+        # expiry (µs), tab-separated (.ci/faults, store_dump).
+        with open(args.records_dump) as f:
+            lines = [line.rstrip("\n") for line in f]
+        now_us = int(lines[0])
         records = {}
-        for state, expires in zip(lines[1::2], lines[2::2]):
-            if state and expires:
-                c, lapsed = records.get(int(state), (0, 0))
-                records[int(state)] = (c + 1, lapsed + (int(expires) <= now_us))
+        for line in lines[1:]:
+            _, state, _, expires = line.split("\t")
+            c, lapsed = records.get(int(state), (0, 0))
+            records[int(state)] = (c + 1, lapsed + (int(expires) <= now_us))
     else:
         records = {int(s): (int(c), int(lapsed)) for s, c, lapsed in psql(
             args.db, "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us) "
@@ -231,10 +232,11 @@ def audit(args):
         if key not in rows or ids != {rows[key][1]}:
             wrong.append(f"{key}: answered order(s) {sorted(ids)}, its row {rows.get(key, (0, 'none'))[1]}")
     orphans = sorted(k for k in rows if k not in answered)  # executed, answer never seen
-    # Records written after the order commits (Redis): a kill between the two lets a
+    # Records written after the order commits (any store but PostgreSQL, which holds the
+    # orders): a kill between the two lets a
     # retry run again once the lease lapses, and only the orders' UNIQUE stops it (the
     # README's contract for that case). Reported, not failed; a second row still fails.
-    after_commit = bool(args.redis_records)
+    after_commit = bool(args.records_dump)
     if after_commit:
         doubles = sorted(k for k in rows if rows[k][0] > 1)
     if doubles:
@@ -389,7 +391,7 @@ def main():
     au.add_argument("--clients", default="")
     au.add_argument("--instances", default="")
     au.add_argument("--label", default="")
-    au.add_argument("--redis-records", default="")
+    au.add_argument("--records-dump", default="")
     args = parser.parse_args()
     if args.command == "load":
         load(args)

@@ -18,8 +18,9 @@
 //! - `IDEMPOTENCY_WAIT_MS`: how long a duplicate waits for the first request to finish
 //!   and gets its replay (default 10000); `0` answers 409 with `Retry-After` at once.
 //! - `IDEMPOTENCY_STORE`: the durable tier behind the cache (default: none, the cache
-//!   alone): `sqlite:PATH`, `postgres://user@host:port/db`, `redis://host:port/db` or
-//!   `redis-cluster://host:port,host:port,...` (a Redis Cluster: any of its nodes).
+//!   alone): `sqlite:PATH`, `postgres://user@host:port/db`, `mysql://user@host:port/db`
+//!   (MySQL or MariaDB), `redis://host:port/db` or `redis-cluster://host:port,host:port,...`
+//!   (a Redis Cluster: any of its nodes).
 //!   Instances over one store execute each key once between them, and a restarted one
 //!   replays what they stored. When it names the database `ORDERS_DB` names (the same
 //!   SQLite file, or the same PostgreSQL host, port, user and database), each order and
