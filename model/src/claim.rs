@@ -7,7 +7,9 @@
 //! clock advancing past leases; the two lapse policies; an effect inside the completion's
 //! transaction (one commit) or outside it (before the completion); two reconcilers that
 //! check an UNKNOWN record against the authority and settle it, fenced by the token of
-//! the execution they checked (`idemcache::store::reconcile`). What the model writes
+//! the execution they checked (`idemcache::store::reconcile`); each process's hot tier
+//! (`Tiered`'s cache), asked before the store, filled once a completion committed or a
+//! claim read a committed record, lost with the process. What the model writes
 //! itself is what SQL does in the drivers: the `live`/`lapsed` columns the look computes,
 //! and the fenced writes (a completion changes the record only while it holds the
 //! process's token). Invariant of this file: every decision a claim makes comes from
@@ -17,7 +19,8 @@
 //! The properties ([`Protocol::properties`]): an effect inside the transaction happens
 //! at most once; an effect outside it at most once under `MarkUnknown`; the tokens a key's
 //! record holds only grow; a replay returns what committed; a live lease is never taken
-//! over; a reconcile verdict settles only the execution it names.
+//! over; a reconcile verdict settles only the execution it names; a claim waits only on
+//! a live lease; the hot tier replays only what the store committed.
 
 use idemcache::store::StoreClaim;
 use idemcache::Fingerprint;
@@ -77,17 +80,24 @@ pub enum Plant {
     /// A completion changes the record whichever execution holds it (no token in its
     /// `WHERE`): a stale owner's result written over a later execution's claim.
     CompletionUnfenced,
+    /// A lease read as live after its end: a crashed holder's key never free again.
+    LapsedLeaseHeld,
+    /// The hot tier filled before the store's completion committed (a completion the
+    /// store then refuses stays cached).
+    CachedBeforeCommit,
 }
 
 impl Plant {
     /// Every plant.
-    pub const ALL: [Plant; 6] = [
+    pub const ALL: [Plant; 8] = [
         Plant::TakeoverWithoutMint,
         Plant::LiveLeaseTakenOver,
         Plant::LapseTakenOver,
         Plant::InProgressReplayed,
         Plant::StaleVerdict,
         Plant::CompletionUnfenced,
+        Plant::LapsedLeaseHeld,
+        Plant::CachedBeforeCommit,
     ];
 
     /// Its name on the command line.
@@ -99,6 +109,8 @@ impl Plant {
             Plant::InProgressReplayed => "in-progress-replayed",
             Plant::StaleVerdict => "stale-verdict",
             Plant::CompletionUnfenced => "completion-unfenced",
+            Plant::LapsedLeaseHeld => "lapsed-lease-held",
+            Plant::CachedBeforeCommit => "cached-before-commit",
         }
     }
 
@@ -117,6 +129,8 @@ impl Plant {
             Plant::InProgressReplayed => (Lapse::TakeOver, Effect::Inside),
             Plant::StaleVerdict => (Lapse::MarkUnknown, Effect::Outside),
             Plant::CompletionUnfenced => (Lapse::TakeOver, Effect::Inside),
+            Plant::LapsedLeaseHeld => (Lapse::TakeOver, Effect::Inside),
+            Plant::CachedBeforeCommit => (Lapse::TakeOver, Effect::Inside),
         }
     }
 }
@@ -201,6 +215,12 @@ pub struct State {
     pub replayed_wrong: bool,
     /// A claim took over a record whose lease had not run out.
     pub live_taken_over: bool,
+    /// A claim was answered in progress while no live lease held the key.
+    pub held_without_lease: bool,
+    /// Each process's hot tier: the result it holds of the key, if any.
+    pub cached: Vec<Option<i64>>,
+    /// The hot tier replayed a result the store had not committed.
+    pub cache_replayed_uncommitted: bool,
     /// The tokens whose execution's effect happened (bit `token`).
     pub effected: u64,
     /// Each reconciler's verdict in hand: the execution it checked, and whether its
@@ -253,6 +273,9 @@ impl Protocol {
         let mut live = row.expires_at > now;
         if self.plant == Some(Plant::LiveLeaseTakenOver) && row.state == PROCESSING {
             live = false;
+        }
+        if self.plant == Some(Plant::LapsedLeaseHeld) && row.state == PROCESSING {
+            live = true;
         }
         let lapsed = self.lapse == Lapse::MarkUnknown
             && row.state == PROCESSING
@@ -349,9 +372,19 @@ impl Protocol {
                 if state.committed.is_none() || replayed != state.committed {
                     state.replayed_wrong = true;
                 }
+                // Read through: the hot tier keeps what the store answered committed.
+                state.cached[n] = replayed;
                 Proc::Answered
             }
             Next::Answer(StoreClaim::Acquired { .. }) => Proc::Holding(token),
+            Next::Answer(StoreClaim::InProgress { .. }) => {
+                let leased =
+                    state.row.as_ref().is_some_and(|r| r.state == PROCESSING && r.expires_at > now);
+                if !leased {
+                    state.held_without_lease = true;
+                }
+                Proc::Idle
+            }
             // In progress, UNKNOWN (settled by a reconciler, not here), a mismatch: the
             // client retries later.
             Next::Answer(_) => Proc::Idle,
@@ -391,6 +424,9 @@ impl Protocol {
     /// Process `n` completes under `token`: fenced by it, as the drivers' statements are.
     fn complete(&self, state: &mut State, n: usize, token: i64) {
         let now = state.now;
+        if self.plant == Some(Plant::CachedBeforeCommit) {
+            state.cached[n] = Some(token);
+        }
         let fenced = self.plant != Some(Plant::CompletionUnfenced);
         let holds = state
             .row
@@ -413,6 +449,8 @@ impl Protocol {
             settled_at: Some(now),
         };
         self.write(state, completed);
+        // Only now, the store's completion committed, does the hot tier keep it.
+        state.cached[n] = Some(token);
         state.procs[n] = Proc::Answered;
     }
 }
@@ -435,6 +473,9 @@ impl Model for Protocol {
             token_went_down: false,
             replayed_wrong: false,
             live_taken_over: false,
+            held_without_lease: false,
+            cached: vec![None; self.procs],
+            cache_replayed_uncommitted: false,
             effected: 0,
             verdicts: [None; 2],
             checks: 0,
@@ -445,7 +486,10 @@ impl Model for Protocol {
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
         for (n, proc) in state.procs.iter().enumerate() {
             match proc {
-                Proc::Idle if state.claims < self.claims => actions.push(Action::Mint(n)),
+                // Idle, or answered and sent the intent again (another retry of it).
+                Proc::Idle | Proc::Answered if state.claims < self.claims => {
+                    actions.push(Action::Mint(n))
+                }
                 Proc::Idle => {}
                 Proc::Minted(_) => actions.push(Action::Look(n)),
                 Proc::Holding(_) if self.effect == Effect::Outside => {
@@ -484,6 +528,14 @@ impl Model for Protocol {
         match action {
             Action::Mint(n) => {
                 state.claims += 1;
+                // `Tiered` asks its hot tier first: a result there is answered from memory.
+                if let Some(body) = state.cached[n] {
+                    if state.committed != Some(body) {
+                        state.cache_replayed_uncommitted = true;
+                    }
+                    state.procs[n] = Proc::Answered;
+                    return Some(state);
+                }
                 state.minted += 1;
                 state.procs[n] = Proc::Minted(state.minted);
             }
@@ -506,6 +558,7 @@ impl Model for Protocol {
             Action::Crash(n) => {
                 state.crashes += 1;
                 state.procs[n] = Proc::Idle;
+                state.cached[n] = None;
             }
             Action::Check(r) => {
                 let token = state.row.as_ref()?.token;
@@ -546,6 +599,15 @@ impl Model for Protocol {
             Property::always("a live lease is never taken over", |_: &Protocol, s: &State| {
                 !s.live_taken_over
             }),
+            // The liveness the docs promise, as the safety it comes to at each claim: a
+            // key whose holder crashed is free again once its lease ends.
+            Property::always("a claim waits only on a live lease", |_: &Protocol, s: &State| {
+                !s.held_without_lease
+            }),
+            Property::always(
+                "the hot tier replays only what the store committed",
+                |_: &Protocol, s: &State| !s.cache_replayed_uncommitted,
+            ),
         ]
     }
 }
@@ -601,8 +663,8 @@ impl fmt::Display for State {
         };
         write!(
             f,
-            "t={} record: {row}; processes {:?}; effects {}; committed {:?}",
-            state.now, state.procs, state.effects, state.committed
+            "t={} record: {row}; processes {:?}; hot tiers {:?}; effects {}; committed {:?}",
+            state.now, state.procs, state.cached, state.effects, state.committed
         )
     }
 }

@@ -4,7 +4,7 @@
 //! or count an attempt, publish it and mark it (delivered, or failed as the retry
 //! policy says), as `relay_batch` does, crashing at any step; a poison message whose
 //! publish kills its relay, every time; a consumer whose inbox applies each message id
-//! once.
+//! once, deciding through `inbox::receive::Receiving`.
 //!
 //! What the model writes by hand is what the statements do (which rows are due: a
 //! pending row past its due time, a leased row past its lease; each leased anew under a
@@ -17,6 +17,9 @@
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idemcache::Fingerprint;
+use idemcache_sql::inbox::receive::{Claimed, Receiving, Step, Vanished};
+use idemcache_sql::inbox::Receipt;
 use idemcache_sql::outbox::decode::{self, RawRow};
 use idemcache_sql::outbox::{Lease, Mark, Retry, State as RowState};
 use stateright::{Model, Property};
@@ -136,7 +139,7 @@ pub struct State {
     pub hiccups: u8,
     /// How many times the consumer applied each row's message.
     pub applied: Vec<u8>,
-    /// The message ids the consumer's inbox has seen (bit per row).
+    /// The consumer's inbox table: the message ids it holds a record of (bit per row).
     pub seen: u32,
     /// A delivered row changed state after.
     pub delivered_changed: bool,
@@ -283,12 +286,36 @@ impl Outbox {
             return Some(());
         }
         *published = true;
-        let seen = state.seen & (1 << i) != 0;
-        if !seen || self.plant == Some(Plant::InboxWithoutDedup) {
+        if self.receive(state, i) == Receipt::New || self.plant == Some(Plant::InboxWithoutDedup) {
             state.applied[i] = state.applied[i].saturating_add(1);
         }
-        state.seen |= 1 << i;
         Some(())
+    }
+
+    /// The consumer receives row `i`'s message, as `inbox::receive` decides
+    /// (`inbox::receive::Receiving`): its claim inserts the message's record unless the
+    /// table holds it, the read finds the fingerprint stored with it. A `New` message is
+    /// applied in the transaction that inserted its record.
+    fn receive(&self, state: &mut State, i: usize) -> Receipt {
+        let id = format!("m{i}");
+        let content = Fingerprint::of(id.as_bytes());
+        let mut receiving = Receiving::new("ledger", &id, content, Vanished::ClaimAgain);
+        loop {
+            match receiving.next() {
+                Step::Claim => {
+                    let held = state.seen & (1 << i) != 0;
+                    state.seen |= 1 << i;
+                    receiving.claimed(if held { Claimed::Exists } else { Claimed::Inserted });
+                }
+                Step::Read => {
+                    let stored = (state.seen & (1 << i) != 0).then(|| content.to_bytes());
+                    if receiving.read(stored.as_ref().map(|b| &b[..])).is_err() {
+                        return Receipt::InFlight;
+                    }
+                }
+                Step::Answer(receipt) => return receipt,
+            }
+        }
     }
 
     /// Relay `n` moves `by` rows on in its batch, idle past its end.

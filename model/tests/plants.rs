@@ -24,6 +24,10 @@ fn each_claim_plant_is_caught_by_its_property_with_a_trace() {
             claim::Plant::InProgressReplayed => "a replay returns what committed",
             claim::Plant::StaleVerdict => "a reconcile verdict settles only the execution it names",
             claim::Plant::CompletionUnfenced => "a key's tokens only grow",
+            claim::Plant::LapsedLeaseHeld => "a claim waits only on a live lease",
+            claim::Plant::CachedBeforeCommit => {
+                "the hot tier replays only what the store committed"
+            }
         };
         let (lapse, effect) = plant.shown_by();
         let checked = claim::check_planted(lapse, effect, Some(plant), false);
