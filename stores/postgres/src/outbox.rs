@@ -65,6 +65,7 @@ use std::time::{Duration, SystemTime};
 use deadpool_postgres::Pool;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{AsyncMessage, Client, Connection, GenericClient, Row};
 
 use idemcache::store::encoding::{micros, to_micros};
@@ -72,8 +73,8 @@ use idemcache::store::encoding::{micros, to_micros};
 use crate::Transaction;
 use idemcache_sql::outbox::decode::{self, RawRow};
 use idemcache_sql::outbox::postgres::{
-    BEGIN_ATTEMPT, CHANNEL, CLAIM, DELIVERED, ENQUEUE, ENSURE_SCHEMA, FAILED, INSPECT, LISTEN,
-    LIST_DEAD, PURGE, REQUEUE,
+    BEGIN_ATTEMPT, CHANNEL, CLAIM, DELIVERED, DELIVERED_AND_BEGIN, ENQUEUE, ENSURE_SCHEMA, FAILED,
+    INSPECT, LISTEN, LIST_DEAD, PURGE, REQUEUE,
 };
 use idemcache_sql::outbox::{check_claim, clip_error};
 
@@ -159,6 +160,22 @@ pub async fn mark_delivered<C: GenericClient + Sync>(
         .await
         .map_err(database)?;
     Ok(decode::mark(changed))
+}
+
+/// [`mark_delivered`] of `lease` and [`begin_attempt`] of `next`, in one statement:
+/// what each did.
+pub async fn mark_delivered_and_begin<C: GenericClient + Sync>(
+    client: &C,
+    lease: &Lease,
+    now: SystemTime,
+    next: &Lease,
+) -> Result<(Mark, Mark), OutboxError> {
+    let (token, next_token) = (decode::lease_token(lease)?, decode::lease_token(next)?);
+    let params: [&(dyn ToSql + Sync); 5] =
+        [&lease.message_id, &token, &to_micros(now), &next.message_id, &next_token];
+    let row = client.query_one(DELIVERED_AND_BEGIN, &params).await.map_err(database)?;
+    let (delivered, begun): (i64, i64) = (row.get(0), row.get(1));
+    Ok((decode::mark(delivered.unsigned_abs()), decode::mark(begun.unsigned_abs())))
 }
 
 /// Marks the row failed with `error` (clipped), if `lease` is still its lease: pending
@@ -272,6 +289,15 @@ impl OutboxStorage for Storage {
 
     async fn begin_attempt(&self, lease: &Lease) -> Result<Mark, OutboxError> {
         begin_attempt(&**self.client().await?, lease).await
+    }
+
+    async fn mark_delivered_and_begin(
+        &self,
+        lease: &Lease,
+        now: SystemTime,
+        next: &Lease,
+    ) -> Result<(Mark, Mark), OutboxError> {
+        mark_delivered_and_begin(&**self.client().await?, lease, now, next).await
     }
 
     async fn mark_delivered(&self, lease: &Lease, now: SystemTime) -> Result<Mark, OutboxError> {

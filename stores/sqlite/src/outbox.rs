@@ -303,6 +303,19 @@ impl OutboxStorage for Storage {
         std::future::ready(begin_attempt(&self.connection(), lease))
     }
 
+    /// Both statements in turn on the connection (in-process: no round trip to save).
+    fn mark_delivered_and_begin(
+        &self,
+        lease: &Lease,
+        now: SystemTime,
+        next: &Lease,
+    ) -> impl std::future::Future<Output = Result<(Mark, Mark), OutboxError>> + Send {
+        let conn = self.connection();
+        let both =
+            mark_delivered(&conn, lease, now).and_then(|m| Ok((m, begin_attempt(&conn, next)?)));
+        std::future::ready(both)
+    }
+
     fn mark_delivered(
         &self,
         lease: &Lease,

@@ -110,6 +110,14 @@ impl OutboxStorage for BeginFails<'_> {
     ) -> impl Future<Output = Result<Mark, OutboxError>> + Send {
         self.0.mark_failed(lease, error, now, retry)
     }
+    fn mark_delivered_and_begin(
+        &self,
+        _: &Lease,
+        _: SystemTime,
+        _: &Lease,
+    ) -> impl Future<Output = Result<(Mark, Mark), OutboxError>> + Send {
+        std::future::ready(Err(OutboxError::Database("database is locked".into())))
+    }
 }
 
 /// Kills "a Stale begin publishes anyway" (relay.rs: "a relay whose lease lapsed now

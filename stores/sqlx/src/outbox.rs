@@ -57,6 +57,15 @@ macro_rules! pool_storage {
                 begin_attempt(&self.pool, lease).await
             }
 
+            async fn mark_delivered_and_begin(
+                &self,
+                lease: &Lease,
+                now: SystemTime,
+                next: &Lease,
+            ) -> Result<(Mark, Mark), OutboxError> {
+                mark_delivered_and_begin(&self.pool, lease, now, next).await
+            }
+
             async fn mark_delivered(
                 &self,
                 lease: &Lease,

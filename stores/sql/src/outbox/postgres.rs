@@ -186,6 +186,21 @@ UPDATE idemcache_outbox
 SET attempts = CASE WHEN attempts BETWEEN 0 AND 9223372036854775806 THEN attempts + 1 ELSE -1 END
 WHERE message_id = $1::text AND token = $2::bigint AND state = 1";
 
+/// [`DELIVERED`] of `$1` (token `$2`, at `$3`) and [`BEGIN_ATTEMPT`] of `$4` (token
+/// `$5`) in one statement: the rows each changed (0 or 1), in that order.
+pub const DELIVERED_AND_BEGIN: &str = "
+WITH delivered AS (
+    UPDATE idemcache_outbox
+    SET state = 2, delivered_at = $3::bigint, lease_until = NULL
+    WHERE message_id = $1::text AND token = $2::bigint AND state = 1
+    RETURNING 1),
+begun AS (
+    UPDATE idemcache_outbox
+    SET attempts = CASE WHEN attempts BETWEEN 0 AND 9223372036854775806 THEN attempts + 1 ELSE -1 END
+    WHERE message_id = $4::text AND token = $5::bigint AND state = 1
+    RETURNING 1)
+SELECT (SELECT count(*) FROM delivered), (SELECT count(*) FROM begun)";
+
 /// Marks `$1`'s row delivered at `$3` if it is leased under token `$2`; one row affected
 /// or none (stale).
 pub const DELIVERED: &str = "

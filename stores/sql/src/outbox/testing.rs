@@ -198,8 +198,10 @@ where
 /// `poison`'s publish and die; a fourth finds `poison` out of attempts (`good-1` not),
 /// makes it dead and dies before publishing `good-1` (the instant a count of claims
 /// would have made `good-1` dead unpublished in the next claim); the next relay
-/// ([`relay_batch`]) publishes `good-1` and `good-2` and makes nothing dead. `put`
-/// enqueues in one committed transaction.
+/// ([`relay_batch`]) publishes `good-1` and `good-2` (counting `good-2`'s attempt with
+/// `good-1`'s mark, [`OutboxStorage::mark_delivered_and_begin`]) and makes nothing dead;
+/// the old leases' mark and count then change nothing. `put` enqueues in one committed
+/// transaction.
 pub async fn a_poison_message_dies_alone<S, P, PF>(storage: &S, put: P)
 where
     S: OutboxStorage + OutboxAdmin,
@@ -217,9 +219,10 @@ where
         now += lease; // the relay died publishing `poison`: its leases lapse
     }
     let batch = storage.claim_due(2, lease, now).await.unwrap();
-    let (poison, good) = (&batch.claimed[0].lease, &batch.claimed[1].lease);
-    assert_eq!((poison.attempts, good.attempts), (3, 0), "good-1 was never tried");
-    assert!(decode::out_of_attempts(poison, &retry) && !decode::out_of_attempts(good, &retry));
+    let (poison, good_lease) = (&batch.claimed[0].lease, &batch.claimed[1].lease);
+    assert_eq!((poison.attempts, good_lease.attempts), (3, 0), "good-1 was never tried");
+    assert!(!decode::out_of_attempts(good_lease, &retry));
+    assert!(decode::out_of_attempts(poison, &retry));
     assert_eq!(storage.mark_failed(poison, "died", now, &retry).await.unwrap(), Mark::Applied);
     now += lease; // and this relay died before publishing `good-1`
 
@@ -237,6 +240,11 @@ where
     assert!(broker.confirmed().iter().all(|id| id != "poison"), "never published");
     let good = storage.inspect("good-1").await.unwrap().unwrap();
     assert_eq!((good.state, good.attempts), (State::Delivered, 1), "its one publish");
+    let next = storage.inspect("good-2").await.unwrap().unwrap();
+    assert_eq!((next.state, next.attempts), (State::Delivered, 1), "counted with good-1's mark");
+    let (old_poison, old_good) = (poison.clone(), good_lease.clone());
+    let stale = storage.mark_delivered_and_begin(&old_poison, now, &old_good).await.unwrap();
+    assert_eq!(stale, (Mark::Stale, Mark::Stale), "an old lease's mark and count change nothing");
 }
 
 /// Rows the outbox cannot read are `Corrupt` naming them, never a panic, and hold back

@@ -139,6 +139,17 @@ where
     Ok(decode::mark(done.rows_affected()))
 }
 
+/// [`mark_delivered`] of `lease`, then [`begin_attempt`] of `next`: two statements on
+/// the pool (MySQL has no statement that answers both).
+pub async fn mark_delivered_and_begin(
+    pool: &MySqlPool,
+    lease: &Lease,
+    now: SystemTime,
+    next: &Lease,
+) -> Result<(Mark, Mark), OutboxError> {
+    Ok((mark_delivered(pool, lease, now).await?, begin_attempt(pool, next).await?))
+}
+
 /// Marks the row delivered at `now`, if `lease` is still its lease.
 pub async fn mark_delivered<'e, E>(
     executor: E,

@@ -16,8 +16,8 @@ use sqlx::{Executor, PgPool, Postgres, Transaction};
 use idemcache::store::encoding::{micros, to_micros};
 use idemcache_sql::outbox::decode::{self, RawRow};
 use idemcache_sql::outbox::postgres::{
-    BEGIN_ATTEMPT, CLAIM, DELIVERED, ENQUEUE, ENSURE_SCHEMA, FAILED, INSPECT, LIST_DEAD, PURGE,
-    REQUEUE,
+    BEGIN_ATTEMPT, CLAIM, DELIVERED, DELIVERED_AND_BEGIN, ENQUEUE, ENSURE_SCHEMA, FAILED, INSPECT,
+    LIST_DEAD, PURGE, REQUEUE,
 };
 use idemcache_sql::outbox::{check_claim, clip_error};
 
@@ -98,6 +98,29 @@ where
         .await
         .map_err(database)?;
     Ok(decode::mark(done.rows_affected()))
+}
+
+/// [`mark_delivered`] of `lease` and [`begin_attempt`] of `next`, in one statement:
+/// what each did.
+pub async fn mark_delivered_and_begin<'e, E>(
+    executor: E,
+    lease: &Lease,
+    now: SystemTime,
+    next: &Lease,
+) -> Result<(Mark, Mark), OutboxError>
+where
+    E: Executor<'e, Database = Postgres>,
+{
+    let (delivered, begun): (i64, i64) = sqlx::query_as(DELIVERED_AND_BEGIN)
+        .bind(&lease.message_id)
+        .bind(decode::lease_token(lease)?)
+        .bind(to_micros(now))
+        .bind(&next.message_id)
+        .bind(decode::lease_token(next)?)
+        .fetch_one(executor)
+        .await
+        .map_err(database)?;
+    Ok((decode::mark(delivered.unsigned_abs()), decode::mark(begun.unsigned_abs())))
 }
 
 /// Marks the row delivered at `now`, if `lease` is still its lease.
