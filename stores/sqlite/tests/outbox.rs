@@ -27,6 +27,10 @@ use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
 mod common;
 use common::TempDb;
 
+/// `relay_batch`'s own rules, each test against a mutation the suites let through.
+#[path = "outbox/relay_batch.rs"]
+mod relay_batch;
+
 const MIN: Duration = Duration::from_secs(60);
 
 fn secs(n: u64) -> Duration {

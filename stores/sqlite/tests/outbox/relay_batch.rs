@@ -16,30 +16,10 @@ use idemcache::store::block_on;
 use idemcache_sql::outbox::testing::{ids, message, t0, FlakyBroker};
 use idemcache_sql::outbox::{Batch, Lease, OutboxStorage, State};
 use idemcache_sqlite::outbox::{
-    self, claim_due, enqueue, inspect, Mark, OutboxError, OutboxMessage, RelaySettings, Retry,
-    Storage,
+    self, claim_due, inspect, Mark, OutboxError, OutboxMessage, RelaySettings, Retry, Storage,
 };
-use idemcache_sqlite::rusqlite::{Connection, TransactionBehavior};
 
-const MIN: Duration = Duration::from_secs(60);
-
-fn secs(n: u64) -> Duration {
-    Duration::from_secs(n)
-}
-
-fn memory() -> Connection {
-    let db = Connection::open_in_memory().unwrap();
-    outbox::ensure_schema(&db).unwrap();
-    db
-}
-
-fn put(db: &mut Connection, messages: &[OutboxMessage]) {
-    let tx = db.transaction_with_behavior(TransactionBehavior::Immediate).unwrap();
-    for m in messages {
-        enqueue(&tx, m).unwrap();
-    }
-    tx.commit().unwrap();
-}
+use super::{memory, put, secs, MIN};
 
 fn settings(max_attempts: u32) -> RelaySettings {
     RelaySettings::default()
