@@ -9,7 +9,8 @@
 //! check an UNKNOWN record against the authority and settle it, fenced by the token of
 //! the execution they checked (`idemcache::store::reconcile`); each process's hot tier
 //! (`Tiered`'s cache), asked before the store, filled once a completion committed or a
-//! claim read a committed record, lost with the process. What the model writes
+//! claim read a committed record, lost with the process; a purge deleting the record
+//! once it expired, as the drivers' `PURGE` selects it. What the model writes
 //! itself is what SQL does in the drivers: the `live`/`lapsed` columns the look computes,
 //! and the fenced writes (a completion changes the record only while it holds the
 //! process's token). Invariant of this file: every decision a claim makes comes from
@@ -85,11 +86,14 @@ pub enum Plant {
     /// The hot tier filled before the store's completion committed (a completion the
     /// store then refuses stays cached).
     CachedBeforeCommit,
+    /// A purge deleting a lapsed lease still within its UNKNOWN window under
+    /// `MarkUnknown`: the next claim runs the intent again.
+    PurgeTakesALapse,
 }
 
 impl Plant {
     /// Every plant.
-    pub const ALL: [Plant; 8] = [
+    pub const ALL: [Plant; 9] = [
         Plant::TakeoverWithoutMint,
         Plant::LiveLeaseTakenOver,
         Plant::LapseTakenOver,
@@ -98,6 +102,7 @@ impl Plant {
         Plant::CompletionUnfenced,
         Plant::LapsedLeaseHeld,
         Plant::CachedBeforeCommit,
+        Plant::PurgeTakesALapse,
     ];
 
     /// Its name on the command line.
@@ -111,6 +116,7 @@ impl Plant {
             Plant::CompletionUnfenced => "completion-unfenced",
             Plant::LapsedLeaseHeld => "lapsed-lease-held",
             Plant::CachedBeforeCommit => "cached-before-commit",
+            Plant::PurgeTakesALapse => "purge-takes-a-lapse",
         }
     }
 
@@ -131,6 +137,7 @@ impl Plant {
             Plant::CompletionUnfenced => (Lapse::TakeOver, Effect::Inside),
             Plant::LapsedLeaseHeld => (Lapse::TakeOver, Effect::Inside),
             Plant::CachedBeforeCommit => (Lapse::TakeOver, Effect::Inside),
+            Plant::PurgeTakesALapse => (Lapse::MarkUnknown, Effect::Outside),
         }
     }
 }
@@ -184,6 +191,8 @@ pub enum Action {
     /// Reconciler `r` applies its verdict: resolve (it happened) or forget (it did not),
     /// fenced by the token of the execution it checked.
     Settle(usize),
+    /// A purge deletes the record: expired, and not a lapse still to be turned UNKNOWN.
+    Purge,
     /// The server's clock advances one tick.
     Tick,
 }
@@ -217,6 +226,8 @@ pub struct State {
     pub live_taken_over: bool,
     /// A claim was answered in progress while no live lease held the key.
     pub held_without_lease: bool,
+    /// Purges that deleted the record.
+    pub purges: u8,
     /// Each process's hot tier: the result it holds of the key, if any.
     pub cached: Vec<Option<i64>>,
     /// The hot tier replayed a result the store had not committed.
@@ -254,6 +265,8 @@ pub struct Protocol {
     pub checks_a_stalled_owner: bool,
     /// Claims at most (first attempts and retries of every process together).
     pub claims: u8,
+    /// Purges that delete the record, at most.
+    pub purges: u8,
     /// The clock's last tick.
     pub max_clock: i64,
     /// A claim's lease, in ticks.
@@ -421,6 +434,15 @@ impl Protocol {
         }
     }
 
+    /// Whether a purge deletes `row` at `now`, as the drivers' `PURGE` selects: expired,
+    /// but not a lapsed lease still within its window to be turned UNKNOWN (under
+    /// `TakeOver` that window is empty).
+    fn purgeable(&self, row: &Row, now: i64) -> bool {
+        let window = if self.lapse == Lapse::MarkUnknown { LAPSE_TTL } else { 0 };
+        let to_turn = row.state == PROCESSING && row.expires_at + window > now;
+        row.expires_at <= now && (!to_turn || self.plant == Some(Plant::PurgeTakesALapse))
+    }
+
     /// Process `n` completes under `token`: fenced by it, as the drivers' statements are.
     fn complete(&self, state: &mut State, n: usize, token: i64) {
         let now = state.now;
@@ -474,6 +496,7 @@ impl Model for Protocol {
             replayed_wrong: false,
             live_taken_over: false,
             held_without_lease: false,
+            purges: 0,
             cached: vec![None; self.procs],
             cache_replayed_uncommitted: false,
             effected: 0,
@@ -517,6 +540,11 @@ impl Model for Protocol {
                 None => {}
                 Some(_) => actions.push(Action::Settle(r)),
             }
+        }
+        if state.purges < self.purges
+            && state.row.as_ref().is_some_and(|r| self.purgeable(r, state.now))
+        {
+            actions.push(Action::Purge);
         }
         if state.now < self.max_clock {
             actions.push(Action::Tick);
@@ -568,6 +596,10 @@ impl Model for Protocol {
             Action::Settle(r) => {
                 let (token, happened) = state.verdicts[r].take()?;
                 self.settle(&mut state, token, happened);
+            }
+            Action::Purge => {
+                state.purges += 1;
+                state.row = None;
             }
             Action::Tick => state.now += 1,
         }
@@ -628,6 +660,7 @@ pub fn protocol(lapse: Lapse, effect: Effect, plant: Option<Plant>, deep: bool) 
         procs: if deep { 3 } else { 2 },
         crashes: if deep { 2 } else { 1 },
         claims: if deep { 6 } else { 4 },
+        purges: 1,
         reconcilers: 2,
         checks: if deep { 3 } else { 2 },
         checks_a_stalled_owner: false,

@@ -28,6 +28,7 @@ fn each_claim_plant_is_caught_by_its_property_with_a_trace() {
             claim::Plant::CachedBeforeCommit => {
                 "the hot tier replays only what the store committed"
             }
+            claim::Plant::PurgeTakesALapse => "an effect outside it at most once under MarkUnknown",
         };
         let (lapse, effect) = plant.shown_by();
         let checked = claim::check_planted(lapse, effect, Some(plant), false);
