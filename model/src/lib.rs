@@ -1,8 +1,8 @@
 //! idemcache's protocols model-checked with stateright, breadth-first, every state within
 //! the bounds, over the decision code the drivers run: [`claim`] (one key's claims
-//! across processes, the lapse policies, the one-commit transaction, reconcile) and
-//! [`outbox`] (the relay's leases, fencing and attempts, a poison row, the consumer's
-//! inbox). `.ci/model` runs both (VERIFICATION.md, "The protocols, model-checked").
+//! across processes, the lapse policies, the one-commit transaction, reconcile, the hot
+//! tier, purge) and [`outbox`] (the relay's leases, fencing and attempts, a poison row,
+//! relays' clocks apart, the consumer's inbox). `.ci/model` runs both (VERIFICATION.md, "The protocols, model-checked").
 //! [`history`] checks the histories of the real fault run against the same promises
 //! (`.ci/model --history DIR`).
 //!
