@@ -163,19 +163,22 @@ pub async fn mark_delivered<C: GenericClient + Sync>(
 }
 
 /// [`mark_delivered`] of `lease` and [`begin_attempt`] of `next`, in one statement:
-/// what each did.
+/// what each did (its failure is both's).
 pub async fn mark_delivered_and_begin<C: GenericClient + Sync>(
     client: &C,
     lease: &Lease,
     now: SystemTime,
     next: &Lease,
-) -> Result<(Mark, Mark), OutboxError> {
-    let (token, next_token) = (decode::lease_token(lease)?, decode::lease_token(next)?);
-    let params: [&(dyn ToSql + Sync); 5] =
-        [&lease.message_id, &token, &to_micros(now), &next.message_id, &next_token];
-    let row = client.query_one(DELIVERED_AND_BEGIN, &params).await.map_err(database)?;
-    let (delivered, begun): (i64, i64) = (row.get(0), row.get(1));
-    Ok((decode::mark(delivered.unsigned_abs()), decode::mark(begun.unsigned_abs())))
+) -> (Result<Mark, OutboxError>, Result<Mark, OutboxError>) {
+    let both = async {
+        let (token, next_token) = (decode::lease_token(lease)?, decode::lease_token(next)?);
+        let params: [&(dyn ToSql + Sync); 5] =
+            [&lease.message_id, &token, &to_micros(now), &next.message_id, &next_token];
+        let row = client.query_one(DELIVERED_AND_BEGIN, &params).await.map_err(database)?;
+        let (delivered, begun): (i64, i64) = (row.get(0), row.get(1));
+        Ok((decode::mark(delivered.unsigned_abs()), decode::mark(begun.unsigned_abs())))
+    };
+    decode::both(both.await)
 }
 
 /// Marks the row failed with `error` (clipped), if `lease` is still its lease: pending
@@ -296,8 +299,11 @@ impl OutboxStorage for Storage {
         lease: &Lease,
         now: SystemTime,
         next: &Lease,
-    ) -> Result<(Mark, Mark), OutboxError> {
-        mark_delivered_and_begin(&**self.client().await?, lease, now, next).await
+    ) -> (Result<Mark, OutboxError>, Result<Mark, OutboxError>) {
+        match self.client().await {
+            Ok(client) => mark_delivered_and_begin(&**client, lease, now, next).await,
+            Err(e) => decode::both(Err(e)),
+        }
     }
 
     async fn mark_delivered(&self, lease: &Lease, now: SystemTime) -> Result<Mark, OutboxError> {

@@ -309,11 +309,10 @@ impl OutboxStorage for Storage {
         lease: &Lease,
         now: SystemTime,
         next: &Lease,
-    ) -> impl std::future::Future<Output = Result<(Mark, Mark), OutboxError>> + Send {
+    ) -> impl std::future::Future<Output = (Result<Mark, OutboxError>, Result<Mark, OutboxError>)> + Send
+    {
         let conn = self.connection();
-        let both =
-            mark_delivered(&conn, lease, now).and_then(|m| Ok((m, begin_attempt(&conn, next)?)));
-        std::future::ready(both)
+        std::future::ready((mark_delivered(&conn, lease, now), begin_attempt(&conn, next)))
     }
 
     fn mark_delivered(

@@ -62,7 +62,7 @@ macro_rules! pool_storage {
                 lease: &Lease,
                 now: SystemTime,
                 next: &Lease,
-            ) -> Result<(Mark, Mark), OutboxError> {
+            ) -> (Result<Mark, OutboxError>, Result<Mark, OutboxError>) {
                 mark_delivered_and_begin(&self.pool, lease, now, next).await
             }
 

@@ -187,6 +187,22 @@ pub fn begun(lease: &Lease) -> Lease {
     Lease { attempts: lease.attempts.saturating_add(1), ..lease.clone() }
 }
 
+/// What a statement that marks one row and counts the next (PostgreSQL's
+/// `DELIVERED_AND_BEGIN`) did, as each part's answer: its failure is the mark's, and
+/// the count's says it did not run alone.
+pub fn both(
+    answered: Result<(Mark, Mark), OutboxError>,
+) -> (Result<Mark, OutboxError>, Result<Mark, OutboxError>) {
+    match answered {
+        Ok((marked, counted)) => (Ok(marked), Ok(counted)),
+        Err(e) => {
+            let count =
+                OutboxError::Database(format!("counted with a mark that failed: {e}").into());
+            (Err(e), Err(count))
+        }
+    }
+}
+
 /// The state and due time (microseconds) a failure at `now` leaves a row in: pending
 /// after `retry`'s backoff, or dead after its last attempt.
 pub fn failed_as(lease: &Lease, now: SystemTime, retry: &Retry) -> (State, i64) {

@@ -127,15 +127,18 @@ pub trait OutboxStorage {
 
     /// [`mark_delivered`](Self::mark_delivered) of `lease`, then
     /// [`begin_attempt`](Self::begin_attempt) of `next`, the row the relay publishes
-    /// next: what each did, in one round trip where the driver can (one statement on
-    /// PostgreSQL), so that counting each attempt costs a relay no round trip but a
-    /// batch's first. Either may apply without the other; an `Err` may follow either.
+    /// next, in one round trip where the driver can (one statement on PostgreSQL), so
+    /// that counting each attempt costs a relay no round trip but a batch's first: what
+    /// each did. A driver that runs both as one statement answers its failure as both's
+    /// (nothing applied, or the answer lost); the relay then runs each alone, so a
+    /// failure there costs a round trip, and never the mark of a row the broker
+    /// confirmed.
     fn mark_delivered_and_begin(
         &self,
         lease: &Lease,
         now: SystemTime,
         next: &Lease,
-    ) -> impl Future<Output = Result<(Mark, Mark), OutboxError>> + Send;
+    ) -> impl Future<Output = (Result<Mark, OutboxError>, Result<Mark, OutboxError>)> + Send;
 }
 
 /// How a relay runs: rows per claim, how long a claim holds them, how long to wait for
@@ -262,9 +265,8 @@ where
         errors: batch.unreadable,
         ..BatchReport::default()
     };
-    // The count of the row published next, when the mark before it made it already; or
-    // that mark failed, and the row is left unpublished (due when its lease lapses).
-    let mut counted: Option<Option<Mark>> = None;
+    // The count of the row published next, when the mark before it made it already.
+    let mut counted = None;
     let rows = &batch.claimed;
     for (at, claimed) in rows.iter().enumerate() {
         if decode::out_of_attempts(&claimed.lease, &settings.retry) {
@@ -280,8 +282,7 @@ where
             continue;
         }
         let count = match counted.take() {
-            Some(Some(count)) => Ok(count),
-            Some(None) => continue,
+            Some(count) => count,
             None => storage.begin_attempt(&claimed.lease).await,
         };
         match count {
@@ -305,9 +306,14 @@ where
             Ok(()) => match rows.get(at + 1) {
                 Some(next) if !decode::out_of_attempts(&next.lease, &settings.retry) => {
                     let now = clock();
-                    let both = storage.mark_delivered_and_begin(lease, now, &next.lease).await;
-                    counted = Some(both.as_ref().ok().map(|&(_, next_count)| next_count));
-                    (both.map(|(marked, _)| marked), None)
+                    match storage.mark_delivered_and_begin(lease, now, &next.lease).await {
+                        (Ok(marked), next_count) => {
+                            counted = Some(next_count);
+                            (Ok(marked), None)
+                        }
+                        // The mark failed (with the count, in one statement): each alone.
+                        (Err(_), _) => (storage.mark_delivered(lease, clock()).await, None),
+                    }
                 }
                 _ => (storage.mark_delivered(lease, clock()).await, None),
             },
@@ -464,8 +470,8 @@ mod tests {
             lease: &Lease,
             now: SystemTime,
             next: &Lease,
-        ) -> Result<(Mark, Mark), OutboxError> {
-            Ok((self.mark_delivered(lease, now).await?, self.begin_attempt(next).await?))
+        ) -> (Result<Mark, OutboxError>, Result<Mark, OutboxError>) {
+            (self.mark_delivered(lease, now).await, self.begin_attempt(next).await)
         }
     }
 

@@ -243,7 +243,8 @@ where
     let next = storage.inspect("good-2").await.unwrap().unwrap();
     assert_eq!((next.state, next.attempts), (State::Delivered, 1), "counted with good-1's mark");
     let (old_poison, old_good) = (poison.clone(), good_lease.clone());
-    let stale = storage.mark_delivered_and_begin(&old_poison, now, &old_good).await.unwrap();
+    let (marked, counted) = storage.mark_delivered_and_begin(&old_poison, now, &old_good).await;
+    let stale = (marked.unwrap(), counted.unwrap());
     assert_eq!(stale, (Mark::Stale, Mark::Stale), "an old lease's mark and count change nothing");
 }
 

@@ -92,11 +92,12 @@ impl OutboxStorage for BeginFails<'_> {
     }
     fn mark_delivered_and_begin(
         &self,
+        lease: &Lease,
+        now: SystemTime,
         _: &Lease,
-        _: SystemTime,
-        _: &Lease,
-    ) -> impl Future<Output = Result<(Mark, Mark), OutboxError>> + Send {
-        std::future::ready(Err(OutboxError::Database("database is locked".into())))
+    ) -> impl Future<Output = (Result<Mark, OutboxError>, Result<Mark, OutboxError>)> + Send {
+        let locked = Err(OutboxError::Database("database is locked".into()));
+        std::future::ready((outbox::mark_delivered(&self.0.connection(), lease, now), locked))
     }
 }
 
@@ -194,4 +195,181 @@ fn a_row_out_of_attempts_behind_a_published_one_dies_unpublished() {
         (p.state, p.last_error.as_deref()),
         (State::Dead, Some("3 publishes begun, none marked"))
     );
+}
+
+/// Every claimed row's outcome in a report: each counts once.
+fn outcomes(r: &outbox::BatchReport) -> usize {
+    r.delivered + r.retried + r.dead + r.stale + r.errors.len()
+}
+
+/// How [`Combined`]'s mark-and-count misbehaves.
+#[derive(Clone, Copy)]
+enum Misbehaves {
+    /// Refused as one statement: nothing changed.
+    Refused,
+    /// Both applied, then the answer was lost (a connection dropped after the commit).
+    AnswerLost,
+    /// Another relay took the next row just before (its token moved on).
+    NextTaken,
+}
+
+/// The storage, its `mark_delivered_and_begin` misbehaving as a one-statement driver's
+/// can.
+struct Combined<'a>(&'a Storage, Misbehaves);
+
+impl OutboxStorage for Combined<'_> {
+    fn claim_due(
+        &self,
+        batch: usize,
+        lease: Duration,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Batch, OutboxError>> + Send {
+        self.0.claim_due(batch, lease, now)
+    }
+    fn begin_attempt(&self, l: &Lease) -> impl Future<Output = Result<Mark, OutboxError>> + Send {
+        self.0.begin_attempt(l)
+    }
+    fn mark_delivered(
+        &self,
+        lease: &Lease,
+        now: SystemTime,
+    ) -> impl Future<Output = Result<Mark, OutboxError>> + Send {
+        self.0.mark_delivered(lease, now)
+    }
+    fn mark_failed(
+        &self,
+        lease: &Lease,
+        error: &str,
+        now: SystemTime,
+        retry: &Retry,
+    ) -> impl Future<Output = Result<Mark, OutboxError>> + Send {
+        self.0.mark_failed(lease, error, now, retry)
+    }
+    async fn mark_delivered_and_begin(
+        &self,
+        lease: &Lease,
+        now: SystemTime,
+        next: &Lease,
+    ) -> (Result<Mark, OutboxError>, Result<Mark, OutboxError>) {
+        match self.1 {
+            Misbehaves::Refused => {}
+            Misbehaves::AnswerLost => {
+                let _ = self.0.mark_delivered_and_begin(lease, now, next).await;
+            }
+            Misbehaves::NextTaken => {
+                let moved = "UPDATE idemcache_outbox SET token = token + 1 WHERE message_id = ?1";
+                self.0.connection().execute(moved, [&next.message_id]).unwrap();
+                return self.0.mark_delivered_and_begin(lease, now, next).await;
+            }
+        }
+        let lost = || Err(OutboxError::Database("connection lost".into()));
+        (lost(), lost())
+    }
+}
+
+/// The count of the next row failing (a trigger refuses it) leaves the row before it
+/// delivered and reported so: `a` and `c` delivered, `b`'s count the one error.
+#[test]
+fn a_failed_count_of_the_next_row_is_that_rows_error_alone() {
+    let mut db = memory();
+    put(&mut db, &[message("a"), message("b"), message("c")]);
+    db.execute_batch(
+        "CREATE TRIGGER refuse_b BEFORE UPDATE OF attempts ON idemcache_outbox
+         WHEN NEW.message_id = 'b' AND NEW.attempts > OLD.attempts
+         BEGIN SELECT RAISE(ABORT, 'database is locked'); END;",
+    )
+    .unwrap();
+    let storage = Storage::new(db);
+    let broker = FlakyBroker::new(0, None);
+    let r = block_on(outbox::relay_batch(&storage, &broker, &settings(3), &mut t0)).unwrap();
+    assert_eq!(inspect(&storage.connection(), "a").unwrap().unwrap().state, State::Delivered);
+    assert_eq!(broker.confirmed(), ["a", "c"]);
+    assert_eq!((r.delivered, r.errors.len(), outcomes(&r)), (2, 1, r.claimed), "{r:?}");
+}
+
+/// A mark-and-count refused as one statement costs a round trip, not a row: the relay
+/// marks alone and counts the next row alone, and every row has one outcome.
+#[test]
+fn a_refused_mark_and_count_is_run_again_as_two_statements() {
+    let mut db = memory();
+    put(&mut db, &[message("a"), message("b")]);
+    let storage = Storage::new(db);
+    let broker = FlakyBroker::new(0, None);
+    let combined = Combined(&storage, Misbehaves::Refused);
+    let r = block_on(outbox::relay_batch(&combined, &broker, &settings(3), &mut t0)).unwrap();
+    assert_eq!(broker.confirmed(), ["a", "b"], "{r:?}");
+    assert_eq!((r.delivered, outcomes(&r)), (2, r.claimed), "{r:?}");
+    let b = inspect(&storage.connection(), "b").unwrap().unwrap();
+    assert_eq!((b.state, b.attempts), (State::Delivered, 1));
+}
+
+/// A mark-and-count whose answer was lost after its commit: the mark run again is
+/// stale, and the next row's count run again spends an attempt without a publish (the
+/// limit docs/outbox.md names); the row is still published.
+#[test]
+fn a_lost_answer_of_a_mark_and_count_spends_one_attempt_and_loses_no_row() {
+    let mut db = memory();
+    put(&mut db, &[message("a"), message("b")]);
+    let storage = Storage::new(db);
+    let broker = FlakyBroker::new(0, None);
+    let combined = Combined(&storage, Misbehaves::AnswerLost);
+    let r = block_on(outbox::relay_batch(&combined, &broker, &settings(3), &mut t0)).unwrap();
+    assert_eq!(broker.confirmed(), ["a", "b"], "{r:?}");
+    assert_eq!((r.delivered, r.stale, outcomes(&r)), (1, 1, r.claimed), "{r:?}");
+    let b = inspect(&storage.connection(), "b").unwrap().unwrap();
+    assert_eq!((b.state, b.attempts), (State::Delivered, 2));
+}
+
+/// The mark applied while the next row's count is stale (another relay took it):
+/// delivered 1, stale 1, the next row unpublished and uncounted.
+#[test]
+fn a_mark_applied_and_a_stale_count_are_told_apart() {
+    let mut db = memory();
+    put(&mut db, &[message("a"), message("b")]);
+    let storage = Storage::new(db);
+    let broker = FlakyBroker::new(0, None);
+    let combined = Combined(&storage, Misbehaves::NextTaken);
+    let r = block_on(outbox::relay_batch(&combined, &broker, &settings(3), &mut t0)).unwrap();
+    assert_eq!(broker.confirmed(), ["a"], "{r:?}");
+    assert_eq!((r.delivered, r.stale, r.errors.len()), (1, 1, 0), "{r:?}");
+    assert_eq!(inspect(&storage.connection(), "b").unwrap().unwrap().attempts, 0);
+}
+
+/// A row behind one out of attempts counts its own publish: `g`, `p` (out of
+/// attempts: dead unpublished), `r` (delivered with one attempt); `p`'s count untouched.
+#[test]
+fn a_row_behind_a_dead_one_is_counted_itself() {
+    let mut db = memory();
+    put(&mut db, &[message("g"), message("p")]);
+    assert_eq!(ids(&claim_due(&db, 1, 10 * MIN, t0()).unwrap()), ["g"]);
+    for round in 0..3u32 {
+        let batch = claim_due(&db, 10, MIN, t0() + round * MIN).unwrap();
+        assert_eq!(ids(&batch), ["p"]);
+        assert_eq!(outbox::begin_attempt(&db, &batch.claimed[0].lease).unwrap(), Mark::Applied);
+    }
+    put(&mut db, &[message("r")]);
+    let storage = Storage::new(db);
+    let broker = FlakyBroker::new(0, None);
+    let mut clock = || t0() + 10 * MIN;
+    let r = block_on(outbox::relay_batch(&storage, &broker, &settings(3), &mut clock)).unwrap();
+    assert_eq!((r.claimed, r.delivered, r.dead), (3, 2, 1), "{r:?}");
+    assert_eq!(broker.confirmed(), ["g", "r"]);
+    let p = inspect(&storage.connection(), "p").unwrap().unwrap();
+    let rr = inspect(&storage.connection(), "r").unwrap().unwrap();
+    assert_eq!((p.state, p.attempts), (State::Dead, 3));
+    assert_eq!((rr.state, rr.attempts), (State::Delivered, 1));
+}
+
+/// A row after a failed publish counts its own (no count carried over): `a`, `b` (its
+/// publish fails), `c` delivered with one attempt.
+#[test]
+fn a_row_after_a_failed_publish_is_counted_itself() {
+    let mut db = memory();
+    put(&mut db, &[message("a"), message("b"), message("c")]);
+    let storage = Storage::new(db);
+    let broker = FlakyBroker::new(2, None);
+    let r = block_on(outbox::relay_batch(&storage, &broker, &settings(3), &mut t0)).unwrap();
+    assert_eq!((r.delivered, r.retried), (2, 1), "{r:?}");
+    let c = inspect(&storage.connection(), "c").unwrap().unwrap();
+    assert_eq!((c.state, c.attempts), (State::Delivered, 1));
 }

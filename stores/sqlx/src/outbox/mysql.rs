@@ -140,14 +140,14 @@ where
 }
 
 /// [`mark_delivered`] of `lease`, then [`begin_attempt`] of `next`: two statements on
-/// the pool (MySQL has no statement that answers both).
+/// the pool (MySQL has no statement that answers both), each answered as alone.
 pub async fn mark_delivered_and_begin(
     pool: &MySqlPool,
     lease: &Lease,
     now: SystemTime,
     next: &Lease,
-) -> Result<(Mark, Mark), OutboxError> {
-    Ok((mark_delivered(pool, lease, now).await?, begin_attempt(pool, next).await?))
+) -> (Result<Mark, OutboxError>, Result<Mark, OutboxError>) {
+    (mark_delivered(pool, lease, now).await, begin_attempt(pool, next).await)
 }
 
 /// Marks the row delivered at `now`, if `lease` is still its lease.

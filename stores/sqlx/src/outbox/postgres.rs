@@ -101,26 +101,29 @@ where
 }
 
 /// [`mark_delivered`] of `lease` and [`begin_attempt`] of `next`, in one statement:
-/// what each did.
+/// what each did (its failure is both's).
 pub async fn mark_delivered_and_begin<'e, E>(
     executor: E,
     lease: &Lease,
     now: SystemTime,
     next: &Lease,
-) -> Result<(Mark, Mark), OutboxError>
+) -> (Result<Mark, OutboxError>, Result<Mark, OutboxError>)
 where
     E: Executor<'e, Database = Postgres>,
 {
-    let (delivered, begun): (i64, i64) = sqlx::query_as(DELIVERED_AND_BEGIN)
-        .bind(&lease.message_id)
-        .bind(decode::lease_token(lease)?)
-        .bind(to_micros(now))
-        .bind(&next.message_id)
-        .bind(decode::lease_token(next)?)
-        .fetch_one(executor)
-        .await
-        .map_err(database)?;
-    Ok((decode::mark(delivered.unsigned_abs()), decode::mark(begun.unsigned_abs())))
+    let both = async {
+        let (delivered, begun): (i64, i64) = sqlx::query_as(DELIVERED_AND_BEGIN)
+            .bind(&lease.message_id)
+            .bind(decode::lease_token(lease)?)
+            .bind(to_micros(now))
+            .bind(&next.message_id)
+            .bind(decode::lease_token(next)?)
+            .fetch_one(executor)
+            .await
+            .map_err(database)?;
+        Ok((decode::mark(delivered.unsigned_abs()), decode::mark(begun.unsigned_abs())))
+    };
+    decode::both(both.await)
 }
 
 /// Marks the row delivered at `now`, if `lease` is still its lease.
