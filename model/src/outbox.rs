@@ -121,6 +121,8 @@ pub enum Action {
     Crash(usize),
     /// The clock advances one tick (only while something waits for time).
     Tick,
+    /// Relay 0's clock steps a tick forward (once).
+    Step,
 }
 
 /// The system's state.
@@ -147,6 +149,8 @@ pub struct State {
     pub failed_by_another: bool,
     /// A row was given up unpublished before its last attempt was begun.
     pub given_up_early: bool,
+    /// Whether relay 0's clock stepped forward.
+    pub stepped: bool,
 }
 
 /// The model: its bounds and configuration.
@@ -171,6 +175,8 @@ pub struct Outbox {
     /// How far relay 1's clock runs ahead of the others', in ticks (each relay leases
     /// and judges due rows by its own clock, the `now` its caller passes).
     pub skew: i64,
+    /// Whether relay 0's clock may step forward a tick, once, at any moment.
+    pub step: bool,
     /// A planted defect, if any.
     pub plant: Option<Plant>,
 }
@@ -188,7 +194,11 @@ impl Outbox {
 
     /// Relay `n`'s clock.
     fn clock(&self, state: &State, n: usize) -> i64 {
-        state.now + if n == 1 { self.skew } else { 0 }
+        match n {
+            0 => state.now + i64::from(state.stepped),
+            1 => state.now + self.skew,
+            _ => state.now,
+        }
     }
 
     fn due(&self, row: &Row, now: i64) -> bool {
@@ -416,6 +426,7 @@ impl Model for Outbox {
             delivered_changed: false,
             failed_by_another: false,
             given_up_early: false,
+            stepped: false,
         }]
     }
 
@@ -452,6 +463,9 @@ impl Model for Outbox {
         if waiting && state.now < self.max_clock {
             actions.push(Action::Tick);
         }
+        if self.step && !state.stepped {
+            actions.push(Action::Step);
+        }
     }
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
@@ -469,6 +483,7 @@ impl Model for Outbox {
                 state.relays[n] = Relay::Idle;
             }
             Action::Tick => state.now += 1,
+            Action::Step => state.stepped = true,
         }
         Some(state)
     }
@@ -541,8 +556,9 @@ impl fmt::Display for State {
             .collect();
         write!(
             f,
-            "t={} rows [{}]; relays [{}]; applied {:?}",
+            "t={}{} rows [{}]; relays [{}]; applied {:?}",
             self.now,
+            if self.stepped { " (relay 0 a tick ahead)" } else { "" },
             rows.join(", "),
             relays.join(", "),
             self.applied
@@ -562,6 +578,7 @@ pub fn outbox(plant: Option<Plant>, deep: bool) -> Outbox {
         attempts: 2,
         max_clock: 12,
         skew: if deep { 0 } else { 1 },
+        step: !deep,
         plant,
     }
 }
