@@ -249,6 +249,16 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_mark_and_count_is_both_parts_failure() {
+        let (marked, counted) = both(Ok((Mark::Applied, Mark::Stale)));
+        assert_eq!((marked.unwrap(), counted.unwrap()), (Mark::Applied, Mark::Stale));
+        let (marked, counted) = both(Err(OutboxError::Database("reset".into())));
+        assert!(marked.unwrap_err().to_string().contains("reset"));
+        let counted = counted.unwrap_err().to_string();
+        assert!(counted.contains("counted with a mark that failed") && counted.contains("reset"));
+    }
+
+    #[test]
     fn only_a_row_every_attempt_was_begun_of_is_out_of_attempts() {
         let retry = Retry::new(Duration::from_secs(1), Duration::from_secs(2), 3).unwrap();
         let lease = |attempts| Lease { message_id: "m".into(), token: 9, attempts };
