@@ -59,48 +59,6 @@ impl outbox::Publisher for Gate {
     }
 }
 
-/// A storage whose `begin_attempt` fails and changes nothing (the database refused it).
-struct BeginFails<'a>(&'a Storage);
-
-impl OutboxStorage for BeginFails<'_> {
-    fn claim_due(
-        &self,
-        batch: usize,
-        lease: Duration,
-        now: SystemTime,
-    ) -> impl Future<Output = Result<Batch, OutboxError>> + Send {
-        self.0.claim_due(batch, lease, now)
-    }
-    fn begin_attempt(&self, _: &Lease) -> impl Future<Output = Result<Mark, OutboxError>> + Send {
-        std::future::ready(Err(OutboxError::Database("database is locked".into())))
-    }
-    fn mark_delivered(
-        &self,
-        lease: &Lease,
-        now: SystemTime,
-    ) -> impl Future<Output = Result<Mark, OutboxError>> + Send {
-        self.0.mark_delivered(lease, now)
-    }
-    fn mark_failed(
-        &self,
-        lease: &Lease,
-        error: &str,
-        now: SystemTime,
-        retry: &Retry,
-    ) -> impl Future<Output = Result<Mark, OutboxError>> + Send {
-        self.0.mark_failed(lease, error, now, retry)
-    }
-    fn mark_delivered_and_begin(
-        &self,
-        lease: &Lease,
-        now: SystemTime,
-        _: &Lease,
-    ) -> impl Future<Output = (Result<Mark, OutboxError>, Result<Mark, OutboxError>)> + Send {
-        let locked = Err(OutboxError::Database("database is locked".into()));
-        std::future::ready((outbox::mark_delivered(&self.0.connection(), lease, now), locked))
-    }
-}
-
 /// Kills "a Stale begin publishes anyway" (relay.rs: "a relay whose lease lapsed now
 /// skips a row another relay claimed"): relay A, slow on `s`, outlives its lease; relay
 /// B claims `s` and `x`; A's count of `x` is Stale and A does not publish `x`.
@@ -133,8 +91,13 @@ fn a_row_whose_count_failed_is_not_published() {
     put(&mut db, &[message("x")]);
     let storage = Storage::new(db);
     let broker = FlakyBroker::new(0, None);
-    let r = block_on(outbox::relay_batch(&BeginFails(&storage), &broker, &settings(3), &mut t0))
-        .unwrap();
+    let r = block_on(outbox::relay_batch(
+        &Faulty(&storage, Fault::BeginLocked),
+        &broker,
+        &settings(3),
+        &mut t0,
+    ))
+    .unwrap();
     assert_eq!((r.claimed, r.errors.len(), r.delivered, broker.calls()), (1, 1, 0, 0), "{r:?}");
     let row = inspect(&storage.connection(), "x").unwrap().unwrap();
     assert_eq!((row.state, row.attempts), (State::Leased, 0));
@@ -202,10 +165,12 @@ fn outcomes(r: &outbox::BatchReport) -> usize {
     r.delivered + r.retried + r.dead + r.stale + r.errors.len()
 }
 
-/// How [`Combined`]'s mark-and-count misbehaves.
+/// How [`Faulty`] fails.
 #[derive(Clone, Copy)]
-enum Misbehaves {
-    /// Refused as one statement: nothing changed.
+enum Fault {
+    /// Every count refused, changing nothing (the database locked).
+    BeginLocked,
+    /// A mark-and-count refused as one statement: nothing changed.
     Refused,
     /// Both applied, then the answer was lost (a connection dropped after the commit).
     AnswerLost,
@@ -213,11 +178,11 @@ enum Misbehaves {
     NextTaken,
 }
 
-/// The storage, its `mark_delivered_and_begin` misbehaving as a one-statement driver's
-/// can.
-struct Combined<'a>(&'a Storage, Misbehaves);
+/// The storage, its counts failing as a database can, or its `mark_delivered_and_begin`
+/// as a one-statement driver's can.
+struct Faulty<'a>(&'a Storage, Fault);
 
-impl OutboxStorage for Combined<'_> {
+impl OutboxStorage for Faulty<'_> {
     fn claim_due(
         &self,
         batch: usize,
@@ -226,8 +191,11 @@ impl OutboxStorage for Combined<'_> {
     ) -> impl Future<Output = Result<Batch, OutboxError>> + Send {
         self.0.claim_due(batch, lease, now)
     }
-    fn begin_attempt(&self, l: &Lease) -> impl Future<Output = Result<Mark, OutboxError>> + Send {
-        self.0.begin_attempt(l)
+    async fn begin_attempt(&self, l: &Lease) -> Result<Mark, OutboxError> {
+        match self.1 {
+            Fault::BeginLocked => Err(OutboxError::Database("database is locked".into())),
+            _ => self.0.begin_attempt(l).await,
+        }
     }
     fn mark_delivered(
         &self,
@@ -252,11 +220,15 @@ impl OutboxStorage for Combined<'_> {
         next: &Lease,
     ) -> (Result<Mark, OutboxError>, Result<Mark, OutboxError>) {
         match self.1 {
-            Misbehaves::Refused => {}
-            Misbehaves::AnswerLost => {
+            Fault::BeginLocked => {
+                let marked = self.0.mark_delivered(lease, now).await;
+                return (marked, self.begin_attempt(next).await);
+            }
+            Fault::Refused => {}
+            Fault::AnswerLost => {
                 let _ = self.0.mark_delivered_and_begin(lease, now, next).await;
             }
-            Misbehaves::NextTaken => {
+            Fault::NextTaken => {
                 let moved = "UPDATE idemcache_outbox SET token = token + 1 WHERE message_id = ?1";
                 self.0.connection().execute(moved, [&next.message_id]).unwrap();
                 return self.0.mark_delivered_and_begin(lease, now, next).await;
@@ -295,7 +267,7 @@ fn a_refused_mark_and_count_is_run_again_as_two_statements() {
     put(&mut db, &[message("a"), message("b")]);
     let storage = Storage::new(db);
     let broker = FlakyBroker::new(0, None);
-    let combined = Combined(&storage, Misbehaves::Refused);
+    let combined = Faulty(&storage, Fault::Refused);
     let r = block_on(outbox::relay_batch(&combined, &broker, &settings(3), &mut t0)).unwrap();
     assert_eq!(broker.confirmed(), ["a", "b"], "{r:?}");
     assert_eq!((r.delivered, outcomes(&r)), (2, r.claimed), "{r:?}");
@@ -312,7 +284,7 @@ fn a_lost_answer_of_a_mark_and_count_spends_one_attempt_and_loses_no_row() {
     put(&mut db, &[message("a"), message("b")]);
     let storage = Storage::new(db);
     let broker = FlakyBroker::new(0, None);
-    let combined = Combined(&storage, Misbehaves::AnswerLost);
+    let combined = Faulty(&storage, Fault::AnswerLost);
     let r = block_on(outbox::relay_batch(&combined, &broker, &settings(3), &mut t0)).unwrap();
     assert_eq!(broker.confirmed(), ["a", "b"], "{r:?}");
     assert_eq!((r.delivered, r.stale, outcomes(&r)), (1, 1, r.claimed), "{r:?}");
@@ -328,7 +300,7 @@ fn a_mark_applied_and_a_stale_count_are_told_apart() {
     put(&mut db, &[message("a"), message("b")]);
     let storage = Storage::new(db);
     let broker = FlakyBroker::new(0, None);
-    let combined = Combined(&storage, Misbehaves::NextTaken);
+    let combined = Faulty(&storage, Fault::NextTaken);
     let r = block_on(outbox::relay_batch(&combined, &broker, &settings(3), &mut t0)).unwrap();
     assert_eq!(broker.confirmed(), ["a"], "{r:?}");
     assert_eq!((r.delivered, r.stale, r.errors.len()), (1, 1, 0), "{r:?}");
