@@ -271,7 +271,8 @@ where
     for (at, claimed) in rows.iter().enumerate() {
         if decode::out_of_attempts(&claimed.lease, &settings.retry) {
             // Each of its publishes was begun and none was marked: a relay died
-            // publishing it, every time (a poison message). Dead, without a publish.
+            // publishing it, every time (a poison message), or a limit of
+            // `out_of_attempts` spent them. Dead, without a publish.
             let why = format!("{} publishes begun, none marked", claimed.lease.attempts);
             let now = clock();
             match storage.mark_failed(&claimed.lease, &why, now, &settings.retry).await {
