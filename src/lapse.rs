@@ -50,6 +50,14 @@ pub enum LapsePolicy {
     /// The next claimer takes the key over under a new fencing token and executes again.
     /// Right when nothing outside a transaction happened: the lapsed execution's
     /// business change either committed with its record or not at all.
+    ///
+    /// The claim that takes over answers `took_over` (a durable store's
+    /// `StoreClaim::Acquired`, `Tiered`'s guard, the layer's `Claimed`), so that a handler
+    /// with an effect outside the transaction can ask the authority before acting again.
+    /// A durable store keeps a lapsed lease for at least as long as it was held (one
+    /// lease, or more after renewals) for a claim to find and say so; `purge_expired`
+    /// deletes it after that, and a claim after the purge is a new execution, as one
+    /// after a result's TTL is.
     #[default]
     TakeOver,
     /// The key turns UNKNOWN at the lease's end, and stays so for `ttl` from then: a

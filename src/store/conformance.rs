@@ -223,6 +223,36 @@ async fn fencing<S: Store>(store: &S, run: &Run) {
     assert!(matches!(store.extend_lease(&k, token, LEASE).await, Err(StoreError::LeaseLost(_))));
 }
 
+/// A lapsed lease outlives `purge_expired` for as long as it was held, so the claim after
+/// the purge still finds the execution it takes over and says so (`took_over`): what a
+/// handler whose effect is outside the store asks before acting again. (A purge deleting
+/// every lapsed lease at once, as the SQL stores' did, made that claim a new execution.)
+async fn purge_keeps_a_lapse<S: Store>(store: &S, run: &Run) {
+    let k = run.key("lapsed-purged");
+    let stale = match store.claim(&k, fp("r"), Duration::from_millis(500)).await.unwrap() {
+        StoreClaim::Acquired { token, .. } => token,
+        other => panic!("an absent key is acquired: {other:?}"),
+    };
+    let mut lapsed = false;
+    for _ in 0..2000 {
+        // A lapsed lease reads as no record: dead, to be taken over.
+        if store.record(&k).await.unwrap().is_none() {
+            lapsed = true;
+            break;
+        }
+        pause(Duration::from_millis(2)).await;
+    }
+    assert!(lapsed, "the lease never lapsed");
+    while store.purge_expired(100).await.unwrap() == 100 {}
+    match store.claim(&k, fp("r"), LEASE).await.unwrap() {
+        StoreClaim::Acquired { token, took_over, .. } => {
+            assert!(token > stale, "taken over under a larger token");
+            assert!(took_over, "the purge kept the lapsed lease, and the claim says so");
+        }
+        other => panic!("a lapsed lease is taken over: {other:?}"),
+    }
+}
+
 /// A lapsed lease is taken over with a larger token; the stale owner is refused.
 async fn takeover<S: Store>(store: &S, run: &Run) {
     let k = run.key("lapsed");
@@ -326,6 +356,7 @@ async fn suite<S: Store>(store: &S, purges_itself: bool) {
     state_table(store, &run).await;
     fencing(store, &run).await;
     takeover(store, &run).await;
+    purge_keeps_a_lapse(store, &run).await;
     expiry(store, &run, purges_itself).await;
     bad_input(store, &run).await;
     records::inspection(store, &run).await;

@@ -32,6 +32,24 @@ macro_rules! lapsed_within {
     };
 }
 
+/// A lapsed lease a purge keeps: lapsed less than the unknown TTL `?N` µs ago, or less
+/// than the time it was held (`expires_at - started_at`, at least one lease), so that a
+/// claim after the lapse still finds the execution it takes over and answers
+/// `took_over` (Redis keeps its key as long).
+macro_rules! lapse_kept {
+    ($ttl:literal) => {
+        concat!(
+            "(state = 1 AND expires_at <= ",
+            now!(),
+            " AND expires_at + MAX(",
+            $ttl,
+            ", expires_at - started_at) > ",
+            now!(),
+            ")"
+        )
+    };
+}
+
 /// A live UNKNOWN record, or one a lapse made so (see [`lapsed_within`]).
 macro_rules! unknown_or_lapsed {
     ($ttl:literal) => {
@@ -155,13 +173,14 @@ pub(crate) const LIST_UNKNOWN: &str = concat!(
     " ORDER BY marked, key LIMIT ?1"
 );
 
-/// Up to `?1` expired records deleted; a lapse within `?2` µs (UNKNOWN to this handle)
-/// is kept until that mark would expire.
+/// Up to `?1` expired records deleted; a lapsed lease is kept while [`lapse_kept`]: the
+/// unknown TTL `?2` µs (UNKNOWN to this handle until that mark would expire), or the
+/// time it was held, whichever is longer.
 pub(crate) const PURGE_EXPIRED: &str = concat!(
     "DELETE FROM idemcache_records WHERE key IN
          (SELECT key FROM idemcache_records WHERE expires_at <= ",
     now!(),
     " AND NOT ",
-    lapsed_within!("?2"),
+    lapse_kept!("?2"),
     " LIMIT ?1)"
 );

@@ -98,6 +98,21 @@ macro_rules! lapsed_within {
     };
 }
 
+/// Record `r` a lapsed lease a purge keeps (against the `now` CTE): lapsed less than the
+/// unknown TTL `$N` µs ago, or less than the time it was held (`expires_at - started_at`,
+/// at least one lease), so that a claim after the lapse still finds the execution it
+/// takes over and answers `took_over` (Redis keeps its key as long).
+macro_rules! lapse_kept {
+    ($ttl:literal) => {
+        concat!(
+            "(r.state = 1 AND r.expires_at <= now.us
+              AND r.expires_at + GREATEST(",
+            $ttl,
+            ", r.expires_at - r.started_at) > now.us)"
+        )
+    };
+}
+
 /// A live UNKNOWN record, or one a lapse made so (see [`lapsed_within`]).
 macro_rules! unknown_or_lapsed {
     ($ttl:literal) => {
@@ -346,8 +361,8 @@ pub const UNKNOWN: &str = concat!(
 );
 
 /// One bounded batch of `purge_expired`: at most `$1` expired records (`$2` the unknown
-/// TTL of `LapsePolicy::MarkUnknown`: a lapse it reads as UNKNOWN stays), one count back
-/// (`bigint`).
+/// TTL of `LapsePolicy::MarkUnknown`: a lapsed lease stays while [`lapse_kept`]), one
+/// count back (`bigint`).
 ///
 /// The batch is picked through the expiry index (`LIMIT $1`, `SKIP LOCKED`: two purgers
 /// never wait on each other's batch, and a claim's row being written is skipped) and
@@ -367,7 +382,7 @@ pub const PURGE: &str = concat!(
          picked AS (
              SELECT r.tableoid AS rel, r.ctid AS addr FROM idemcache_records r, now
              WHERE r.expires_at <= now.us AND NOT ",
-    lapsed_within!("$2"),
+    lapse_kept!("$2"),
     "
              LIMIT $1 FOR UPDATE OF r SKIP LOCKED
          ),
@@ -376,7 +391,7 @@ pub const PURGE: &str = concat!(
              WHERE r.ctid = ANY(ARRAY(SELECT addr FROM picked))
                AND EXISTS (SELECT 1 FROM picked p WHERE p.rel = r.tableoid AND p.addr = r.ctid)
                AND r.expires_at <= now.us AND NOT ",
-    lapsed_within!("$2"),
+    lapse_kept!("$2"),
     "
              RETURNING 1
          )
