@@ -3,14 +3,18 @@
 //!
 //! What is modelled: processes that mint a token, look at the key's record and do what
 //! [`after_look`] decides (take a new key, take a dead record over, turn a lapsed lease
-//! UNKNOWN, or answer), then execute and complete, and crash at any step; the server's
-//! clock advancing past leases; the two lapse policies; an effect inside the completion's
-//! transaction (one commit) or outside it (before the completion); two reconcilers that
+//! UNKNOWN, or answer), then execute and complete, and crash at any step; in the
+//! one-commit mode the claim inserts its own row first and its look finds it (the
+//! one-commit claim's `TAKE_NEW_OR_LOCK`); the server's clock advancing past leases, and
+//! stepping back a tick once; the two lapse policies; an effect inside the completion's
+//! transaction (one commit) or outside it (before the completion), where a handler told
+//! `took_over` asks the authority whether an earlier execution had it; two reconcilers that
 //! check an UNKNOWN record against the authority and settle it, fenced by the token of
 //! the execution they checked (`idemcache::store::reconcile`); each process's hot tier
 //! (`Tiered`'s cache), asked before the store, filled once a completion committed or a
 //! claim read a committed record, lost with the process; a purge deleting the record
-//! once it expired, as the drivers' `PURGE` selects it. What the model writes
+//! once it expired, as the drivers' `PURGE` selects it; each client's attempt recorded as
+//! an operation for stateright's `LinearizabilityTester`. What the model writes
 //! itself is what SQL does in the drivers: the `live`/`lapsed` columns the look computes,
 //! and the fenced writes (a completion changes the record only while it holds the
 //! process's token). Invariant of this file: every decision a claim makes comes from
@@ -18,10 +22,14 @@
 //! defect of that decision (or of its input) that a property must catch.
 //!
 //! The properties ([`Protocol::properties`]): an effect inside the transaction happens
-//! at most once; an effect outside it at most once under `MarkUnknown`; the tokens a key's
-//! record holds only grow; a replay returns what committed; a live lease is never taken
-//! over; a reconcile verdict settles only the execution it names; a claim waits only on
-//! a live lease; the hot tier replays only what the store committed.
+//! at most once; an effect outside it at most once under `MarkUnknown`, and under
+//! `TakeOver` twice only where a live holder's lease lapsed or a lapse outlived its
+//! window; the tokens a key's record holds only grow; a replay returns what committed; a
+//! live lease is never taken over; a reconcile verdict settles only the execution it
+//! names; a claim waits only on a live lease; the hot tier replays only what the store
+//! committed; claim-or-return is linearizable (the clients' operations against
+//! [`ClaimOrReturn`], the sequential specification the real runs' histories are checked
+//! against too).
 
 use idemcache::store::StoreClaim;
 use idemcache::Fingerprint;
@@ -29,7 +37,10 @@ use idemcache_sql::records::decode::{ClaimRow, COMPLETED, PROCESSING, UNKNOWN};
 use idemcache_sql::records::mysql_claim::{after_look, Next};
 use std::fmt;
 
+use stateright::semantics::{ConsistencyTester, LinearizabilityTester};
 use stateright::{Model, Property};
+
+use crate::history::spec::{ClaimOrReturn, Mode, Op, Ret};
 
 use crate::{check, Checked};
 
@@ -89,11 +100,17 @@ pub enum Plant {
     /// A purge deleting a lapsed lease still within its UNKNOWN window under
     /// `MarkUnknown`: the next claim runs the intent again.
     PurgeTakesALapse,
+    /// A completed record read as UNKNOWN (its state decoded wrong): a claim after the
+    /// commit answered "outcome unknown", which no order of the claims gives.
+    CompletedReadUnknown,
+    /// The handler ignores `took_over`: an execution that took a lapsed lease over has
+    /// its effect without asking whether the earlier execution's happened.
+    TookOverIgnored,
 }
 
 impl Plant {
     /// Every plant.
-    pub const ALL: [Plant; 9] = [
+    pub const ALL: [Plant; 11] = [
         Plant::TakeoverWithoutMint,
         Plant::LiveLeaseTakenOver,
         Plant::LapseTakenOver,
@@ -103,6 +120,8 @@ impl Plant {
         Plant::LapsedLeaseHeld,
         Plant::CachedBeforeCommit,
         Plant::PurgeTakesALapse,
+        Plant::CompletedReadUnknown,
+        Plant::TookOverIgnored,
     ];
 
     /// Its name on the command line.
@@ -117,6 +136,8 @@ impl Plant {
             Plant::LapsedLeaseHeld => "lapsed-lease-held",
             Plant::CachedBeforeCommit => "cached-before-commit",
             Plant::PurgeTakesALapse => "purge-takes-a-lapse",
+            Plant::CompletedReadUnknown => "completed-read-unknown",
+            Plant::TookOverIgnored => "took-over-ignored",
         }
     }
 
@@ -138,6 +159,8 @@ impl Plant {
             Plant::LapsedLeaseHeld => (Lapse::TakeOver, Effect::Inside),
             Plant::CachedBeforeCommit => (Lapse::TakeOver, Effect::Inside),
             Plant::PurgeTakesALapse => (Lapse::MarkUnknown, Effect::Outside),
+            Plant::CompletedReadUnknown => (Lapse::TakeOver, Effect::Inside),
+            Plant::TookOverIgnored => (Lapse::TakeOver, Effect::Outside),
         }
     }
 }
@@ -195,6 +218,8 @@ pub enum Action {
     Purge,
     /// The server's clock advances one tick.
     Tick,
+    /// The server's clock steps back a tick (once): an NTP step.
+    StepBack,
 }
 
 /// The system's state.
@@ -241,6 +266,25 @@ pub struct State {
     pub checks: u8,
     /// A verdict settled an execution other than the one it checked.
     pub settled_wrong: bool,
+    /// Each process's `took_over` answer: the token of the execution whose lapsed lease
+    /// its claim took over, while it holds the key.
+    pub took_over: Vec<Option<i64>>,
+    /// Each process's current claim: its thread in `history`.
+    pub claims_of: Vec<u8>,
+    /// A claim took over the lease of an execution whose process still lives, its
+    /// effect not yet had: the one case the docs allow an outside effect twice.
+    pub live_holder_taken_over: bool,
+    /// A purge deleted a lapsed lease past its window: the next claim is a new
+    /// execution, not told `took_over` (dedup ends there, as with a result past its TTL).
+    pub lapse_purged: bool,
+    /// Whether the server's clock stepped back.
+    pub stepped_back: bool,
+    /// The clients' claims as operations (one thread per claim: invoked when it mints
+    /// or asks its hot tier, returned with its answer, left in flight when its process
+    /// crashed or its completion was refused), checked against claim-or-return.
+    pub history: LinearizabilityTester<u8, ClaimOrReturn>,
+    /// The answers recorded in `history`, each with its claim, for the traces.
+    pub answers: Vec<(u8, Ret)>,
 }
 
 /// The model: its bounds and configuration.
@@ -269,6 +313,8 @@ pub struct Protocol {
     pub purges: u8,
     /// The clock's last tick.
     pub max_clock: i64,
+    /// Whether the server's clock may step back a tick, once, at any moment.
+    pub step_back: bool,
     /// A claim's lease, in ticks.
     pub lease: i64,
     /// What a lapsed lease becomes.
@@ -297,6 +343,7 @@ impl Protocol {
             && self.plant != Some(Plant::LapseTakenOver);
         let state = match (self.plant, row.state) {
             (Some(Plant::InProgressReplayed), PROCESSING) if live => COMPLETED,
+            (Some(Plant::CompletedReadUnknown), COMPLETED) => UNKNOWN,
             (_, state) => state,
         };
         ClaimRow {
@@ -330,9 +377,15 @@ impl Protocol {
         state.row = Some(row);
     }
 
-    /// Process `n`, having minted `token`, looks and acts on the decision.
+    /// Process `n`, having minted `token`, looks and acts on the decision. In the
+    /// one-commit mode (the effect inside) the claim is the one-commit claim: its
+    /// `TAKE_NEW_OR_LOCK` inserts the key's row under its token if there is none, so its
+    /// look finds its own insert; the store's own claim (the effect outside) looks first.
     fn look_and_act(&self, state: &mut State, n: usize, token: i64) {
         let now = state.now;
+        if self.effect == Effect::Inside && state.row.is_none() {
+            self.write(state, self.held(token, now));
+        }
         let seen = state.row.as_ref().map(|row| self.look(row, now));
         let decided = match after_look(KEY, REQUEST, token, seen.as_ref()) {
             Ok(next) => next,
@@ -342,19 +395,13 @@ impl Protocol {
                 return;
             }
         };
-        let held = |token| Row {
-            state: PROCESSING,
-            token,
-            body: None,
-            expires_at: now + self.lease,
-            settled_at: None,
-        };
+        let answered = |state: &mut State, ret: Ret| state.answer(n, ret);
         state.procs[n] = match decided {
             Next::TakeNew => {
-                self.write(state, held(token));
+                self.write(state, self.held(token, now));
                 Proc::Holding(token)
             }
-            Next::TakeOver { held: dead, mint, .. } => {
+            Next::TakeOver { held: dead, mint, took_over } => {
                 if state.row.as_ref().map(|r| r.token) != Some(dead) {
                     return; // the driver's fenced write changed nothing: it looks again
                 }
@@ -368,7 +415,11 @@ impl Protocol {
                 } else {
                     token
                 };
-                self.write(state, held(token));
+                if took_over && state.procs.contains(&Proc::Holding(dead)) {
+                    state.live_holder_taken_over = true;
+                }
+                state.took_over[n] = took_over.then_some(dead);
+                self.write(state, self.held(token, now));
                 Proc::Holding(token)
             }
             Next::TurnUnknown { held: dead, .. } => {
@@ -377,6 +428,7 @@ impl Protocol {
                     row.settled_at = Some(row.expires_at);
                     row.expires_at += LAPSE_TTL;
                 }
+                answered(state, Ret::Unknown);
                 Proc::Idle
             }
             Next::Answer(StoreClaim::Completed(replay)) => {
@@ -387,21 +439,39 @@ impl Protocol {
                 }
                 // Read through: the hot tier keeps what the store answered committed.
                 state.cached[n] = replayed;
+                answered(state, Ret::Replayed(replayed.unwrap_or(-1)));
                 Proc::Answered
             }
-            Next::Answer(StoreClaim::Acquired { .. }) => Proc::Holding(token),
+            // The one-commit claim's own insert: acquired, nothing taken over.
+            Next::Answer(StoreClaim::Acquired { .. }) => {
+                state.took_over[n] = None;
+                Proc::Holding(token)
+            }
             Next::Answer(StoreClaim::InProgress { .. }) => {
                 let leased =
                     state.row.as_ref().is_some_and(|r| r.state == PROCESSING && r.expires_at > now);
                 if !leased {
                     state.held_without_lease = true;
                 }
+                answered(state, Ret::InProgress);
                 Proc::Idle
             }
-            // In progress, UNKNOWN (settled by a reconciler, not here), a mismatch: the
-            // client retries later.
-            Next::Answer(_) => Proc::Idle,
+            // UNKNOWN (settled by a reconciler, not here): the client retries later.
+            Next::Answer(StoreClaim::Unknown { .. }) => {
+                answered(state, Ret::Unknown);
+                Proc::Idle
+            }
+            // A mismatch, or an answer no step of the protocol gives here.
+            Next::Answer(other) => {
+                answered(state, Ret::Refused(format!("{other:?}")));
+                Proc::Idle
+            }
         };
+    }
+
+    /// The key's row as a claim at `now` writes it under `token`: PROCESSING, leased.
+    fn held(&self, token: i64, now: i64) -> Row {
+        Row { state: PROCESSING, token, body: None, expires_at: now + self.lease, settled_at: None }
     }
 
     /// The reconciler's verdict on the execution claimed under `token`: applied only while
@@ -435,12 +505,19 @@ impl Protocol {
     }
 
     /// Whether a purge deletes `row` at `now`, as the drivers' `PURGE` selects: expired,
-    /// but not a lapsed lease still within its window to be turned UNKNOWN (under
-    /// `TakeOver` that window is empty).
+    /// but not a lapsed lease within its window: the unknown TTL under `MarkUnknown`, and
+    /// at least the time the lease was held under either policy, so that a claim after
+    /// the lapse still finds the execution it takes over (and says `took_over`).
     fn purgeable(&self, row: &Row, now: i64) -> bool {
-        let window = if self.lapse == Lapse::MarkUnknown { LAPSE_TTL } else { 0 };
-        let to_turn = row.state == PROCESSING && row.expires_at + window > now;
-        row.expires_at <= now && (!to_turn || self.plant == Some(Plant::PurgeTakesALapse))
+        row.expires_at <= now
+            && (!self.within_window(row, now) || self.plant == Some(Plant::PurgeTakesALapse))
+    }
+
+    /// Whether `row` is a lapsed lease within its window at `now`: the unknown TTL under
+    /// `MarkUnknown`, and at least the time the lease was held under either policy.
+    fn within_window(&self, row: &Row, now: i64) -> bool {
+        let unknown = if self.lapse == Lapse::MarkUnknown { LAPSE_TTL } else { 0 };
+        row.state == PROCESSING && row.expires_at + unknown.max(self.lease) > now
     }
 
     /// Process `n` completes under `token`: fenced by it, as the drivers' statements are.
@@ -455,8 +532,10 @@ impl Protocol {
             .as_ref()
             .is_some_and(|r| r.state == PROCESSING && (r.token == token || !fenced));
         if !holds {
-            // Lease lost: the transaction rolls back (inside, the effect with it).
+            // Lease lost: the transaction rolls back (inside, the effect with it), and the
+            // client is answered an error: its claim stays in flight in the history.
             state.procs[n] = Proc::Idle;
+            state.took_over[n] = None;
             return;
         }
         if self.effect == Effect::Inside {
@@ -473,7 +552,19 @@ impl Protocol {
         self.write(state, completed);
         // Only now, the store's completion committed, does the hot tier keep it.
         state.cached[n] = Some(token);
+        state.took_over[n] = None;
         state.procs[n] = Proc::Answered;
+        state.answer(n, Ret::Executed(token));
+    }
+}
+
+impl State {
+    /// Process `n`'s claim returns `ret` to its client.
+    fn answer(&mut self, n: usize, ret: Ret) {
+        let claim = self.claims_of[n];
+        // The tester refuses only a return with no invocation, which no step makes.
+        let _ = self.history.on_return(claim, ret.clone());
+        self.answers.push((claim, ret));
     }
 }
 
@@ -503,6 +594,13 @@ impl Model for Protocol {
             verdicts: [None; 2],
             checks: 0,
             settled_wrong: false,
+            took_over: vec![None; self.procs],
+            claims_of: vec![0; self.procs],
+            live_holder_taken_over: false,
+            stepped_back: false,
+            lapse_purged: false,
+            history: LinearizabilityTester::new(ClaimOrReturn::new(Mode::Together)),
+            answers: Vec::new(),
         }]
     }
 
@@ -549,12 +647,18 @@ impl Model for Protocol {
         if state.now < self.max_clock {
             actions.push(Action::Tick);
         }
+        if self.step_back && !state.stepped_back && state.now > 0 {
+            actions.push(Action::StepBack);
+        }
     }
 
     fn next_state(&self, last: &State, action: Action) -> Option<State> {
         let mut state = last.clone();
         match action {
             Action::Mint(n) => {
+                // The client's attempt begins: an operation of a thread of its own.
+                state.claims_of[n] = state.claims;
+                let _ = state.history.on_invoke(state.claims, Op::Post);
                 state.claims += 1;
                 // `Tiered` asks its hot tier first: a result there is answered from memory.
                 if let Some(body) = state.cached[n] {
@@ -562,6 +666,7 @@ impl Model for Protocol {
                         state.cache_replayed_uncommitted = true;
                     }
                     state.procs[n] = Proc::Answered;
+                    state.answer(n, Ret::Replayed(body));
                     return Some(state);
                 }
                 state.minted += 1;
@@ -573,7 +678,15 @@ impl Model for Protocol {
             }
             Action::Effect(n) => {
                 let Proc::Holding(token) = state.procs[n] else { return None };
-                state.effects += 1;
+                // The handler told `took_over` asks the authority, by the key, whether an
+                // earlier execution had the effect, and adopts it if so
+                // (docs/durable-tiers.md).
+                let asks =
+                    state.took_over[n].is_some() && self.plant != Some(Plant::TookOverIgnored);
+                let adopted = asks && state.effected != 0;
+                if !adopted {
+                    state.effects += 1;
+                }
                 state.effected |= bit(token);
                 state.procs[n] = Proc::Effected(token);
             }
@@ -587,6 +700,7 @@ impl Model for Protocol {
                 state.crashes += 1;
                 state.procs[n] = Proc::Idle;
                 state.cached[n] = None;
+                state.took_over[n] = None;
             }
             Action::Check(r) => {
                 let token = state.row.as_ref()?.token;
@@ -599,9 +713,16 @@ impl Model for Protocol {
             }
             Action::Purge => {
                 state.purges += 1;
-                state.row = None;
+                let row = state.row.take()?;
+                if row.state == PROCESSING && !self.within_window(&row, state.now) {
+                    state.lapse_purged = true;
+                }
             }
             Action::Tick => state.now += 1,
+            Action::StepBack => {
+                state.stepped_back = true;
+                state.now -= 1;
+            }
         }
         Some(state)
     }
@@ -618,6 +739,23 @@ impl Model for Protocol {
                     m.effect != Effect::Outside || m.lapse != Lapse::MarkUnknown || s.effects <= 1
                 },
             ),
+            // Under `TakeOver` the docs allow a second effect only where a lease lapsed
+            // while its holder lived on to have its effect, or where the lapsed lease was
+            // kept past its window and purged (as a result is, past its TTL): a crashed
+            // holder's effect is found by the handler `took_over` tells to ask.
+            Property::always(
+                "an effect outside it twice under TakeOver only where a live holder lapsed or a lapse was purged",
+                |m: &Protocol, s: &State| {
+                    m.effect != Effect::Outside
+                        || m.lapse != Lapse::TakeOver
+                        || s.effects <= 1
+                        || s.live_holder_taken_over
+                        || s.lapse_purged
+                },
+            ),
+            Property::always("claim-or-return is linearizable", |_: &Protocol, s: &State| {
+                s.history.is_consistent()
+            }),
             Property::always("a key's tokens only grow", |_: &Protocol, s: &State| {
                 !s.token_went_down
             }),
@@ -648,6 +786,7 @@ impl Model for Protocol {
 pub fn configurations() -> Vec<(Lapse, Effect)> {
     vec![
         (Lapse::TakeOver, Effect::Inside),
+        (Lapse::TakeOver, Effect::Outside),
         (Lapse::MarkUnknown, Effect::Inside),
         (Lapse::MarkUnknown, Effect::Outside),
     ]
@@ -666,6 +805,7 @@ pub fn protocol(lapse: Lapse, effect: Effect, plant: Option<Plant>, deep: bool) 
         checks_a_stalled_owner: false,
         tokens_across_deletes: false,
         max_clock: if deep { 5 } else { 4 },
+        step_back: true,
         lease: 2,
         lapse,
         effect,
@@ -694,10 +834,17 @@ impl fmt::Display for State {
                 format!("{name} token {} until {}", r.token, r.expires_at)
             }
         };
+        let answers: Vec<String> =
+            state.answers.iter().map(|(claim, ret)| format!("#{claim} {ret:?}")).collect();
         write!(
             f,
-            "t={} record: {row}; processes {:?}; hot tiers {:?}; effects {}; committed {:?}",
-            state.now, state.procs, state.cached, state.effects, state.committed
+            "t={} record: {row}; processes {:?}; hot tiers {:?}; effects {}; committed {:?}; answers [{}]",
+            state.now,
+            state.procs,
+            state.cached,
+            state.effects,
+            state.committed,
+            answers.join(", ")
         )
     }
 }

@@ -2,7 +2,8 @@
 //! the bounds, over the decision code the drivers run: [`claim`] (one key's claims
 //! across processes, the lapse policies, the one-commit transaction, reconcile, the hot
 //! tier, purge) and [`outbox`] (the relay's leases, fencing and attempts, a poison row,
-//! relays' clocks apart, the consumer's inbox). `.ci/model` runs both (VERIFICATION.md, "The protocols, model-checked").
+//! relays' clocks apart and stepping, the consumer's inbox). `.ci/model` runs both
+//! (VERIFICATION.md, "The protocols, model-checked").
 //! [`history`] checks the histories of the real fault run against the same promises
 //! (`.ci/model --history DIR`).
 //!

@@ -4,7 +4,8 @@
 //! or count an attempt, publish it and mark it (delivered, or failed as the retry
 //! policy says), as `relay_batch` does, crashing at any step; a poison message whose
 //! publish kills its relay, every time; a consumer whose inbox applies each message id
-//! once, deciding through `inbox::receive::Receiving`.
+//! once, deciding through `inbox::receive::Receiving`; relays' clocks apart (one a tick
+//! ahead, the other stepping a tick forward or back once).
 //!
 //! What the model writes by hand is what the statements do (which rows are due: a
 //! pending row past its due time, a leased row past its lease; each leased anew under a
@@ -121,8 +122,8 @@ pub enum Action {
     Crash(usize),
     /// The clock advances one tick (only while something waits for time).
     Tick,
-    /// Relay 0's clock steps a tick forward (once).
-    Step,
+    /// Relay 0's clock steps a tick, forward (`1`) or back (`-1`), once: an NTP step.
+    Step(i8),
 }
 
 /// The system's state.
@@ -149,8 +150,8 @@ pub struct State {
     pub failed_by_another: bool,
     /// A row was given up unpublished before its last attempt was begun.
     pub given_up_early: bool,
-    /// Whether relay 0's clock stepped forward.
-    pub stepped: bool,
+    /// The tick relay 0's clock stepped (forward `1`, back `-1`), or 0.
+    pub stepped: i8,
 }
 
 /// The model: its bounds and configuration.
@@ -175,7 +176,7 @@ pub struct Outbox {
     /// How far relay 1's clock runs ahead of the others', in ticks (each relay leases
     /// and judges due rows by its own clock, the `now` its caller passes).
     pub skew: i64,
-    /// Whether relay 0's clock may step forward a tick, once, at any moment.
+    /// Whether relay 0's clock may step a tick, forward or back, once, at any moment.
     pub step: bool,
     /// A planted defect, if any.
     pub plant: Option<Plant>,
@@ -426,7 +427,7 @@ impl Model for Outbox {
             delivered_changed: false,
             failed_by_another: false,
             given_up_early: false,
-            stepped: false,
+            stepped: 0,
         }]
     }
 
@@ -463,8 +464,12 @@ impl Model for Outbox {
         if waiting && state.now < self.max_clock {
             actions.push(Action::Tick);
         }
-        if self.step && !state.stepped {
-            actions.push(Action::Step);
+        if self.step && state.stepped == 0 {
+            actions.push(Action::Step(1));
+            // Back only from a tick past the epoch: the drivers' clock has no tick before it.
+            if state.now > 0 {
+                actions.push(Action::Step(-1));
+            }
         }
     }
 
@@ -483,7 +488,7 @@ impl Model for Outbox {
                 state.relays[n] = Relay::Idle;
             }
             Action::Tick => state.now += 1,
-            Action::Step => state.stepped = true,
+            Action::Step(by) => state.stepped = by,
         }
         Some(state)
     }
@@ -558,7 +563,11 @@ impl fmt::Display for State {
             f,
             "t={}{} rows [{}]; relays [{}]; applied {:?}",
             self.now,
-            if self.stepped { " (relay 0 a tick ahead)" } else { "" },
+            match self.stepped {
+                1 => " (relay 0 a tick ahead)",
+                -1 => " (relay 0 a tick behind)",
+                _ => "",
+            },
             rows.join(", "),
             relays.join(", "),
             self.applied

@@ -29,6 +29,10 @@ fn each_claim_plant_is_caught_by_its_property_with_a_trace() {
                 "the hot tier replays only what the store committed"
             }
             claim::Plant::PurgeTakesALapse => "an effect outside it at most once under MarkUnknown",
+            claim::Plant::CompletedReadUnknown => "claim-or-return is linearizable",
+            claim::Plant::TookOverIgnored => {
+                "an effect outside it twice under TakeOver only where a live holder lapsed or a lapse was purged"
+            }
         };
         let (lapse, effect) = plant.shown_by();
         let checked = claim::check_planted(lapse, effect, Some(plant), false);
@@ -86,4 +90,27 @@ fn a_claim_minted_before_a_forget_inserts_a_lower_token() {
     assert_eq!(checked.names(), ["a key's tokens only grow"]);
     let (_, trace) = &checked.violated[0];
     assert!(trace.contains("then Settle("), "a forget before the lower insert: {trace}");
+}
+
+/// The model's third finding, fixed: under `TakeOver` the SQL stores' purge deleted a
+/// lapsed lease as soon as it lapsed, so the claim after a purge was a new execution
+/// that `took_over` did not warn, and a handler asking the authority only when warned
+/// had an outside effect a second time. The purge now keeps a lapsed lease as long as
+/// it was held (Redis always kept its key that long); the old purge is the plant here.
+#[test]
+fn a_purge_taking_a_fresh_lapse_under_take_over_hides_took_over() {
+    let checked = claim::check_planted(
+        Lapse::TakeOver,
+        Effect::Outside,
+        Some(claim::Plant::PurgeTakesALapse),
+        false,
+    );
+    assert_eq!(
+        checked.names(),
+        [
+            "an effect outside it twice under TakeOver only where a live holder lapsed or a lapse was purged"
+        ]
+    );
+    let (_, trace) = &checked.violated[0];
+    assert!(trace.contains("then Purge"), "a purge between the lapse and the claim: {trace}");
 }
