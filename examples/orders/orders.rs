@@ -56,8 +56,9 @@
 //!   and its claim's fencing token) at its start, before its effect, and
 //!   `KEY\tTOKEN\tcommitted` once the order it inserted committed (not when the backstop
 //!   answered an existing one; missing if the process dies between the commit and the
-//!   line, or the commit's answer is lost with its connection), each line with one `write` (several instances may share the file): the
-//!   executions the fault run's history check reads (`.ci/model --history`). Over a
+//!   line, or the commit's answer is lost with its connection), each line with one
+//!   `write` (several instances may share the file): the executions the fault run's
+//!   history check reads (`.ci/model --history`). Over a
 //!   durable store only: the cache's claims carry no token, and nothing is written.
 //!
 //! Two instances over one PostgreSQL holding both the orders and their records:

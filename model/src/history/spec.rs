@@ -1,6 +1,7 @@
 //! [`ClaimOrReturn`]: one key's claim-or-return as its client sees it, the sequential
 //! specification stateright's `LinearizabilityTester` checks a key's recorded attempts
-//! against.
+//! against, and the claims' model steps at each claim's linearization point
+//! (`crate::claim`).
 //!
 //! Invariant: a key is executed (its order committed) at most once, and every answer
 //! agrees with that one commit: a first execution only before it, a replay only of it,
