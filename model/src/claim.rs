@@ -3,23 +3,26 @@
 //!
 //! What is modelled: processes that mint a token, look at the key's record and do what
 //! [`after_look`] decides (take a new key, take a dead record over, turn a lapsed lease
-//! UNKNOWN, or answer), then execute and complete, and crash at any step; in the
-//! one-commit mode the claim inserts its own row first and its look finds it (the
-//! one-commit claim's `TAKE_NEW_OR_LOCK`); the server's clock advancing past leases, and
-//! stepping back a tick once; the two lapse policies; an effect inside the completion's
-//! transaction (one commit) or outside it (before the completion), where a handler told
-//! `took_over` asks the authority whether an earlier execution had it; two reconcilers that
-//! check an UNKNOWN record against the authority and settle it, fenced by the token of
-//! the execution they checked (`idemcache::store::reconcile`); each process's hot tier
-//! (`Tiered`'s cache), asked before the store, filled once a completion committed or a
-//! claim read a committed record, lost with the process; a purge deleting the record
-//! once it expired, as the drivers' `PURGE` selects it; each client's attempt recorded as
-//! an operation for stateright's `LinearizabilityTester`. What the model writes
-//! itself is what SQL does in the drivers: the `live`/`lapsed` columns the look computes,
-//! and the fenced writes (a completion changes the record only while it holds the
-//! process's token). Invariant of this file: every decision a claim makes comes from
+//! UNKNOWN, or answer), then execute, renew their lease, complete or release the key,
+//! and crash at any step; in the one-commit mode the claim inserts its own row first and
+//! its look finds it (the one-commit claim's `TAKE_NEW_OR_LOCK`); the server's clock
+//! advancing past leases, and stepping back a tick once; the two lapse policies; an
+//! effect inside the completion's transaction (one commit) or outside it (before the
+//! completion), where a handler told `took_over` asks the authority first whether an
+//! earlier execution had it; two reconcilers that check a record UNKNOWN to them (marked,
+//! or a lapse `MarkUnknown` reads so) against the authority and settle it, fenced by the
+//! token of the execution they checked (`idemcache::store::reconcile`); each process's
+//! hot tier (`Tiered`'s cache), asked before the store, filled once a completion
+//! committed or a claim read a committed record, lost with the process; a purge deleting
+//! the record once it expired, as the drivers' `PURGE` selects it; each client's attempt
+//! checked against [`ClaimOrReturn`] at its linearization point ([`State::answer`]).
+//! What the model writes itself is what SQL does in the drivers: the `live`/`lapsed`
+//! columns the look computes, and the fenced writes (a completion, renewal or release
+//! changes the record only while it holds the process's token and a live lease, as
+//! their `WHERE` says). Invariant of this file: every decision a claim makes comes from
 //! [`after_look`], unchanged unless a [`Plant`] is named, and each plant stands for a
-//! defect of that decision (or of its input) that a property must catch.
+//! defect of that decision (or of its input, or of a handler) that a property must
+//! catch.
 //!
 //! The properties ([`Protocol::properties`]): an effect inside the transaction happens
 //! at most once; an effect outside it at most once under `MarkUnknown`, and under
@@ -107,11 +110,18 @@ pub enum Plant {
     /// The handler ignores `took_over`: an execution that took a lapsed lease over has
     /// its effect without asking whether the earlier execution's happened.
     TookOverIgnored,
+    /// The handler told `took_over` asks only when about to have its effect, and may
+    /// give the key up before: the release erases the takeover, and the next claim is a
+    /// first execution.
+    TookOverAskedLate,
+    /// A release deletes the key's record whichever execution holds it (no token in its
+    /// `WHERE`): a stale owner's release of a later execution's record.
+    ReleaseUnfenced,
 }
 
 impl Plant {
     /// Every plant.
-    pub const ALL: [Plant; 11] = [
+    pub const ALL: [Plant; 13] = [
         Plant::TakeoverWithoutMint,
         Plant::LiveLeaseTakenOver,
         Plant::LapseTakenOver,
@@ -123,6 +133,8 @@ impl Plant {
         Plant::PurgeTakesALapse,
         Plant::CompletedReadUnknown,
         Plant::TookOverIgnored,
+        Plant::TookOverAskedLate,
+        Plant::ReleaseUnfenced,
     ];
 
     /// Its name on the command line.
@@ -139,6 +151,8 @@ impl Plant {
             Plant::PurgeTakesALapse => "purge-takes-a-lapse",
             Plant::CompletedReadUnknown => "completed-read-unknown",
             Plant::TookOverIgnored => "took-over-ignored",
+            Plant::TookOverAskedLate => "took-over-asked-late",
+            Plant::ReleaseUnfenced => "release-unfenced",
         }
     }
 
@@ -162,6 +176,8 @@ impl Plant {
             Plant::PurgeTakesALapse => (Lapse::MarkUnknown, Effect::Outside),
             Plant::CompletedReadUnknown => (Lapse::TakeOver, Effect::Inside),
             Plant::TookOverIgnored => (Lapse::TakeOver, Effect::Outside),
+            Plant::TookOverAskedLate => (Lapse::TakeOver, Effect::Outside),
+            Plant::ReleaseUnfenced => (Lapse::TakeOver, Effect::Inside),
         }
     }
 }
@@ -207,6 +223,11 @@ pub enum Action {
     Effect(usize),
     /// Process `n` completes: with its effect in the transaction (inside), or after it.
     Complete(usize),
+    /// Process `n`, holding the key, renews its lease, fenced by its token.
+    Renew(usize),
+    /// Process `n`, holding the key before any effect, gives it up (its handler failed;
+    /// inside, its transaction rolled back), fenced by its token: the key is free.
+    Release(usize),
     /// Process `n` crashes and restarts with nothing.
     Crash(usize),
     /// Reconciler `r` reads the UNKNOWN record and checks the authority: did that
@@ -236,6 +257,10 @@ pub struct State {
     pub procs: Vec<Proc>,
     /// Crashes so far.
     pub crashes: u8,
+    /// Renewals and releases so far.
+    pub renewals: u8,
+    /// Releases so far.
+    pub releases: u8,
     /// Claims begun so far (each mints a token): bounded, so the tokens are.
     pub claims: u8,
     /// Effects that happened (and, inside, committed).
@@ -292,6 +317,10 @@ pub struct Protocol {
     pub procs: usize,
     /// Crashes at most.
     pub crashes: u8,
+    /// Lease renewals at most.
+    pub renewals: u8,
+    /// Releases at most.
+    pub releases: u8,
     /// Reconcilers (at most 2), each checking and settling in its own steps.
     pub reconcilers: usize,
     /// Reconciler checks at most, all reconcilers together.
@@ -418,7 +447,22 @@ impl Protocol {
                 }
                 state.took_over[n] = took_over.then_some(dead);
                 self.write(state, self.held(token, now));
-                Proc::Holding(token)
+                // The handler told `took_over` asks the authority, by the key, whether an
+                // earlier execution had the effect, first, before anything it might give
+                // up (docs/durable-tiers.md), and adopts the effect if so: completing is
+                // what is left.
+                let asks_first = took_over
+                    && self.effect == Effect::Outside
+                    && !matches!(
+                        self.plant,
+                        Some(Plant::TookOverIgnored | Plant::TookOverAskedLate)
+                    );
+                if asks_first && state.effected != 0 {
+                    state.effected |= bit(token);
+                    Proc::Effected(token)
+                } else {
+                    Proc::Holding(token)
+                }
             }
             Next::TurnUnknown { held: dead, .. } => {
                 if let Some(row) = state.row.as_mut().filter(|r| r.token == dead) {
@@ -476,7 +520,9 @@ impl Protocol {
     /// the key's record is that execution's and still UNKNOWN (`resolve_fenced` and
     /// `forget_fenced`, as `reconcile` calls them), or (the plant) to any UNKNOWN record.
     fn settle(&self, state: &mut State, token: i64, happened: bool) {
-        let Some(row) = state.row.as_ref().filter(|r| r.state == UNKNOWN) else { return };
+        let Some(row) = state.row.as_ref().filter(|r| self.unknown_at(r, state.now)) else {
+            return;
+        };
         let fenced = self.plant != Some(Plant::StaleVerdict);
         if fenced && row.token != token {
             return; // NothingToSettle: the record moved on since the check
@@ -504,6 +550,45 @@ impl Protocol {
         }
     }
 
+    /// Whether `row` is UNKNOWN to a reconciler at `now`, as the drivers' `UNKNOWN`,
+    /// `RESOLVE` and `FORGET` select it: UNKNOWN and live, or under `MarkUnknown` a lapse
+    /// within the unknown TTL, read as the UNKNOWN it will be.
+    fn unknown_at(&self, row: &Row, now: i64) -> bool {
+        let lapsed = self.lapse == Lapse::MarkUnknown
+            && row.state == PROCESSING
+            && row.expires_at <= now
+            && row.expires_at + LAPSE_TTL > now;
+        (row.state == UNKNOWN && row.expires_at > now) || lapsed
+    }
+
+    /// Process `n` renews its lease under `token` (`EXTEND`: its token, PROCESSING, the
+    /// lease not yet ended); refused, it goes on, and its completion will be refused.
+    /// (No plant stands against this fence: a renewal reviving a lapse nobody read yet,
+    /// or extending another execution's lease, breaks no promise by itself.)
+    fn renew(&self, state: &mut State, token: i64) {
+        let now = state.now;
+        if let Some(row) = state
+            .row
+            .as_mut()
+            .filter(|r| r.state == PROCESSING && r.token == token && r.expires_at > now)
+        {
+            row.expires_at = now + self.lease;
+        }
+    }
+
+    /// Process `n` releases the key under `token` (`RELEASE`: its token, PROCESSING, the
+    /// lease not yet ended): the record deleted, the next claim a first execution.
+    fn release(&self, state: &mut State, token: i64) {
+        let now = state.now;
+        let unfenced = self.plant == Some(Plant::ReleaseUnfenced);
+        let holds = state.row.as_ref().is_some_and(|r| {
+            unfenced || (r.state == PROCESSING && r.token == token && r.expires_at > now)
+        });
+        if holds {
+            state.row = None;
+        }
+    }
+
     /// Whether a purge deletes `row` at `now`, as the drivers' `PURGE` selects: expired,
     /// but not a lapsed lease within its window: the unknown TTL under `MarkUnknown`, and
     /// at least the time the lease was held under either policy, so that a claim after
@@ -527,10 +612,9 @@ impl Protocol {
             state.cached[n] = Some(token);
         }
         let fenced = self.plant != Some(Plant::CompletionUnfenced);
-        let holds = state
-            .row
-            .as_ref()
-            .is_some_and(|r| r.state == PROCESSING && (r.token == token || !fenced));
+        let holds = state.row.as_ref().is_some_and(|r| {
+            r.state == PROCESSING && r.expires_at > now && (r.token == token || !fenced)
+        });
         if !holds {
             // Lease lost: the transaction rolls back (inside, the effect with it), and the
             // client is answered an error: its claim is one nobody saw the outcome of.
@@ -589,6 +673,8 @@ impl Model for Protocol {
             minted: 0,
             procs: vec![Proc::Idle; self.procs],
             crashes: 0,
+            renewals: 0,
+            releases: 0,
             claims: 0,
             effects: 0,
             committed: None,
@@ -628,12 +714,22 @@ impl Model for Protocol {
                 Proc::Holding(_) | Proc::Effected(_) => actions.push(Action::Complete(n)),
                 Proc::Answered => {}
             }
+            if let Proc::Holding(_) | Proc::Effected(_) = proc {
+                if state.renewals < self.renewals {
+                    actions.push(Action::Renew(n));
+                }
+            }
+            if let Proc::Holding(_) = proc {
+                if state.releases < self.releases {
+                    actions.push(Action::Release(n));
+                }
+            }
             let crashable = !matches!(proc, Proc::Idle | Proc::Answered);
             if crashable && state.crashes < self.crashes {
                 actions.push(Action::Crash(n));
             }
         }
-        let unknown = state.row.as_ref().is_some_and(|r| r.state == UNKNOWN);
+        let unknown = state.row.as_ref().is_some_and(|r| self.unknown_at(r, state.now));
         // An assumption, not something `reconcile` enforces: the record is checked once
         // its owner (dead or done) no longer acts. `checks_a_stalled_owner` drops it.
         let owner_acts = state.row.as_ref().is_some_and(|r| {
@@ -684,12 +780,10 @@ impl Model for Protocol {
             }
             Action::Effect(n) => {
                 let Proc::Holding(token) = state.procs[n] else { return None };
-                // The handler told `took_over` asks the authority, by the key, whether an
-                // earlier execution had the effect, and adopts it if so
-                // (docs/durable-tiers.md).
-                let asks =
-                    state.took_over[n].is_some() && self.plant != Some(Plant::TookOverIgnored);
-                let adopted = asks && state.effected != 0;
+                // Under the plant, the handler asks only now, about to have its effect.
+                let asks_late =
+                    state.took_over[n].is_some() && self.plant == Some(Plant::TookOverAskedLate);
+                let adopted = asks_late && state.effected != 0;
                 if !adopted {
                     state.effects += 1;
                 }
@@ -701,6 +795,21 @@ impl Model for Protocol {
                     return None;
                 };
                 self.complete(&mut state, n, token);
+            }
+            Action::Renew(n) => {
+                let (Proc::Holding(token) | Proc::Effected(token)) = state.procs[n] else {
+                    return None;
+                };
+                state.renewals += 1;
+                self.renew(&mut state, token);
+            }
+            Action::Release(n) => {
+                let Proc::Holding(token) = state.procs[n] else { return None };
+                state.releases += 1;
+                self.release(&mut state, token);
+                // The client is answered an error: an outcome it cannot read.
+                state.procs[n] = Proc::Idle;
+                state.took_over[n] = None;
             }
             Action::Crash(n) => {
                 state.crashes += 1;
@@ -804,6 +913,8 @@ pub fn protocol(lapse: Lapse, effect: Effect, plant: Option<Plant>, deep: bool) 
     Protocol {
         procs: if deep { 3 } else { 2 },
         crashes: if deep { 2 } else { 1 },
+        renewals: 1,
+        releases: 1,
         claims: if deep { 6 } else { 4 },
         purges: 1,
         reconcilers: 2,
