@@ -1,7 +1,8 @@
 //! The histories of the real fault run ([`files`]: `.ci/faults` writes them) checked
 //! against the promises the models check: per key, the attempts its client saw, the
 //! executions the instances logged with their fencing tokens, and what the database
-//! committed.
+//! committed. ([`outbox`] checks the outbox chaos run's: the relays' publishes, and what the
+//! outbox, the inbox and the ledger hold at the end.)
 //!
 //! Invariant: a history passes only if, for every key, (1) its attempts and a final read
 //! of the database's row are linearizable against [`spec::ClaimOrReturn`] (stateright's
@@ -29,6 +30,7 @@ use std::fmt::Write as _;
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester};
 
 pub mod files;
+pub mod outbox;
 pub mod spec;
 pub mod tokens;
 

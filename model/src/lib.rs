@@ -5,7 +5,8 @@
 //! relays' clocks apart and stepping, the consumer's inbox). `.ci/model` runs both
 //! (VERIFICATION.md, "The protocols, model-checked").
 //! [`history`] checks the histories of the real fault run against the same promises
-//! (`.ci/model --history DIR`).
+//! (`.ci/model --history DIR`), and [`history::outbox`] those of the outbox chaos run
+//! (`.ci/model --outbox-history DIR`).
 //!
 //! Invariant: each model's transitions decide through the drivers' own functions,
 //! unchanged unless a planted defect is named; what a model writes by hand is what SQL

@@ -13,6 +13,12 @@
 //! linearizable; tokens grow` (exit 0), or `..., violated: ...` (exit 1); exit 64 if the
 //! history cannot be read. `--after-commit` checks it as records written after the order
 //! commits allow (records in Redis), not as the one-commit run promises.
+//!
+//! `--outbox-history DIR` checks an outbox chaos run's history
+//! ([`idemcache_model::history::outbox`]; `.ci/outbox-chaos` writes DIR): one line per
+//! property, a counterexample for each violation (the message and its events in order),
+//! and last `outbox history: M messages, P publishes, applied once; tokens grow` (exit
+//! 0), or `..., violated: ...` (exit 1); exit 64 if the history cannot be read.
 
 use std::process::ExitCode;
 
@@ -36,6 +42,24 @@ fn report(checked: &Checked, properties: usize) -> ExitCode {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let deep = args.iter().any(|a| a == "--deep");
+    if let Some(at) = args.iter().position(|a| a == "--outbox-history") {
+        let dir = std::path::Path::new(args.get(at + 1).map_or("", String::as_str));
+        return match history::outbox::files::read(dir) {
+            Ok(read) => {
+                let checked = history::outbox::check(&read);
+                print!("{}", checked.report());
+                if checked.holds() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Err(why) => {
+                eprintln!("outbox history: cannot read {}: {why}", dir.display());
+                ExitCode::from(64)
+            }
+        };
+    }
     if let Some(at) = args.iter().position(|a| a == "--history") {
         let dir = std::path::Path::new(args.get(at + 1).map_or("", String::as_str));
         let mode = if args.iter().any(|a| a == "--after-commit") {

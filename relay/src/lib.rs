@@ -52,6 +52,7 @@
 
 #[cfg(feature = "amqp")]
 mod amqp;
+mod history;
 #[cfg(feature = "nats")]
 mod jetstream;
 mod process;

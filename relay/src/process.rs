@@ -16,11 +16,14 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use idemcache_sql::outbox::{
     relay_loop, BatchReport, OutboxError, OutboxStorage, Publisher, RelaySettings,
 };
+
+use crate::history::{History, Recorded};
 
 /// Where the outbox is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +54,13 @@ pub struct Config {
     pub broker: Broker,
     /// Batch, lease, poll and retries.
     pub settings: RelaySettings,
+    /// Where to append the relay's history, if anywhere, for a test run's checker: one
+    /// tab-separated line per event, `time pid event message_id token attempt`, the
+    /// event `begin` (a publish begins under that lease's fencing token, as that
+    /// attempt; `time`, in ns since the epoch, is when its count was sent) or its
+    /// outcome, `confirmed` or `failed` (at the broker's answer). Each line is written
+    /// whole, in one write, before the step it records goes on.
+    pub history: Option<PathBuf>,
 }
 
 /// Why the relay did not start: a variable that does not parse (named), or what could
@@ -76,7 +86,9 @@ impl Config {
     ///   RabbitMQ broker (default `amqp://guest:guest@127.0.0.1:5672/%2f`);
     /// - `BATCH` (rows leased per round, default 100), `LEASE_MS` (how long a relay holds
     ///   them, default 30000), `POLL_MS` (the pause after a round that found fewer than a
-    ///   batch, default 200).
+    ///   batch, default 200);
+    /// - `RELAY_HISTORY` (off by default): a file to append the relay's history to, for
+    ///   a test run's checker ([`Config::history`]).
     pub fn from_env() -> Result<Config, StartError> {
         Config::from_vars(|name| std::env::var(name).ok())
     }
@@ -115,7 +127,8 @@ impl Config {
             .and_then(|s| s.with_lease(lease))
             .and_then(|s| s.with_poll(poll))
             .map_err(|e| StartError(format!("the relay's settings: {e}")))?;
-        Ok(Config { outbox, broker, settings })
+        let history = var("RELAY_HISTORY").map(PathBuf::from);
+        Ok(Config { outbox, broker, settings, history })
     }
 }
 
@@ -125,9 +138,17 @@ impl Config {
 /// output, and each error of a round (a row the store cannot read, a database error) as
 /// `error: ...` on standard error. Returns only a [`StartError`]: a database that does
 /// not answer within 5 s, a broker that cannot be reached, a broker or store not built
-/// into this binary (features `amqp`, `nats`, `sqlite`, `postgres`).
+/// into this binary (features `amqp`, `nats`, `sqlite`, `postgres`), a history file that
+/// cannot be opened.
 pub async fn run(config: Config) -> Result<Infallible, StartError> {
-    let settings = config.settings;
+    let history = match &config.history {
+        Some(path) => Some(
+            History::open(path)
+                .map_err(|e| StartError(format!("RELAY_HISTORY={}: {e}", path.display())))?,
+        ),
+        None => None,
+    };
+    let settings = Settings { relay: config.settings, history };
     match config.broker {
         #[cfg(feature = "amqp")]
         Broker::Amqp(url) => {
@@ -148,11 +169,17 @@ pub async fn run(config: Config) -> Result<Infallible, StartError> {
     }
 }
 
+/// How the loop runs, and where its history goes.
+struct Settings {
+    relay: RelaySettings,
+    history: Option<Arc<History>>,
+}
+
 /// Relays the outbox at `outbox` through `publisher`.
-async fn with_storage<P: Publisher>(
+async fn with_storage<P: Publisher + Sync>(
     outbox: &Outbox,
     publisher: P,
-    settings: RelaySettings,
+    settings: Settings,
 ) -> Result<Infallible, StartError> {
     match outbox {
         #[cfg(feature = "sqlite")]
@@ -192,12 +219,13 @@ async fn with_storage<P: Publisher>(
     }
 }
 
-async fn relay<S: OutboxStorage, P: Publisher>(
+async fn relay<S: OutboxStorage + Sync, P: Publisher + Sync>(
     storage: S,
     publisher: P,
-    settings: RelaySettings,
+    settings: Settings,
 ) -> Result<Infallible, StartError> {
     println!("relaying");
+    let Settings { relay: settings, history } = settings;
     let report = |round: Result<BatchReport, OutboxError>| match round {
         Ok(r) => {
             if r.claimed > 0 {
@@ -212,5 +240,13 @@ async fn relay<S: OutboxStorage, P: Publisher>(
         }
         Err(e) => eprintln!("error: {e}"),
     };
-    Ok(relay_loop(storage, publisher, settings, SystemTime::now, tokio::time::sleep, report).await)
+    let sleep = tokio::time::sleep;
+    Ok(match history {
+        Some(history) => {
+            let storage = Recorded { inner: storage, history: history.clone() };
+            let publisher = Recorded { inner: publisher, history };
+            relay_loop(storage, publisher, settings, SystemTime::now, sleep, report).await
+        }
+        None => relay_loop(storage, publisher, settings, SystemTime::now, sleep, report).await,
+    })
 }

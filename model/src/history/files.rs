@@ -89,7 +89,7 @@ fn answer(outcome: &str, replayed: &str, order: &str) -> Result<Answer, String> 
 
 /// The lines of `dir/name`, each split into tab-separated fields, as many as `fields`
 /// allows, with where each is (`name:line`).
-fn lines(
+pub(crate) fn lines(
     dir: &Path,
     name: &str,
     fields: RangeInclusive<usize>,
@@ -108,7 +108,7 @@ fn lines(
     Ok(out)
 }
 
-fn bad(at: &str, field: &str) -> String {
+pub(crate) fn bad(at: &str, field: &str) -> String {
     format!("{at}: not a number: {field:?}")
 }
 
