@@ -177,7 +177,7 @@ impl Plant {
             Plant::CompletedReadUnknown => (Lapse::TakeOver, Effect::Inside),
             Plant::TookOverIgnored => (Lapse::TakeOver, Effect::Outside),
             Plant::TookOverAskedLate => (Lapse::TakeOver, Effect::Outside),
-            Plant::ReleaseUnfenced => (Lapse::TakeOver, Effect::Inside),
+            Plant::ReleaseUnfenced => (Lapse::TakeOver, Effect::Outside),
         }
     }
 }
@@ -295,6 +295,8 @@ pub struct State {
     /// Each process's `took_over` answer: the token of the execution whose lapsed lease
     /// its claim took over, while it holds the key.
     pub took_over: Vec<Option<i64>>,
+    /// Each process's open one-commit transaction: the key's row before its claim wrote.
+    pub undo: Vec<Option<Option<Row>>>,
     /// A claim took over the lease of an execution whose process still lives, its
     /// effect not yet had: the one case the docs allow an outside effect twice.
     pub live_holder_taken_over: bool,
@@ -410,6 +412,9 @@ impl Protocol {
     /// look finds its own insert; the store's own claim (the effect outside) looks first.
     fn look_and_act(&self, state: &mut State, n: usize, token: i64) {
         let now = state.now;
+        // The one-commit claim's transaction holds its writes until the completion: a
+        // crash or a failed handler rolls the key's row back to this.
+        let before = state.row.clone();
         if self.effect == Effect::Inside && state.row.is_none() {
             self.write(state, self.held(token, now));
         }
@@ -423,7 +428,7 @@ impl Protocol {
             }
         };
         let answered = |state: &mut State, ret: Ret| state.answer(n, ret);
-        state.procs[n] = match decided {
+        let next = match decided {
             Next::TakeNew => {
                 self.write(state, self.held(token, now));
                 Proc::Holding(token)
@@ -490,8 +495,10 @@ impl Protocol {
                 Proc::Holding(token)
             }
             Next::Answer(StoreClaim::InProgress { .. }) => {
-                let leased =
-                    state.row.as_ref().is_some_and(|r| r.state == PROCESSING && r.expires_at > now);
+                // Another execution's live lease: never the claim's own insert.
+                let leased = state.row.as_ref().is_some_and(|r| {
+                    r.state == PROCESSING && r.expires_at > now && r.token != token
+                });
                 if !leased {
                     state.held_without_lease = true;
                 }
@@ -509,6 +516,20 @@ impl Protocol {
                 Proc::Idle
             }
         };
+        let holds = matches!(next, Proc::Holding(_) | Proc::Effected(_));
+        state.undo[n] = (self.effect == Effect::Inside && holds).then_some(before);
+        state.procs[n] = next;
+    }
+
+    /// Process `n`'s one-commit transaction rolls back (its process crashed, or its
+    /// handler failed): the key's row is again what it was before the claim, if the
+    /// claim's write is still there.
+    fn roll_back(&self, state: &mut State, n: usize, token: i64) {
+        if let Some(before) = state.undo[n].take() {
+            if state.row.as_ref().is_some_and(|r| r.state == PROCESSING && r.token == token) {
+                state.row = before;
+            }
+        }
     }
 
     /// The key's row as a claim at `now` writes it under `token`: PROCESSING, leased.
@@ -620,6 +641,7 @@ impl Protocol {
             // client is answered an error: its claim is one nobody saw the outcome of.
             state.procs[n] = Proc::Idle;
             state.took_over[n] = None;
+            self.roll_back(state, n, token);
             return;
         }
         if self.effect == Effect::Inside {
@@ -637,6 +659,7 @@ impl Protocol {
         // Only now, the store's completion committed, does the hot tier keep it.
         state.cached[n] = Some(token);
         state.took_over[n] = None;
+        state.undo[n] = None;
         state.procs[n] = Proc::Answered;
         state.answer(n, Ret::Executed(token));
     }
@@ -691,6 +714,7 @@ impl Model for Protocol {
             checks: 0,
             settled_wrong: false,
             took_over: vec![None; self.procs],
+            undo: vec![None; self.procs],
             live_holder_taken_over: false,
             stepped_back: false,
             lapse_purged: false,
@@ -806,13 +830,21 @@ impl Model for Protocol {
             Action::Release(n) => {
                 let Proc::Holding(token) = state.procs[n] else { return None };
                 state.releases += 1;
-                self.release(&mut state, token);
+                if self.effect == Effect::Inside {
+                    // The handler failed: its transaction, the claim in it, rolls back.
+                    self.roll_back(&mut state, n, token);
+                } else {
+                    self.release(&mut state, token);
+                }
                 // The client is answered an error: an outcome it cannot read.
                 state.procs[n] = Proc::Idle;
                 state.took_over[n] = None;
             }
             Action::Crash(n) => {
                 state.crashes += 1;
+                if let Proc::Holding(token) | Proc::Effected(token) = state.procs[n] {
+                    self.roll_back(&mut state, n, token);
+                }
                 state.procs[n] = Proc::Idle;
                 state.cached[n] = None;
                 state.took_over[n] = None;

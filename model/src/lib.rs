@@ -32,9 +32,16 @@ pub struct Checked {
 }
 
 impl Checked {
-    /// The names of the properties violated.
+    /// The names of the properties violated, each once (a property violated in several
+    /// configurations has a counterexample from each).
     pub fn names(&self) -> Vec<&'static str> {
-        self.violated.iter().map(|(name, _)| *name).collect()
+        let mut names: Vec<&'static str> = Vec::new();
+        for (name, _) in &self.violated {
+            if !names.contains(name) {
+                names.push(name);
+            }
+        }
+        names
     }
 }
 

@@ -67,7 +67,8 @@ fn main() -> ExitCode {
         } else {
             Mode::Together
         };
-        return match history::files::read(dir) {
+        let tenant = args.iter().position(|a| a == "--tenant").and_then(|at| args.get(at + 1));
+        return match history::files::read(dir, tenant.map(String::as_str)) {
             Ok(read) => {
                 let checked = history::check(&read, mode);
                 print!("{}", checked.report());

@@ -267,13 +267,22 @@ fn a_run_directory_is_read() {
     std::fs::write(dir.join("executions"), "c0-1\t7\n").unwrap();
     std::fs::write(dir.join("orders"), "c0-1\t5\n").unwrap();
     std::fs::write(dir.join("records"), format!("{hex}\t2\t7\n")).unwrap();
-    let read = files::read(&dir).unwrap();
+    let read = files::read(&dir, None).unwrap();
     let checked = check(&read, Mode::Together);
     assert!(checked.holds(), "{}", checked.report());
     assert_eq!((checked.keys, checked.operations), (1, 3));
+    // Another tenant's record of the same client key is left out with `--tenant`, and
+    // read without it (a second record for the key fails nothing, the last one wins).
+    let other = idemcache::Key::new("POST /orders", "faults12", "c0-1").unwrap();
+    let other: String = other.as_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(dir.join("records"), format!("{hex}\t2\t7\n{other}\t1\t9\n")).unwrap();
+    let mine = files::read(&dir, Some("faults1")).unwrap();
+    assert_eq!(mine.keys["c0-1"].record.map(|r| r.token), Some(7));
+    let all = files::read(&dir, None).unwrap();
+    assert_eq!(all.keys["c0-1"].record.map(|r| r.token), Some(9));
     // A line cut short fails the read, naming where.
     std::fs::write(dir.join("executions"), "c0-1\n").unwrap();
-    let why = files::read(&dir).unwrap_err();
+    let why = files::read(&dir, None).unwrap_err();
     assert!(why.contains("executions:1"), "{why}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

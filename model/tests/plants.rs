@@ -33,7 +33,7 @@ fn each_claim_plant_is_caught_by_its_property_with_a_trace() {
             claim::Plant::TookOverIgnored | claim::Plant::TookOverAskedLate => {
                 "an effect outside it twice under TakeOver only where a live holder lapsed or a lapse was purged"
             }
-            claim::Plant::ReleaseUnfenced => "an effect inside the transaction happens at most once",
+            claim::Plant::ReleaseUnfenced => "claim-or-return is linearizable",
         };
         let (lapse, effect) = plant.shown_by();
         let checked = claim::check_planted(lapse, effect, Some(plant), false);
@@ -79,8 +79,9 @@ fn checking_a_stalled_owner_lets_an_outside_effect_run_twice() {
 
 /// The model's second finding, kept until the claim mints a new key's token under the
 /// key's lock: a MySQL claim mints its token before it looks, so a claim that minted,
-/// then stalled while a later execution's record was released, forgotten or purged,
-/// inserts a token below the one that record held (the shortest trace now: a release). `FencingToken`'s docs promise tokens that grow
+/// then stalled while a later execution's record was released, forgotten, purged or
+/// rolled back with its one-commit transaction, inserts a token below the one that
+/// record held (the shortest trace now: a rollback). `FencingToken`'s docs promise tokens that grow
 /// with every claim of a key; an authority fencing by `fence < token` would then take
 /// the forgotten execution's late write over this one's.
 #[test]
@@ -90,7 +91,7 @@ fn a_claim_minted_before_a_forget_inserts_a_lower_token() {
     let checked = idemcache_model::check(model, "tokens judged across deletes");
     assert_eq!(checked.names(), ["a key's tokens only grow"]);
     let (_, trace) = &checked.violated[0];
-    let deleted = ["then Settle(", "then Release(", "then Purge"];
+    let deleted = ["then Settle(", "then Release(", "then Purge", "then Crash("];
     assert!(deleted.iter().any(|d| trace.contains(d)), "a delete before the lower insert: {trace}");
 }
 

@@ -66,7 +66,14 @@ impl Claimed {
     /// (its process crashed or stalled past the lease): that execution may have had
     /// its effects. A handler whose effect is outside the store checks the authority
     /// (by [`downstream_key`](Self::downstream_key), which is the same in both) before
-    /// acting again.
+    /// acting again, first, before anything that could end in a 5xx (which releases the
+    /// key and, with it, this warning).
+    ///
+    /// In the one-commit mode the claim is in the handler's transaction, so a crashed
+    /// execution's claim rolls back with it: the next one is not told, though an effect
+    /// outside the transaction (a charge) may have happened: send such an effect under
+    /// the downstream key to a system that dedupes by it, as the orders example's
+    /// charge is (through `idemcache-client`).
     pub fn took_over(&self) -> bool {
         self.took_over
     }

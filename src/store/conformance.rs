@@ -227,24 +227,51 @@ async fn fencing<S: Store>(store: &S, run: &Run) {
 /// the purge still finds the execution it takes over and says so (`took_over`): what a
 /// handler whose effect is outside the store asks before acting again. (A purge deleting
 /// every lapsed lease at once, as the SQL stores' did, made that claim a new execution.)
+///
+/// Renewed, a lease is held longer than one lease, and kept that much longer: the layer
+/// renews a slow handler's lease, and a slow handler that crashes is the takeover
+/// `took_over` is for. (Redis kept a renewed key one lease past its last renewal.)
 async fn purge_keeps_a_lapse<S: Store>(store: &S, run: &Run) {
     let k = run.key("lapsed-purged");
     let stale = match store.claim(&k, fp("r"), Duration::from_millis(500)).await.unwrap() {
         StoreClaim::Acquired { token, .. } => token,
         other => panic!("an absent key is acquired: {other:?}"),
     };
+    purged_after_lapse(store, &k, stale, Duration::ZERO).await;
+
+    // Held 1.4 s under 200 ms leases, then purged 500 ms after the lapse: more than a
+    // lease, less than the time held.
+    let k = run.key("renewed-purged");
+    let lease = Duration::from_millis(200);
+    let stale = match store.claim(&k, fp("r"), lease).await.unwrap() {
+        StoreClaim::Acquired { token, .. } => token,
+        other => panic!("an absent key is acquired: {other:?}"),
+    };
+    for _ in 0..12 {
+        pause(Duration::from_millis(100)).await;
+        store.extend_lease(&k, stale, lease).await.unwrap();
+    }
+    purged_after_lapse(store, &k, stale, Duration::from_millis(500)).await;
+}
+
+/// Waits until `k`'s lease under `stale` lapsed, then `after`, purges, and claims: the
+/// claim must take the lapse over and say so.
+async fn purged_after_lapse<S: Store>(store: &S, k: &Key, stale: FencingToken, after: Duration) {
     let mut lapsed = false;
     for _ in 0..2000 {
         // A lapsed lease reads as no record: dead, to be taken over.
-        if store.record(&k).await.unwrap().is_none() {
+        if store.record(k).await.unwrap().is_none() {
             lapsed = true;
             break;
         }
         pause(Duration::from_millis(2)).await;
     }
     assert!(lapsed, "the lease never lapsed");
+    if !after.is_zero() {
+        pause(after).await;
+    }
     while store.purge_expired(100).await.unwrap() == 100 {}
-    match store.claim(&k, fp("r"), LEASE).await.unwrap() {
+    match store.claim(k, fp("r"), LEASE).await.unwrap() {
         StoreClaim::Acquired { token, took_over, .. } => {
             assert!(token > stale, "taken over under a larger token");
             assert!(took_over, "the purge kept the lapsed lease, and the claim says so");

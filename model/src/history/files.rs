@@ -20,8 +20,9 @@ use std::path::Path;
 use super::spec::Ret;
 use super::{Answer, Attempt, History, KeyHistory, Record};
 
-/// Reads the history in `dir`.
-pub fn read(dir: &Path) -> Result<History, String> {
+/// Reads the history in `dir`; with `tenant`, only the records of that tenant's keys
+/// (a database holding several runs' or groups' records).
+pub fn read(dir: &Path, tenant: Option<&str>) -> Result<History, String> {
     let mut keys: BTreeMap<String, KeyHistory> = BTreeMap::new();
     for (at, fields) in lines(dir, "ledger", 9..=9)?.into_iter().skip(1) {
         let number = |i: usize| fields[i].parse::<f64>().map_err(|_| bad(&at, &fields[i]));
@@ -55,6 +56,9 @@ pub fn read(dir: &Path) -> Result<History, String> {
     for (at, fields) in lines(dir, "records", 3..=3)? {
         let stored = unhex(&fields[0]).ok_or_else(|| bad(&at, &fields[0]))?;
         let stored = idemcache::Key::from_bytes(&stored).map_err(|e| format!("{at}: {e}"))?;
+        if tenant.is_some_and(|t| stored.tenant() != Some(t)) {
+            continue;
+        }
         let record = Record {
             state: fields[1].parse().map_err(|_| bad(&at, &fields[1]))?,
             token: fields[2].parse().map_err(|_| bad(&at, &fields[2]))?,

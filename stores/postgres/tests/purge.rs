@@ -159,6 +159,33 @@ async fn batches_are_bounded_and_live_records_kept(schema: Schema) {
     schema.drop().await;
 }
 
+/// A row no store writes, a lapsed lease whose start is at the bottom of `bigint`, is
+/// judged by the purge without overflowing: the purge of the other rows goes on.
+#[tokio::test]
+#[ignore = "needs IDEMCACHE_POSTGRES_URL"]
+async fn a_row_with_columns_far_apart_does_not_stop_the_purge() {
+    let Some(schema) = Schema::new(3, 0).await else { return };
+    let name = &schema.name;
+    schema
+        .admin
+        .execute(
+            &format!(
+                "INSERT INTO {name}.idemcache_records
+                     (key, fingerprint, state, token, body, started_at, settled_at, expires_at)
+                 VALUES (convert_to('far apart', 'UTF8'), '\\x00', 1, 1, NULL,
+                         -9223372036854775000, NULL, 1700000000000000)"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let purged = schema.store.purge_expired(1000).await.unwrap();
+    // The three expired results; the far-apart lapse is kept (its held time is huge).
+    assert_eq!(purged, 3);
+    assert_eq!(schema.rows().await, 1);
+    schema.drop().await;
+}
+
 #[tokio::test]
 #[ignore = "needs IDEMCACHE_POSTGRES_URL"]
 async fn the_generic_plan_deletes_the_batch_by_row_address() {

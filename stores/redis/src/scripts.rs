@@ -102,8 +102,8 @@ if ARGV[5] ~= '' then
 else
   redis.call('HSET', KEYS[1], 'state', 1, 'fp', ARGV[1], 'token', fmt(token), 'started', fmt(now), 'expires', fmt(ends))
 end
--- Kept past the lease (the unknown TTL, or at least one lease more), so that a claim
--- after a lapse finds the execution it takes over.
+-- Kept past the lease (the unknown TTL, or as long as the lease was held: one lease,
+-- longer after renewals), so that a claim after a lapse finds the execution it takes over.
 redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil((ends + math.max(lapse, tonumber(ARGV[2]))) / 1000)))
 -- The settled slot of an acquired reply: 1 when a lapsed execution was taken over.
 return {0, false, token, false, (rec and rec.state == 1) and 1 or false, ends}
@@ -119,12 +119,14 @@ return {now, ends}
 ";
 
 /// ARGV: token, lease in µs, the unknown TTL of lapses in µs (the key outlives the
-/// lease by it, or by one lease more if that is longer, as the claim keeps it).
+/// lease by it, or by as long as the lease has been held if that is longer, as the SQL
+/// stores' purge keeps a lapse).
 const EXTEND_LEASE: &str = r"
 if not owned(ARGV[1]) then return false end
 local ends = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'expires', fmt(ends))
-redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil((ends + math.max(tonumber(ARGV[3]), tonumber(ARGV[2]))) / 1000)))
+local started = int(redis.call('HGET', KEYS[1], 'started')) or now
+redis.call('PEXPIREAT', KEYS[1], fmt(math.ceil((ends + math.max(tonumber(ARGV[3]), ends - started)) / 1000)))
 return {now, ends}
 ";
 

@@ -468,13 +468,16 @@ pub const UNKNOWN: Statement = Statement {
 /// oldest first through the expiry index; a lapsed lease is kept while it lapsed less
 /// than the unknown TTL ago (`MarkUnknown` reads it UNKNOWN), or less than the time it
 /// was held (`expires_at - started_at`, at least one lease), so that a claim after the
-/// lapse still finds the execution it takes over and answers `took_over`.
+/// lapse still finds the execution it takes over and answers `took_over`. In `DECIMAL`: a
+/// row whose columns are far apart (one no store writes) must not overflow the `BIGINT`
+/// arithmetic and fail the purge.
 /// The affected-row count is the batch. (InnoDB's `DELETE` has no `SKIP LOCKED`: a
 /// purge waits for a row a claim holds locked, for that claim's short transaction.)
 pub const PURGE: Statement = Statement {
     sql: "DELETE FROM idemcache_records
           WHERE expires_at <= ? AND NOT (state = 1 AND expires_at <= ?
-                AND expires_at + GREATEST(?, expires_at - started_at) > ?)
+                AND CAST(expires_at AS DECIMAL(21))
+                    + GREATEST(?, CAST(expires_at AS DECIMAL(21)) - started_at) > ?)
           ORDER BY expires_at LIMIT ?",
     params: &[Param::Now, Param::Now, Param::LapseTtl, Param::Now, Param::Limit],
 };

@@ -101,14 +101,16 @@ macro_rules! lapsed_within {
 /// Record `r` a lapsed lease a purge keeps (against the `now` CTE): lapsed less than the
 /// unknown TTL `$N` µs ago, or less than the time it was held (`expires_at - started_at`,
 /// at least one lease), so that a claim after the lapse still finds the execution it
-/// takes over and answers `took_over` (Redis keeps its key as long).
+/// takes over and answers `took_over` (Redis keeps its key as long). In `numeric`: a row
+/// whose columns are far apart (one no store writes) must not overflow the `bigint`
+/// arithmetic and fail the purge of the whole table.
 macro_rules! lapse_kept {
     ($ttl:literal) => {
         concat!(
             "(r.state = 1 AND r.expires_at <= now.us
-              AND r.expires_at + GREATEST(",
+              AND r.expires_at::numeric + GREATEST(",
             $ttl,
-            ", r.expires_at - r.started_at) > now.us)"
+            "::bigint, r.expires_at::numeric - r.started_at) > now.us)"
         )
     };
 }

@@ -44,8 +44,8 @@ use super::{column, failed};
 ///
 /// A known limit of its fencing tokens: a claim mints its token before it reads the
 /// key's record, so a claim that minted and then stalled while a later execution's
-/// record of the key was released, forgotten (`forget`, a reconciler's `DidNotHappen`)
-/// or purged can insert a token below that record's. Tokens grow with every claim while the key
+/// record of the key was released, forgotten (`forget`, a reconciler's `DidNotHappen`),
+/// purged or rolled back (a one-commit claim's) can insert a token below that record's. Tokens grow with every claim while the key
 /// keeps a record; an authority that fences by `fence < token` should not rely on them
 /// across a forget. (Found by the protocol's model, `model/` in the repository.)
 #[derive(Clone)]
