@@ -20,6 +20,7 @@
 //! and last `outbox history: M messages, P publishes, applied once; tokens grow` (exit
 //! 0), or `..., violated: ...` (exit 1); exit 64 if the history cannot be read.
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use idemcache_model::history::spec::Mode;
@@ -39,50 +40,49 @@ fn report(checked: &Checked, properties: usize) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// A history check's exit: its report printed, 0 when every property holds, 1 when one
+/// does not; 64, named `what`, when `dir` could not be read.
+fn history_exit(what: &str, dir: &Path, checked: Result<(String, bool), String>) -> ExitCode {
+    match checked {
+        Ok((report, holds)) => {
+            print!("{report}");
+            if holds {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(why) => {
+            eprintln!("{what}: cannot read {}: {why}", dir.display());
+            ExitCode::from(64)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let deep = args.iter().any(|a| a == "--deep");
     if let Some(at) = args.iter().position(|a| a == "--outbox-history") {
-        let dir = std::path::Path::new(args.get(at + 1).map_or("", String::as_str));
-        return match history::outbox::files::read(dir) {
-            Ok(read) => {
-                let checked = history::outbox::check(&read);
-                print!("{}", checked.report());
-                if checked.holds() {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::FAILURE
-                }
-            }
-            Err(why) => {
-                eprintln!("outbox history: cannot read {}: {why}", dir.display());
-                ExitCode::from(64)
-            }
-        };
+        let dir = Path::new(args.get(at + 1).map_or("", String::as_str));
+        let checked = history::outbox::files::read(dir).map(|read| {
+            let checked = history::outbox::check(&read);
+            (checked.report(), checked.holds())
+        });
+        return history_exit("outbox history", dir, checked);
     }
     if let Some(at) = args.iter().position(|a| a == "--history") {
-        let dir = std::path::Path::new(args.get(at + 1).map_or("", String::as_str));
+        let dir = Path::new(args.get(at + 1).map_or("", String::as_str));
         let mode = if args.iter().any(|a| a == "--after-commit") {
             Mode::AfterCommit
         } else {
             Mode::Together
         };
         let tenant = args.iter().position(|a| a == "--tenant").and_then(|at| args.get(at + 1));
-        return match history::files::read(dir, tenant.map(String::as_str)) {
-            Ok(read) => {
-                let checked = history::check(&read, mode);
-                print!("{}", checked.report());
-                if checked.holds() {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::FAILURE
-                }
-            }
-            Err(why) => {
-                eprintln!("history: cannot read {}: {why}", dir.display());
-                ExitCode::from(64)
-            }
-        };
+        let checked = history::files::read(dir, tenant.map(String::as_str)).map(|read| {
+            let checked = history::check(&read, mode);
+            (checked.report(), checked.holds())
+        });
+        return history_exit("history", dir, checked);
     }
     let names = || {
         let claims = claim::Plant::ALL.map(claim::Plant::name);
