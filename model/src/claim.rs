@@ -15,7 +15,7 @@
 //! hot tier (`Tiered`'s cache), asked before the store, filled once a completion
 //! committed or a claim read a committed record, lost with the process; a purge deleting
 //! the record once it expired, as the drivers' `PURGE` selects it; each client's attempt
-//! checked against [`ClaimOrReturn`] at its linearization point ([`State::answer`]).
+//! checked against [`ClaimOrReturn`] at its linearization point (`State::answer`).
 //! What the model writes itself is what SQL does in the drivers: the `live`/`lapsed`
 //! columns the look computes, and the fenced writes (a completion, renewal or release
 //! changes the record only while it holds the process's token and a live lease, as
@@ -306,7 +306,7 @@ pub struct State {
     /// Whether the server's clock stepped back.
     pub stepped_back: bool,
     /// Claim-or-return's sequential specification, stepped at each operation's
-    /// linearization point (see [`State::answer`]).
+    /// linearization point (see `State::answer`).
     pub spec: ClaimOrReturn,
     /// The first answer no linearization allows, with the process given it.
     pub not_linearizable: Option<(usize, Ret)>,

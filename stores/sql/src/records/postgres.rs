@@ -363,7 +363,7 @@ pub const UNKNOWN: &str = concat!(
 );
 
 /// One bounded batch of `purge_expired`: at most `$1` expired records (`$2` the unknown
-/// TTL of `LapsePolicy::MarkUnknown`: a lapsed lease stays while [`lapse_kept`]), one
+/// TTL of `LapsePolicy::MarkUnknown`: a lapsed lease stays while `lapse_kept!`), one
 /// count back (`bigint`).
 ///
 /// The batch is picked through the expiry index (`LIMIT $1`, `SKIP LOCKED`: two purgers
