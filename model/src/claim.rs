@@ -588,11 +588,7 @@ impl Protocol {
     /// or extending another execution's lease, breaks no promise by itself.)
     fn renew(&self, state: &mut State, token: i64) {
         let now = state.now;
-        if let Some(row) = state
-            .row
-            .as_mut()
-            .filter(|r| r.state == PROCESSING && r.token == token && r.expires_at > now)
-        {
+        if let Some(row) = state.row.as_mut().filter(|r| leased_to(r, token, now)) {
             row.expires_at = now + self.lease;
         }
     }
@@ -602,9 +598,7 @@ impl Protocol {
     fn release(&self, state: &mut State, token: i64) {
         let now = state.now;
         let unfenced = self.plant == Some(Plant::ReleaseUnfenced);
-        let holds = state.row.as_ref().is_some_and(|r| {
-            unfenced || (r.state == PROCESSING && r.token == token && r.expires_at > now)
-        });
+        let holds = state.row.as_ref().is_some_and(|r| unfenced || leased_to(r, token, now));
         if holds {
             state.row = None;
         }
@@ -633,9 +627,11 @@ impl Protocol {
             state.cached[n] = Some(token);
         }
         let fenced = self.plant != Some(Plant::CompletionUnfenced);
-        let holds = state.row.as_ref().is_some_and(|r| {
-            r.state == PROCESSING && r.expires_at > now && (r.token == token || !fenced)
-        });
+        // Unfenced, the `WHERE` names no token: whichever execution holds the lease.
+        let holds = state
+            .row
+            .as_ref()
+            .is_some_and(|r| leased_to(r, if fenced { token } else { r.token }, now));
         if !holds {
             // Lease lost: the transaction rolls back (inside, the effect with it), and the
             // client is answered an error: its claim is one nobody saw the outcome of.
@@ -960,6 +956,12 @@ pub fn protocol(lapse: Lapse, effect: Effect, plant: Option<Plant>, deep: bool) 
         effect,
         plant,
     }
+}
+
+/// Whether `row` is still held under `token` by a lease live at `now`: the `WHERE` of
+/// the drivers' fenced writes of a claim (`COMPLETE`, `EXTEND`, `RELEASE`).
+fn leased_to(row: &Row, token: i64, now: i64) -> bool {
+    row.state == PROCESSING && row.token == token && row.expires_at > now
 }
 
 /// Bit `token` of a set of tokens.
